@@ -1,0 +1,50 @@
+import pytest
+
+from webhook import gpus
+
+
+@pytest.mark.parametrize("text, domains", [
+    ("0-3,4-7", ((0, 1, 2, 3), (4, 5, 6, 7))),
+    ("0-7", ((0, 1, 2, 3, 4, 5, 6, 7),)),
+    ("0+2,1+3", ((0, 2), (1, 3))),
+    ("4-7, 0-3", ((0, 1, 2, 3), (4, 5, 6, 7))),
+    ("", ()),
+], ids=["two islands", "one NVSwitch domain", "bridged pairs", "unordered with spaces", "empty means no NVLink"])
+def test_nvlink_domains_parse(text, domains):
+    assert gpus.parse_nvlink_domains(text) == domains
+
+
+@pytest.mark.parametrize("text", ["0-3,3-7", "a-b", "3-1", "0--1"])
+def test_nvlink_domains_reject(text):
+    with pytest.raises(ValueError):
+        gpus.parse_nvlink_domains(text)
+
+
+@pytest.mark.parametrize("domains", [((0, 1, 2, 3), (4, 5, 6, 7)), ((0, 2), (1, 3)), ((0, 1, 5, 6, 7),)])
+def test_nvlink_domains_round_trip(domains):
+    assert gpus.parse_nvlink_domains(gpus.format_nvlink_domains(domains)) == domains
+
+
+def test_pod_gpus_counts_sidecars_and_init_peak():
+    spec = {
+        "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "2"}}},
+                       {"name": "b", "resources": {"requests": {"nvidia.com/gpu": 1}}}],
+        "initContainers": [{"name": "warm", "resources": {"limits": {"nvidia.com/gpu": "4"}}},
+                           {"name": "side", "restartPolicy": "Always",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+    }
+    assert gpus.pod_gpus(spec) == 4
+    spec["initContainers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "3"
+    assert gpus.pod_gpus(spec) == 4  # 2 + 1 + sidecar 1 beats the init peak of 3
+
+
+@pytest.mark.parametrize("text, gbps", [("400Gb", 400), ("100Gbps", 100), ("1.6Tb", 1600), ("50GB", 400),
+                                        ("200G", 200), ("25Gb/s", 25)])
+def test_bandwidth(text, gbps):
+    assert gpus.parse_bandwidth_gbps(text) == pytest.approx(gbps)
+
+
+@pytest.mark.parametrize("text", ["fast", "", "400", "-1Gb"])
+def test_bandwidth_rejects(text):
+    with pytest.raises(ValueError):
+        gpus.parse_bandwidth_gbps(text)

@@ -1,0 +1,188 @@
+"""Settings: topology levels and presets, hardware profiles, NCCL profiles, admission policy.
+
+`Config` is a frozen value built from defaults, an optional YAML file and command-line flags.
+Nothing here reads the environment or the disk at import time; `load_config(path)` is the one
+function that opens a file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import yaml
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+LINK_CLASSES = ("nvlink", "leaf", "spine", "zone", "cluster")
+
+
+class ConfigError(ValueError):
+    """A setting is wrong; the message names the setting, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Level:
+    """One topology level: the node label that names its domains, widest level first."""
+
+    label: str
+    name: str  # short name used in reasons and metrics ("zone", "spine", "leaf", "clique")
+    link: str  # traffic between nodes inside one domain of this level crosses this link class
+    # Bandwidth divisor once traffic crosses this domain's children (leaf->spine uplinks for a
+    # spine). Defaults are the middle of the ranges swept in traces-and-metrics.md 3.2 (estimates).
+    oversubscription: float = 1.0
+
+
+# Presets: label keys per platform. kubernetes.io/hostname is always the implicit last level.
+PRESETS: dict[str, tuple[Level, ...]] = {
+    "default": (
+        Level("topology.kubernetes.io/zone", "zone", "zone", 4.0),
+        Level("topology.scheduler/spine", "spine", "spine", 1.0),
+        Level("topology.scheduler/leaf", "leaf", "leaf", 1.0),
+    ),
+    # GKE: block > sub-block (rack) > physical host (Kueue TAS uses the same levels).
+    "gke": (
+        Level("cloud.google.com/gce-topology-block", "block", "spine", 2.0),
+        Level("cloud.google.com/gce-topology-subblock", "subblock", "leaf", 1.0),
+        Level("cloud.google.com/gce-topology-host", "host", "leaf", 1.0),
+    ),
+    # EKS: layer-1 is the broadest network node, layer-3 the one nearest the instance.
+    "aws": (
+        Level("topology.k8s.aws/network-node-layer-1", "layer-1", "zone", 4.0),
+        Level("topology.k8s.aws/network-node-layer-2", "layer-2", "spine", 1.0),
+        Level("topology.k8s.aws/network-node-layer-3", "layer-3", "leaf", 1.0),
+    ),
+    # Multi-node NVLink (GB200/GB300 NVL72): nodes of one clique share an NVLink fabric.
+    "nvl72": (
+        Level("topology.kubernetes.io/zone", "zone", "zone", 4.0),
+        Level("topology.scheduler/spine", "spine", "spine", 1.0),
+        Level("nvidia.com/gpu.clique", "clique", "nvlink", 1.0),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """All-reduce bus bandwidths (GB/s, nccl-tests busbw) per link class for one kind of node.
+
+    Figures are from ../shared/reference/traces-and-metrics.md section 3.2; `estimate` marks
+    profiles with at least one figure that is not a measurement.
+    """
+
+    name: str
+    match: str  # regular expression searched in the nvidia.com/gpu.product label
+    nvlink_gbs: float  # ring busbw inside one NVLink domain
+    pcie_gbs: float  # busbw once a ring leaves an NVLink domain inside the node
+    nic_gbs: float  # per NIC
+    nics_per_node: int
+    nvlink_domain_size: int = 0  # GPUs per NVSwitch domain when the node does not publish its domains
+    estimate: bool = False
+
+
+DEFAULT_PROFILES: tuple[HardwareProfile, ...] = (
+    HardwareProfile("gb200-nvl72", r"GB[23]00", 720.0, 50.0, 48.0, 4, 4, estimate=True),
+    HardwareProfile("b200-sxm", r"B[23]00", 720.0, 50.0, 48.0, 8, 8, estimate=True),
+    HardwareProfile("h100-sxm", r"H(100|200|800|20)(?!.*(PCIe|NVL))", 370.0, 50.0, 48.0, 8, 8),
+    HardwareProfile("a100-sxm", r"A100-SXM", 230.0, 25.0, 23.0, 8, 8),
+    HardwareProfile("h100-pcie", r"H100.*(PCIe|NVL)", 116.0, 50.0, 48.0, 2, estimate=True),
+    HardwareProfile("generic-pcie", r"", 25.0, 25.0, 23.0, 1),
+)
+
+# NCCL settings per interconnect class. Only variables whose values NCCL validates loosely are
+# set: an unknown NCCL_ALGO token fails communicator init, so algorithms are never forced.
+DEFAULT_NCCL_PROFILES: Mapping[str, Mapping[str, str]] = {
+    "nvlink": {"NCCL_P2P_LEVEL": "NVL"},
+    "pcie": {"NCCL_P2P_LEVEL": "SYS"},
+    "node": {"NCCL_IB_DISABLE": "0", "NCCL_NET_GDR_LEVEL": "PHB"},
+    "leaf": {"NCCL_IB_DISABLE": "0", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_CROSS_NIC": "0"},
+    "spine": {"NCCL_IB_DISABLE": "0", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_CROSS_NIC": "2"},
+    "zone": {"NCCL_IB_DISABLE": "0", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_CROSS_NIC": "2", "NCCL_IB_TIMEOUT": "22"},
+    "cluster": {"NCCL_IB_DISABLE": "0", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_CROSS_NIC": "2", "NCCL_IB_TIMEOUT": "22"},
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    levels: tuple[Level, ...] = PRESETS["default"]
+    cluster_oversubscription: float = 8.0  # divisor once traffic crosses the widest level's domains
+    profiles: tuple[HardwareProfile, ...] = DEFAULT_PROFILES
+    nccl_profiles: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: dict(DEFAULT_NCCL_PROFILES))
+    scheduler_names: tuple[str, ...] = ("topology-aware-scheduler",)  # ours: reset to default_scheduler
+    default_scheduler: str = "default-scheduler"
+    pin_when_waiting: bool = True  # consolidated workloads wait for locality instead of scattering
+    reservation_ttl_seconds: float = 300.0
+    max_body_bytes: int = 3 * 1024 * 1024  # the apiserver's own request limit
+    stale_after_seconds: float = 120.0
+
+    def profile_for(self, product: str) -> HardwareProfile:
+        for profile in self.profiles:
+            if re.search(profile.match, product or ""):
+                return profile
+        return self.profiles[-1]
+
+
+def levels_from(spec: Any) -> tuple[Level, ...]:
+    """Levels from a preset name or a list of labels / {label, name, link, oversubscription} maps."""
+    if isinstance(spec, str):
+        if spec not in PRESETS:
+            raise ConfigError(f"levels: unknown preset {spec!r}; allowed: {', '.join(sorted(PRESETS))}")
+        return PRESETS[spec]
+    if not isinstance(spec, list) or not spec:
+        raise ConfigError(f"levels: {spec!r} is not a preset name or a non-empty list of node label keys")
+    entries = [e if isinstance(e, dict) else {"label": e} for e in spec]
+    if entries[-1].get("label") == HOSTNAME_LABEL:
+        entries = entries[:-1]  # the node level is always implicit
+    defaults = ("leaf", "spine", "zone") + ("cluster",) * len(entries)
+    levels = []
+    for depth, entry in enumerate(reversed(entries)):
+        label = entry.get("label")
+        if not isinstance(label, str) or not label or label == HOSTNAME_LABEL:
+            raise ConfigError(f"levels[{len(entries) - 1 - depth}]: {label!r} is not a node label key "
+                              f"({HOSTNAME_LABEL} may only be last)")
+        link = entry.get("link", defaults[depth])
+        if link not in LINK_CLASSES:
+            raise ConfigError(f"levels: link {link!r} of {label} is not one of {', '.join(LINK_CLASSES)}")
+        name = entry.get("name", label.rsplit("/", 1)[-1])
+        levels.append(Level(label, str(name), link, float(entry.get("oversubscription", 1.0))))
+    labels = [lv.label for lv in levels]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"levels: label keys must be unique, got {list(reversed(labels))}")
+    return tuple(reversed(levels))
+
+
+def config_from_mapping(data: Mapping[str, Any]) -> Config:
+    """A Config from parsed YAML; unknown keys are errors so typos do not pass silently."""
+    known = {f.name for f in dataclasses.fields(Config)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+    values: dict[str, Any] = dict(data)
+    if "levels" in values:
+        values["levels"] = levels_from(values["levels"])
+    if "profiles" in values:
+        try:
+            values["profiles"] = tuple(HardwareProfile(**p) for p in values["profiles"]) + (DEFAULT_PROFILES[-1],)
+        except TypeError as err:
+            raise ConfigError(f"profiles: {err}") from None
+    if "nccl_profiles" in values:
+        merged = dict(DEFAULT_NCCL_PROFILES)
+        merged.update({k: {str(a): str(b) for a, b in v.items()} for k, v in values["nccl_profiles"].items()})
+        values["nccl_profiles"] = merged
+    if "scheduler_names" in values:
+        values["scheduler_names"] = tuple(values["scheduler_names"])
+    return Config(**values)
+
+
+def load_config(path: str | None) -> Config:
+    if not path:
+        return Config()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle) or {}
+    except OSError as err:
+        raise ConfigError(f"config file {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path}: not valid YAML ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of settings")
+    return config_from_mapping(data)

@@ -1,0 +1,111 @@
+"""GPU facts shared by discovery, the cluster view and the workload reader.
+
+- The NVLink-domain notation of the node annotation `topology.scheduler/nvlink-domains`:
+  domains are separated by `,`; a domain is a range `a-b`, a single index `a`, or several of
+  those joined by `+` when its GPUs are not contiguous (`0+2,1+3` for two bridged pairs).
+  GPUs in no domain have no NVLink peer. Example: `0-3,4-7` is two 4-GPU islands.
+- GPU requests of a pod spec, as the scheduler counts them.
+- Network bandwidth quantities such as `400Gb`.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable, Mapping
+
+from .model import GPU_RESOURCE
+
+NVLINK_DOMAINS_ANNOTATION = "topology.scheduler/nvlink-domains"
+
+
+def parse_nvlink_domains(text: str) -> tuple[tuple[int, ...], ...]:
+    """`0-3,4-7` -> ((0, 1, 2, 3), (4, 5, 6, 7)). Raises ValueError naming the bad part."""
+    domains: list[tuple[int, ...]] = []
+    seen: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        gpus: list[int] = []
+        for piece in part.split("+"):
+            match = re.fullmatch(r"(\d+)(?:-(\d+))?", piece)
+            if not match:
+                raise ValueError(f"{piece!r} is not a GPU index or range a-b")
+            low = int(match.group(1))
+            high = int(match.group(2)) if match.group(2) is not None else low
+            if high < low:
+                raise ValueError(f"range {piece!r} runs backwards")
+            gpus.extend(range(low, high + 1))
+        if seen.intersection(gpus):
+            raise ValueError(f"GPU {sorted(seen.intersection(gpus))[0]} is in two NVLink domains")
+        seen.update(gpus)
+        domains.append(tuple(sorted(gpus)))
+    return tuple(sorted(domains))
+
+
+def format_gpu_set(gpus: Iterable[int]) -> str:
+    """(0, 1, 2, 3, 6) -> `0-3+6`: ranges of one domain, joined by `+`."""
+    ordered = sorted(set(gpus))
+    runs: list[str] = []
+    start = prev = None
+    for gpu in ordered + [None]:
+        if start is not None and (gpu is None or gpu != prev + 1):
+            runs.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if gpu is not None and start is None:
+            start = gpu
+        prev = gpu
+    return "+".join(runs)
+
+
+def format_nvlink_domains(domains: Iterable[Iterable[int]]) -> str:
+    """((0, 1, 2, 3), (4, 5, 6, 7)) -> `0-3,4-7`; single-GPU domains are left out (no NVLink)."""
+    sets = sorted(tuple(sorted(d)) for d in domains if len(tuple(d)) > 1)
+    return ",".join(format_gpu_set(d) for d in sets)
+
+
+def quantity_to_int(value: object) -> int:
+    """An integer resource quantity (`"8"`, `8`); extended resources cannot be fractional."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a whole number")
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    if not re.fullmatch(r"\d+", text):
+        raise ValueError(f"{value!r} is not a whole number")
+    return int(text)
+
+
+def container_gpus(container: Mapping) -> int:
+    """GPUs one container asks for: limits win (extended resources must have limit == request)."""
+    resources = container.get("resources") or {}
+    for key in ("limits", "requests"):
+        amount = (resources.get(key) or {}).get(GPU_RESOURCE)
+        if amount is not None:
+            return quantity_to_int(amount)
+    return 0
+
+
+def pod_gpus(pod_spec: Mapping) -> int:
+    """GPUs a pod holds on its node, as kube-scheduler counts it: the sum over app containers
+    and restartable (sidecar) init containers, or the largest plain init container if bigger."""
+    main = sum(container_gpus(c) for c in pod_spec.get("containers") or ())
+    init_peak = 0
+    for init in pod_spec.get("initContainers") or ():
+        if init.get("restartPolicy") == "Always":
+            main += container_gpus(init)
+        else:
+            init_peak = max(init_peak, container_gpus(init))
+    return max(main, init_peak)
+
+
+_BANDWIDTH = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(b|bps|B|Bps)?(?:/s)?", re.IGNORECASE)
+_SCALE = {"": 1e-9, "k": 1e-6, "m": 1e-3, "g": 1.0, "t": 1e3}
+
+
+def parse_bandwidth_gbps(text: str) -> float:
+    """`400Gb`, `400G`, `100Gbps`, `1.6Tb`, `50GB` (bytes) -> Gb/s. Raises ValueError."""
+    match = _BANDWIDTH.fullmatch(str(text).strip())
+    if not match or (match.group(2) == "" and match.group(3) is None):
+        raise ValueError(f"{text!r} is not a bandwidth such as 200Gb, 400Gbps or 1.6Tb")
+    number, prefix, unit = float(match.group(1)), match.group(2).lower(), match.group(3) or "b"
+    gbps = number * _SCALE[prefix]
+    return gbps * 8 if unit.startswith("B") else gbps

@@ -1,0 +1,132 @@
+"""Values that flow between the steps: what a workload asks for, and what placement decided.
+
+Every type here is a frozen dataclass or an enum from the standard library, so any module
+may import this one and none of them can change a value another step handed over.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping
+
+ANNOTATION_PREFIX = "topology.scheduler/"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class Strategy(str, enum.Enum):
+    """How a workload wants its pods laid out (annotation `placement-strategy`)."""
+
+    CONSOLIDATED = "consolidated"  # all pods in the tightest domain, as a requirement
+    DISTRIBUTED = "distributed"  # one pod per node, spread across leaves
+    BALANCED = "balanced"  # the consolidated choice, as a preference
+
+
+class Outcome(str, enum.Enum):
+    """What callers can do with a decision; each value is a distinct next step."""
+
+    PLACED = "placed"  # a domain has room now: pin or prefer it
+    WAIT = "wait"  # the topology could hold it, not now: pin where it will fit first, or only prefer
+    NEVER = "never"  # no amount of waiting helps: deny
+
+
+class Interconnect(str, enum.Enum):
+    """The slowest link the workload's collective traffic crosses, narrowest first."""
+
+    NVLINK = "nvlink"  # one NVLink/NVSwitch domain (inside a node, or a multi-node NVLink fabric)
+    PCIE = "pcie"  # one node, across NVLink domains or with no NVLink at all
+    NODE = "node"  # several pods on one node: NCCL sees separate hosts and goes through the NIC
+    LEAF = "leaf"  # several nodes under one leaf switch
+    SPINE = "spine"  # several leaves under one spine
+    ZONE = "zone"  # several spines in one zone
+    CLUSTER = "cluster"  # several zones
+
+    @property
+    def rank(self) -> int:
+        return list(Interconnect).index(self)
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """One workload's request, validated: what the placement core needs and nothing else."""
+
+    workload: str  # "Job ml/train" or "Pod ml/trainer-" (generateName): used in reasons only
+    pods: int
+    gpus_per_pod: int
+    strategy: Strategy = Strategy.BALANCED
+    latency_sensitive: bool = False
+    preferred_domain: str | None = None  # a label value, or LEVEL=VALUE
+    min_bandwidth_gbps: float | None = None  # Gb/s, compared with the node label network-bandwidth
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    required_node_terms: tuple[Mapping, ...] = ()  # nodeSelectorTerms, ORed, as in the pod spec
+    tolerations: tuple[Mapping, ...] = ()
+
+    @property
+    def total_gpus(self) -> int:
+        return self.pods * self.gpus_per_pod
+
+    @property
+    def has_node_filter(self) -> bool:
+        return bool(self.node_selector or self.required_node_terms or self.min_bandwidth_gbps)
+
+
+@dataclass(frozen=True)
+class DomainRef:
+    """A topology domain: the label values from the widest level down to its own."""
+
+    level: int  # index into the configured levels; len(levels) is the node level, -1 the cluster
+    level_name: str  # "leaf", "spine", "node", "cluster"...
+    path: tuple[tuple[str, str], ...]  # ((label key, value), ...) widest first; () for the cluster
+
+    @property
+    def name(self) -> str:
+        return self.path[-1][1] if self.path else "cluster"
+
+    def __str__(self) -> str:
+        return f"{self.level_name} {self.name}"
+
+
+@dataclass(frozen=True)
+class NodeAssignment:
+    """Pods the decision counts on one node, and the NVLink-aligned GPU set of each pod."""
+
+    node: str
+    pods: int
+    gpu_ids: tuple[tuple[int, ...], ...]  # one tuple of host GPU indices per pod
+    interconnect: Interconnect  # inside one pod: NVLINK when its set shares a domain, else PCIE
+
+
+@dataclass(frozen=True)
+class NodeRequirement:
+    """One matchExpression the mutation pins or prefers: `key In values`."""
+
+    key: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A placement decision and why. Pure data: the mutation step turns it into pod-spec changes."""
+
+    outcome: Outcome
+    request: PlacementRequest
+    scope: DomainRef | None  # the single domain that holds the whole workload (nearest common parent)
+    domains: tuple[DomainRef, ...] = ()  # the domains used one level below the scope (the span)
+    assignment: tuple[NodeAssignment, ...] = ()  # empty unless PLACED
+    requirements: tuple[NodeRequirement, ...] = ()  # node affinity that confines pods to the choice
+    spread_keys: tuple[str, ...] = ()  # topology keys to spread pods over (distributed)
+    interconnect: Interconnect | None = None
+    bus_bandwidth_gbs: float | None = None  # estimated all-reduce bus bandwidth, GB/s
+    profile: str | None = None  # hardware profile the estimate used
+    preferred_honoured: bool | None = None  # None when no preferred domain was asked for
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def gpu_ids(self) -> tuple[int, ...]:
+        """The GPU set for a single-pod workload; empty otherwise (pods of a template share one spec)."""
+        if self.request.pods == 1 and len(self.assignment) == 1:
+            return self.assignment[0].gpu_ids[0]
+        return ()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(a.node for a in self.assignment)
