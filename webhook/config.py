@@ -14,6 +14,13 @@ from typing import Any, Mapping
 import yaml
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+# Where the server listens and what it serves; the Helm chart and the tests read these.
+DEFAULT_PORT = 8443
+MUTATE_PATH = "/mutate"
+HEALTHZ_PATH = "/healthz"
+READYZ_PATH = "/readyz"
+METRICS_PATH = "/metrics"
 LINK_CLASSES = ("nvlink", "leaf", "spine", "zone", "cluster")
 
 
