@@ -29,6 +29,13 @@ class Outcome(str, enum.Enum):
     NEVER = "never"  # no amount of waiting helps: deny
 
 
+# Why a decision did not place, as stable codes that callers and tests compare against.
+NO_ROOM_NOW = "NoRoomNow"  # WAIT: the topology could hold it once running work finishes
+NO_MATCHING_NODES = "NoMatchingNodes"  # NEVER: nodeSelector/affinity/taints/bandwidth leave no GPU node
+EXCEEDS_CLUSTER = "ExceedsCluster"  # NEVER: even with every GPU free it does not fit
+UNKNOWN_DOMAIN = "UnknownPreferredDomain"  # NEVER: preferred-domain names no domain
+
+
 class Interconnect(str, enum.Enum):
     """The slowest link the workload's collective traffic crosses, narrowest first."""
 
@@ -118,7 +125,8 @@ class Decision:
     bus_bandwidth_gbs: float | None = None  # estimated all-reduce bus bandwidth, GB/s
     profile: str | None = None  # hardware profile the estimate used
     preferred_honoured: bool | None = None  # None when no preferred domain was asked for
-    reasons: tuple[str, ...] = ()
+    code: str | None = None  # one of the reason codes above when the outcome is not PLACED
+    reasons: tuple[str, ...] = ()  # short sentences for people, most important first
 
     @property
     def gpu_ids(self) -> tuple[int, ...]:
