@@ -389,8 +389,8 @@ class ClusterIndex:
             if not node_name or phase in _FINISHED_PHASES or gpus <= 0:
                 self._forget_pod(key)
                 return
-            current = self.pod_nodes.get(key)
-            if current == node_name:
+            counted = self.nodes.get(node_name)
+            if self.pod_nodes.get(key) == node_name and counted is not None and counted.pods[key][0] == gpus:
                 return  # status updates of a counted pod change nothing we count
             self._forget_pod(key)
             annotations = (pod.get("metadata") or {}).get("annotations") or {}
