@@ -70,6 +70,7 @@ class NodeState:
     profile: HardwareProfile
     bandwidth_gbps: float | None
     parent: Domain | None = None
+    free: int = 0  # GPUs a new workload may count on; refreshed whenever the node is (re)counted
     pods: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)  # pod key -> (gpus, ids)
     reserved: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)  # reservation -> GPU sets
 
@@ -81,8 +82,7 @@ class NodeState:
     def held(self) -> int:
         return sum(len(ids) for sets in self.reserved.values() for ids in sets)
 
-    @property
-    def free(self) -> int:
+    def compute_free(self) -> int:
         return max(0, self.alloc - self.used - self.held) if self.eligible else 0
 
     @property
@@ -300,6 +300,8 @@ class ClusterIndex:
 
     def _account(self, node: NodeState, sign: int) -> None:
         """Add (sign=+1) or remove (-1) a node's contribution along its chain of domains."""
+        if sign > 0:
+            node.free = node.compute_free()
         free = node.free
         alloc = node.alloc if node.eligible else 0
         caps = [0] + [free // g for g in range(1, self.width + 1)]
