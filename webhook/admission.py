@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from . import mutation, workload
 from .config import Config
-from .model import Decision, Outcome
+from .model import EXCEEDS_CLUSTER, UNKNOWN_DOMAIN, Decision, Outcome
 from .patch import encode, make_patch
 from .placement import place_and_reserve
 
@@ -173,11 +173,20 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config, now: float,
     reserve = key if kind in _RESERVES and not request.dry_run else None
     decision = place_and_reserve(index, wanted.request, reserve, now)
     if decision.outcome is Outcome.NEVER:
-        reason = decision.reasons[0] if decision.reasons else decision.code or "it cannot be placed"
-        return _denied(request, reason if who in reason else f"{who}: {reason}", decision)
+        return _denied(request, _never_message(who, obj, kind, decision), decision)
     mutated = mutation.mutate(obj, kind, decision, config, key)
     return _result(request, _OUTCOMES[decision.outcome], decision=decision, operations=make_patch(obj, mutated),
                    warnings=[*wanted.warnings, *mutation.warnings(decision, config)])
+
+
+def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str:
+    """The denial: the object, the annotation that asked for the impossible, and why."""
+    reason = decision.reasons[0] if decision.reasons else str(decision.code)
+    annotations = workload.annotations_of(kind, obj)
+    culprit = {UNKNOWN_DOMAIN: workload.PREFERRED_DOMAIN, EXCEEDS_CLUSTER: workload.GPU_COUNT}.get(decision.code or "")
+    if culprit in annotations:
+        return f"{who}: annotation {culprit}={annotations[culprit]!r}: {reason}"
+    return reason if who in reason else f"{who}: {reason}"
 
 
 def _reservation_key(request: _Request, obj: Mapping) -> str:

@@ -7,9 +7,9 @@ the user's: ours are replaced in place or removed, the user's are never touched,
 the same decision to our own output changes nothing.
 
 What goes where:
-- `consolidated` pins (required nodeAffinity, the expressions added to every existing
-  nodeSelectorTerm because terms are ORed); so does a waiting `consolidated` workload when
-  `pin_when_waiting` is on. Everything else only prefers the domain (one preferred term).
+- Placed `consolidated` and `distributed` workloads are pinned (required nodeAffinity, the
+  expressions added to every existing nodeSelectorTerm because terms are ORed); so is a waiting
+  `consolidated` one when `pin_when_waiting` is on. Everything else only prefers the domain.
 - `distributed` adds topologySpreadConstraints on the decision's spread keys, selecting the pods
   by the template label `topology.scheduler/workload`; a (topologyKey, whenUnsatisfiable) pair
   the user already has is left alone (the API rejects duplicates).
@@ -123,16 +123,21 @@ def already_placed(obj: Mapping, kind: str) -> bool:
 
 
 def pins(decision: Decision, config: Config) -> bool:
-    """Whether the decision becomes required node affinity rather than a preference."""
-    return decision.request.strategy is Strategy.CONSOLIDATED and (
-        decision.outcome is Outcome.PLACED or (decision.outcome is Outcome.WAIT and config.pin_when_waiting))
+    """Whether the decision becomes required node affinity rather than a preference: placed
+    consolidated and distributed workloads are pinned to their domain (distributed to the scope
+    its spread runs in), balanced ones only prefer it; a waiting consolidated one is pinned to
+    where it fits first when `pin_when_waiting` is on."""
+    strategy = decision.request.strategy
+    if decision.outcome is Outcome.PLACED:
+        return strategy in (Strategy.CONSOLIDATED, Strategy.DISTRIBUTED)
+    return decision.outcome is Outcome.WAIT and strategy is Strategy.CONSOLIDATED and config.pin_when_waiting
 
 
 def summary(decision: Decision) -> str:
     """One line for people: the `placement` annotation."""
     request = decision.request
     where = str(decision.scope) if decision.scope else "the cluster"
-    size = f"{request.total_gpus} GPUs as {request.pods} pod(s) x {request.gpus_per_pod}"
+    size = f"{request.total_gpus} GPU(s) as {request.pods} pod(s) x {request.gpus_per_pod}"
     if decision.outcome is Outcome.WAIT:
         return f"waiting ({request.strategy.value}) for {where}: {size}; no room now"
     text = f"{request.strategy.value} in {where}: {size} on {len(decision.assignment)} node(s)"
@@ -193,9 +198,12 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
         users = current is not None and current != previous.label  # then the selector uses theirs
         value = current if users else workload_label_value(kind, obj)
         label = None if users else value
+        # One pod per node is the point, unless the decision already had to stack pods; across
+        # wider domains, balance without blocking.
+        one_per_node = all(a.pods <= 1 for a in decision.assignment)
         spread = tuple({"maxSkew": 1, "topologyKey": key,
-                        # one pod per node is the point; across wider domains, balance without blocking
-                        "whenUnsatisfiable": "DoNotSchedule" if key == HOSTNAME_LABEL else "ScheduleAnyway",
+                        "whenUnsatisfiable": "DoNotSchedule" if key == HOSTNAME_LABEL and one_per_node
+                        else "ScheduleAnyway",
                         "labelSelector": {"matchLabels": {WORKLOAD_LABEL: value}}}
                        for key in decision.spread_keys)
     profile = dict(config.nccl_profiles.get(decision.interconnect.value, {})) if decision.interconnect else {}
