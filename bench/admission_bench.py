@@ -32,7 +32,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from webhook import certs, demo  # noqa: E402
-from webhook.cli import synthetic_review  # noqa: E402
+from webhook.admission import make_review  # noqa: E402
 
 WORKLOAD_NAMES = 500  # reviews cycle over these, so re-placements replace reservations, not pile up
 START_TIMEOUT_SECONDS = 180
@@ -62,9 +62,7 @@ def review_bodies(count: int) -> list[bytes]:
                    "spec": {"parallelism": 2, "completions": 2, "template": template}}
         else:
             obj = pod
-        review = synthetic_review(obj, i, "ml")
-        review["request"]["uid"] = str(uuid.uuid4())
-        bodies.append(json.dumps(review).encode())
+        bodies.append(json.dumps(make_review(obj, uid=str(uuid.uuid4()))).encode())
     return bodies
 
 

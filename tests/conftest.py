@@ -24,7 +24,8 @@ import requests
 
 from webhook import certs, demo
 from webhook.app import create_app
-from webhook.cli import cluster_view, synthetic_review
+from webhook.admission import make_review
+from webhook.cli import cluster_view
 from webhook.config import Config
 from webhook.metrics import Metrics
 
@@ -187,6 +188,5 @@ def apiserver(tls_server) -> ApiServer:
 
 def review_of(obj: dict, version: str = "v1") -> dict:
     """A CREATE review for an object as the apiserver sends it, with a fresh uid."""
-    review = synthetic_review(obj, 0, obj["metadata"].get("namespace", "default"))
-    review["request"]["uid"] = str(uuid.uuid4())
+    review = make_review(obj, uid=str(uuid.uuid4()))
     return {**review, "apiVersion": f"admission.k8s.io/{version}"}

@@ -111,7 +111,7 @@ def test_each_admission_logs_one_json_line_without_the_object(client, caplog):
 
 
 def test_metrics_page_counts_decisions_and_shows_cluster_gauges(client):
-    post(client, review_of(gpu_pod("trainer", 4)))
+    post(client, review_of(gpu_pod("trainer", 4, placement_strategy="consolidated")))
     page = client.get("/metrics")
     assert page.status_code == 200 and page.content_type.startswith("text/plain")
     text = page.get_data(as_text=True)

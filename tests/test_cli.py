@@ -84,7 +84,7 @@ def test_workloads_of_one_run_see_each_others_reservations(tmp_path, capsys, clu
 
 
 def test_a_denied_workload_exits_1_naming_it_while_the_others_are_printed(tmp_path, capsys, cluster_files):
-    manifest = write(tmp_path, "mixed.yaml", gpu_pod("huge", 64), gpu_pod("small", 1))
+    manifest = write(tmp_path, "mixed.yaml", gpu_pod("huge", 64, gpu_count="64"), gpu_pod("small", 1, gpu_count="1"))
     code, out, err = run(capsys, "mutate", "-f", manifest, *cluster_files)
     assert code == 1
     assert "Error: Pod ml/huge denied:" in err and "ml/small" not in err

@@ -120,32 +120,6 @@ def describe(obj: dict, namespace: str) -> str:
     return f"{obj.get('kind')} {namespace}/{meta.get('name') or meta.get('generateName') or '?'}"
 
 
-def synthetic_review(obj: dict, position: int, namespace: str) -> dict:
-    """An admission.k8s.io/v1 CREATE review as the apiserver would send it for this object.
-
-    dryRun is false so the reservation is kept and later objects of the run see it.
-    """
-    meta = obj.get("metadata") or {}
-    group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
-    kind = str(obj.get("kind"))
-    uid = uuid.uuid5(uuid.NAMESPACE_URL, f"{PROG}/mutate/{position}/{kind}/{namespace}/{meta.get('name')}")
-    request = {
-        "uid": str(uid),
-        "kind": {"group": group, "version": version, "kind": kind},
-        "resource": {"group": group, "version": version, "resource": kind.lower() + "s"},
-        "namespace": namespace,
-        "operation": "CREATE",
-        "userInfo": {"username": f"{PROG}-mutate"},
-        "object": obj,
-        "oldObject": None,
-        "dryRun": False,
-        "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
-    }
-    if meta.get("name"):
-        request["name"] = meta["name"]
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
-
-
 def response_patch(response: dict) -> list:
     return json.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
 
@@ -167,8 +141,11 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     for position, obj in enumerate(objects):
         namespace = (obj.get("metadata") or {}).get("namespace") or "default"
         label = describe(obj, namespace)
+        # A CREATE as the apiserver sends it; not dryRun, so later objects see this one's reservation.
+        uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{PROG}/mutate/{position}/{label}"))
         try:
-            result = admission.review(synthetic_review(obj, position, namespace), index, config, time.time())
+            result = admission.review(admission.make_review(obj, namespace=namespace, uid=uid), index, config,
+                                      time.time())
         except admission.MalformedReview as err:
             raise UsageError(f"{label}: {err}") from None
         response = result.review["response"]
