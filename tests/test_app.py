@@ -120,3 +120,9 @@ def test_metrics_page_counts_decisions_and_shows_cluster_gauges(client):
     for gauge in ("topology_gpu_allocation_ratio", "topology_scheduler_domain_fragmentation_ratio",
                   'topology_domain_utilization_ratio{domain="'):
         assert gauge in text
+
+
+def test_json_nested_too_deeply_gets_400_not_500(client):
+    response = post(client, "[" * 100_000 + "]" * 100_000)
+    assert response.status_code == 400
+    one_line(response)

@@ -80,8 +80,10 @@ def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metric
             return _text(f"Content-Type must be application/json, got {request.mimetype or 'none'!r}", 415)
         try:
             body = json.loads(request.get_data())
-        except (ValueError, UnicodeDecodeError) as err:
+        except ValueError as err:  # includes UnicodeDecodeError
             return _text(f"request body is not JSON: {err}", 400)
+        except RecursionError:
+            return _text("request body is not JSON this server can read: nested too deeply", 400)
         try:
             result = admission.review(body, index, config, clock(), readiness())
         except admission.MalformedReview as err:

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -81,15 +82,19 @@ def serving_certs(args: argparse.Namespace) -> tuple[str, str]:
     return paths.cert, paths.key
 
 
-def metrics_dir(workers: int) -> str | None:
-    """The shared metrics directory: PROMETHEUS_MULTIPROC_DIR if set, a fresh one for several workers."""
-    path = os.environ.get(MULTIPROC_ENV) or (tempfile.mkdtemp(prefix="topology-webhook-metrics-") if workers > 1 else None)
+def metrics_dir(workers: int) -> tuple[str | None, bool]:
+    """The shared metrics directory, PROMETHEUS_MULTIPROC_DIR if set or a fresh one for several
+    workers, and whether it was created here (and is removed at exit)."""
+    path = os.environ.get(MULTIPROC_ENV)
+    created = not path and workers > 1
+    if created:
+        path = tempfile.mkdtemp(prefix="topology-webhook-metrics-")
     if path:
         if not os.path.isdir(path):
             raise UsageError(f"{MULTIPROC_ENV}={path!r} is not a directory")
         os.environ[MULTIPROC_ENV] = path  # the workers' metric files go there (inherited at fork)
         reset_multiprocess_dir(path)
-    return path
+    return path, created
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -99,8 +104,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     bind = parse_bind(args.bind)
     cert, key = serving_certs(args)
     cluster = read_cluster(args)
+    shared_dir, created = metrics_dir(args.workers)
     options = ServeOptions(bind=bind, cert=cert, key=key, workers=args.workers, threads=THREADS_PER_WORKER,
-                           multiprocess_dir=metrics_dir(args.workers))
+                           multiprocess_dir=shared_dir)
 
     def build_app():  # runs in each worker, after the fork
         index, readiness = cluster_view(config, cluster)
@@ -108,7 +114,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     source = args.nodes or "the built-in demo cluster"
     print(f"{PROG}: serving https://{bind}/mutate with {source}, {args.workers} worker(s)", file=sys.stderr)
-    WebhookServer(build_app, options).run()
+    try:
+        WebhookServer(build_app, options).run()
+    finally:
+        if created:
+            shutil.rmtree(shared_dir, ignore_errors=True)
     return 0
 
 
@@ -143,11 +153,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         label = describe(obj, namespace)
         # A CREATE as the apiserver sends it; not dryRun, so later objects see this one's reservation.
         uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{PROG}/mutate/{position}/{label}"))
-        try:
-            result = admission.review(admission.make_review(obj, namespace=namespace, uid=uid), index, config,
-                                      time.time())
-        except admission.MalformedReview as err:
-            raise UsageError(f"{label}: {err}") from None
+        result = admission.review(admission.make_review(obj, namespace=namespace, uid=uid), index, config, time.time())
         response = result.review["response"]
         for warning in result.warnings:
             print(f"Warning: {label}: {warning}", file=sys.stderr)
