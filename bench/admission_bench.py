@@ -6,6 +6,8 @@ review and echoes its uid. Each is driven over kept-alive TLS connections, as th
 does, first closed-loop at concurrency 1, 8 and 32 (throughput, p50, p99), then open-loop at a
 fixed rate (p99 at 200 reviews/s, measured from each request's scheduled send time so a stall
 is not hidden). Client and servers share the machine's cores: figures include that contention.
+It also times admission.review() alone in this process on the same cluster and reviews, which
+separates the decision path's cost from the server's.
 
     /work/venv/bin/python bench/admission_bench.py            # full run (about 2 minutes)
     /work/venv/bin/python bench/admission_bench.py --quick    # smoke run
@@ -31,8 +33,10 @@ import uuid
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from webhook import certs, demo  # noqa: E402
+from webhook import admission, certs, demo  # noqa: E402
 from webhook.admission import make_review  # noqa: E402
+from webhook.cli import cluster_view  # noqa: E402
+from webhook.config import Config  # noqa: E402
 
 WORKLOAD_NAMES = 500  # reviews cycle over these, so re-placements replace reservations, not pile up
 START_TIMEOUT_SECONDS = 180
@@ -167,6 +171,20 @@ def summary(latencies: list[float], elapsed: float) -> dict:
             "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]}
 
 
+def in_process(nodes: list[dict], pods: list[dict], bodies: list[bytes]) -> dict:
+    """admission.review() alone on the same cluster and reviews: the decision path without HTTP/TLS."""
+    config = Config()
+    index, _ = cluster_view(config, (nodes, pods))
+    reviews = [json.loads(body) for body in bodies]
+    latencies = []
+    began = time.perf_counter()
+    for review in reviews:
+        started = time.perf_counter()
+        admission.review(review, index, config, time.time())
+        latencies.append(time.perf_counter() - started)
+    return summary(latencies, time.perf_counter() - began)
+
+
 def serve_empty(bind: str, cert: str, key: str) -> None:
     """The baseline: gunicorn with our settings around a handler that parses the review and
     answers allowed, with no placement and no metrics."""
@@ -231,6 +249,9 @@ def main() -> None:
         print(f"machine: {machine()}")
         print(f"cluster: {len(nodes)} nodes, {8 * len(nodes)} GPUs, {len(pods)} running pods; "
               f"{args.seconds:g} s per measurement")
+        alone = in_process(nodes, pods, bodies)
+        print(f"admission.review() in process, no HTTP: p50 {alone['p50_ms']:.2f} ms, p99 {alone['p99_ms']:.2f} ms, "
+              f"{alone['rps']:.0f} reviews/s on one core")
         results: dict[str, dict] = {}
         for label, (port, command) in servers.items():
             process = start(command, port, paths.ca, workdir / f"{label}.log")
