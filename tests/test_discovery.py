@@ -13,9 +13,14 @@ import pytest
 import yaml
 
 from webhook import discovery
+from webhook.cluster import GPU_IDS_ANNOTATION, ClusterIndex
+from webhook.config import Config
+from webhook.demo import make_node, make_pod
 from webhook.discovery import (CLIQUE_LABEL, DOMAIN_SIZE_LABEL, LINK_LABEL, MATRIX_ANNOTATION, NUMA_ANNOTATION,
                                UNREADABLE_ANNOTATION)
-from webhook.gpus import NVLINK_DOMAINS_ANNOTATION
+from webhook.gpus import NVLINK_DOMAINS_ANNOTATION, parse_nvlink_domains
+from webhook.model import EXCEEDS_CLUSTER, Interconnect, Outcome, PlacementRequest
+from webhook.placement import place
 
 import nvml_fakes as fakes
 
@@ -398,3 +403,68 @@ def test_interval_republishes_only_on_change_and_retries_api_errors(api_server, 
     assert len(bodies) == 2  # round 2 publishes, round 3 publishes GPU 5 lost, round 4 changes nothing
     assert bodies[1]["metadata"]["annotations"][UNREADABLE_ANNOTATION] == "5"
     assert "Kubernetes API: GET node gpu-1: 500 Internal Server Error; retrying in 0.001s" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: the placement core reads what discovery published
+
+def published_node(machine: fakes.FakeMachine, product: str) -> dict:
+    """The Node as it looks once discovery has patched it (product label as GFD writes it)."""
+    published = discover(machine)
+    labels = {"topology.kubernetes.io/zone": "zone-a", "topology.scheduler/spine": "spine-1",
+              "topology.scheduler/leaf": "leaf-1", **published.labels}
+    return make_node("gpu-1", labels, len(machine.gpus), product, annotations=dict(published.annotations))
+
+
+def place_one_pod(node: dict, gpus: int, busy: str | None = None):
+    """Place a single pod of `gpus` GPUs on `node`, where a running pod may hold the GPU set `busy`."""
+    pods = [make_pod("running", "gpu-1", len(parse_nvlink_domains(busy)[0]),
+                     annotations={GPU_IDS_ANNOTATION: busy})] if busy else []
+    index = ClusterIndex.from_objects(Config(), [node], pods)
+    return place(index, PlacementRequest(workload="Pod ml/trainer", pods=1, gpus_per_pod=gpus))
+
+
+NVL, PCIE = Interconnect.NVLINK, Interconnect.PCIE
+PLACEMENTS = [
+    # machine, GFD product label, GPU set a running pod holds, GPUs asked, GPU set placed, link inside the pod
+    (fakes.dgx_h100, "NVIDIA-H100-80GB-HBM3", None, 8, (0, 1, 2, 3, 4, 5, 6, 7), NVL),
+    (fakes.dgx_h100, "NVIDIA-H100-80GB-HBM3", None, 4, (0, 1, 2, 3), NVL),
+    (fakes.dgx_h100, "NVIDIA-H100-80GB-HBM3", None, 2, (0, 1), NVL),
+    (fakes.hgx_a100, "NVIDIA-A100-SXM4-80GB", None, 8, (0, 1, 2, 3, 4, 5, 6, 7), NVL),
+    (fakes.hgx_a100, "NVIDIA-A100-SXM4-80GB", "0-1", 4, (2, 3, 4, 5), NVL),
+    (fakes.hgx_a100, "NVIDIA-A100-SXM4-80GB", None, 2, (0, 1), NVL),
+    (fakes.pcie_bridged_pairs, "NVIDIA-H100-PCIe", None, 4, (0, 1, 2, 3), PCIE),
+    (fakes.pcie_bridged_pairs, "NVIDIA-H100-PCIe", "0", 2, (2, 3), NVL),
+    (lambda: fakes.pcie_bridged_pairs(((0, 2), (1, 3))), "NVIDIA-H100-PCIe", "0", 2, (1, 3), NVL),
+    (fakes.two_nvlink_islands, "NVIDIA-A100-SXM4-40GB", None, 8, (0, 1, 2, 3, 4, 5, 6, 7), PCIE),
+    (fakes.two_nvlink_islands, "NVIDIA-A100-SXM4-40GB", "0-1", 4, (4, 5, 6, 7), NVL),
+    (fakes.two_nvlink_islands, "NVIDIA-A100-SXM4-40GB", "0", 2, (1, 2), NVL),  # keeps 4-7 whole
+    (fakes.gb200_nvl72_tray, "NVIDIA-GB200", None, 4, (0, 1, 2, 3), NVL),
+    (fakes.gb200_nvl72_tray, "NVIDIA-GB200", "3", 2, (0, 1), NVL),
+]
+
+
+@pytest.mark.parametrize("machine, product, busy, gpus, placed, link", [
+    pytest.param(*case, id=f"{case[0]().name}: {case[3]} GPUs" + (f" beside a pod on {case[2]}" if case[2] else ""))
+    for case in PLACEMENTS])
+def test_placement_picks_gpu_sets_from_the_published_domains(machine, product, busy, gpus, placed, link):
+    decision = place_one_pod(published_node(machine(), product), gpus, busy)
+    assert decision.outcome is Outcome.PLACED, decision.reasons
+    assert decision.gpu_ids == placed
+    assert decision.assignment[0].interconnect is link
+
+
+@pytest.mark.parametrize("machine, product", [(fakes.pcie_bridged_pairs, "NVIDIA-H100-PCIe"),
+                                              (fakes.gb200_nvl72_tray, "NVIDIA-GB200")], ids=["PCIe", "GB200 tray"])
+def test_placement_never_puts_8_gpus_on_a_4_gpu_node(machine, product):
+    decision = place_one_pod(published_node(machine(), product), 8)
+    assert decision.outcome is Outcome.NEVER and decision.code == EXCEEDS_CLUSTER
+
+
+def test_without_discovery_the_product_table_would_split_an_island_board_wrongly():
+    """Why discovery matters: the A100 SXM profile assumes one 8-GPU NVSwitch domain."""
+    node = published_node(fakes.two_nvlink_islands(), "NVIDIA-A100-SXM4-40GB")
+    del node["metadata"]["annotations"][NVLINK_DOMAINS_ANNOTATION]
+    decision = place_one_pod(node, 4, busy="0-1")
+    assert decision.gpu_ids == (2, 3, 4, 5)  # crosses the two islands, yet counted as NVLink
+    assert decision.assignment[0].interconnect is NVL
