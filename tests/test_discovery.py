@@ -164,7 +164,7 @@ def test_failed_pair_call_leaves_that_cell_unknown():
 
     def flaky(a, b):
         if {a, b} == {1, 2}:
-            fakes._raise(pynvml.NVML_ERROR_UNKNOWN)
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
         return ancestor(a, b)
 
     machine.ancestor = flaky
@@ -232,7 +232,7 @@ def test_publishing_needs_a_node_name(capsys, monkeypatch):
 def test_interval_must_be_positive(value, capsys):
     with pytest.raises(SystemExit):
         parse(["--interval", value])
-    assert f"--interval {value!r} is not a positive number of seconds" in capsys.readouterr().err
+    assert f"argument --interval: {value!r} is not a positive number of seconds" in capsys.readouterr().err
 
 
 def test_register_adds_discover_with_run_as_its_function():
@@ -468,3 +468,13 @@ def test_without_discovery_the_product_table_would_split_an_island_board_wrongly
     decision = place_one_pod(node, 4, busy="0-1")
     assert decision.gpu_ids == (2, 3, 4, 5)  # crosses the two islands, yet counted as NVLink
     assert decision.assignment[0].interconnect is NVL
+
+
+@pytest.mark.parametrize("raw, normal", [
+    ("00000000:18:00.0", "00000000:18:00.0"),
+    (b"0000:5d:00.0", "00000000:5D:00.0"),
+    ("00000009:01:00.0", "00000009:01:00.0"),
+    ("", ""),
+], ids=["NVML 13 form", "older bytes, short domain", "GB200 domain", "empty stays itself"])
+def test_bus_ids_compare_in_one_form(raw, normal):
+    assert discovery.normalize_bus_id(raw) == normal

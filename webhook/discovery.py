@@ -162,11 +162,15 @@ def _text(value: str | bytes) -> str:
 
 
 def normalize_bus_id(value: str | bytes) -> str:
-    """`0000:18:00.0` or b`00000000:18:00.0` -> `00000000:18:00.0`, so bus IDs compare equal."""
-    text = _text(value).strip()
-    domain, bus, rest = text.split(":")
-    device, function = rest.split(".")
-    return f"{int(domain, 16):08X}:{int(bus, 16):02X}:{int(device, 16):02X}.{int(function, 16):X}"
+    """`0000:18:00.0` or b`00000000:18:00.0` -> `00000000:18:00.0`, so bus IDs compare equal.
+    Text that is not a bus ID comes back as given (upper-cased): it can only equal itself."""
+    text = _text(value).strip().upper()
+    try:
+        domain, bus, rest = text.split(":")
+        device, function = rest.split(".")
+        return f"{int(domain, 16):08X}:{int(bus, 16):02X}:{int(device, 16):02X}.{int(function, 16):X}"
+    except ValueError:
+        return text
 
 
 def _bits(words: Iterable[int]) -> tuple[int, ...]:
@@ -187,9 +191,7 @@ def read_nvlinks(nvml, handle) -> tuple[NvLink, ...]:
         try:
             bus_id = normalize_bus_id(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)
         except nvml.NVMLError_NotSupported:
-            if remote == "gpu":
-                raise
-            bus_id = None  # an NVSwitch tray outside this host has no PCI address here
+            bus_id = None  # e.g. an NVSwitch tray outside this host: no PCI address here
         links.append(NvLink(link, remote, bus_id))
     return tuple(links)
 
@@ -572,7 +574,7 @@ def _seconds(text: str) -> float:
     except ValueError:
         value = 0.0
     if not value > 0:
-        raise argparse.ArgumentTypeError(f"--interval {text!r} is not a positive number of seconds")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     return value
 
 
