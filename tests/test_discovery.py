@@ -478,3 +478,17 @@ def test_without_discovery_the_product_table_would_split_an_island_board_wrongly
 ], ids=["NVML 13 form", "older bytes, short domain", "GB200 domain", "empty stays itself"])
 def test_bus_ids_compare_in_one_form(raw, normal):
     assert discovery.normalize_bus_id(raw) == normal
+
+
+@pytest.mark.parametrize("call", ["nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetMemoryAffinity"])
+def test_a_driver_without_an_optional_call_still_publishes_the_rest(call):
+    module = fakes.fake_nvml(fakes.gb200_nvl72_tray())
+
+    def missing(*args):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    setattr(module, call, missing)
+    published = discovery.publication(discovery.read_node(module))
+    assert published.annotations[NVLINK_DOMAINS_ANNOTATION] == "0-3"
+    assert (CLIQUE_LABEL in published.labels) == (call != "nvmlDeviceGetGpuFabricInfoV")
+    assert (published.annotations[NUMA_ANNOTATION] == "") == (call == "nvmlDeviceGetMemoryAffinity")

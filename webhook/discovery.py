@@ -98,7 +98,6 @@ class DiscoveryError(Exception):
 class NvLink:
     """One active NVLink of a GPU and what sits at its far end."""
 
-    link: int
     remote: str  # "gpu", "switch" or "other"
     remote_bus_id: str | None  # None when NVML cannot say (switches outside this host)
 
@@ -192,21 +191,26 @@ def read_nvlinks(nvml, handle) -> tuple[NvLink, ...]:
             bus_id = normalize_bus_id(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)
         except nvml.NVMLError_NotSupported:
             bus_id = None  # e.g. an NVSwitch tray outside this host: no PCI address here
-        links.append(NvLink(link, remote, bus_id))
+        links.append(NvLink(remote, bus_id))
     return tuple(links)
+
+
+def _absent(nvml) -> tuple[type, ...]:
+    """Errors that mean an optional fact is not there: the GPU lacks it, or the driver predates the call."""
+    return nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound
 
 
 def read_cpu_affinity(nvml, handle) -> tuple[int, ...]:
     try:
         return _bits(nvml.nvmlDeviceGetCpuAffinity(handle, CPU_SET_WORDS))
-    except nvml.NVMLError_NotSupported:
+    except _absent(nvml):
         return ()
 
 
 def read_numa_nodes(nvml, handle) -> tuple[int, ...]:
     try:
         return _bits(nvml.nvmlDeviceGetMemoryAffinity(handle, NUMA_SET_WORDS, nvml.NVML_AFFINITY_SCOPE_NODE))
-    except nvml.NVMLError_NotSupported:
+    except _absent(nvml):
         return ()
 
 
@@ -216,7 +220,7 @@ def read_fabric(nvml, handle) -> Fabric | None:
     info = nvml.c_nvmlGpuFabricInfoV_t()  # sets the struct version the V call checks
     try:
         nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
-    except nvml.NVMLError_NotSupported:
+    except _absent(nvml):
         return None
     raw = bytes(info.clusterUuid)
     if info.state != FABRIC_STATE_COMPLETED or info.status != 0 or not any(raw):
