@@ -78,7 +78,6 @@ NUMA_SET_WORDS = 4  # 256 NUMA nodes
 
 TOPOLOGY_CODES = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}  # 0 = same board (K80)
 P2P_CODES = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
-LINK_CLASS_RANK = {"none": 0, "pcie": 1, "nvlink": 2, "nvswitch": 3}
 UNKNOWN = "-"
 
 
@@ -361,11 +360,15 @@ def nvlink_domains(topology: NodeTopology) -> tuple[tuple[int, ...], ...]:
 
 
 def unusable_nvlinks(topology: NodeTopology) -> tuple[str, ...]:
-    """Pairs with NVLinks that NVML denies P2P over (on NVSwitch systems: fabric manager not running)."""
-    return tuple(f"GPU {a.index} and GPU {b.index} have NVLinks but P2P over NVLink is not supported; "
-                 f"they are not counted as one NVLink domain"
-                 for a in topology.gpus for b in topology.gpus
-                 if a.index < b.index and nvlink_count(a, b)[0] and not nvlinked(topology, a, b))
+    """One warning when some GPUs have NVLinks that NVML denies P2P over (on NVSwitch systems: the
+    fabric manager is not running), naming the GPUs concerned."""
+    pairs = [(a.index, b.index) for a in topology.gpus for b in topology.gpus
+             if a.index < b.index and nvlink_count(a, b)[0] and not nvlinked(topology, a, b)]
+    if not pairs:
+        return ()
+    gpus = format_gpu_set(i for pair in pairs for i in pair).replace("+", ",")
+    return (f"GPUs {gpus} have NVLinks but NVML reports P2P over NVLink not supported for {len(pairs)} "
+            f"pair(s) (fabric manager not running?); those links are left out of the NVLink domains",)
 
 
 def gpu_link_class(topology: NodeTopology) -> str:
