@@ -230,7 +230,7 @@ def test_publishing_needs_a_node_name(capsys, monkeypatch):
     assert "no node name: pass --node or set NODE_NAME" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+@pytest.mark.parametrize("value", ["0", "-5", "soon", "inf"])
 def test_interval_must_be_positive(value, capsys):
     with pytest.raises(SystemExit):
         parse(["--interval", value])

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import os
 import signal
 import sys
@@ -75,6 +76,7 @@ NVLINK_REMOTE_SWITCH = 2
 FABRIC_STATE_COMPLETED = 3
 CPU_SET_WORDS = 64  # 4096 CPUs: bitmask words of 64 CPUs each; NVML fills what the host has
 NUMA_SET_WORDS = 4  # 256 NUMA nodes
+API_TIMEOUT_SECONDS = 30  # per API request, so a stuck connection cannot hang the agent
 
 TOPOLOGY_CODES = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}  # 0 = same board (K80)
 P2P_CODES = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
@@ -555,12 +557,13 @@ class NodeApi:
             raise DiscoveryError(f"Kubernetes API: {what}: {type(err).__name__}: {err}", EXIT_API) from None
 
     def get(self, name: str) -> dict:
-        response = self._call(f"GET node {name}", self._api.read_node, name, _preload_content=False)
+        response = self._call(f"GET node {name}", self._api.read_node, name, _preload_content=False,
+                              _request_timeout=API_TIMEOUT_SECONDS)
         return json.loads(response.data)
 
     def patch(self, name: str, body: dict) -> None:
         self._call(f"PATCH node {name}", self._api.patch_node, name, body,
-                   _content_type="application/merge-patch+json")
+                   _content_type="application/merge-patch+json", _request_timeout=API_TIMEOUT_SECONDS)
 
 
 def publish(api: NodeApi, node_name: str, wanted: Publication) -> dict | None:
@@ -580,7 +583,7 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
+    if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     return value
 
