@@ -494,3 +494,12 @@ def test_a_driver_without_an_optional_call_still_publishes_the_rest(call):
     assert published.annotations[NVLINK_DOMAINS_ANNOTATION] == "0-3"
     assert (CLIQUE_LABEL in published.labels) == (call != "nvmlDeviceGetGpuFabricInfoV")
     assert (published.annotations[NUMA_ANNOTATION] == "") == (call == "nvmlDeviceGetMemoryAffinity")
+
+
+def test_unreachable_api_server_is_an_api_error(api_server, kubeconfig, capsys):
+    api_server.shutdown()
+    api_server.server_close()  # the port now refuses connections
+    assert discovery.run(parse(["--node", "gpu-1", "--kubeconfig", kubeconfig]),
+                         nvml=fakes.fake_nvml(fakes.dgx_h100())) == discovery.EXIT_API
+    err = capsys.readouterr().err
+    assert "Kubernetes API: GET node gpu-1: MaxRetryError" in err and err.count("\n") == 1
