@@ -216,3 +216,21 @@ def test_incremental_updates_match_a_rebuild(cluster):
 
 def test_deterministic(cluster):
     assert place(cluster, request(5)) == place(cluster, request(5))
+
+
+def test_constraints_that_admit_every_node_take_the_fast_path(cluster):
+    everywhere = ({"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a"]}]},)
+    assert cluster.filters_nothing(request(2, required_node_terms=everywhere, min_bandwidth_gbps=200))
+    assert not cluster.filters_nothing(request(2, min_bandwidth_gbps=800))
+
+
+def test_constrained_views_stay_exact_through_pod_events_and_reservations(cluster):
+    pinned = ({"matchExpressions": [{"key": "topology.scheduler/leaf", "operator": "In", "values": ["leaf-2"]}]},)
+    constrained = request(2, required_node_terms=pinned)
+    assert leaves_of(cluster, place(cluster, constrained)) == ["leaf-2"]
+    place_and_reserve(cluster, request(2, required_node_terms=pinned), "ns/Job/a", now=0)
+    cluster.upsert_pod(make_pod("x", "gpu-s1-l2-n3", 8))
+    decision = place(cluster, constrained)  # leaf-2 has one free node left: it must wait
+    assert decision.outcome is Outcome.WAIT
+    cluster.release("ns/Job/a")
+    assert place(cluster, constrained).outcome is Outcome.PLACED
