@@ -234,3 +234,27 @@ def test_constrained_views_stay_exact_through_pod_events_and_reservations(cluste
     assert decision.outcome is Outcome.WAIT
     cluster.release("ns/Job/a")
     assert place(cluster, constrained).outcome is Outcome.PLACED
+
+
+def test_product_table_fallback_without_published_domains():
+    sxm = make_node("sxm", {}, product="NVIDIA-A100-SXM4-80GB")
+    pcie = make_node("pcie", {}, gpus=2, product="NVIDIA-A100-PCIE-40GB")
+    index = ClusterIndex.from_objects(Config(), [sxm, pcie])
+    assert index.nodes["sxm"].nvlink_domains == (tuple(range(8)),)  # one NVSwitch domain
+    assert index.nodes["pcie"].nvlink_domains == ()  # no NVLink assumed
+    decision = place(index, request(1, gpus=2, node_selector={"kubernetes.io/hostname": "pcie"}))
+    assert decision.interconnect is Interconnect.PCIE
+
+
+def test_nvl72_preset_treats_a_clique_as_one_nvlink_domain_across_nodes():
+    from webhook.config import PRESETS
+    config = Config(levels=PRESETS["nvl72"])
+    nodes = [make_node(f"tray-{r}-{i}", {"topology.kubernetes.io/zone": "z", "topology.scheduler/spine": "s",
+                                        "nvidia.com/gpu.clique": f"uuid.{r}"}, gpus=4, product="NVIDIA-GB200")
+             for r in range(2) for i in range(18)]
+    index = ClusterIndex.from_objects(config, nodes)
+    decision = place(index, request(16, gpus=4))
+    assert decision.scope.level_name == "clique" and decision.interconnect is Interconnect.NVLINK
+    assert len({index.nodes[n].labels["nvidia.com/gpu.clique"] for n in decision.nodes}) == 1
+    decision = place(index, request(20, gpus=4))  # more trays than one rack: crosses the spine
+    assert decision.interconnect is Interconnect.SPINE
