@@ -213,22 +213,24 @@ def mounted_file(case: str, flag: str) -> tuple[dict, dict, str]:
     return volume, mount, path[len(mount["mountPath"]) + 1:]
 
 
-@pytest.mark.parametrize("case", ["defaults", "everything-on"])
-def test_rendered_config_file_loads_in_the_server(case):
+def server_config(case: str) -> Config:
+    """The Config the server builds from the file the chart mounts at its --config path."""
     volume, _, file_name = mounted_file(case, "--config")
     config_map = one(case, "ConfigMap", volume["configMap"]["name"])
-    loaded = config_from_mapping(yaml.safe_load(config_map["data"][file_name]))
-    values = VALUE_SETS[case].get("config", {})
-    if "levels" not in values:
-        assert loaded.levels == PRESETS["default"]
-    assert loaded.scheduler_names == tuple(values.get("scheduler_names", Config().scheduler_names))
-    if "max_body_bytes" in values:
-        assert loaded.max_body_bytes == values["max_body_bytes"] and isinstance(loaded.max_body_bytes, int)
+    return config_from_mapping(yaml.safe_load(config_map["data"][file_name]))
 
 
 def test_default_values_give_the_server_defaults():
-    volume, _, file_name = mounted_file("defaults", "--config")
-    assert config_from_mapping(yaml.safe_load(one("defaults", "ConfigMap")["data"][file_name])) == Config()
+    assert server_config("defaults") == Config()
+
+
+def test_config_values_reach_the_server():
+    loaded = server_config("everything-on")
+    assert [(level.label, level.link) for level in loaded.levels] == [("example.com/rack", "leaf"),
+                                                                       ("example.com/host-group", "leaf")]
+    assert loaded.max_body_bytes == 3145728 and isinstance(loaded.max_body_bytes, int)
+    assert loaded.nccl_profiles["leaf"] == {"NCCL_IB_HCA": "mlx5"}
+    assert loaded.scheduler_names == ("topology-aware-scheduler", "gpu-scheduler")
 
 
 def test_config_change_rolls_the_pods():
