@@ -25,7 +25,7 @@ from cryptography.x509.verification import DNSName, PolicyBuilder, Store
 
 from webhook.config import (
     DEFAULT_NCCL_PROFILES, DEFAULT_PORT, HEALTHZ_PATH, LINK_CLASSES, METRICS_PATH, MUTATE_PATH, PRESETS,
-    READYZ_PATH, Config, config_from_mapping,
+    READYZ_PATH, Config, HardwareProfile, config_from_mapping,
 )
 
 CHART_DIR = Path(__file__).resolve().parents[1] / "charts" / "topology-webhook"
@@ -57,6 +57,8 @@ VALUE_SETS = {
         "webhook": {"namespaceLabels": {"topology.scheduler/enabled": "true"}},
         "config": {"levels": [{"label": "example.com/rack", "link": "leaf"}, "example.com/host-group"],
                    "max_body_bytes": 3145728, "nccl_profiles": {"leaf": {"NCCL_IB_HCA": "mlx5"}},
+                   "profiles": [{"name": "h100-sxm", "match": "H100", "nvlink_gbs": 370, "pcie_gbs": 50,
+                                 "nic_gbs": 48, "nics_per_node": 8, "nvlink_domain_size": 8}],
                    "scheduler_names": ["topology-aware-scheduler", "gpu-scheduler"]},
     },
 }
@@ -157,6 +159,7 @@ def test_schema_knows_exactly_the_server_settings():
     assert set(levels[0]["enum"]) == set(PRESETS)
     assert set(levels[1]["items"]["oneOf"][1]["properties"]["link"]["enum"]) == set(LINK_CLASSES)
     assert set(config_schema["properties"]["nccl_profiles"]["propertyNames"]["enum"]) == set(DEFAULT_NCCL_PROFILES)
+    assert set(config_schema["properties"]["profiles"]["items"]["properties"]) == set(HardwareProfile.__dataclass_fields__)
 
 
 # --- Kubernetes schemas --------------------------------------------------------------------------
@@ -231,6 +234,8 @@ def test_config_values_reach_the_server():
     assert loaded.max_body_bytes == 3145728 and isinstance(loaded.max_body_bytes, int)
     assert loaded.nccl_profiles["leaf"] == {"NCCL_IB_HCA": "mlx5"}
     assert loaded.scheduler_names == ("topology-aware-scheduler", "gpu-scheduler")
+    assert [profile.name for profile in loaded.profiles] == ["h100-sxm", "generic-pcie"]
+    assert loaded.profile_for("NVIDIA-H100-80GB-HBM3").nvlink_domain_size == 8
 
 
 def test_config_change_rolls_the_pods():
