@@ -300,6 +300,7 @@ def test_cert_manager_renews_the_serving_certificate_under_a_stable_ca():
     ca_certificate = one("cert-manager", "Certificate", f"{FULLNAME}-ca")["spec"]
     assert ca_issuer["spec"] == {"ca": {"secretName": ca_certificate["secretName"]}}
     assert ca_certificate["isCA"] is True and ca_certificate["duration"] == "87600h"  # tls.caValidityDays
+    assert ca_certificate["privateKey"]["rotationPolicy"] == "Never"  # a renewed CA still verifies older certificates
     assert "selfSigned" in one("cert-manager", "Issuer", ca_certificate["issuerRef"]["name"])["spec"]
     assert not [s for s in objects("cert-manager", "Secret")]
 
