@@ -79,7 +79,8 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
     removes what we added before and only resets our scheduler name."""
     new = copy.deepcopy(dict(obj))
     template = _template(new, kind)
-    meta = template.setdefault("metadata", {})
+    meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
+    had_metadata = bool(meta)
     spec = template["spec"]
     previous = Injection.loads(_annotations(meta).get(INJECTED))
     if spec.get("schedulerName") in config.scheduler_names:
@@ -90,6 +91,10 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
         outputs = {PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
                    RESERVATION: reservation, INJECTED: owned.dumps() if owned != Injection() else None}
     _set_annotations(meta, {key: outputs.get(key) for key in OUTPUT_ANNOTATIONS})
+    if meta:
+        template["metadata"] = meta
+    elif had_metadata:
+        del template["metadata"]  # we emptied it: leave no trace
     return new
 
 
@@ -100,9 +105,11 @@ def without_injection(obj: Mapping, kind: str) -> dict:
     template = pod_template(kind, new)
     if template is None or not isinstance(template.get("spec"), dict) or not isinstance(template.get("metadata"), dict):
         return new
-    previous = Injection.loads(_annotations(template["metadata"]).get(INJECTED))
-    _apply(template["metadata"], template["spec"], previous, Injection())
-    _set_annotations(template["metadata"], {key: None for key in OUTPUT_ANNOTATIONS})
+    meta = template["metadata"]
+    _apply(meta, template["spec"], Injection.loads(_annotations(meta).get(INJECTED)), Injection())
+    _set_annotations(meta, {key: None for key in OUTPUT_ANNOTATIONS})
+    if not meta:
+        del template["metadata"]
     return new
 
 
