@@ -247,7 +247,7 @@ def _apply_required(spec: dict, previous: tuple[dict, ...], desired: tuple[dict,
     if not terms:
         if not desired:
             return ()
-        _put(spec, _REQUIRED + ("nodeSelectorTerms",), [{"matchExpressions": [dict(e) for e in desired]}])
+        _put(spec, _REQUIRED + ("nodeSelectorTerms",), [{"matchExpressions": copy.deepcopy(list(desired))}])
         return desired
     owned: list[dict] = []
     kept = []
@@ -294,14 +294,14 @@ def _reconcile(items: list, previous: list, desired: list, identity: Callable[[A
             leftover.remove(item)
             replacement = wanted.pop(identity(item), None)
             if replacement is not None:
-                out.append(replacement)
+                out.append(copy.deepcopy(replacement))
                 owned.append(replacement)
             continue
         out.append(item)
     taken = {identity(i) for i in out if isinstance(i, dict)}
     for key, item in wanted.items():
         if key not in taken:
-            out.append(item)
+            out.append(copy.deepcopy(item))  # one item goes into several lists: never share it
             owned.append(item)
     return out, owned
 
