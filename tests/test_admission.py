@@ -386,3 +386,53 @@ def test_offline_review_of_an_object_without_namespace_or_uid(index):
     result = run(body, index)
     assert result.outcome == "placed" and result.namespace == "default" and index.reservations == {}
     valid(patched(obj, result))
+
+
+# -- updates ------------------------------------------------------------------------------------------
+
+def deployment(**annotations) -> dict:
+    return workload("Deployment", name="serve", replicas=2, gpus=4,
+                    annotations={"topology.scheduler/placement-strategy": "consolidated", **annotations})
+
+
+def update(new: dict, old: dict) -> dict:
+    body = admission.make_review(new, operation="UPDATE")
+    body["request"]["oldObject"] = old
+    return body
+
+
+def test_an_update_that_drops_our_fields_gets_the_placement_back(index):
+    created = run(deployment(), index)
+    stored = patched(deployment(), created)
+    applied = deployment()  # the user's manifest again, new image: our fields are gone
+    template_of(applied)["spec"]["containers"][0]["image"] = "nvcr.io/nvidia/pytorch:25.01-py3"
+    reservations = dict(index.reservations)
+    result = run(update(applied, stored), index)
+    assert result.outcome == "ignored" and result.warnings == ()
+    out = valid(patched(applied, result))
+    expected = deep(stored)
+    template_of(expected)["spec"]["containers"][0]["image"] = "nvcr.io/nvidia/pytorch:25.01-py3"
+    assert out == expected
+    assert index.reservations == reservations
+
+
+def test_an_update_of_our_own_output_changes_nothing(index):
+    stored = patched(deployment(), run(deployment(), index))
+    result = run(update(deep(stored), stored), index)
+    assert "patch" not in result.review["response"]
+
+
+def test_an_update_that_changes_the_inputs_keeps_the_placement_and_says_so(index):
+    stored = patched(deployment(), run(deployment(), index))
+    changed = deep(stored)
+    changed["metadata"]["annotations"]["topology.scheduler/placement-strategy"] = "distributed"
+    result = run(update(changed, stored), index)
+    assert "patch" not in result.review["response"]
+    assert "placement inputs changed" in result.warnings[0]
+
+
+def test_an_update_of_a_workload_never_placed_places_it(index):
+    before = workload("Deployment", name="serve", replicas=2, gpus=4)
+    result = run(update(deployment(), before), index)
+    assert result.outcome == "placed" and "ml/Deployment/serve" in index.reservations
+    valid(patched(deployment(), result))

@@ -31,7 +31,7 @@ def test_missing_parents_are_added_whole():
         mutation.PLACEMENT, mutation.GPU_IDS, mutation.RESERVATION, mutation.INJECTED}
     assert adds["/spec/template/spec/affinity"]["nodeAffinity"]
     assert adds["/spec/template/spec/containers/0/env"] == [
-        {"name": "NCCL_P2P_LEVEL", "value": "NVL"}, {"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"}]
+        {"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"}, {"name": "NCCL_P2P_LEVEL", "value": "NVL"}]
 
 
 def test_tilde_in_a_key_is_escaped_first():

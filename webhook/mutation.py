@@ -98,6 +98,27 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
     return new
 
 
+def carry_over(old: Mapping, new: Mapping, kind: str, config: Config) -> dict:
+    """`new` (an UPDATE) with the placement recorded on `old` put back: an update keeps the
+    placement made at creation instead of dropping it (server-side apply removes fields the
+    applier owns and omits) or moving running work. Items the user now has win, as always."""
+    out = copy.deepcopy(dict(new))
+    template = _template(out, kind)
+    meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
+    spec = template["spec"]
+    old_annotations = _annotations((pod_template(kind, old) or {}).get("metadata") or {})
+    if spec.get("schedulerName") in config.scheduler_names:
+        spec["schedulerName"] = config.default_scheduler
+    owned = _apply(meta, spec, Injection.loads(_annotations(meta).get(INJECTED)),
+                   Injection.loads(old_annotations.get(INJECTED)))
+    outputs = {key: old_annotations.get(key) for key in OUTPUT_ANNOTATIONS}
+    outputs[INJECTED] = owned.dumps() if owned != Injection() else None
+    _set_annotations(meta, outputs)
+    if meta:
+        template["metadata"] = meta
+    return out
+
+
 def without_injection(obj: Mapping, kind: str) -> dict:
     """A new object with our previous additions removed: the object as the user wrote it, which is
     what a workload is read from (so a re-placement is not confined by our own old pin)."""
@@ -215,6 +236,7 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
                        for key in decision.spread_keys)
     profile = dict(config.nccl_profiles.get(decision.interconnect.value, {})) if decision.interconnect else {}
     profile.update(CUDA_DEVICE_ORDER)
+    profile = dict(sorted(profile.items()))  # the record keeps names sorted: so does the container
     env = {c["name"]: profile for c in _containers(spec) if container_gpus(c) > 0}
     return Injection(required, preferred, spread, env, label)
 
