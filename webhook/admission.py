@@ -7,8 +7,8 @@ answer inside a 200 review (allowed, patched, warned or denied). An exception an
 reported as outcome "failed-open" for the app to count.
 
 Flow: kind and operation we handle -> object of ours -> not a pod of a template we already placed
--> ready -> read the request (from the object without our earlier additions) -> place and reserve
--> mutate -> JSONPatch -> response.
+-> ready -> read the request (from the object without our earlier additions) -> an UPDATE of a
+workload we placed keeps that placement -> place and reserve -> mutate -> JSONPatch -> response.
 """
 from __future__ import annotations
 
@@ -35,9 +35,10 @@ REVIEW_API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 WARNING_MAX_CHARS = 256  # the apiserver truncates longer warnings once its budget is spent
 DENIED_CODE = 403
 # Pods are immutable after CREATE and a Job's template too, so an UPDATE patch would be rejected.
+# On UPDATE the others keep the placement made at creation (see mutation.carry_over).
 OPERATIONS: Mapping[str, tuple[str, ...]] = {
-    "Pod": ("CREATE",), "Job": ("CREATE",), "CronJob": ("CREATE",),
-    "Deployment": ("CREATE",), "StatefulSet": ("CREATE",), "ReplicaSet": ("CREATE",),
+    "Pod": ("CREATE",), "Job": ("CREATE",), "CronJob": ("CREATE", "UPDATE"),
+    "Deployment": ("CREATE", "UPDATE"), "StatefulSet": ("CREATE", "UPDATE"), "ReplicaSet": ("CREATE", "UPDATE"),
 }
 # Made by a controller from a template we placed, these are that workload's own pods (or its
 # ReplicaSet): placing them again would book the same GPUs twice. A Job made by a CronJob is
@@ -77,6 +78,7 @@ class _Request:
     namespace: str
     name: str
     obj: dict | None
+    old: dict | None  # UPDATE: the stored object
     dry_run: bool
 
 
@@ -145,7 +147,9 @@ def _parse(body: object) -> _Request:
         # request.namespace is authoritative: controller-made pods may lack metadata.namespace
         namespace=str(request.get("namespace") or meta.get("namespace") or "default"),
         name=str(meta.get("name") or meta.get("generateName") or request.get("name") or ""),
-        obj=obj if isinstance(obj, dict) else None, dry_run=request.get("dryRun") is True)
+        obj=obj if isinstance(obj, dict) else None,
+        old=request.get("oldObject") if isinstance(request.get("oldObject"), dict) else None,
+        dry_run=request.get("dryRun") is True)
 
 
 def _admit(request: _Request, index: "ClusterIndex", config: Config, now: float,
@@ -165,6 +169,8 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config, now: float,
         wanted = workload.read(kind, mutation.without_injection(obj, kind), request.namespace)
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
+    if request.old is not None and mutation.already_placed(request.old, kind):
+        return _kept(request, config, wanted)
     if wanted.request is None:
         mutated = mutation.mutate(obj, kind, None, config)
         return _result(request, "ignored", operations=make_patch(obj, mutated), warnings=[
@@ -177,6 +183,22 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config, now: float,
     mutated = mutation.mutate(obj, kind, decision, config, key)
     return _result(request, _OUTCOMES[decision.outcome], decision=decision, operations=make_patch(obj, mutated),
                    warnings=[*wanted.warnings, *mutation.warnings(decision, config)])
+
+
+def _kept(request: _Request, config: Config, wanted: workload.Workload) -> AdmissionResult:
+    """An UPDATE of a workload we placed: put our placement back, never move running work. If what
+    it asks for changed, say so: re-placing would roll every pod."""
+    kind, obj, old = request.kind, request.obj, request.old
+    warnings = list(wanted.warnings)
+    try:
+        before = workload.read(kind, mutation.without_injection(old, kind), request.namespace).request
+    except workload.InvalidWorkload:
+        before = None
+    if before != wanted.request:
+        warnings.append(f"{workload.display_name(kind, obj, request.namespace)}: placement inputs changed; "
+                        "the placement made at creation is kept (recreate the workload to place it again)")
+    mutated = mutation.carry_over(old, obj, kind, config)
+    return _result(request, "ignored", operations=make_patch(obj, mutated), warnings=warnings)
 
 
 def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str:

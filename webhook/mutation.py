@@ -79,7 +79,8 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
     removes what we added before and only resets our scheduler name."""
     new = copy.deepcopy(dict(obj))
     template = _template(new, kind)
-    meta = template.setdefault("metadata", {})
+    meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
+    had_metadata = bool(meta)
     spec = template["spec"]
     previous = Injection.loads(_annotations(meta).get(INJECTED))
     if spec.get("schedulerName") in config.scheduler_names:
@@ -90,7 +91,32 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
         outputs = {PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
                    RESERVATION: reservation, INJECTED: owned.dumps() if owned != Injection() else None}
     _set_annotations(meta, {key: outputs.get(key) for key in OUTPUT_ANNOTATIONS})
+    if meta:
+        template["metadata"] = meta
+    elif had_metadata:
+        del template["metadata"]  # we emptied it: leave no trace
     return new
+
+
+def carry_over(old: Mapping, new: Mapping, kind: str, config: Config) -> dict:
+    """`new` (an UPDATE) with the placement recorded on `old` put back: an update keeps the
+    placement made at creation instead of dropping it (server-side apply removes fields the
+    applier owns and omits) or moving running work. Items the user now has win, as always."""
+    out = copy.deepcopy(dict(new))
+    template = _template(out, kind)
+    meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
+    spec = template["spec"]
+    old_annotations = _annotations((pod_template(kind, old) or {}).get("metadata") or {})
+    if spec.get("schedulerName") in config.scheduler_names:
+        spec["schedulerName"] = config.default_scheduler
+    owned = _apply(meta, spec, Injection.loads(_annotations(meta).get(INJECTED)),
+                   Injection.loads(old_annotations.get(INJECTED)))
+    outputs = {key: old_annotations.get(key) for key in OUTPUT_ANNOTATIONS}
+    outputs[INJECTED] = owned.dumps() if owned != Injection() else None
+    _set_annotations(meta, outputs)
+    if meta:
+        template["metadata"] = meta
+    return out
 
 
 def without_injection(obj: Mapping, kind: str) -> dict:
@@ -100,9 +126,11 @@ def without_injection(obj: Mapping, kind: str) -> dict:
     template = pod_template(kind, new)
     if template is None or not isinstance(template.get("spec"), dict) or not isinstance(template.get("metadata"), dict):
         return new
-    previous = Injection.loads(_annotations(template["metadata"]).get(INJECTED))
-    _apply(template["metadata"], template["spec"], previous, Injection())
-    _set_annotations(template["metadata"], {key: None for key in OUTPUT_ANNOTATIONS})
+    meta = template["metadata"]
+    _apply(meta, template["spec"], Injection.loads(_annotations(meta).get(INJECTED)), Injection())
+    _set_annotations(meta, {key: None for key in OUTPUT_ANNOTATIONS})
+    if not meta:
+        del template["metadata"]
     return new
 
 
@@ -208,6 +236,7 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
                        for key in decision.spread_keys)
     profile = dict(config.nccl_profiles.get(decision.interconnect.value, {})) if decision.interconnect else {}
     profile.update(CUDA_DEVICE_ORDER)
+    profile = dict(sorted(profile.items()))  # the record keeps names sorted: so does the container
     env = {c["name"]: profile for c in _containers(spec) if container_gpus(c) > 0}
     return Injection(required, preferred, spread, env, label)
 
@@ -240,7 +269,7 @@ def _apply_required(spec: dict, previous: tuple[dict, ...], desired: tuple[dict,
     if not terms:
         if not desired:
             return ()
-        _put(spec, _REQUIRED + ("nodeSelectorTerms",), [{"matchExpressions": [dict(e) for e in desired]}])
+        _put(spec, _REQUIRED + ("nodeSelectorTerms",), [{"matchExpressions": copy.deepcopy(list(desired))}])
         return desired
     owned: list[dict] = []
     kept = []
@@ -287,14 +316,14 @@ def _reconcile(items: list, previous: list, desired: list, identity: Callable[[A
             leftover.remove(item)
             replacement = wanted.pop(identity(item), None)
             if replacement is not None:
-                out.append(replacement)
+                out.append(copy.deepcopy(replacement))
                 owned.append(replacement)
             continue
         out.append(item)
     taken = {identity(i) for i in out if isinstance(i, dict)}
     for key, item in wanted.items():
         if key not in taken:
-            out.append(item)
+            out.append(copy.deepcopy(item))  # one item goes into several lists: never share it
             owned.append(item)
     return out, owned
 
