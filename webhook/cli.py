@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import jsonpatch
 import yaml
 
-from . import __version__, admission, certs, demo
+from . import __version__, admission, certs, demo, discovery
 from .app import create_app
 from .cluster import ClusterIndex
 from .config import DEFAULT_PORT, ConfigError, Config, load_config
@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"worker processes, {THREADS_PER_WORKER} threads each (default: 1). With N > 1 each "
                             "process has its own cluster view and reservations, so two workloads admitted by "
                             "different processes at the same moment can be placed on the same free GPUs")
-    serve.set_defaults(handler=cmd_serve)
+    serve.set_defaults(func=cmd_serve)
 
     mutate = subparsers.add_parser(
         "mutate", help="dry-run the webhook on manifest files (for CI)",
@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     mutate.add_argument("-o", "--output", choices=("yaml", "json", "patch"), default="yaml",
                         help="mutated objects as YAML or JSON, or one JSON Patch per object (default: yaml)")
     mutate.add_argument("--explain", action="store_true", help="print each decision and its reasons on stderr")
-    mutate.set_defaults(handler=cmd_mutate)
+    mutate.set_defaults(func=cmd_mutate)
 
     certs_cmd = subparsers.add_parser(
         "certs", help="create a CA and a serving certificate for the webhook Service",
@@ -238,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     certs_cmd.add_argument("--service", metavar="NAME", required=True)
     certs_cmd.add_argument("--namespace", metavar="NS", required=True)
     certs_cmd.add_argument("--out", metavar="DIR", required=True)
-    certs_cmd.set_defaults(handler=cmd_certs)
+    certs_cmd.set_defaults(func=cmd_certs)
+    discovery.register(subparsers)
     return parser
 
 
@@ -246,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        return args.handler(args)
+        return args.func(args)
     except (UsageError, ConfigError, ManifestError, certs.CertError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
