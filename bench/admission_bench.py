@@ -246,7 +246,7 @@ def main() -> None:
             "empty": (empty_port, [sys.executable, __file__, "--serve-empty", f"127.0.0.1:{empty_port}",
                                    paths.cert, paths.key]),
         }
-        print(f"machine: {machine()}")
+        print(f"machine: {machine()}; load average before: {os.getloadavg()[0]:.2f}")
         print(f"cluster: {len(nodes)} nodes, {8 * len(nodes)} GPUs, {len(pods)} running pods; "
               f"{args.seconds:g} s per measurement")
         alone = in_process(nodes, pods, bodies)
@@ -273,6 +273,7 @@ def main() -> None:
             print(f"| {load} | {ours['p50_ms']:.2f} | {ours['p99_ms']:.2f} | {ours['rps']:.0f} | "
                   f"{empty['p50_ms']:.2f} | {empty['p99_ms']:.2f} | {empty['rps']:.0f} | "
                   f"{ours['p50_ms'] / empty['p50_ms']:.2f} | {ours['p99_ms'] / empty['p99_ms']:.2f} |")
+        print(f"\nload average after: {os.getloadavg()[0]:.2f} (above the CPU count, other processes shared the cores)")
 
 
 if __name__ == "__main__":

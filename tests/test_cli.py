@@ -104,6 +104,7 @@ def test_explain_prints_each_decision_with_its_reasons(tmp_path, capsys, cluster
     ("kind: [unclosed", "not valid YAML or JSON"),
     ("- 1\n- 2\n", "document 1 item 1 is not a Kubernetes object"),
     ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n", "Pod p found; this file may only hold Node objects"),
+    ("kind: Node\nmetadata: {name: n}\nspec: 5\n", "document 1 (Node): spec is 5, not a mapping"),
 ])
 def test_bad_nodes_file_gives_one_line_naming_the_file_and_exit_2(tmp_path, capsys, content, message):
     nodes = tmp_path / "nodes.yaml"
@@ -159,3 +160,22 @@ def test_serve_help_says_reservations_are_per_process_with_several_workers():
                             text=True, timeout=60)
     assert result.returncode == 0
     assert "each process has its own cluster view and reservations" in " ".join(result.stdout.split())
+
+
+SEED_WORKLOADS = ["002-gpu-job.yaml", "002-multi-gpu-job.yaml", "002-multi-node-training.yaml",
+                  "002-single-gpu-job.yaml", "002-gpu-inference-service.yaml"]
+
+
+def test_the_readme_walkthrough_explains_the_seed_manifests(capsys, cluster_files):
+    files = [arg for name in SEED_WORKLOADS for arg in ("-f", str(ROOT / "tests" / "fixtures" / "seeds" / name))]
+    code, out, err = run(capsys, "mutate", *files, "--explain", *cluster_files)
+    # The seed's multi-node-training Job has no pod template: denied, named, and the run exits 1.
+    assert code == 1
+    assert "Error: Job default/multi-node-training denied: " in err and "spec.template.spec is missing" in err
+    objects = list(yaml.safe_load_all(out))
+    assert [o["metadata"]["name"] for o in objects] == ["gpu-job", "multi-gpu-job", "single-gpu-job",
+                                                         "gpu-inference-service"]
+    for obj in objects:
+        assert f"{obj['kind']} default/{obj['metadata']['name']}: placed" in err
+    for job in objects[:3]:  # the seed's Deployment lacks spec.selector, so only the Jobs can validate
+        assert_valid_kubernetes_object(job)

@@ -37,6 +37,9 @@ def _flatten(doc: object, source: str, position: str) -> list[dict]:
     if doc["kind"] == "List" or (doc["kind"].endswith("List") and isinstance(doc.get("items"), list)):
         items = doc.get("items") or []
         return [obj for i, item in enumerate(items) for obj in _flatten(item, source, f"{position} item {i + 1}")]
+    for section in ("metadata", "spec", "status"):  # later steps read these as mappings
+        if doc.get(section) is not None and not isinstance(doc[section], dict):
+            raise ManifestError(f"{source}: {position} ({doc['kind']}): {section} is {doc[section]!r}, not a mapping")
     return [doc]
 
 
