@@ -16,13 +16,13 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jsonpatch
 import yaml
 
 from . import __version__, admission, certs, demo, discovery
-from .app import create_app
+from .app import Readiness, create_app
 from .cluster import ClusterIndex
 from .config import DEFAULT_PORT, ConfigError, Config, load_config
 from .manifests import ManifestError, read_objects
@@ -31,7 +31,6 @@ from .server import THREADS_PER_WORKER, ServeOptions, WebhookServer
 
 PROG = "topology-webhook"
 DEV_CERT_DIR = "certs"
-Readiness = Callable[[], "tuple[bool, str]"]
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
@@ -105,8 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cert, key = serving_certs(args)
     cluster = read_cluster(args)
     shared_dir, created = metrics_dir(args.workers)
-    options = ServeOptions(bind=bind, cert=cert, key=key, workers=args.workers, threads=THREADS_PER_WORKER,
-                           multiprocess_dir=shared_dir)
+    options = ServeOptions(bind=bind, cert=cert, key=key, workers=args.workers, multiprocess_dir=shared_dir)
 
     def build_app():  # runs in each worker, after the fork
         index, readiness = cluster_view(config, cluster)

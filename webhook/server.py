@@ -29,7 +29,6 @@ class ServeOptions:
     workers: int = 1
     threads: int = THREADS_PER_WORKER
     multiprocess_dir: str | None = None  # shared metrics directory when workers > 1
-    log_level: str = "info"
 
 
 class WebhookServer(BaseApplication):
@@ -63,7 +62,7 @@ class WebhookServer(BaseApplication):
             "child_exit": self._child_exit,
             "accesslog": None,  # the app logs one JSON line per admission instead
             "errorlog": "-",
-            "loglevel": self.options.log_level,
+            "loglevel": "info",
             "proc_name": "topology-webhook",
         }
         if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 25.1
