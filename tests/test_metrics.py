@@ -89,3 +89,9 @@ def test_multiprocess_mode_needs_the_directory_in_the_environment(tmp_path, monk
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     with pytest.raises(ValueError, match="PROMETHEUS_MULTIPROC_DIR"):
         Metrics.create(str(tmp_path))
+
+
+def test_counters_have_no_created_timestamp_series():
+    metrics = Metrics.create()
+    metrics.record_admission("Job", "balanced", "placed", 0.001)
+    assert "_created" not in metrics.render()[0].decode()

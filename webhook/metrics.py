@@ -15,7 +15,8 @@ import glob
 import os
 from typing import Any, Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, values
+from prometheus_client import (CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest,
+                               values)
 from prometheus_client import multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -80,6 +81,7 @@ class Metrics:
         The directory must also be in the environment as PROMETHEUS_MULTIPROC_DIR: the library's
         per-process files are placed there. The server sets it before forking workers.
         """
+        disable_created_metrics()  # no `_created` twin of every counter: half the series, no use to us
         if multiprocess_dir:
             if os.environ.get(MULTIPROC_ENV) != multiprocess_dir:
                 raise ValueError(f"{MULTIPROC_ENV} must be {multiprocess_dir!r} in the environment "
