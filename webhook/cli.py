@@ -154,7 +154,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         result = admission.review(admission.make_review(obj, namespace=namespace, uid=uid), index, config, time.time())
         response = result.review["response"]
         for warning in result.warnings:
-            print(f"Warning: {label}: {warning}", file=sys.stderr)
+            print(f"Warning: {warning}", file=sys.stderr)  # as kubectl prints them; they name the object
         if args.explain:
             print("\n".join(explain(label, result)), file=sys.stderr)
         if not response["allowed"]:
