@@ -159,8 +159,9 @@ def cmd_mutate(args: argparse.Namespace) -> int:
             print("\n".join(explain(label, result)), file=sys.stderr)
         if not response["allowed"]:
             denied += 1
-            message = (response.get("status") or {}).get("message") or "denied without explanation"
-            print(f"Error: {label} denied: {message}", file=sys.stderr)
+            message = (response.get("status") or {}).get("message") or "no reason given"
+            # The webhook's messages name the object already; name it here only when one does not.
+            print(f"Error: {label} denied: {message.removeprefix(label + ': ')}", file=sys.stderr)
             continue
         patch = response_patch(response)
         meta = obj.get("metadata") or {}
