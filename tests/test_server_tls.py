@@ -9,9 +9,10 @@ import time
 
 import pytest
 import requests
+import yaml
 from cryptography import x509
 
-from webhook import certs
+from webhook import certs, demo
 
 from conftest import (assert_valid_kubernetes_object, gpu_job, gpu_pod, review_of, start_server,
                       stop_server)
@@ -101,11 +102,24 @@ def two_workers(tmp_path_factory):
     ca_cert, ca_key = certs.make_ca("rotation test CA")
     (workdir / "ca.crt").write_bytes(ca_cert)
     kubelet_secret_dir(secret, ca_cert, ca_key, 1)
-    server = start_server(workdir, "--workers", "2", cert=str(secret / "tls.crt"), key=str(secret / "tls.key"),
-                          ca=str(workdir / "ca.crt"))
+    # This server reads its cluster from files, as `kubectl get nodes/pods -o yaml` writes them.
+    nodes = demo.leaf_spine_nodes(spines=1, leaves=2, nodes=2, zone="zone-from-file")
+    pods = [demo.make_pod("busy", nodes[0]["metadata"]["name"], 8)]
+    for name, items in (("nodes.yaml", nodes), ("pods.yaml", pods)):
+        (workdir / name).write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
+    server = start_server(workdir, "--workers", "2", "--nodes", str(workdir / "nodes.yaml"),
+                          "--pods", str(workdir / "pods.yaml"), cert=str(secret / "tls.crt"),
+                          key=str(secret / "tls.key"), ca=str(workdir / "ca.crt"))
     server.rotate = lambda generation: kubelet_secret_dir(secret, ca_cert, ca_key, generation)
     yield server
     stop_server(server)
+
+
+def test_serve_places_on_the_cluster_from_the_nodes_and_pods_files(two_workers):
+    mutated = two_workers.client().admit(review_of(gpu_pod("trainer", 8, placement_strategy="consolidated")))
+    placement = mutated["metadata"]["annotations"]["topology.scheduler/placement"]
+    assert "gpu-s1-l" in placement and "gpu-s1-l1-n1" not in placement  # that node is full (pods.yaml)
+    assert "zone-from-file" in json.dumps(mutated["spec"]["affinity"])
 
 
 def test_rotated_certificate_is_served_to_new_connections_without_failing_a_request(two_workers):
