@@ -366,6 +366,12 @@ def test_an_exception_inside_fails_open(index, monkeypatch, caplog):
     assert caplog.records and "failed open" in caplog.records[0].getMessage()
 
 
+def test_a_pod_bound_to_a_node_is_left_alone(index):
+    pod = workload("Pod", annotations={"topology.scheduler/gpu-count": "8"}, spec={"nodeName": "gpu-s1-l1-n3"})
+    result = run(pod, index)
+    assert result.outcome == "ignored" and "patch" not in result.review["response"] and index.reservations == {}
+
+
 def test_warnings_are_one_line_and_at_most_256_characters(index):
     obj = workload("Job", name="x" * 240, replicas=2, annotations={"topology.scheduler/gpu-count": "12"})
     result = run(obj, index)

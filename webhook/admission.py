@@ -160,6 +160,8 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config, now: float,
         return _result(request, "ignored")
     if kind in _PLACED_BY_OWNER and workload.controller_owned(obj) and mutation.already_placed(obj, kind):
         return _result(request, "ignored")
+    if workload.bound(kind, obj):
+        return _result(request, "ignored")  # the scheduler is bypassed: affinity could only get it rejected
     who = workload.display_name(kind, obj, request.namespace)
     ready, why = readiness
     if not ready:

@@ -104,6 +104,11 @@ def controller_owned(obj: Mapping) -> bool:
     return isinstance(owners, list) and any(isinstance(o, Mapping) and o.get("controller") is True for o in owners)
 
 
+def bound(kind: str, obj: Mapping) -> bool:
+    """The pod spec names its node (spec.nodeName): kube-scheduler never sees it."""
+    return bool(_mapping((pod_template(kind, obj) or {}).get("spec")).get("nodeName"))
+
+
 def replicas(kind: str, obj: Mapping) -> int:
     """Pods the controller runs at once."""
     who = display_name(kind, obj, "")
