@@ -4,17 +4,15 @@ import logging
 import re
 
 import jsonpatch
-import jsonschema
-import kubernetes_validate
 import pytest
 
-from tests.fixtures.builders import container, deep, load_json, seed_manifests, template_of, workload
+from tests.fixtures.builders import (container, deep, load_json, schema_error, seed_manifests, template_of, valid,
+                                     workload)
 from webhook import admission, mutation
 from webhook.cluster import ClusterIndex
 from webhook.config import Config
 from webhook.demo import demo_cluster, leaf_spine_nodes, make_pod
 
-K8S_VERSION = "1.33"
 CONFIG = Config()
 NOW = 1000.0
 AUDIT_KEY = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
@@ -57,22 +55,6 @@ def patched(body_or_obj: dict, result: admission.AdmissionResult) -> dict:
         return obj
     operations = json.loads(base64.b64decode(response["patch"]))
     return jsonpatch.apply_patch(obj, operations)
-
-
-def schema_error(obj: dict) -> str | None:
-    """The first error against the official schema, or None for a valid object."""
-    try:
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-    except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as err:
-        return str(err).splitlines()[0]
-    return None
-
-
-def valid(obj: dict) -> dict:
-    error = schema_error(obj)
-    if error:
-        pytest.fail(f"not a valid {obj['kind']}: {error}")
-    return obj
 
 
 # -- the envelope --------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 Pure: returns a new object and never changes the one it was given. Everything we add to a pod
 template is recorded in the template annotation `topology.scheduler/injected`, so a later pass
 (apiserver reinvocation, a controller copying the template, an UPDATE) can tell our items from
-the user's: ours are replaced in place or removed, the user's are never touched, and applying
-the same decision to our own output changes nothing.
+the user's: ours are replaced in place or removed, the user's are never touched (an item of theirs
+identical to one of ours counts as ours), and applying the same decision to our own output
+changes nothing.
 
 What goes where:
 - Placed `consolidated` and `distributed` workloads are pinned (required nodeAffinity, the
