@@ -121,8 +121,12 @@ def _ancestry(member: Member) -> list[Member]:
     return chain
 
 
-def _within(member: Member, scope: Member) -> bool:
-    return any(m is scope for m in _ancestry(member))
+def _child_towards(node: NodeState, scope: Domain) -> Member:
+    """The child of `scope` on the way down to `node`."""
+    member: Member = node
+    while member.parent is not scope:
+        member = member.parent
+    return member
 
 
 # -- the decision ----------------------------------------------------------------------------------
@@ -226,9 +230,9 @@ def _tightest_fit(view: ClusterIndex, scope: Member, pods: int, gpus: int) -> Me
     if isinstance(scope, NodeState):
         return None
     for level in range(len(view.levels) - 1, scope.ref.level, -1):
-        fitting = [d for d in _at_level(scope, level) if _cap(d, gpus) >= pods]
+        fitting = [d for d in _at_level(scope, level) if d.cap[gpus] >= pods]  # label levels hold Domains
         if fitting:
-            return min(fitting, key=lambda d: (_cap(d, gpus), _free(d), _path(d)))
+            return min(fitting, key=lambda d: (d.cap[gpus], d.free_gpus, d.ref.path))
     return scope if _cap(scope, gpus) >= pods else None
 
 
@@ -383,8 +387,8 @@ def _placed(view: ClusterIndex, request: PlacementRequest, scope: Member, split:
         links = [_pod_link(node, ids) for ids in sets]
         assignment.append(NodeAssignment(node.name, count, tuple(sets), max(links, key=lambda lk: lk.rank)))
     interconnect, bandwidth, profile = _estimate(view, request, assignment)
-    used_children = {c.ref.name for c in _children(scope) if isinstance(c, Domain)
-                     and any(_within(node, c) for node, _ in split)}
+    used_children = {_child_towards(node, scope).ref.name for node, _ in split
+                     if isinstance(scope, Domain) and isinstance(_child_towards(node, scope), Domain)}
     domains = tuple(sorted((c.ref for c in _children(scope) if isinstance(c, Domain) and c.ref.name in used_children),
                            key=lambda r: r.path)) or (_ref(scope),)
     reasons = [_why(view, request, scope, domains)]
