@@ -1,4 +1,5 @@
 import base64
+import datetime
 import json
 
 import jsonpatch
@@ -37,6 +38,14 @@ def test_tilde_in_a_key_is_escaped_first():
     ops = patch.make_patch({"metadata": {"annotations": {"x": "1"}}},
                            {"metadata": {"annotations": {"x": "1", "a~b/c": "2"}}})
     assert ops == [{"op": "add", "path": "/metadata/annotations/a~0b~1c", "value": "2"}]
+
+
+def test_a_yaml_timestamp_does_not_break_the_patch():
+    obj = workload("Job")
+    obj["metadata"]["creationTimestamp"] = datetime.datetime(2026, 1, 2, tzinfo=datetime.timezone.utc)
+    mutated = mutation.mutate(obj, "Job", decision(), CONFIG, "k")
+    ops = patch.make_patch(obj, mutated)
+    assert jsonpatch.apply_patch(obj, ops) == mutated
 
 
 def test_equal_objects_give_no_operations():
