@@ -38,6 +38,12 @@ def test_job_completions_cap_the_pods_running_at_once():
     assert wl.read("Job", obj, "ml").request.pods == 1
 
 
+def test_a_null_count_takes_the_default():
+    obj = workload("Deployment", gpus=2)
+    obj["spec"]["replicas"] = None
+    assert wl.read("Deployment", obj, "ml").request.pods == 1
+
+
 @pytest.mark.parametrize("kind, replicas", [("Deployment", 0), ("Job", 0)], ids=["deployment scaled to 0", "job 0"])
 def test_nothing_runs_nothing_to_place(kind, replicas):
     assert wl.read(kind, workload(kind, replicas=replicas), "ml").request is None

@@ -109,23 +109,6 @@ def bound(kind: str, obj: Mapping) -> bool:
     return bool(_mapping((pod_template(kind, obj) or {}).get("spec")).get("nodeName"))
 
 
-def replicas(kind: str, obj: Mapping) -> int:
-    """Pods the controller runs at once."""
-    who = display_name(kind, obj, "")
-    spec = _mapping(obj.get("spec"))
-    if kind == "Pod":
-        return 1
-    if kind not in ("Job", "CronJob"):
-        return _count(spec.get("replicas", 1), who, "spec.replicas")
-    prefix = "spec.jobTemplate.spec." if kind == "CronJob" else "spec."
-    job_spec = _mapping(_mapping(spec.get("jobTemplate")).get("spec")) if kind == "CronJob" else spec
-    parallelism = _count(job_spec.get("parallelism", 1), who, prefix + "parallelism")
-    completions = job_spec.get("completions")
-    if completions is None:
-        return parallelism
-    return min(parallelism, _count(completions, who, prefix + "completions"))
-
-
 def read(kind: str, obj: Mapping, namespace: str) -> Workload:
     """The validated request of one object of ours. Raises InvalidWorkload (or InvalidAnnotation)."""
     who = display_name(kind, obj, namespace)
@@ -139,7 +122,7 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
         per_pod = pod_gpus(spec)
     except ValueError as err:
         raise InvalidWorkload(f"{who}: nvidia.com/gpu request {err}; allowed: a whole number of GPUs") from None
-    pods, gpus_per_pod, warnings = _size(kind, who, per_pod, replicas(kind, obj), annotations.get(GPU_COUNT))
+    pods, gpus_per_pod, warnings = _size(kind, who, per_pod, _running(kind, obj, who), annotations.get(GPU_COUNT))
     if pods == 0 or gpus_per_pod == 0:
         return Workload(None, tuple(warnings))
     request = PlacementRequest(
@@ -155,6 +138,21 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
         tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, Mapping)),
     )
     return Workload(request, tuple(warnings))
+
+
+def _running(kind: str, obj: Mapping, who: str) -> int:
+    """Pods the controller runs at once (an absent or null count takes the API's default, 1)."""
+    spec = _mapping(obj.get("spec"))
+    if kind == "Pod":
+        return 1
+    if kind not in ("Job", "CronJob"):
+        return _count(spec.get("replicas"), who, "spec.replicas")
+    prefix = "spec.jobTemplate.spec." if kind == "CronJob" else "spec."
+    job_spec = _mapping(_mapping(spec.get("jobTemplate")).get("spec")) if kind == "CronJob" else spec
+    parallelism = _count(job_spec.get("parallelism"), who, prefix + "parallelism")
+    if job_spec.get("completions") is None:
+        return parallelism
+    return min(parallelism, _count(job_spec["completions"], who, prefix + "completions"))
 
 
 def _size(kind: str, who: str, per_pod: int, running: int, gpu_count: object) -> tuple[int, int, list[str]]:
@@ -240,6 +238,8 @@ def _required_terms(spec: Mapping) -> tuple[Mapping, ...]:
 
 
 def _count(value: object, who: str, field: str) -> int:
+    if value is None:
+        return 1
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidWorkload(f"{who}: {field}={_quote(value)} is not allowed; allowed: a whole number >= 0")
     return value
