@@ -5,6 +5,8 @@ import re
 
 import jsonpatch
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.fixtures.builders import (container, deep, load_json, schema_error, seed_manifests, template_of, valid,
                                      workload)
@@ -424,3 +426,26 @@ def test_an_update_of_a_workload_never_placed_places_it(index):
     result = run(update(deployment(), before), index)
     assert result.outcome == "placed" and "ml/Deployment/serve" in index.reservations
     valid(patched(deployment(), result))
+
+
+# -- anything at all --------------------------------------------------------------------------------
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                     max_leaves=12)
+_requests = st.fixed_dictionaries({"uid": st.just("u"), "operation": st.sampled_from(["CREATE", "UPDATE", "DELETE"]),
+                                   "kind": st.sampled_from([{"group": "batch", "version": "v1", "kind": "Job"},
+                                                            {"group": "", "version": "v1", "kind": "Pod"}]),
+                                   "object": _json | st.fixed_dictionaries({"metadata": _json, "spec": _json})},
+                                  optional={"namespace": _json, "oldObject": _json, "dryRun": _json})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(_json, st.fixed_dictionaries({"kind": st.just("AdmissionReview"),
+                                               "apiVersion": st.just("admission.k8s.io/v1"), "request": _requests})))
+def test_any_body_gets_an_answer_or_a_malformed_review_error(index, body):
+    try:
+        result = admission.review(body, index, CONFIG, NOW)
+    except admission.MalformedReview:
+        return
+    check_envelope(body, result)

@@ -158,6 +158,10 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config, now: float,
     if (obj is None or not workload.supports(request.group, kind)
             or request.operation not in OPERATIONS[kind] or not workload.is_ours(kind, obj, config)):
         return _result(request, "ignored")
+    try:
+        workload.check_shape(kind, obj, request.namespace)
+    except workload.InvalidWorkload as err:
+        return _denied(request, str(err))
     if kind in _PLACED_BY_OWNER and workload.controller_owned(obj) and mutation.already_placed(obj, kind):
         return _result(request, "ignored")
     if workload.bound(kind, obj):

@@ -15,6 +15,7 @@ Pure: takes the object as the API sends it and returns values. How many GPUs a w
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -41,6 +42,25 @@ TEMPLATE_PATHS: Mapping[str, tuple[str, ...]] = {
 API_GROUPS: Mapping[str, str] = {"Pod": "", "Job": "batch", "CronJob": "batch",
                                  "Deployment": "apps", "StatefulSet": "apps", "ReplicaSet": "apps"}
 _BOOLEANS = {"true": True, "false": False}
+
+# The shape of the fields we read or write, as the API types them: the apiserver only sends
+# objects that decode into these, but offline manifests are whatever a file holds. A list holds
+# items of its one element's shape; `_STRINGS` is a map of strings; None (or absent) is unset.
+_STRINGS = "a map of strings"
+_EXPRESSION = {"key": str, "operator": str, "values": [str]}
+_TERM = {"matchExpressions": [_EXPRESSION], "matchFields": [_EXPRESSION]}
+_CONTAINER = {"name": str, "env": [{"name": str}], "resources": {"limits": dict, "requests": dict}}
+_TEMPLATE_SHAPE = {
+    "metadata": {"annotations": _STRINGS, "labels": _STRINGS},
+    "spec": {
+        "containers": [_CONTAINER], "initContainers": [_CONTAINER], "nodeSelector": _STRINGS, "tolerations": [dict],
+        "schedulerName": str, "nodeName": str, "topologySpreadConstraints": [{"topologyKey": str,
+                                                                              "whenUnsatisfiable": str}],
+        "affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [_TERM]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": int, "preference": _TERM}]}},
+    },
+}
 
 
 class InvalidWorkload(ValueError):
@@ -109,8 +129,21 @@ def bound(kind: str, obj: Mapping) -> bool:
     return bool(_mapping((pod_template(kind, obj) or {}).get("spec")).get("nodeName"))
 
 
+def check_shape(kind: str, obj: Mapping, namespace: str) -> None:
+    """Raise InvalidWorkload naming the first field we use that does not have its API type."""
+    who = display_name(kind, obj, namespace)
+    _check(obj.get("metadata"), {"annotations": _STRINGS, "ownerReferences": [dict]}, "metadata", who)
+    template_path = TEMPLATE_PATHS[kind]
+    node: Any = obj
+    for depth, key in enumerate(template_path):
+        _check(node, dict, ".".join(template_path[:depth]), who)
+        node = node.get(key) if node is not None else None
+    _check(node, _TEMPLATE_SHAPE, ".".join(template_path), who)
+
+
 def read(kind: str, obj: Mapping, namespace: str) -> Workload:
     """The validated request of one object of ours. Raises InvalidWorkload (or InvalidAnnotation)."""
+    check_shape(kind, obj, namespace)
     who = display_name(kind, obj, namespace)
     template = pod_template(kind, obj)
     if template is None or not isinstance(template.get("spec"), Mapping):
@@ -235,6 +268,34 @@ def _required_terms(spec: Mapping) -> tuple[Mapping, ...]:
     node_affinity = _mapping(_mapping(spec.get("affinity")).get("nodeAffinity"))
     required = _mapping(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
     return tuple(t for t in required.get("nodeSelectorTerms") or () if isinstance(t, Mapping))
+
+
+def _check(value: Any, shape: Any, path: str, who: str, item: bool = False) -> None:
+    """`value` at `path` ("" is the object itself) has `shape`; a list item may not be null."""
+    if value is None and not item:
+        return
+    if shape is _STRINGS and isinstance(value, Mapping):
+        for key, entry in value.items():
+            _check(entry, str, f"{path}.{key}", who, item=True)
+        return
+    if isinstance(shape, list):
+        ok = isinstance(value, list)
+    elif isinstance(shape, dict) or shape is dict:
+        ok = isinstance(value, Mapping)
+    else:
+        ok = isinstance(value, shape) and not isinstance(value, bool)
+    if not ok:
+        expected = {list: "a list", dict: "a mapping", str: "a string", int: "an integer"}.get(
+            list if isinstance(shape, list) else dict if isinstance(shape, dict) else shape, shape)
+        found = (json.dumps(value)[:40] if value is None or isinstance(value, (str, int, float))
+                 else f"a {type(value).__name__}")
+        raise InvalidWorkload(f"{who}: {path or 'the object'} is {found}; expected {expected}")
+    if isinstance(shape, list):
+        for i, entry in enumerate(value):
+            _check(entry, shape[0], f"{path}[{i}]", who, item=True)
+    elif isinstance(shape, dict):
+        for key, sub in shape.items():
+            _check(value.get(key), sub, f"{path}.{key}" if path else key, who)
 
 
 def _count(value: object, who: str, field: str) -> int:
