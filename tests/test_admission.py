@@ -449,3 +449,26 @@ def test_any_body_gets_an_answer_or_a_malformed_review_error(index, body):
     except admission.MalformedReview:
         return
     check_envelope(body, result)
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in children:
+        yield from _paths(child, prefix + (key,))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(["review-deployment-existing-settings.json", "review-controller-pod.json",
+                        "review-generatename-pod-v1beta1.json"]), st.data(), _json)
+def test_a_corrupted_object_of_ours_is_answered_without_failing_open(index, fixture, data, junk):
+    body = load_json(fixture)
+    obj = body["request"]["object"]
+    path = data.draw(st.sampled_from([p for p in _paths(obj) if p]))
+    parent = obj
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = junk
+    result = admission.review(body, index, CONFIG, NOW)
+    check_envelope(body, result)
+    assert result.outcome != "failed-open", result.error

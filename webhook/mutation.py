@@ -264,11 +264,13 @@ def _apply_label(meta: dict, previous: str | None, desired: str | None) -> str |
         return None  # the user's label: the selector uses it as it is
     if desired is None:
         if ours:
-            del labels[WORKLOAD_LABEL]
-            if not labels:
+            rest = {k: v for k, v in labels.items() if k != WORKLOAD_LABEL}
+            if rest:
+                meta["labels"] = rest
+            else:
                 meta.pop("labels", None)
         return None
-    meta.setdefault("labels", {})[WORKLOAD_LABEL] = desired
+    meta["labels"] = {**labels, WORKLOAD_LABEL: desired}
     return desired
 
 

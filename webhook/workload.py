@@ -280,7 +280,7 @@ def _check(value: Any, shape: Any, path: str, who: str, item: bool = False) -> N
         return
     if isinstance(shape, list):
         ok = isinstance(value, list)
-    elif isinstance(shape, dict) or shape is dict:
+    elif isinstance(shape, dict) or shape in (dict, _STRINGS):
         ok = isinstance(value, Mapping)
     else:
         ok = isinstance(value, shape) and not isinstance(value, bool)
