@@ -6,8 +6,8 @@ answer inside a 200 review (allowed, patched, warned or denied). An exception an
 `review` is a bug: the object is admitted unmodified with a warning (fail open), logged, and
 reported as outcome "failed-open" for the app to count.
 
-Flow: kind and operation we handle -> object of ours -> not a pod of a template we already placed
--> ready -> read the request (from the object without our earlier additions) -> an UPDATE of a
+Flow: kind and operation we handle -> object of ours -> the fields we use have their API types ->
+not a pod of a template we already placed, not bound to a node -> ready -> read the request (from the object without our earlier additions) -> an UPDATE of a
 workload we placed keeps that placement -> place and reserve -> mutate -> JSONPatch -> response.
 """
 from __future__ import annotations
