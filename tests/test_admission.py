@@ -4,17 +4,17 @@ import logging
 import re
 
 import jsonpatch
-import jsonschema
-import kubernetes_validate
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tests.fixtures.builders import container, deep, load_json, seed_manifests, template_of, workload
+from tests.fixtures.builders import (container, deep, load_json, schema_error, seed_manifests, template_of, valid,
+                                     workload)
 from webhook import admission, mutation
 from webhook.cluster import ClusterIndex
 from webhook.config import Config
 from webhook.demo import demo_cluster, leaf_spine_nodes, make_pod
 
-K8S_VERSION = "1.33"
 CONFIG = Config()
 NOW = 1000.0
 AUDIT_KEY = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
@@ -57,22 +57,6 @@ def patched(body_or_obj: dict, result: admission.AdmissionResult) -> dict:
         return obj
     operations = json.loads(base64.b64decode(response["patch"]))
     return jsonpatch.apply_patch(obj, operations)
-
-
-def schema_error(obj: dict) -> str | None:
-    """The first error against the official schema, or None for a valid object."""
-    try:
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-    except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as err:
-        return str(err).splitlines()[0]
-    return None
-
-
-def valid(obj: dict) -> dict:
-    error = schema_error(obj)
-    if error:
-        pytest.fail(f"not a valid {obj['kind']}: {error}")
-    return obj
 
 
 # -- the envelope --------------------------------------------------------------------------------
@@ -366,6 +350,12 @@ def test_an_exception_inside_fails_open(index, monkeypatch, caplog):
     assert caplog.records and "failed open" in caplog.records[0].getMessage()
 
 
+def test_a_pod_bound_to_a_node_is_left_alone(index):
+    pod = workload("Pod", annotations={"topology.scheduler/gpu-count": "8"}, spec={"nodeName": "gpu-s1-l1-n3"})
+    result = run(pod, index)
+    assert result.outcome == "ignored" and "patch" not in result.review["response"] and index.reservations == {}
+
+
 def test_warnings_are_one_line_and_at_most_256_characters(index):
     obj = workload("Job", name="x" * 240, replicas=2, annotations={"topology.scheduler/gpu-count": "12"})
     result = run(obj, index)
@@ -436,3 +426,49 @@ def test_an_update_of_a_workload_never_placed_places_it(index):
     result = run(update(deployment(), before), index)
     assert result.outcome == "placed" and "ml/Deployment/serve" in index.reservations
     valid(patched(deployment(), result))
+
+
+# -- anything at all --------------------------------------------------------------------------------
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                     max_leaves=12)
+_requests = st.fixed_dictionaries({"uid": st.just("u"), "operation": st.sampled_from(["CREATE", "UPDATE", "DELETE"]),
+                                   "kind": st.sampled_from([{"group": "batch", "version": "v1", "kind": "Job"},
+                                                            {"group": "", "version": "v1", "kind": "Pod"}]),
+                                   "object": _json | st.fixed_dictionaries({"metadata": _json, "spec": _json})},
+                                  optional={"namespace": _json, "oldObject": _json, "dryRun": _json})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(_json, st.fixed_dictionaries({"kind": st.just("AdmissionReview"),
+                                               "apiVersion": st.just("admission.k8s.io/v1"), "request": _requests})))
+def test_any_body_gets_an_answer_or_a_malformed_review_error(index, body):
+    try:
+        result = admission.review(body, index, CONFIG, NOW)
+    except admission.MalformedReview:
+        return
+    check_envelope(body, result)
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in children:
+        yield from _paths(child, prefix + (key,))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(["review-deployment-existing-settings.json", "review-controller-pod.json",
+                        "review-generatename-pod-v1beta1.json"]), st.data(), _json)
+def test_a_corrupted_object_of_ours_is_answered_without_failing_open(index, fixture, data, junk):
+    body = load_json(fixture)
+    obj = body["request"]["object"]
+    path = data.draw(st.sampled_from([p for p in _paths(obj) if p]))
+    parent = obj
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = junk
+    result = admission.review(body, index, CONFIG, NOW)
+    check_envelope(body, result)
+    assert result.outcome != "failed-open", result.error

@@ -1,25 +1,14 @@
 import json
 
-import kubernetes_validate
 import pytest
 
-from tests.fixtures.builders import HOSTNAME, LEAF, container, decision, deep, request, template_of, workload
+from tests.fixtures.builders import (DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep, request,
+                                     template_of, valid, workload)
 from webhook import mutation
 from webhook.config import Config
 from webhook.model import Interconnect, Outcome, Strategy
 
 CONFIG = Config()
-K8S_VERSION = "1.33"  # the oldest release whose schemas kubernetes-validate ships strict that we target
-PIN = {"key": LEAF, "operator": "In", "values": ["leaf-3"]}
-USER_TERM = {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}
-
-
-def valid(obj: dict) -> dict:
-    try:
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as err:
-        pytest.fail(f"not a valid {obj['kind']}: {str(err).splitlines()[0]}")
-    return obj
 
 
 def node_affinity(obj: dict) -> dict:
@@ -174,16 +163,6 @@ def test_annotations_summary_reservation_and_record():
 def test_scheduler_name(scheduler, config, expected):
     out = mutation.mutate(workload("Job", spec={"schedulerName": scheduler}), "Job", decision(), config)
     assert template_of(out)["spec"]["schedulerName"] == expected
-
-
-DECISIONS = {
-    "consolidated": decision(),
-    "balanced": decision(request(strategy=Strategy.BALANCED)),
-    "distributed": decision(request(pods=2, strategy=Strategy.DISTRIBUTED), nodes=("a", "b"), spread=(HOSTNAME, LEAF),
-                            interconnect=Interconnect.LEAF),
-    "waiting": decision(outcome=Outcome.WAIT),
-    "other leaf": decision(leaf="leaf-7", interconnect=Interconnect.PCIE),
-}
 
 
 def rich_job() -> dict:

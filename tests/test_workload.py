@@ -38,6 +38,12 @@ def test_job_completions_cap_the_pods_running_at_once():
     assert wl.read("Job", obj, "ml").request.pods == 1
 
 
+def test_a_null_count_takes_the_default():
+    obj = workload("Deployment", gpus=2)
+    obj["spec"]["replicas"] = None
+    assert wl.read("Deployment", obj, "ml").request.pods == 1
+
+
 @pytest.mark.parametrize("kind, replicas", [("Deployment", 0), ("Job", 0)], ids=["deployment scaled to 0", "job 0"])
 def test_nothing_runs_nothing_to_place(kind, replicas):
     assert wl.read(kind, workload(kind, replicas=replicas), "ml").request is None
@@ -175,3 +181,29 @@ def test_display_name_uses_generate_name():
 ])
 def test_supports_kind_by_group(group, kind, supported):
     assert wl.supports(group, kind) is supported
+
+
+@pytest.mark.parametrize("kind, path, value, message", [
+    pytest.param("Job", ("spec", "template", "spec", "containers"), "trainer",
+                 'spec.template.spec.containers is "trainer"; expected a list', id="containers not a list"),
+    pytest.param("Job", ("spec", "template", "spec", "containers", 0, "env"), {"A": "b"},
+                 "spec.template.spec.containers[0].env is a dict; expected a list", id="env as a mapping"),
+    pytest.param("Pod", ("spec", "containers", 0, "name"), False,
+                 "spec.containers[0].name is false; expected a string", id="container name not a string"),
+    pytest.param("Pod", ("metadata", "annotations", GPU_COUNT), 8,
+                 f"metadata.annotations.{GPU_COUNT} is 8; expected a string", id="unquoted annotation value"),
+    pytest.param("CronJob", ("spec", "jobTemplate"), [],
+                 "spec.jobTemplate is a list; expected a mapping", id="job template not a mapping"),
+    pytest.param("Deployment", ("spec", "template", "spec", "affinity", "nodeAffinity",
+                                "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms"), [None],
+                 "nodeSelectorTerms[0] is null; expected a mapping", id="null list item"),
+])
+def test_fields_we_use_must_have_their_api_type(kind, path, value, message):
+    obj = workload(kind, containers=[container(env=[])], annotations={GPU_COUNT: "8"})
+    node = obj
+    for key in path[:-1]:
+        node = node.setdefault(key, {}) if isinstance(node, dict) else node[key]
+    node[path[-1]] = value
+    with pytest.raises(wl.InvalidWorkload) as err:
+        wl.check_shape(kind, obj, "ml")
+    assert str(err.value).startswith(f"{kind} ml/train: ") and str(err.value).endswith(message)

@@ -6,8 +6,8 @@ answer inside a 200 review (allowed, patched, warned or denied). An exception an
 `review` is a bug: the object is admitted unmodified with a warning (fail open), logged, and
 reported as outcome "failed-open" for the app to count.
 
-Flow: kind and operation we handle -> object of ours -> not a pod of a template we already placed
--> ready -> read the request (from the object without our earlier additions) -> an UPDATE of a
+Flow: kind and operation we handle -> object of ours -> the fields we use have their API types ->
+not a pod of a template we already placed, not bound to a node -> ready -> read the request (from the object without our earlier additions) -> an UPDATE of a
 workload we placed keeps that placement -> place and reserve -> mutate -> JSONPatch -> response.
 """
 from __future__ import annotations
@@ -158,8 +158,14 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config, now: float,
     if (obj is None or not workload.supports(request.group, kind)
             or request.operation not in OPERATIONS[kind] or not workload.is_ours(kind, obj, config)):
         return _result(request, "ignored")
+    try:
+        workload.check_shape(kind, obj, request.namespace)
+    except workload.InvalidWorkload as err:
+        return _denied(request, str(err))
     if kind in _PLACED_BY_OWNER and workload.controller_owned(obj) and mutation.already_placed(obj, kind):
         return _result(request, "ignored")
+    if workload.bound(kind, obj):
+        return _result(request, "ignored")  # the scheduler is bypassed: affinity could only get it rejected
     who = workload.display_name(kind, obj, request.namespace)
     ready, why = readiness
     if not ready:

@@ -3,8 +3,9 @@
 Pure: returns a new object and never changes the one it was given. Everything we add to a pod
 template is recorded in the template annotation `topology.scheduler/injected`, so a later pass
 (apiserver reinvocation, a controller copying the template, an UPDATE) can tell our items from
-the user's: ours are replaced in place or removed, the user's are never touched, and applying
-the same decision to our own output changes nothing.
+the user's: ours are replaced in place or removed, the user's are never touched (an item of theirs
+identical to one of ours counts as ours), and applying the same decision to our own output
+changes nothing.
 
 What goes where:
 - Placed `consolidated` and `distributed` workloads are pinned (required nodeAffinity, the
@@ -32,7 +33,7 @@ from typing import Any, Callable, Mapping
 from .config import HOSTNAME_LABEL, Config
 from .gpus import container_gpus, format_gpu_set
 from .model import ANNOTATION_PREFIX, Decision, Outcome, Strategy
-from .workload import TEMPLATE_PATHS, pod_template
+from .workload import pod_template
 
 PLACEMENT = ANNOTATION_PREFIX + "placement"
 GPU_IDS = ANNOTATION_PREFIX + "gpu-ids"
@@ -77,61 +78,28 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
            reservation: str | None = None) -> dict:
     """A new object with `decision` applied to its pod template. decision None (nothing to place)
     removes what we added before and only resets our scheduler name."""
-    new = copy.deepcopy(dict(obj))
-    template = _template(new, kind)
-    meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
-    had_metadata = bool(meta)
-    spec = template["spec"]
-    previous = Injection.loads(_annotations(meta).get(INJECTED))
-    if spec.get("schedulerName") in config.scheduler_names:
-        spec["schedulerName"] = config.default_scheduler
-    owned = _apply(meta, spec, previous, _desired(meta, spec, previous, kind, new, decision, config))
-    outputs = {}
+    outputs: dict[str, str | None] = dict.fromkeys(OUTPUT_ANNOTATIONS)
     if decision is not None:
-        outputs = {PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
-                   RESERVATION: reservation, INJECTED: owned.dumps() if owned != Injection() else None}
-    _set_annotations(meta, {key: outputs.get(key) for key in OUTPUT_ANNOTATIONS})
-    if meta:
-        template["metadata"] = meta
-    elif had_metadata:
-        del template["metadata"]  # we emptied it: leave no trace
-    return new
+        outputs.update({PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
+                        RESERVATION: reservation})
+    return _rewrite(obj, kind, lambda meta, spec, previous: _desired(meta, spec, previous, kind, obj, decision, config),
+                    outputs, config)
 
 
 def carry_over(old: Mapping, new: Mapping, kind: str, config: Config) -> dict:
     """`new` (an UPDATE) with the placement recorded on `old` put back: an update keeps the
     placement made at creation instead of dropping it (server-side apply removes fields the
     applier owns and omits) or moving running work. Items the user now has win, as always."""
-    out = copy.deepcopy(dict(new))
-    template = _template(out, kind)
-    meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
-    spec = template["spec"]
     old_annotations = _annotations((pod_template(kind, old) or {}).get("metadata") or {})
-    if spec.get("schedulerName") in config.scheduler_names:
-        spec["schedulerName"] = config.default_scheduler
-    owned = _apply(meta, spec, Injection.loads(_annotations(meta).get(INJECTED)),
-                   Injection.loads(old_annotations.get(INJECTED)))
-    outputs = {key: old_annotations.get(key) for key in OUTPUT_ANNOTATIONS}
-    outputs[INJECTED] = owned.dumps() if owned != Injection() else None
-    _set_annotations(meta, outputs)
-    if meta:
-        template["metadata"] = meta
-    return out
+    recorded = Injection.loads(old_annotations.get(INJECTED))
+    return _rewrite(new, kind, lambda *_: recorded, {key: old_annotations.get(key) for key in OUTPUT_ANNOTATIONS},
+                    config)
 
 
 def without_injection(obj: Mapping, kind: str) -> dict:
     """A new object with our previous additions removed: the object as the user wrote it, which is
     what a workload is read from (so a re-placement is not confined by our own old pin)."""
-    new = copy.deepcopy(dict(obj))
-    template = pod_template(kind, new)
-    if template is None or not isinstance(template.get("spec"), dict) or not isinstance(template.get("metadata"), dict):
-        return new
-    meta = template["metadata"]
-    _apply(meta, template["spec"], Injection.loads(_annotations(meta).get(INJECTED)), Injection())
-    _set_annotations(meta, {key: None for key in OUTPUT_ANNOTATIONS})
-    if not meta:
-        del template["metadata"]
-    return new
+    return _rewrite(obj, kind, lambda *_: Injection(), dict.fromkeys(OUTPUT_ANNOTATIONS), None)
 
 
 def already_placed(obj: Mapping, kind: str) -> bool:
@@ -296,11 +264,13 @@ def _apply_label(meta: dict, previous: str | None, desired: str | None) -> str |
         return None  # the user's label: the selector uses it as it is
     if desired is None:
         if ours:
-            del labels[WORKLOAD_LABEL]
-            if not labels:
+            rest = {k: v for k, v in labels.items() if k != WORKLOAD_LABEL}
+            if rest:
+                meta["labels"] = rest
+            else:
                 meta.pop("labels", None)
         return None
-    meta.setdefault("labels", {})[WORKLOAD_LABEL] = desired
+    meta["labels"] = {**labels, WORKLOAD_LABEL: desired}
     return desired
 
 
@@ -328,13 +298,28 @@ def _reconcile(items: list, previous: list, desired: list, identity: Callable[[A
     return out, owned
 
 
-def _template(obj: dict, kind: str) -> dict:
-    node = obj
-    for key in TEMPLATE_PATHS[kind]:
-        node = node[key]
-    if not isinstance(node.get("spec"), dict):
-        raise ValueError(f"{kind} has no pod spec to mutate")
-    return node
+def _rewrite(obj: Mapping, kind: str, desired: Callable[[dict, dict, Injection], Injection],
+             outputs: Mapping[str, str | None], config: Config | None) -> dict:
+    """A copy of `obj` whose template is reconciled from what we recorded to `desired(meta, spec,
+    previous)`, with our output annotations set to `outputs` (None removes) and, given a config,
+    our scheduler name reset. Without a pod spec there is nothing of ours: the copy is returned."""
+    new = copy.deepcopy(dict(obj))
+    template = pod_template(kind, new)
+    if template is None or not isinstance(template.get("spec"), dict):
+        return new
+    meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
+    had_metadata = bool(meta)
+    spec = template["spec"]
+    if config is not None and spec.get("schedulerName") in config.scheduler_names:
+        spec["schedulerName"] = config.default_scheduler
+    previous = Injection.loads(_annotations(meta).get(INJECTED))
+    owned = _apply(meta, spec, previous, desired(meta, spec, previous))
+    _set_annotations(meta, {**outputs, INJECTED: owned.dumps() if owned != Injection() else None})
+    if meta:
+        template["metadata"] = meta
+    elif had_metadata:
+        del template["metadata"]  # we emptied it: leave no trace
+    return new
 
 
 def _containers(spec: Mapping) -> list[dict]:

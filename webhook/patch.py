@@ -20,8 +20,9 @@ class PatchError(RuntimeError):
 
 def make_patch(received: Any, mutated: Any) -> list[dict]:
     """The operations that turn `received` into `mutated`; [] when they are equal. Both are taken
-    as JSON documents, as the apiserver holds them (no shared sub-objects, no non-JSON values)."""
-    received, mutated = json.loads(json.dumps(received)), json.loads(json.dumps(mutated))
+    as JSON documents, as the apiserver holds them: no shared sub-objects, and values YAML gives
+    that JSON has not (a `creationTimestamp` loaded as a datetime) compared as text."""
+    received, mutated = (json.loads(json.dumps(doc, default=str)) for doc in (received, mutated))
     operations = jsonpatch.make_patch(received, mutated).patch
     try:
         result = jsonpatch.apply_patch(received, operations)

@@ -15,6 +15,7 @@ Pure: takes the object as the API sends it and returns values. How many GPUs a w
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -41,6 +42,25 @@ TEMPLATE_PATHS: Mapping[str, tuple[str, ...]] = {
 API_GROUPS: Mapping[str, str] = {"Pod": "", "Job": "batch", "CronJob": "batch",
                                  "Deployment": "apps", "StatefulSet": "apps", "ReplicaSet": "apps"}
 _BOOLEANS = {"true": True, "false": False}
+
+# The shape of the fields we read or write, as the API types them: the apiserver only sends
+# objects that decode into these, but offline manifests are whatever a file holds. A list holds
+# items of its one element's shape; `_STRINGS` is a map of strings; None (or absent) is unset.
+_STRINGS = "a map of strings"
+_EXPRESSION = {"key": str, "operator": str, "values": [str]}
+_TERM = {"matchExpressions": [_EXPRESSION], "matchFields": [_EXPRESSION]}
+_CONTAINER = {"name": str, "env": [{"name": str}], "resources": {"limits": dict, "requests": dict}}
+_TEMPLATE_SHAPE = {
+    "metadata": {"annotations": _STRINGS, "labels": _STRINGS},
+    "spec": {
+        "containers": [_CONTAINER], "initContainers": [_CONTAINER], "nodeSelector": _STRINGS, "tolerations": [dict],
+        "schedulerName": str, "nodeName": str, "topologySpreadConstraints": [{"topologyKey": str,
+                                                                              "whenUnsatisfiable": str}],
+        "affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [_TERM]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": int, "preference": _TERM}]}},
+    },
+}
 
 
 class InvalidWorkload(ValueError):
@@ -104,25 +124,26 @@ def controller_owned(obj: Mapping) -> bool:
     return isinstance(owners, list) and any(isinstance(o, Mapping) and o.get("controller") is True for o in owners)
 
 
-def replicas(kind: str, obj: Mapping) -> int:
-    """Pods the controller runs at once."""
-    who = display_name(kind, obj, "")
-    spec = _mapping(obj.get("spec"))
-    if kind == "Pod":
-        return 1
-    if kind not in ("Job", "CronJob"):
-        return _count(spec.get("replicas", 1), who, "spec.replicas")
-    prefix = "spec.jobTemplate.spec." if kind == "CronJob" else "spec."
-    job_spec = _mapping(_mapping(spec.get("jobTemplate")).get("spec")) if kind == "CronJob" else spec
-    parallelism = _count(job_spec.get("parallelism", 1), who, prefix + "parallelism")
-    completions = job_spec.get("completions")
-    if completions is None:
-        return parallelism
-    return min(parallelism, _count(completions, who, prefix + "completions"))
+def bound(kind: str, obj: Mapping) -> bool:
+    """The pod spec names its node (spec.nodeName): kube-scheduler never sees it."""
+    return bool(_mapping((pod_template(kind, obj) or {}).get("spec")).get("nodeName"))
+
+
+def check_shape(kind: str, obj: Mapping, namespace: str) -> None:
+    """Raise InvalidWorkload naming the first field we use that does not have its API type."""
+    who = display_name(kind, obj, namespace)
+    _check(obj.get("metadata"), {"annotations": _STRINGS, "ownerReferences": [dict]}, "metadata", who)
+    template_path = TEMPLATE_PATHS[kind]
+    node: Any = obj
+    for depth, key in enumerate(template_path):
+        _check(node, dict, ".".join(template_path[:depth]), who)
+        node = node.get(key) if node is not None else None
+    _check(node, _TEMPLATE_SHAPE, ".".join(template_path), who)
 
 
 def read(kind: str, obj: Mapping, namespace: str) -> Workload:
     """The validated request of one object of ours. Raises InvalidWorkload (or InvalidAnnotation)."""
+    check_shape(kind, obj, namespace)
     who = display_name(kind, obj, namespace)
     template = pod_template(kind, obj)
     if template is None or not isinstance(template.get("spec"), Mapping):
@@ -134,7 +155,7 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
         per_pod = pod_gpus(spec)
     except ValueError as err:
         raise InvalidWorkload(f"{who}: nvidia.com/gpu request {err}; allowed: a whole number of GPUs") from None
-    pods, gpus_per_pod, warnings = _size(kind, who, per_pod, replicas(kind, obj), annotations.get(GPU_COUNT))
+    pods, gpus_per_pod, warnings = _size(kind, who, per_pod, _running(kind, obj, who), annotations.get(GPU_COUNT))
     if pods == 0 or gpus_per_pod == 0:
         return Workload(None, tuple(warnings))
     request = PlacementRequest(
@@ -150,6 +171,21 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
         tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, Mapping)),
     )
     return Workload(request, tuple(warnings))
+
+
+def _running(kind: str, obj: Mapping, who: str) -> int:
+    """Pods the controller runs at once (an absent or null count takes the API's default, 1)."""
+    spec = _mapping(obj.get("spec"))
+    if kind == "Pod":
+        return 1
+    if kind not in ("Job", "CronJob"):
+        return _count(spec.get("replicas"), who, "spec.replicas")
+    prefix = "spec.jobTemplate.spec." if kind == "CronJob" else "spec."
+    job_spec = _mapping(_mapping(spec.get("jobTemplate")).get("spec")) if kind == "CronJob" else spec
+    parallelism = _count(job_spec.get("parallelism"), who, prefix + "parallelism")
+    if job_spec.get("completions") is None:
+        return parallelism
+    return min(parallelism, _count(job_spec["completions"], who, prefix + "completions"))
 
 
 def _size(kind: str, who: str, per_pod: int, running: int, gpu_count: object) -> tuple[int, int, list[str]]:
@@ -234,7 +270,37 @@ def _required_terms(spec: Mapping) -> tuple[Mapping, ...]:
     return tuple(t for t in required.get("nodeSelectorTerms") or () if isinstance(t, Mapping))
 
 
+def _check(value: Any, shape: Any, path: str, who: str, item: bool = False) -> None:
+    """`value` at `path` ("" is the object itself) has `shape`; a list item may not be null."""
+    if value is None and not item:
+        return
+    if shape is _STRINGS and isinstance(value, Mapping):
+        for key, entry in value.items():
+            _check(entry, str, f"{path}.{key}", who, item=True)
+        return
+    if isinstance(shape, list):
+        ok = isinstance(value, list)
+    elif isinstance(shape, dict) or shape in (dict, _STRINGS):
+        ok = isinstance(value, Mapping)
+    else:
+        ok = isinstance(value, shape) and not isinstance(value, bool)
+    if not ok:
+        expected = {list: "a list", dict: "a mapping", str: "a string", int: "an integer"}.get(
+            list if isinstance(shape, list) else dict if isinstance(shape, dict) else shape, shape)
+        found = (json.dumps(value)[:40] if value is None or isinstance(value, (str, int, float))
+                 else f"a {type(value).__name__}")
+        raise InvalidWorkload(f"{who}: {path or 'the object'} is {found}; expected {expected}")
+    if isinstance(shape, list):
+        for i, entry in enumerate(value):
+            _check(entry, shape[0], f"{path}[{i}]", who, item=True)
+    elif isinstance(shape, dict):
+        for key, sub in shape.items():
+            _check(value.get(key), sub, f"{path}.{key}" if path else key, who)
+
+
 def _count(value: object, who: str, field: str) -> int:
+    if value is None:
+        return 1
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidWorkload(f"{who}: {field}={_quote(value)} is not allowed; allowed: a whole number >= 0")
     return value
