@@ -45,6 +45,9 @@ def read_cluster(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     if not args.nodes:
         if args.pods:
             raise UsageError("--pods needs --nodes (without --nodes the built-in demo cluster is used)")
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            print(f"{PROG}: warning: running in a cluster with the built-in demo cluster; decisions name demo "
+                  "nodes, not this cluster's (pass --nodes FILE)", file=sys.stderr)
         return demo.demo_cluster()
     nodes = read_objects(args.nodes, kind="Node")
     pods = read_objects(args.pods, kind="Pod") if args.pods else []
