@@ -91,7 +91,9 @@ def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metric
         except Exception as err:  # a bug of ours must not block the cluster's workloads
             log.exception("admission failed; allowing unmodified")
             metrics.fail_open.inc()
-            answer = _allowed_unmodified(body, f"topology-webhook: internal error, not placed: {err}")
+            # The type only: a message may quote the object, and a newline would make the apiserver drop it.
+            answer = _allowed_unmodified(body, f"topology-webhook: internal error ({type(err).__name__}); "
+                                               "admitted without placement")
             if answer is None:
                 return _text("not an AdmissionReview: request.uid is missing", 400)
             return Response(json.dumps(answer), mimetype="application/json")
