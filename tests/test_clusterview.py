@@ -1,0 +1,298 @@
+"""The live cluster view against a local fake of the API's list/watch protocol, through the real client.
+
+Every test runs the real `kubernetes` client over HTTP against tests/fakeapiserver.py; nothing in
+the client library is mocked. Waits are bounded polls (`eventually`), never bare sleeps.
+"""
+from __future__ import annotations
+
+import random
+import socket
+import time
+
+import pytest
+from kubernetes.client import ApiClient, Configuration
+
+from tests.fakeapiserver import FakeApiServer
+from webhook.clusterview import Backoff, LiveClusterView, api_client_from
+from webhook.config import Config, ConfigError
+from webhook.demo import demo_cluster, make_node, make_pod
+
+LEAF = "topology.scheduler/leaf"
+LABELS = {"topology.kubernetes.io/zone": "zone-a", "topology.scheduler/spine": "spine-1", LEAF: "leaf-1"}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def eventually(check, timeout: float = 5.0, what: str = "condition"):
+    """Poll `check` until it returns something truthy, for at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def fake():
+    server = FakeApiServer(bookmark_interval=0.2).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def make_view(clock):
+    views = []
+
+    def make(server: FakeApiServer, config: Config = Config(), **overrides) -> LiveClusterView:
+        settings = dict(clock=clock, backoff_base=0.01, backoff_cap=0.2, rng=random.Random(7),
+                        watch_timeout_seconds=5, expire_interval_seconds=0.05)
+        settings.update(overrides)
+        view = LiveClusterView(config, ApiClient(Configuration(host=server.url)), **settings)
+        views.append(view)
+        return view
+
+    yield make
+    for view in views:
+        assert view.stop(timeout=5), "view threads did not stop within 5s"
+
+
+def status_of(view: LiveClusterView, kind: str):
+    return next(s for s in view.status() if s.kind == kind)
+
+
+def gpus(view: LiveClusterView) -> tuple[int, int]:
+    stats = view.index.stats()
+    return stats.gpus_total, stats.gpus_used
+
+
+def load_demo(server: FakeApiServer) -> None:
+    nodes, pods = demo_cluster()
+    for node in nodes:
+        server.put_node(node)
+    for pod in pods:
+        server.put_pod(pod)
+
+
+# ---- initial sync and readiness --------------------------------------------------------------
+def test_initial_sync_lists_in_pages_then_watches_from_the_lists_version(fake, make_view):
+    load_demo(fake)
+    view = make_view(fake, page_size=7)
+    assert view.readiness()[0] is False
+    view.start()
+    assert view.wait_synced(5)
+    assert gpus(view) == (32 * 8, 90)
+    assert view.readiness() == (True, "cluster view in sync")
+    node_lists = fake.list_requests("nodes")
+    assert len(node_lists) == 5 and all(q["limit"] == "7" for q in node_lists)  # 32 nodes in pages of 7
+    assert "continue" not in node_lists[0] and all("continue" in q for q in node_lists[1:])
+    watch = eventually(lambda: fake.watch_requests("nodes"), what="a node watch")[0]
+    assert watch["resourceVersion"] == str(fake.resource_version)
+    assert watch["allowWatchBookmarks"] == "true" and watch["timeoutSeconds"] == "5"
+
+
+def test_not_ready_until_both_kinds_are_listed_and_says_which(fake, make_view):
+    fake.delay_seconds = 0.5  # slow responses
+    view = make_view(fake)
+    view.start()
+    ready, reason = view.readiness()
+    assert not ready and "waiting for the first list of nodes" in reason
+    assert view.wait_synced(5)
+    assert view.readiness()[0]
+
+
+def test_api_unreachable_at_start_then_recovering(make_view):
+    with socket.socket() as probe:  # a port nobody listens on yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = FakeApiServer(port=port)
+    load_demo(server)
+    view = make_view(server)
+    view.start()
+    eventually(lambda: "Connection refused" in view.readiness()[1], what="a connection-refused reason")
+    ready, reason = view.readiness()
+    assert not ready and "waiting for the first list of" in reason
+    server.start()
+    try:
+        assert view.wait_synced(5)
+        assert gpus(view) == (256, 90) and view.readiness()[0]
+    finally:
+        server.stop()
+
+
+def test_stale_when_no_progress_for_longer_than_configured_and_recovers(fake, make_view, clock):
+    load_demo(fake)
+    view = make_view(fake, Config(stale_after_seconds=60))
+    view.start()
+    assert view.wait_synced(5)
+    fake.stop()  # the API goes away: lists and watches fail from now on
+    eventually(lambda: status_of(view, "pods").failures, what="a failed watch")
+    clock.now += 30
+    assert view.readiness()[0], "30s without progress is within the 60s limit"
+    clock.now += 31
+    ready, reason = view.readiness()
+    assert not ready
+    assert reason.startswith("cluster view is stale: no list or watch progress on nodes for 61s (limit 60s)")
+    assert "last error:" in reason
+    fake.start()
+    eventually(lambda: view.readiness()[0], what="readiness after the API came back")
+
+
+# ---- events --------------------------------------------------------------------------------
+def test_pods_bound_finished_and_deleted_change_used_gpus(fake, make_view):
+    node = fake.put_node(make_node("n1", LABELS))
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(5)
+    pending = fake.put_pod(make_pod("train-0", None, 4, phase="Pending"))
+    eventually(lambda: status_of(view, "pods").events == 1, what="the pending pod")
+    assert gpus(view) == (8, 0), "an unbound pod holds no GPUs"
+    pending["spec"]["nodeName"] = node["metadata"]["name"]
+    fake.put_pod(pending)
+    eventually(lambda: gpus(view) == (8, 4), what="the bound pod counted")
+    fake.put_pod(make_pod("other", "n1", 2))
+    eventually(lambda: gpus(view) == (8, 6), what="a second pod counted")
+    finished = fake.get("pods", "default/train-0")
+    finished["status"]["phase"] = "Succeeded"
+    fake.put_pod(finished)
+    eventually(lambda: gpus(view) == (8, 2), what="the finished pod released")
+    fake.delete("pods", "default/other")
+    eventually(lambda: gpus(view) == (8, 0), what="the deleted pod released")
+
+
+def test_node_added_and_deleted(fake, make_view):
+    fake.put_node(make_node("n1", LABELS))
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(5)
+    fake.put_node(make_node("n2", LABELS, gpus=4))
+    eventually(lambda: gpus(view)[0] == 12, what="the new node")
+    fake.delete("nodes", "n1")
+    eventually(lambda: gpus(view)[0] == 4, what="the deleted node gone")
+
+
+# ---- broken watches, 410, bookmarks ------------------------------------------------------------
+def test_watch_broken_mid_stream_resumes_from_last_version_without_relisting(fake, make_view):
+    fake.put_node(make_node("n1", LABELS))
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(5)
+    fake.put_pod(make_pod("a", "n1", 1))
+    eventually(lambda: gpus(view)[1] == 1, what="pod a")
+    watches_before = len(fake.watch_requests("pods"))
+    fake.break_watches()
+    fake.put_pod(make_pod("b", "n1", 2))
+    eventually(lambda: gpus(view)[1] == 3, what="pod b after the break")
+    assert status_of(view, "pods").failures >= 1
+    assert "IncompleteRead" in status_of(view, "pods").last_error
+    resumed = fake.watch_requests("pods")[watches_before]
+    assert int(resumed["resourceVersion"]) >= 3  # from where it was, not from scratch
+    assert len(fake.list_requests("pods")) == 1, "a broken watch must not cost a relist"
+
+
+@pytest.mark.parametrize("gone_as_status", [False, True], ids=["ERROR event 410", "HTTP 410"])
+def test_gone_relists_and_forgets_what_was_deleted_meanwhile(fake, make_view, gone_as_status):
+    fake.gone_as_status = gone_as_status
+    fake.put_node(make_node("n1", LABELS))
+    fake.put_node(make_node("n2", LABELS))
+    fake.put_pod(make_pod("a", "n1", 4))
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(5)
+    assert gpus(view) == (16, 4)
+    fake.stop()  # while the view is away: n2 and pod a go, pod b comes, history is compacted
+    fake.delete("nodes", "n2")
+    fake.delete("pods", "default/a")
+    fake.put_pod(make_pod("b", "n1", 1))
+    fake.compact()
+    fake.start()
+    eventually(lambda: status_of(view, "pods").lists == 2 and status_of(view, "nodes").lists == 2,
+               what="a relist of both kinds")
+    assert gpus(view) == (8, 1)
+    assert status_of(view, "nodes").objects == 1 and status_of(view, "pods").objects == 1
+
+
+def test_bookmarks_move_the_resume_point(fake, make_view):
+    fake.put_node(make_node("n1", LABELS))
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(5)
+    for i in range(3):  # pod writes move the shared resourceVersion; the node watch only gets bookmarks
+        fake.put_pod(make_pod(f"p{i}", "n1", 1))
+    target = str(fake.resource_version)
+    eventually(lambda: status_of(view, "nodes").resource_version == target, what="a bookmark on the node watch")
+    assert status_of(view, "nodes").events == 0
+    fake.break_watches()
+    eventually(lambda: len(fake.watch_requests("nodes")) >= 2, what="the node watch resumed")
+    assert fake.watch_requests("nodes")[-1]["resourceVersion"] == target
+
+
+def test_watch_that_ends_at_its_timeout_is_reopened(fake, make_view):
+    fake.put_node(make_node("n1", LABELS))
+    view = make_view(fake, watch_timeout_seconds=1)
+    view.start()
+    assert view.wait_synced(5)
+    eventually(lambda: len(fake.watch_requests("pods")) >= 2, timeout=4, what="a second watch")
+    assert status_of(view, "pods").failures == 0
+    fake.put_pod(make_pod("a", "n1", 3))
+    eventually(lambda: gpus(view)[1] == 3, what="an event on the reopened watch")
+
+
+def test_stop_is_prompt_with_watches_open(fake, make_view):
+    view = make_view(fake, watch_timeout_seconds=60)
+    view.start()
+    assert view.wait_synced(5)
+    eventually(lambda: fake.watch_requests("pods") and fake.watch_requests("nodes"), what="open watches")
+    started = time.monotonic()
+    assert view.stop(timeout=5)
+    assert time.monotonic() - started < 2
+
+
+# ---- backoff and client construction ------------------------------------------------------------
+def test_backoff_grows_with_jitter_up_to_the_cap_and_resets():
+    backoff = Backoff(base=1.0, cap=8.0, rng=random.Random(3))
+    delays = [backoff.next_delay() for _ in range(6)]
+    for delay, ceiling in zip(delays, (1, 2, 4, 8, 8, 8)):
+        assert ceiling / 2 <= delay <= ceiling
+    assert len(set(delays)) == 6, "jitter: no two reconnects at the same instant"
+    backoff.reset()
+    assert backoff.next_delay() <= 1.0
+
+
+def test_api_client_from_kubeconfig_reaches_the_server(fake, tmp_path):
+    fake.put_node(make_node("n1", LABELS))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(f"""
+apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{fake.url}"}}}}]
+users: [{{name: me, user: {{token: abc}}}}]
+contexts: [{{name: here, context: {{cluster: fake, user: me}}}}]
+current-context: here
+""")
+    from kubernetes.client import CoreV1Api
+    nodes = CoreV1Api(api_client_from(str(kubeconfig))).list_node()
+    assert [n.metadata.name for n in nodes.items] == ["n1"]
+
+
+@pytest.mark.parametrize("kubeconfig, message", [
+    ("/nonexistent/kubeconfig", "kubeconfig /nonexistent/kubeconfig: "),
+    (None, "in-cluster config: "),
+], ids=["missing file", "not in a pod"])
+def test_api_client_from_bad_config_is_one_clear_line(kubeconfig, message, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigError) as err:
+        api_client_from(kubeconfig)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
