@@ -61,6 +61,7 @@ class FakeApiServer:
         self._history: dict[str, list[tuple[int, bytes]]] = {kind: [] for kind in KINDS}  # (rv, event line)
         self._snapshots: dict[str, tuple[int, list[bytes]]] = {}  # continue-token id -> (rv, items)
         self._stream_generation = 0  # bumped by break_watches()
+        self._held = False  # hold_watches(): streams send nothing new until released
         self._stopping = False
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -96,18 +97,19 @@ class FakeApiServer:
     def resource_version(self) -> int:
         return self._rv
 
-    def put(self, kind: str, obj: dict) -> dict:
-        """Create or replace an object; returns the stored copy with its new resourceVersion."""
+    def put(self, kind: str, obj: dict) -> int:
+        """Create or replace a copy of `obj`; returns its new resourceVersion."""
         with self._cond:
             self._rv += 1
-            stored = copy.deepcopy(obj)
+            stored = json.loads(json.dumps(obj))  # a deep copy, faster than copy.deepcopy
             stored["metadata"]["resourceVersion"] = str(self._rv)
-            stored.setdefault("metadata", {}).setdefault("uid", f"uid-{kind}-{_key(kind, obj)}")
+            stored["metadata"].setdefault("uid", f"uid-{kind}-{_key(kind, obj)}")
             key = _key(kind, stored)
             event_type = "MODIFIED" if key in self._objects[kind] else "ADDED"
-            self._objects[kind][key] = (stored, json.dumps(stored).encode())
-            self._record(kind, event_type, stored)
-            return stored
+            blob = json.dumps(stored).encode()
+            self._objects[kind][key] = (stored, blob)
+            self._record(kind, event_type, blob)
+            return self._rv
 
     def delete(self, kind: str, key: str) -> None:
         """Delete by name (nodes) or `namespace/name` (pods); the DELETED event carries the last state."""
@@ -116,23 +118,34 @@ class FakeApiServer:
             self._rv += 1
             gone = copy.deepcopy(obj)
             gone["metadata"]["resourceVersion"] = str(self._rv)
-            self._record(kind, "DELETED", gone)
+            self._record(kind, "DELETED", json.dumps(gone).encode())
 
-    def put_node(self, node: dict) -> dict:
+    def put_node(self, node: dict) -> int:
         return self.put("nodes", node)
 
-    def put_pod(self, pod: dict) -> dict:
+    def put_pod(self, pod: dict) -> int:
         return self.put("pods", pod)
 
     def get(self, kind: str, key: str) -> dict:
         return copy.deepcopy(self._objects[kind][key][0])
 
-    def _record(self, kind: str, event_type: str, obj: dict) -> None:
-        line = json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
+    def _record(self, kind: str, event_type: str, blob: bytes) -> None:
+        line = b'{"type": "%s", "object": %s}\n' % (event_type.encode(), blob)
         self._history[kind].append((self._rv, line))
-        self._cond.notify_all()
+        if not self._held:
+            self._cond.notify_all()
 
     # ---- faults -----------------------------------------------------------------------------
+    def hold_watches(self) -> None:
+        """Keep new events from open watches until release_watches(): a backlog to drain at once."""
+        with self._cond:
+            self._held = True
+
+    def release_watches(self) -> None:
+        with self._cond:
+            self._held = False
+            self._cond.notify_all()
+
     def compact(self) -> None:
         """Forget history and paging snapshots up to now: older resourceVersions now get 410."""
         with self._cond:
@@ -196,11 +209,13 @@ class FakeApiServer:
         with self._cond:
             def pending() -> bool:
                 history = self._history[kind]
-                return bool(history and history[-1][0] > position) or self._stopping \
-                    or generation != self._stream_generation
+                fresh = bool(history and history[-1][0] > position) and not self._held
+                return fresh or self._stopping or generation != self._stream_generation
             self._cond.wait_for(pending, timeout=wait)
             if self._stopping or generation != self._stream_generation:
                 return position, [], True
+            if self._held:
+                return position, [], False
             history = self._history[kind]
             lines = [line for _, line in history[bisect.bisect_right(history, position, key=lambda e: e[0]):]]
             return self._rv, lines, False
@@ -287,8 +302,8 @@ class _Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
                     self._hang_up()
                     return
-                for line in lines:
-                    self._chunk(line)
+                for start in range(0, len(lines), 500):  # a backlog goes out in few, large chunks
+                    self._chunk(b"".join(lines[start:start + 500]))
                 if bookmarks and time.monotonic() >= next_bookmark:
                     bookmark = {"kind": KINDS[kind], "apiVersion": "v1",
                                 "metadata": {"resourceVersion": str(position)}}

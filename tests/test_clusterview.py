@@ -152,14 +152,15 @@ def test_stale_when_no_progress_for_longer_than_configured_and_recovers(fake, ma
 
 # ---- events --------------------------------------------------------------------------------
 def test_pods_bound_finished_and_deleted_change_used_gpus(fake, make_view):
-    node = fake.put_node(make_node("n1", LABELS))
+    fake.put_node(make_node("n1", LABELS))
     view = make_view(fake)
     view.start()
     assert view.wait_synced(5)
-    pending = fake.put_pod(make_pod("train-0", None, 4, phase="Pending"))
+    pending = make_pod("train-0", None, 4, phase="Pending")
+    fake.put_pod(pending)
     eventually(lambda: status_of(view, "pods").events == 1, what="the pending pod")
     assert gpus(view) == (8, 0), "an unbound pod holds no GPUs"
-    pending["spec"]["nodeName"] = node["metadata"]["name"]
+    pending["spec"]["nodeName"] = "n1"
     fake.put_pod(pending)
     eventually(lambda: gpus(view) == (8, 4), what="the bound pod counted")
     fake.put_pod(make_pod("other", "n1", 2))
