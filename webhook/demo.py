@@ -57,7 +57,7 @@ def leaf_spine_nodes(spines: int = 2, leaves: int = 4, nodes: int = 4, gpus: int
             leaf = (s - 1) * leaves + lf
             for n in range(1, nodes + 1):
                 labels = {"topology.kubernetes.io/zone": zone, "topology.scheduler/spine": f"spine-{s}",
-                          "topology.scheduler/leaf": f"leaf-{leaf}"}
+                          "topology.scheduler/leaf": f"leaf-{leaf}", "topology.scheduler/network-bandwidth": "400Gb"}
                 out.append(make_node(f"gpu-s{s}-l{leaf}-n{n}", labels, gpus, product))
     return out
 

@@ -1,0 +1,218 @@
+"""The placement core against the rules users expect (seed README) and the issue's must-holds.
+
+Cluster used by most cases (2 spines x 4 leaves x 4 nodes x 8 H100, one NVSwitch domain each):
+
+    zone-a
+    ├── spine-1: leaf-1 leaf-2 leaf-3 leaf-4   (4 nodes each: gpu-s1-l1-n1 ... n4)
+    └── spine-2: leaf-5 leaf-6 leaf-7 leaf-8
+"""
+import pytest
+
+from webhook.cluster import ClusterIndex
+from webhook.config import Config
+from webhook.demo import leaf_spine_nodes, make_node, make_pod
+from webhook.model import (EXCEEDS_CLUSTER, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Interconnect,
+                           Outcome, PlacementRequest, Strategy)
+from webhook.placement import place, place_and_reserve
+
+
+def request(pods, gpus=8, strategy=Strategy.CONSOLIDATED, **kw):
+    return PlacementRequest(f"Job test/{pods}x{gpus}", pods, gpus, strategy, **kw)
+
+
+@pytest.fixture
+def cluster():
+    return ClusterIndex.from_objects(Config(), leaf_spine_nodes(), [])
+
+
+def leaves_of(index, decision):
+    return sorted({index.nodes[n].labels["topology.scheduler/leaf"] for n in decision.nodes})
+
+
+def spines_of(index, decision):
+    return sorted({index.nodes[n].labels["topology.scheduler/spine"] for n in decision.nodes})
+
+
+@pytest.mark.parametrize("nodes, leaves, spines", [
+    pytest.param(2, 1, 1, id="2 nodes land in one leaf"),
+    pytest.param(3, 1, 1, id="3 nodes land in one leaf"),
+    pytest.param(4, 1, 1, id="4 nodes take one whole leaf"),
+    pytest.param(8, 2, 1, id="8 nodes take two leaves of one spine"),
+    pytest.param(16, 4, 1, id="16 nodes take the four leaves of one spine"),
+])
+def test_leaf_spine_rules(cluster, nodes, leaves, spines):
+    decision = place(cluster, request(nodes))
+    assert decision.outcome is Outcome.PLACED
+    assert len(decision.nodes) == nodes  # one 8-GPU pod per node
+    assert len(leaves_of(cluster, decision)) == leaves
+    assert len(spines_of(cluster, decision)) == spines
+
+
+def test_eight_nodes_pin_the_two_leaves_and_say_why(cluster):
+    decision = place(cluster, request(8))
+    pins = {r.key: r.values for r in decision.requirements}
+    assert pins["topology.scheduler/spine"] == ("spine-1",)
+    assert pins["topology.scheduler/leaf"] == ("leaf-1", "leaf-2")
+    assert decision.interconnect is Interconnect.SPINE
+    assert "no single leaf holds them" in decision.reasons[0]
+
+
+def test_second_two_node_job_reuses_the_half_used_leaf(cluster):
+    first = place_and_reserve(cluster, request(2), "ns/Job/a", now=0)
+    second = place_and_reserve(cluster, request(2), "ns/Job/b", now=0)
+    assert leaves_of(cluster, first) == leaves_of(cluster, second) == ["leaf-1"]
+    assert not set(first.nodes) & set(second.nodes)
+
+
+def test_preferred_full_leaf_falls_back_to_nearest_leaf_and_says_so(cluster):
+    for i in range(1, 5):
+        cluster.upsert_pod(make_pod(f"busy-{i}", f"gpu-s2-l6-n{i}", 8))
+    decision = place(cluster, request(2, preferred_domain="leaf-6"))
+    assert decision.preferred_honoured is False
+    assert spines_of(cluster, decision) == ["spine-2"]  # a sibling leaf, not another spine
+    assert leaves_of(cluster, decision) != ["leaf-6"]
+    assert "preferred leaf leaf-6 cannot hold" in decision.reasons[0]
+
+
+def test_preferred_domain_honoured_and_level_qualified(cluster):
+    decision = place(cluster, request(2, preferred_domain="leaf=leaf-7"))
+    assert decision.preferred_honoured is True and leaves_of(cluster, decision) == ["leaf-7"]
+
+
+def test_unknown_preferred_domain_is_never_and_lists_what_exists(cluster):
+    decision = place(cluster, request(2, preferred_domain="leaf-99"))
+    assert (decision.outcome, decision.code) == (Outcome.NEVER, UNKNOWN_DOMAIN)
+    assert "leaf-99" in decision.reasons[0] and "leaf-1" in decision.reasons[0]
+
+
+def test_per_pod_accounting_two_single_gpu_holes_do_not_hold_a_two_gpu_pod():
+    nodes = [make_node(f"n{i}", {"topology.scheduler/leaf": "rack"}, gpus=8) for i in range(2)]
+    pods = [make_pod(f"p{i}", f"n{i}", 7) for i in range(2)]
+    index = ClusterIndex.from_objects(Config(), nodes, pods)
+    decision = place(index, request(1, gpus=2))
+    assert decision.outcome is Outcome.WAIT and decision.code == NO_ROOM_NOW
+
+
+def test_more_than_the_cluster_is_never(cluster):
+    decision = place(cluster, request(33))
+    assert (decision.outcome, decision.code) == (Outcome.NEVER, EXCEEDS_CLUSTER)
+    assert "32" in decision.reasons[0]
+
+
+def test_nothing_fits_now_names_the_domain_that_fits_first(cluster):
+    for node in list(cluster.nodes.values()):
+        keep_free = 1 if node.labels["topology.scheduler/leaf"] == "leaf-3" else 0
+        cluster.upsert_pod(make_pod(f"busy-{node.name}", node.name, 8 - keep_free))
+    decision = place(cluster, request(1, gpus=2))
+    assert decision.outcome is Outcome.WAIT
+    assert decision.scope.level_name == "node"
+    decision = place(cluster, request(4))
+    assert decision.outcome is Outcome.WAIT and decision.scope.level_name == "leaf"
+    assert any(line.startswith("leaf: ") and "of 4 pods fit" in line for line in decision.reasons)
+
+
+def test_single_pod_gets_smallest_nvlink_domain_best_fit():
+    node = make_node("pcie-box", {}, gpus=8, product="NVIDIA-H100-PCIe",
+                     annotations={"topology.scheduler/nvlink-domains": "0-3,4-7"})
+    index = ClusterIndex.from_objects(Config(), [node], [make_pod("a", "pcie-box", 3)])
+    decision = place(index, request(1, gpus=4))
+    assert decision.gpu_ids == (4, 5, 6, 7)  # the untouched island, not 3 + 1 across PCIe
+    assert decision.interconnect is Interconnect.NVLINK
+    decision = place(index, request(1, gpus=1))
+    assert decision.gpu_ids == (3,)  # best fit: the island with one GPU left
+
+
+def test_pod_wider_than_any_nvlink_domain_crosses_pcie():
+    node = make_node("islands", {}, gpus=8, product="NVIDIA-A100-PCIE-40GB",
+                     annotations={"topology.scheduler/nvlink-domains": "0-3,4-7"})
+    decision = place(ClusterIndex.from_objects(Config(), [node]), request(1, gpus=8))
+    assert decision.interconnect is Interconnect.PCIE
+    assert decision.bus_bandwidth_gbs == pytest.approx(25.0)
+
+
+def test_distributed_spreads_one_pod_per_node_across_leaves(cluster):
+    decision = place(cluster, request(4, strategy=Strategy.DISTRIBUTED))
+    assert len(set(decision.nodes)) == 4
+    assert len(leaves_of(cluster, decision)) == 4
+    assert decision.spread_keys == ("kubernetes.io/hostname", "topology.scheduler/leaf")
+    assert decision.requirements == ()
+
+
+def test_distributed_latency_sensitive_stays_in_one_spine(cluster):
+    decision = place(cluster, request(6, strategy=Strategy.DISTRIBUTED, latency_sensitive=True,
+                                     preferred_domain="spine-2"))
+    assert spines_of(cluster, decision) == ["spine-2"]
+    assert len(leaves_of(cluster, decision)) == 4
+    assert {r.key: r.values for r in decision.requirements}["topology.scheduler/spine"] == ("spine-2",)
+
+
+def test_cordoned_notready_and_tainted_nodes_hold_nothing():
+    nodes = [make_node("cordoned", {}, unschedulable=True), make_node("down", {}, ready=False),
+             make_node("tainted", {}, taints=[{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}])]
+    index = ClusterIndex.from_objects(Config(), nodes)
+    decision = place(index, request(1))
+    assert (decision.outcome, decision.code) == (Outcome.NEVER, NO_MATCHING_NODES)
+    assert "NotReady or cordoned: 2" in decision.reasons[0] and "untolerated taint: 1" in decision.reasons[0]
+    tolerant = request(1, tolerations=({"key": "dedicated", "operator": "Exists"},))
+    assert place(index, tolerant).nodes == ("tainted",)
+
+
+def test_node_selector_affinity_and_bandwidth_filter_before_counting(cluster):
+    cluster.upsert_node(make_node("fast", {"topology.scheduler/leaf": "leaf-9",
+                                           "topology.scheduler/network-bandwidth": "800Gb"}))
+    assert place(cluster, request(1, min_bandwidth_gbps=800)).nodes == ("fast",)
+    terms = ({"matchExpressions": [{"key": "topology.scheduler/leaf", "operator": "In", "values": ["leaf-8"]}]},)
+    assert leaves_of(cluster, place(cluster, request(2, required_node_terms=terms))) == ["leaf-8"]
+    assert place(cluster, request(1, node_selector={"topology.scheduler/spine": "spine-2"})).nodes[0].startswith("gpu-s2")
+
+
+def test_nodes_missing_a_level_label_are_alone_at_that_level():
+    nodes = [make_node(f"bare-{i}", {"topology.kubernetes.io/zone": "z"}) for i in range(2)]
+    index = ClusterIndex.from_objects(Config(), nodes)
+    decision = place(index, request(2))
+    # Two unlabelled nodes share no leaf or spine: the job spans the zone, and says so.
+    assert decision.outcome is Outcome.PLACED and decision.scope.level_name == "zone"
+    assert decision.interconnect is Interconnect.ZONE
+
+
+def test_reservations_confirm_expire_and_never_double_book(cluster):
+    decision = place_and_reserve(cluster, request(4), "ns/Job/a", now=0)
+    assert cluster.stats().gpus_reserved == 32
+    other = place_and_reserve(cluster, request(4), "ns/Job/b", now=1)
+    assert not set(decision.nodes) & set(other.nodes)
+    pod = make_pod("a-0", decision.nodes[0], 8, annotations={"topology.scheduler/reservation": "ns/Job/a"})
+    cluster.upsert_pod(pod)
+    cluster.upsert_pod(pod)  # status updates do not confirm twice
+    assert cluster.stats().gpus_reserved == 56 and cluster.stats().gpus_used == 8
+    cluster.expire_reservations(now=Config().reservation_ttl_seconds + 1)
+    assert cluster.stats().gpus_reserved == 0 and cluster.stats().gpus_used == 8
+
+
+def test_replacing_the_same_workload_does_not_count_it_twice(cluster):
+    first = place_and_reserve(cluster, request(4), "ns/Job/a", now=0)
+    again = place_and_reserve(cluster, request(4), "ns/Job/a", now=0)
+    assert first.nodes == again.nodes and cluster.stats().gpus_reserved == 32
+
+
+def test_dry_run_reserves_nothing(cluster):
+    place_and_reserve(cluster, request(4), None, now=0)
+    assert cluster.stats().gpus_reserved == 0
+
+
+def test_incremental_updates_match_a_rebuild(cluster):
+    cluster.upsert_pod(make_pod("p", "gpu-s1-l1-n1", 4))
+    cluster.upsert_node(make_node("gpu-s1-l1-n2", {"topology.kubernetes.io/zone": "zone-a",
+                                                   "topology.scheduler/spine": "spine-2",
+                                                   "topology.scheduler/leaf": "leaf-5"}))  # relabelled
+    cluster.delete_node("gpu-s1-l1-n3")
+    cluster.upsert_pod({**make_pod("p", "gpu-s1-l1-n1", 4), "status": {"phase": "Succeeded"}})
+    rebuilt = ClusterIndex(Config())
+    for name, node in cluster.nodes.items():
+        rebuilt.upsert_node(make_node(name, dict(node.labels)))
+    a, b = cluster.root, rebuilt.root
+    assert (a.cap, a.ever, a.free_hist, a.free_gpus) == (b.cap, b.ever, b.free_hist, b.free_gpus)
+    assert set(cluster.levels[2]) == set(rebuilt.levels[2])
+
+
+def test_deterministic(cluster):
+    assert place(cluster, request(5)) == place(cluster, request(5))

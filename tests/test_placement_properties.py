@@ -1,0 +1,130 @@
+"""Property tests: the placement core against a brute-force oracle on small clusters."""
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from webhook.cluster import ClusterIndex
+from webhook.config import Config
+from webhook.demo import make_node, make_pod
+from webhook.model import Outcome, PlacementRequest, Strategy
+from webhook.placement import place
+
+LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")
+
+
+@st.composite
+def clusters(draw):
+    """Nodes (name, path of label values, GPUs, GPUs in use) of a random small zone/spine/leaf tree."""
+    nodes = []
+    for z in range(draw(st.integers(1, 2))):
+        for s in range(draw(st.integers(1, 2))):
+            for lf in range(draw(st.integers(1, 3))):
+                for n in range(draw(st.integers(1, 3))):
+                    gpus = draw(st.sampled_from([4, 8]))
+                    nodes.append((f"n{z}{s}{lf}{n}", (f"z{z}", f"s{z}{s}", f"l{z}{s}{lf}"), gpus,
+                                  draw(st.integers(0, gpus))))
+    return nodes
+
+
+def build(nodes):
+    objs = [make_node(name, dict(zip(LEVELS, path)), gpus) for name, path, gpus, _ in nodes]
+    pods = [make_pod(f"use-{name}", name, used) for name, _, _, used in nodes if used]
+    return ClusterIndex.from_objects(Config(), objs, pods)
+
+
+def oracle_levels(nodes, pods, gpus):
+    """For each depth (3 = node, 2 = leaf, 1 = spine, 0 = zone, -1 = cluster): pods that fit in
+    the roomiest single domain, counting every pod whole on one node."""
+    best = {}
+    for depth in range(-1, 4):
+        groups = {}
+        for name, path, _, used in nodes:
+            key = (path + (name,))[: depth + 1]
+            free = [n for n in nodes if n[0] == name][0]
+            groups[key] = groups.get(key, 0) + (free[2] - free[3]) // gpus
+        best[depth] = groups
+    return best
+
+
+requests = st.tuples(st.integers(1, 6), st.sampled_from([1, 2, 4, 8]))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(), requests)
+def test_consolidated_matches_the_oracle(nodes, shape):
+    pods, gpus = shape
+    index = build(nodes)
+    decision = place(index, PlacementRequest("Job p/x", pods, gpus, Strategy.CONSOLIDATED))
+    groups = oracle_levels(nodes, pods, gpus)
+    free = {name: gpus_ - used for name, _, gpus_, used in nodes}
+    idle_fit = sum(g // gpus for _, _, g, _ in nodes)
+    if idle_fit < pods:
+        assert decision.outcome is Outcome.NEVER
+        return
+    if groups[-1][()] < pods:
+        assert decision.outcome is Outcome.WAIT
+        return
+    assert decision.outcome is Outcome.PLACED
+    # Never over-commit a node, and place exactly the pods asked for.
+    assert sum(a.pods for a in decision.assignment) == pods
+    for a in decision.assignment:
+        assert a.pods * gpus <= free[a.node]
+        assert all(len(ids) == gpus and len(set(ids)) == gpus for ids in a.gpu_ids)
+    # The deepest level at which one domain holds everything is the level chosen...
+    deepest = max(d for d in range(-1, 4) if any(c >= pods for c in groups[d].values()))
+    assert decision.scope.level == deepest
+    # ...never a domain with less room than the request, and the tightest such domain.
+    key = tuple(v for _, v in decision.scope.path)[: deepest + 1] if deepest < 3 else None
+    if key is not None:
+        fitting = [c for c in groups[deepest].values() if c >= pods]
+        assert groups[deepest][key] >= pods
+        assert groups[deepest][key] == min(fitting)
+    # Span: the fewest children of the scope that can hold the pods.
+    if 0 <= deepest + 1 <= 3 and deepest < 3:
+        children = sorted((c for k, c in groups[deepest + 1].items() if k[: deepest + 1] == key), reverse=True)
+        needed = next(i + 1 for i in range(len(children)) if sum(children[: i + 1]) >= pods)
+        used_children = {(tuple(p for p in path) + (a.node,))[: deepest + 2]
+                         for a in decision.assignment for name, path, _, _ in nodes if name == a.node}
+        assert len(used_children) == needed
+
+
+@settings(max_examples=100, deadline=None)
+@given(clusters(), requests, st.booleans())
+def test_distributed_never_overcommits_and_spreads(nodes, shape, latency):
+    pods, gpus = shape
+    decision = place(build(nodes), PlacementRequest("Job p/x", pods, gpus, Strategy.DISTRIBUTED,
+                                                    latency_sensitive=latency))
+    free = {name: g - used for name, _, g, used in nodes}
+    if decision.outcome is not Outcome.PLACED:
+        return
+    assert sum(a.pods for a in decision.assignment) == pods
+    for a in decision.assignment:
+        assert a.pods * gpus <= free[a.node]
+    open_nodes = sum(1 for f in free.values() if f >= gpus)
+    if pods <= open_nodes and not latency:
+        assert all(a.pods == 1 for a in decision.assignment)  # one pod per node where possible
+
+
+@settings(max_examples=100, deadline=None)
+@given(clusters(), st.lists(st.tuples(st.integers(0, 40), st.integers(0, 8), st.booleans()), max_size=30))
+def test_incremental_index_equals_a_rebuild(nodes, events):
+    index = build(nodes)
+    names = [n[0] for n in nodes]
+    live = {}
+    for i, (which, gpus, bind) in enumerate(events):
+        name = names[which % len(names)]
+        pod = make_pod(f"ev{which % 5}", name if bind else None, gpus)
+        if gpus == 0:
+            index.delete_pod(pod)
+            live.pop(f"ev{which % 5}", None)
+        else:
+            index.upsert_pod(pod)
+            live[f"ev{which % 5}"] = pod
+    rebuilt = ClusterIndex.from_objects(
+        Config(), [make_node(n, dict(zip(LEVELS, p)), g) for n, p, g, _ in nodes],
+        [make_pod(f"use-{n}", n, u) for n, _, _, u in nodes if u] + list(live.values()))
+    assert index.root.cap == rebuilt.root.cap and index.root.free_hist == rebuilt.root.free_hist
+    for level, domains in enumerate(index.levels):
+        assert {p: d.cap for p, d in domains.items()} == {p: d.cap for p, d in rebuilt.levels[level].items()}
+    assert math.isclose(index.stats().allocation_ratio, rebuilt.stats().allocation_ratio)

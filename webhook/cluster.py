@@ -1,0 +1,529 @@
+"""The cluster view: an incremental per-domain free-GPU index built from Node and Pod objects.
+
+Nodes and pods arrive as the dicts the API returns (from a watch or from `kubectl get -o yaml`
+files: one code path). Each event changes one node's free-GPU count, and that change is pushed
+up its chain of domains (node -> leaf -> spine -> zone -> cluster), so the placement core reads
+per-domain capacities in O(1) instead of rescanning nodes.
+
+Per domain the index keeps, for every pod size g (GPUs per pod):
+  cap[g]  = sum over its nodes of floor(free / g)   -- pods of size g that fit whole, right now
+  ever[g] = sum over its nodes of floor(alloc / g)  -- the same with every running pod gone
+and a histogram of nodes by free GPUs. Summing per-node floors (not floors of the summed free
+GPUs) is what keeps a 2-GPU pod from "fitting" two nodes with one free GPU each.
+
+Nodes without a level's label are alone at that level: their domain there is keyed by the
+node's hostname, so placement never assumes they share a switch with anyone.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Mapping
+
+from .config import HOSTNAME_LABEL, Config, HardwareProfile
+from .gpus import NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_nvlink_domains, pod_gpus, quantity_to_int
+from .model import GPU_RESOURCE, DomainRef, PlacementRequest
+
+BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+RESERVATION_ANNOTATION = "topology.scheduler/reservation"
+GPU_IDS_ANNOTATION = "topology.scheduler/gpu-ids"
+_BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+_FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+class Domain:
+    """One topology domain and the capacity aggregates of the nodes below it."""
+
+    __slots__ = ("ref", "parent", "children", "free_hist", "cap", "ever", "free_gpus", "alloc_gpus", "nodes")
+
+    def __init__(self, ref: DomainRef, parent: "Domain | None", width: int):
+        self.ref = ref
+        self.parent = parent
+        self.children: dict[str, "Domain | NodeState"] = {}  # keyed by the child's label value / node name
+        self.free_hist = [0] * (width + 1)  # nodes by free GPUs
+        self.cap = [0] * (width + 1)  # cap[g]: pods of g GPUs that fit whole now
+        self.ever = [0] * (width + 1)  # ever[g]: the same on an idle cluster
+        self.free_gpus = 0
+        self.alloc_gpus = 0  # GPUs of eligible nodes
+        self.nodes = 0
+
+    def slots(self, gpus: int) -> int:
+        """Nodes that can take one more pod of `gpus` GPUs (distributed placement counts these)."""
+        return sum(self.free_hist[gpus:]) if gpus < len(self.free_hist) else 0
+
+    def __repr__(self) -> str:
+        return f"Domain({self.ref}, free={self.free_gpus})"
+
+
+@dataclass(eq=False)
+class NodeState:
+    """What the index knows of one node; `free` is what a new workload may count on."""
+
+    name: str
+    labels: Mapping[str, str]
+    eligible: bool  # Ready and not cordoned
+    taints: tuple[tuple[str, str, str], ...]  # (key, value, effect) with NoSchedule/NoExecute
+    alloc: int  # allocatable nvidia.com/gpu
+    nvlink_domains: tuple[tuple[int, ...], ...]
+    profile: HardwareProfile
+    bandwidth_gbps: float | None
+    parent: Domain | None = None
+    free: int = 0  # GPUs a new workload may count on; refreshed whenever the node is (re)counted
+    pods: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)  # pod key -> (gpus, ids)
+    reserved: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)  # reservation -> GPU sets
+
+    @property
+    def used(self) -> int:
+        return sum(gpus for gpus, _ in self.pods.values())
+
+    @property
+    def held(self) -> int:
+        return sum(len(ids) for sets in self.reserved.values() for ids in sets)
+
+    def compute_free(self) -> int:
+        return max(0, self.alloc - self.used - self.held) if self.eligible else 0
+
+    @property
+    def taken_ids(self) -> set[int]:
+        taken = {i for _, ids in self.pods.values() for i in ids}
+        taken.update(i for sets in self.reserved.values() for ids in sets for i in ids)
+        return taken
+
+    def nvlink_groups(self) -> list[tuple[int, ...]]:
+        """Every GPU index in exactly one group: the NVLink domains plus singletons for the rest."""
+        listed = {i for d in self.nvlink_domains for i in d}
+        return list(self.nvlink_domains) + [(i,) for i in range(self.alloc) if i not in listed]
+
+    def pick_gpus(self, count: int, taken: set[int]) -> tuple[int, ...]:
+        """An NVLink-aligned set: the smallest group that holds `count` (best fit), else the
+        fullest groups first, so a pod spans as few NVLink domains as possible."""
+        groups = [[i for i in g if i not in taken and i < self.alloc] for g in self.nvlink_groups()]
+        groups = [g for g in groups if g]
+        fitting = [g for g in groups if len(g) >= count]
+        if fitting:
+            return tuple(min(fitting, key=lambda g: (len(g), g[0]))[:count])
+        chosen: list[int] = []
+        for group in sorted(groups, key=lambda g: (-len(g), g[0])):
+            chosen.extend(group[: count - len(chosen)])
+            if len(chosen) == count:
+                break
+        return tuple(sorted(chosen))
+
+
+@dataclass(frozen=True)
+class Reservation:
+    key: str
+    nodes: tuple[str, ...]  # where its GPU sets are held
+    expires_at: float
+    pods_left: int
+    confirmed: frozenset[str] = frozenset()  # pod keys already counted
+
+
+@dataclass(frozen=True)
+class ClusterStats:
+    gpus_total: int
+    gpus_used: int
+    gpus_reserved: int
+    allocation_ratio: float
+    fragmentation_ratio: float  # free GPUs stranded on partly used nodes / all free GPUs
+    domain_utilization: tuple[tuple[str, str, float], ...]  # (level name, domain, used share)
+
+
+def _node_profile(labels: Mapping[str, str], config: Config) -> HardwareProfile:
+    return config.profile_for(labels.get(PRODUCT_LABEL, ""))
+
+
+def parse_node(node: Mapping, config: Config) -> NodeState:
+    """A NodeState from a Node object; malformed fields count as 'no GPUs', never as an error."""
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    labels = dict(meta.get("labels") or {})
+    annotations = meta.get("annotations") or {}
+    try:
+        alloc = quantity_to_int((status.get("allocatable") or {}).get(GPU_RESOURCE, 0))
+    except ValueError:
+        alloc = 0
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
+    taints = tuple((t.get("key", ""), t.get("value", "") or "", t.get("effect", ""))
+                   for t in spec.get("taints") or () if t.get("effect") in _BLOCKING_EFFECTS)
+    profile = _node_profile(labels, config)
+    try:
+        domains = parse_nvlink_domains(annotations[NVLINK_DOMAINS_ANNOTATION])
+    except (KeyError, ValueError):
+        size = profile.nvlink_domain_size
+        domains = tuple(tuple(range(s, min(s + size, alloc))) for s in range(0, alloc, size)) if size > 1 else ()
+    try:
+        bandwidth = parse_bandwidth_gbps(labels[BANDWIDTH_LABEL])
+    except (KeyError, ValueError):
+        bandwidth = None
+    return NodeState(name=meta.get("name", ""), labels=labels, eligible=ready and not spec.get("unschedulable"),
+                     taints=taints, alloc=alloc, nvlink_domains=domains, profile=profile, bandwidth_gbps=bandwidth)
+
+
+def pod_key(pod: Mapping) -> str:
+    meta = pod.get("metadata") or {}
+    return meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def tolerates(tolerations: Iterable[Mapping], taint: tuple[str, str, str]) -> bool:
+    key, value, effect = taint
+    for tol in tolerations:
+        if tol.get("effect") and tol.get("effect") != effect:
+            continue
+        if tol.get("operator") == "Exists":
+            if not tol.get("key") or tol.get("key") == key:
+                return True
+        elif tol.get("key") == key and (tol.get("value") or "") == value:
+            return True
+    return False
+
+
+def _expression_matches(expr: Mapping, labels: Mapping[str, str]) -> bool:
+    key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or ()
+    if op == "In":
+        return labels.get(key) in values
+    if op == "NotIn":
+        return labels.get(key) not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    if op in ("Gt", "Lt"):
+        try:
+            have, want = int(labels[key]), int(values[0])
+        except (KeyError, ValueError, IndexError):
+            return False
+        return have > want if op == "Gt" else have < want
+    return False
+
+
+def node_matches(node: NodeState, request: PlacementRequest) -> bool:
+    """The workload's own constraints: nodeSelector, required node affinity, taints, bandwidth."""
+    if any(node.labels.get(k) != v for k, v in request.node_selector.items()):
+        return False
+    if request.required_node_terms:
+        fields = {"metadata.name": node.name}
+        if not any(all(_expression_matches(e, node.labels) for e in term.get("matchExpressions") or ())
+                   and all(_expression_matches(e, fields) for e in term.get("matchFields") or ())
+                   for term in request.required_node_terms):
+            return False
+    if any(not tolerates(request.tolerations, t) for t in node.taints):
+        return False
+    if request.min_bandwidth_gbps and (node.bandwidth_gbps or 0) < request.min_bandwidth_gbps:
+        return False
+    return True
+
+
+class ClusterIndex:
+    """Nodes, pods and reservations, with capacity aggregated per topology domain.
+
+    Thread safety: every public mutator takes `lock`; callers that read and then write (place and
+    reserve) hold it across both.
+    """
+
+    def __init__(self, config: Config, width: int = 8):
+        self.config = config
+        self.lock = threading.RLock()
+        self.width = width  # largest GPU count of any node seen; aggregates are sized to it
+        self.root = Domain(DomainRef(-1, "cluster", ()), None, width)
+        self.levels: list[dict[tuple, Domain]] = [{} for _ in config.levels]  # per level: path -> domain
+        self.nodes: dict[str, NodeState] = {}
+        self.by_value: dict[str, set[tuple]] = {}  # label value / node name -> domain paths (preferred-domain)
+        self.orphan_pods: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {}  # pods bound to unknown nodes
+        self.pod_nodes: dict[str, str] = {}  # pod key -> node name it is counted on
+        self.reservations: dict[str, Reservation] = {}
+        self.taint_counts: dict[tuple[str, str, str], int] = {}
+        self.label_counts: dict[tuple[str, str], int] = {}
+
+    @classmethod
+    def from_objects(cls, config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = ()) -> "ClusterIndex":
+        nodes = list(nodes)
+        width = max([8] + [parse_node(n, config).alloc for n in nodes])
+        index = cls(config, width)
+        for node in nodes:
+            index.upsert_node(node)
+        for pod in pods:
+            index.upsert_pod(pod)
+        return index
+
+    # -- structure -------------------------------------------------------------------------
+
+    def node_path(self, node: NodeState) -> tuple[tuple[str, str], ...]:
+        return tuple((lv.label, node.labels[lv.label]) if lv.label in node.labels else (HOSTNAME_LABEL, node.name)
+                     for lv in self.config.levels)
+
+    def _domain_for(self, path: tuple) -> Domain:
+        parent = self.root
+        for depth in range(len(path)):
+            prefix = path[: depth + 1]
+            domain = self.levels[depth].get(prefix)
+            if domain is None:
+                level = self.config.levels[depth]
+                domain = Domain(DomainRef(depth, level.name, prefix), parent, self.width)
+                self.levels[depth][prefix] = domain
+                parent.children[prefix[-1][1]] = domain
+                if prefix[-1][0] != HOSTNAME_LABEL:  # a lone node's stand-in is found by node name
+                    self.by_value.setdefault(prefix[-1][1], set()).add(prefix)
+            parent = domain
+        return parent
+
+    def _prune(self, domain: Domain | None) -> None:
+        while domain is not None and domain is not self.root and not domain.children:
+            path = domain.ref.path
+            del self.levels[domain.ref.level][path]
+            del domain.parent.children[path[-1][1]]
+            paths = self.by_value.get(path[-1][1], set())
+            paths.discard(path)
+            if not paths:
+                self.by_value.pop(path[-1][1], None)
+            domain = domain.parent
+
+    def ancestors(self, node: NodeState) -> Iterator[Domain]:
+        domain = node.parent
+        while domain is not None:
+            yield domain
+            domain = domain.parent
+
+    def _grow(self, width: int) -> None:
+        """A node with more GPUs than any before: widen every aggregate and recount (rare)."""
+        self.width = width
+        for domain in [self.root, *(d for level in self.levels for d in level.values())]:
+            domain.free_hist = [0] * (width + 1)
+            domain.cap = [0] * (width + 1)
+            domain.ever = [0] * (width + 1)
+            domain.free_gpus = domain.alloc_gpus = domain.nodes = 0
+        for node in self.nodes.values():
+            self._account(node, +1)
+
+    def _account(self, node: NodeState, sign: int) -> None:
+        """Add (sign=+1) or remove (-1) a node's contribution along its chain of domains."""
+        if sign > 0:
+            node.free = node.compute_free()
+        free = node.free
+        alloc = node.alloc if node.eligible else 0
+        caps = [0] + [free // g for g in range(1, self.width + 1)]
+        evers = [0] + [alloc // g for g in range(1, self.width + 1)]
+        bucket = min(free, self.width)
+        for domain in self.ancestors(node):
+            domain.free_hist[bucket] += sign
+            cap, ever = domain.cap, domain.ever
+            for g in range(1, self.width + 1):
+                cap[g] += sign * caps[g]
+                ever[g] += sign * evers[g]
+            domain.free_gpus += sign * free
+            domain.alloc_gpus += sign * alloc
+            domain.nodes += sign
+
+    def _change(self, node: NodeState, mutate: Callable[[], None]) -> None:
+        """Apply `mutate` to a node with its aggregates kept exact."""
+        self._account(node, -1)
+        mutate()
+        self._account(node, +1)
+
+    # -- nodes -------------------------------------------------------------------------------
+
+    def upsert_node(self, obj: Mapping) -> None:
+        with self.lock:
+            fresh = parse_node(obj, self.config)
+            if not fresh.name:
+                return
+            if fresh.alloc > self.width:
+                self._grow(fresh.alloc)
+            old = self.nodes.get(fresh.name)
+            if old is not None:
+                fresh.pods, fresh.reserved = old.pods, old.reserved
+                self._remove_node(old)
+            else:
+                fresh.pods = self.orphan_pods.pop(fresh.name, {})
+            self._attach(fresh)
+            self._count_labels(fresh, +1)
+
+    def _attach(self, node: NodeState) -> None:
+        node.parent = self._domain_for(self.node_path(node))
+        node.parent.children[node.name] = node
+        self.nodes[node.name] = node
+        self.by_value.setdefault(node.name, set()).add(node.parent.ref.path + ((HOSTNAME_LABEL, node.name),))
+        self._account(node, +1)
+
+    def delete_node(self, name: str) -> None:
+        with self.lock:
+            node = self.nodes.get(name)
+            if node is not None:
+                self._remove_node(node)
+                if node.pods:  # its pods may still be deleted later; keep them until then
+                    self.orphan_pods[name] = node.pods
+
+    def _remove_node(self, node: NodeState) -> None:
+        self._account(node, -1)
+        self._count_labels(node, -1)
+        del self.nodes[node.name]
+        del node.parent.children[node.name]
+        paths = self.by_value[node.name]
+        paths.discard(node.parent.ref.path + ((HOSTNAME_LABEL, node.name),))
+        if not paths:
+            del self.by_value[node.name]
+        self._prune(node.parent)
+        node.parent = None
+
+    def _count_labels(self, node: NodeState, sign: int) -> None:
+        if node.alloc <= 0:
+            return
+        for item in list(node.labels.items()) + [("", "")]:  # ("", "") counts GPU nodes
+            self.label_counts[item] = self.label_counts.get(item, 0) + sign
+        for taint in node.taints:
+            self.taint_counts[taint] = self.taint_counts.get(taint, 0) + sign
+
+    # -- pods --------------------------------------------------------------------------------
+
+    def upsert_pod(self, pod: Mapping) -> None:
+        with self.lock:
+            key = pod_key(pod)
+            spec = pod.get("spec") or {}
+            node_name = spec.get("nodeName")
+            phase = (pod.get("status") or {}).get("phase")
+            try:
+                gpus = pod_gpus(spec)
+            except ValueError:
+                gpus = 0
+            if not node_name or phase in _FINISHED_PHASES or gpus <= 0:
+                self._forget_pod(key)
+                return
+            counted = self.nodes.get(node_name)
+            if self.pod_nodes.get(key) == node_name and counted is not None and counted.pods[key][0] == gpus:
+                return  # status updates of a counted pod change nothing we count
+            self._forget_pod(key)
+            annotations = (pod.get("metadata") or {}).get("annotations") or {}
+            node = self.nodes.get(node_name)
+            self.pod_nodes[key] = node_name
+            reservation = annotations.get(RESERVATION_ANNOTATION)
+            if node is None:
+                self.orphan_pods.setdefault(node_name, {})[key] = (gpus, ())
+                return
+            self._change(node, lambda: self._bind(node, key, gpus, annotations.get(GPU_IDS_ANNOTATION)))
+            if reservation:
+                self._confirm(reservation, key, node)
+
+    def _bind(self, node: NodeState, key: str, gpus: int, hinted: str | None) -> None:
+        taken = {i for _, ids in node.pods.values() for i in ids}
+        ids: tuple[int, ...] = ()
+        if hinted:
+            try:
+                wanted = tuple(i for d in parse_nvlink_domains(hinted) for i in d)
+            except ValueError:
+                wanted = ()
+            if len(wanted) == gpus and not taken.intersection(wanted) and all(i < node.alloc for i in wanted):
+                ids = wanted  # the device plugin honoured our hint (or we assume it did)
+        node.pods[key] = (gpus, ids or node.pick_gpus(gpus, taken))
+
+    def delete_pod(self, pod: Mapping) -> None:
+        with self.lock:
+            self._forget_pod(pod_key(pod))
+
+    def _forget_pod(self, key: str) -> None:
+        node_name = self.pod_nodes.pop(key, None)
+        if node_name is None:
+            return
+        node = self.nodes.get(node_name)
+        if node is not None:
+            self._change(node, lambda: node.pods.pop(key, None))
+        else:
+            orphans = self.orphan_pods.get(node_name, {})
+            orphans.pop(key, None)
+            if not orphans:
+                self.orphan_pods.pop(node_name, None)
+
+    # -- reservations ------------------------------------------------------------------------
+
+    def reserve(self, key: str, sets_per_node: Mapping[str, list[tuple[int, ...]]], expires_at: float) -> None:
+        """Hold GPU sets on nodes for a workload until its pods are seen bound or it expires.
+        Reserving a key again replaces the old hold, so re-placing a workload never double-books."""
+        with self.lock:
+            self.release(key)
+            held = {name: sets for name, sets in sets_per_node.items() if name in self.nodes and sets}
+            for name, sets in held.items():
+                node = self.nodes[name]
+                self._change(node, lambda n=node, s=sets: n.reserved.__setitem__(key, list(s)))
+            pods = sum(len(sets) for sets in held.values())
+            if pods:
+                self.reservations[key] = Reservation(key, tuple(held), expires_at, pods)
+
+    def release(self, key: str) -> None:
+        with self.lock:
+            reservation = self.reservations.pop(key, None)
+            if reservation is None:
+                return
+            for name in reservation.nodes:
+                node = self.nodes.get(name)
+                if node is not None and key in node.reserved:
+                    self._change(node, lambda n=node: n.reserved.pop(key))
+
+    def _confirm(self, key: str, pod: str, bound_to: NodeState) -> None:
+        """One pod of a reservation is bound: drop one of its held GPU sets, preferring the bound node."""
+        reservation = self.reservations.get(key)
+        if reservation is None or pod in reservation.confirmed:
+            return
+        holders = [self.nodes[n] for n in reservation.nodes if n in self.nodes and self.nodes[n].reserved.get(key)]
+        holder = bound_to if bound_to in holders else (holders[0] if holders else None)
+        if holder is not None:
+            def drop(n: NodeState = holder) -> None:
+                n.reserved[key].pop()
+                if not n.reserved[key]:
+                    del n.reserved[key]
+            self._change(holder, drop)
+        if reservation.pods_left <= 1:
+            self.release(key)
+        else:
+            self.reservations[key] = dataclasses.replace(
+                reservation, pods_left=reservation.pods_left - 1, confirmed=reservation.confirmed | {pod})
+
+    def expire_reservations(self, now: float) -> None:
+        with self.lock:
+            for key in [k for k, r in self.reservations.items() if r.expires_at <= now]:
+                self.release(key)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def domains_at(self, level: int) -> Iterable[Domain]:
+        """Domains of a level; len(levels) is the node level (its parents' children)."""
+        if level < len(self.levels):
+            return self.levels[level].values()
+        return ()
+
+    def filters_nothing(self, request: PlacementRequest) -> bool:
+        """True when the request's node constraints admit every GPU node, judged from label and
+        taint counts without visiting nodes (the common case: no selector, all taints tolerated)."""
+        if any(not tolerates(request.tolerations, t) for t, n in self.taint_counts.items() if n > 0):
+            return False
+        gpu_nodes = self.label_counts.get(("", ""), 0)
+        if any(self.label_counts.get((k, v), 0) != gpu_nodes for k, v in request.node_selector.items()):
+            return False
+        return not request.required_node_terms and not request.min_bandwidth_gbps
+
+    def restricted_to(self, request: PlacementRequest) -> "ClusterIndex":
+        """This index, or a copy holding only the nodes the request may use (the slow path)."""
+        if self.filters_nothing(request):
+            return self
+        subset = ClusterIndex(self.config, self.width)
+        for node in self.nodes.values():
+            if node_matches(node, request):
+                subset._attach(dataclasses.replace(node, parent=None))
+        return subset
+
+    def stats(self) -> ClusterStats:
+        with self.lock:
+            total = self.root.alloc_gpus
+            free = self.root.free_gpus
+            reserved = sum(n.held for n in self.nodes.values() if n.eligible)
+            stranded = sum(n.free for n in self.nodes.values() if 0 < n.free < n.alloc)
+            utilization = tuple(
+                (self.config.levels[d.ref.level].name, d.ref.name,
+                 round(1 - d.free_gpus / d.alloc_gpus, 6) if d.alloc_gpus else 0.0)
+                for level in self.levels for d in sorted(level.values(), key=lambda d: d.ref.path))
+            return ClusterStats(
+                gpus_total=total, gpus_used=total - free - reserved, gpus_reserved=reserved,
+                allocation_ratio=(total - free) / total if total else 0.0,
+                fragmentation_ratio=stranded / free if free else 0.0,
+                domain_utilization=utilization)

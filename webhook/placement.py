@@ -1,0 +1,515 @@
+"""The placement core: a pure decision, with its reasons, from a cluster index and a request.
+
+Consolidated (and balanced, which only changes how the mutation enforces it):
+  1. Find the tightest domain that holds every pod whole, deepest level first: a node, then a
+     leaf, a spine, a zone, the cluster. Among domains of that level take the best fit (the least
+     capacity that still fits), so whole leaves and whole NVLink domains stay free for big jobs.
+     A preferred domain is searched first, then its ancestors outwards (nearest by topology).
+  2. Split the pods over that domain's children: the fewest children that hold them, with
+     balanced shares (4+4 beats 1+7: the smallest share on a node sets the bandwidth), best-fit
+     children first; recurse down to nodes.
+  3. Per pod, pick an NVLink-aligned GPU set on its node (the smallest NVLink domain that holds it).
+Distributed: one pod per node where possible, round-robin over leaves for failure isolation;
+latency-sensitive workloads stay inside one domain of the level above the leaves.
+Nothing fits now: the domain at the deepest level that could ever hold it and is closest to fitting
+is named, with how much fits per level. Nothing could ever fit: said plainly.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Iterator, Union
+
+from .cluster import ClusterIndex, Domain, NodeState, node_matches, tolerates
+from .config import HOSTNAME_LABEL, HardwareProfile
+from .model import (EXCEEDS_CLUSTER, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Decision, DomainRef,
+                    Interconnect, NodeAssignment, NodeRequirement, Outcome, PlacementRequest, Strategy)
+
+Member = Union[Domain, NodeState]  # a place in the tree: a domain or a node
+
+
+def place(index: ClusterIndex, request: PlacementRequest) -> Decision:
+    """Decide without recording anything (dry runs, explanations, benchmarks)."""
+    with index.lock:
+        return _decide(index, request)
+
+
+def place_and_reserve(index: ClusterIndex, request: PlacementRequest, key: str | None, now: float) -> Decision:
+    """Decide and hold the chosen GPUs under `key`, atomically. The workload's own earlier hold is
+    dropped first, so placing it again (reinvocation, retries) never counts it twice."""
+    with index.lock:
+        index.expire_reservations(now)
+        if key is None:
+            return _decide(index, request)
+        index.release(key)
+        decision = _decide(index, request)
+        if decision.outcome is Outcome.PLACED:
+            sets: dict[str, list[tuple[int, ...]]] = {}
+            for assigned in decision.assignment:
+                sets.setdefault(assigned.node, []).extend(assigned.gpu_ids)
+            index.reserve(key, sets, now + index.config.reservation_ttl_seconds)
+        return decision
+
+
+# -- tree helpers --------------------------------------------------------------------------------
+
+def _cap(member: Member, gpus: int) -> int:
+    if isinstance(member, NodeState):
+        return member.free // gpus
+    return member.cap[gpus] if gpus < len(member.cap) else 0
+
+
+def _ever(member: Member, gpus: int) -> int:
+    if isinstance(member, NodeState):
+        return (member.alloc if member.eligible else 0) // gpus
+    return member.ever[gpus] if gpus < len(member.ever) else 0
+
+
+def _free(member: Member) -> int:
+    return member.free if isinstance(member, NodeState) else member.free_gpus
+
+
+def _slots(member: Member, gpus: int) -> int:
+    if isinstance(member, NodeState):
+        return 1 if member.free >= gpus else 0
+    return member.slots(gpus)
+
+
+def _path(member: Member) -> tuple:
+    if isinstance(member, NodeState):
+        return member.parent.ref.path + ((HOSTNAME_LABEL, member.name),)
+    return member.ref.path
+
+
+def _ref(member: Member) -> DomainRef:
+    if isinstance(member, NodeState):
+        return DomainRef(member.parent.ref.level + 1, "node", _path(member))
+    return member.ref
+
+
+def _label(member: Member) -> str:
+    return f"node {member.name}" if isinstance(member, NodeState) else str(member.ref)
+
+
+def _children(member: Member) -> Iterable[Member]:
+    return () if isinstance(member, NodeState) else member.children.values()
+
+
+def _at_level(scope: Member, level: int) -> Iterator[Member]:
+    """Members of `scope`'s subtree at a level (len(levels) = nodes)."""
+    if isinstance(scope, NodeState):
+        return
+    if scope.ref.level + 1 == level:
+        yield from scope.children.values()
+        return
+    for child in scope.children.values():
+        yield from _at_level(child, level)
+
+
+def _members_at(anchor: Member, level: int) -> list[Member]:
+    """`anchor`'s domains at `level`: its descendants there, or its ancestor there."""
+    if isinstance(anchor, Domain) and anchor.ref.level < level:
+        return list(_at_level(anchor, level))
+    return [m for m in _ancestry(anchor) if isinstance(m, Domain) and m.ref.level == level]
+
+
+def _ancestry(member: Member) -> list[Member]:
+    chain: list[Member] = [member]
+    parent = member.parent
+    while parent is not None:
+        chain.append(parent)
+        parent = parent.parent
+    return chain
+
+
+def _child_towards(node: NodeState, scope: Domain) -> Member:
+    """The child of `scope` on the way down to `node`."""
+    member: Member = node
+    while member.parent is not scope:
+        member = member.parent
+    return member
+
+
+# -- the decision ----------------------------------------------------------------------------------
+
+def _decide(index: ClusterIndex, request: PlacementRequest) -> Decision:
+    gpus, pods = request.gpus_per_pod, request.pods
+    if gpus < 1 or pods < 1:
+        raise ValueError(f"a placement needs at least one pod and one GPU per pod, got {pods} x {gpus}")
+    view = index.restricted_to(request)
+    shape = f"{pods} pod(s) x {gpus} GPU(s)"
+    if view.root.alloc_gpus == 0:
+        return Decision(Outcome.NEVER, request, None, code=NO_MATCHING_NODES,
+                        reasons=(f"no Ready, schedulable GPU node is open to {request.workload}: "
+                                 + _exclusions(index, request),))
+    if _ever(view.root, gpus) < pods:
+        largest = max((n.alloc for n in view.nodes.values() if n.eligible), default=0)
+        return Decision(Outcome.NEVER, request, None, code=EXCEEDS_CLUSTER, reasons=(
+            f"{request.workload} needs {shape}; even with every GPU free the nodes it may use hold "
+            f"{_ever(view.root, gpus)} such pod(s) (largest node: {largest} GPUs)",))
+    chain: list[Member] = [view.root]
+    notes: list[str] = []
+    preferred: Member | None = None
+    if request.preferred_domain:
+        found = _resolve(index, view, request.preferred_domain)
+        if isinstance(found, str):
+            return Decision(Outcome.NEVER, request, None, code=UNKNOWN_DOMAIN, reasons=(found,))
+        preferred = found
+        chain = _ancestry(preferred)
+    if request.strategy is Strategy.DISTRIBUTED:
+        decision = _distributed(view, request, chain, notes)
+    else:
+        decision = _consolidated(view, request, chain, notes)
+    if preferred is None or decision.outcome is Outcome.NEVER:
+        return decision
+    honoured = decision.scope is not None and _is_under(decision.scope.path, _path(preferred))
+    note = (f"preferred {_label(preferred)} honoured" if honoured else
+            f"preferred {_label(preferred)} cannot hold {shape} now ({_cap(preferred, gpus)} fit); "
+            f"nearest domain with room by topology: {decision.scope}")
+    return _with(decision, preferred_honoured=honoured, reasons=(note,) + decision.reasons)
+
+
+def _with(decision: Decision, **changes) -> Decision:
+    values = {f: getattr(decision, f) for f in decision.__dataclass_fields__}
+    values.update(changes)
+    return Decision(**values)
+
+
+def _is_under(path: tuple, ancestor: tuple) -> bool:
+    return path[: len(ancestor)] == ancestor
+
+
+def _resolve(index: ClusterIndex, view: ClusterIndex, text: str) -> Member | str:
+    """A preferred-domain value -> the member of `view` nearest to it, or an error sentence."""
+    level_name, _, value = text.strip().rpartition("=")
+    paths = sorted(index.by_value.get(value, ()))
+    if level_name:
+        paths = [p for p in paths if _level_name(index, p) == level_name or p[-1][0] == level_name]
+    if len(paths) != 1:
+        if paths:
+            options = ", ".join(f"{_level_name(index, p)}={value}" for p in paths)
+            return f"preferred-domain {text!r} is ambiguous; write one of: {options}"
+        known = [f"{lv.name}: {', '.join(sorted(d.ref.name for d in index.levels[i].values())[:4])}"
+                 for i, lv in enumerate(index.config.levels) if index.levels[i]]
+        return (f"preferred-domain {text!r} matches no domain; allowed: a label value at any level or "
+                f"LEVEL=VALUE ({'; '.join(known) or 'the cluster has no labelled domains'})")
+    path = paths[0]
+    for depth in range(len(path), 0, -1):  # the deepest part of it the request may use
+        member = _lookup(view, path[:depth])
+        if member is not None:
+            return member
+    return view.root
+
+
+def _level_name(index: ClusterIndex, path: tuple) -> str:
+    return index.config.levels[len(path) - 1].name if len(path) <= len(index.config.levels) else "node"
+
+
+def _lookup(view: ClusterIndex, path: tuple) -> Member | None:
+    if len(path) <= len(view.levels):
+        return view.levels[len(path) - 1].get(path)
+    node = view.nodes.get(path[-1][1])
+    return node if node is not None and _path(node) == path else None
+
+
+# -- consolidated ------------------------------------------------------------------------------------
+
+def _consolidated(view: ClusterIndex, request: PlacementRequest, chain: list[Member], notes: list[str]) -> Decision:
+    gpus, pods = request.gpus_per_pod, request.pods
+    for scope in chain:
+        target = _tightest_fit(view, scope, pods, gpus)
+        if target is not None:
+            return _placed(view, request, target, _split(target, pods, gpus), notes)
+    return _waiting(view, request, chain)
+
+
+def _tightest_fit(view: ClusterIndex, scope: Member, pods: int, gpus: int) -> Member | None:
+    """The deepest, then best-fitting member under `scope` that holds all pods whole."""
+    node = _tightest_node(scope, pods * gpus, gpus)
+    if node is not None:
+        return node
+    if isinstance(scope, NodeState):
+        return None
+    for level in range(len(view.levels) - 1, scope.ref.level, -1):
+        fitting = [d for d in _at_level(scope, level) if d.cap[gpus] >= pods]  # label levels hold Domains
+        if fitting:
+            return min(fitting, key=lambda d: (d.cap[gpus], d.free_gpus, d.ref.path))
+    return scope if _cap(scope, gpus) >= pods else None
+
+
+def _tightest_node(scope: Member, need: int, gpus: int) -> NodeState | None:
+    """Hierarchical best fit for a single node: the smallest free count that holds `need`, found
+    from the root's histogram, then down through the fullest domains that have such a node."""
+    if isinstance(scope, NodeState):
+        return scope if scope.free >= need else None
+    hist = scope.free_hist
+    best = next((f for f in range(need, len(hist)) if hist[f] > 0), None)
+    if best is None:
+        return None
+    member: Member = scope
+    while isinstance(member, Domain):
+        kids = [c for c in member.children.values()
+                if (c.free == best if isinstance(c, NodeState) else c.free_hist[best] > 0)]
+        if isinstance(kids[0], NodeState):
+            # Among equally full nodes, one whose NVLink domain holds the pod whole wins.
+            return min(kids, key=lambda n: (not _aligned(n, gpus), n.name))
+        member = min(kids, key=lambda d: (_cap(d, gpus), _free(d), _path(d)))
+    return member
+
+
+def _aligned(node: NodeState, gpus: int) -> bool:
+    ids = node.pick_gpus(gpus, node.taken_ids)
+    return _pod_link(node, ids) is Interconnect.NVLINK
+
+
+def _split(member: Member, pods: int, gpus: int) -> list[tuple[NodeState, int]]:
+    """Pods per node under `member`: the fewest children that hold them, balanced shares."""
+    if isinstance(member, NodeState):
+        return [(member, pods)]
+    kids = sorted((c for c in _children(member) if _cap(c, gpus) > 0),
+                  key=lambda c: (-_cap(c, gpus), _free(c), _path(c)))
+    count, total = 0, 0
+    for kid in kids:
+        count, total = count + 1, total + _cap(kid, gpus)
+        if total >= pods:
+            break
+    share = math.ceil(pods / count)
+    even = [c for c in kids if _cap(c, gpus) >= share]
+    if len(even) >= count:
+        chosen = sorted(even, key=lambda c: (_cap(c, gpus), _free(c), _path(c)))[:count]
+        shares = [pods // count + (1 if i < pods % count else 0) for i in range(count)]
+    else:  # uneven capacities: water-fill from the smallest so the minimum share is as large as possible
+        chosen = sorted(kids[:count], key=lambda c: (_cap(c, gpus), _path(c)))
+        shares, left = [], pods
+        for i, kid in enumerate(chosen):
+            give = min(_cap(kid, gpus), math.ceil(left / (count - i)))
+            shares.append(give)
+            left -= give
+    result: list[tuple[NodeState, int]] = []
+    for kid, n in zip(chosen, shares):
+        if n:
+            result.extend(_split(kid, n, gpus))
+    return result
+
+
+# -- distributed --------------------------------------------------------------------------------------
+
+def _distributed(view: ClusterIndex, request: PlacementRequest, chain: list[Member], notes: list[str]) -> Decision:
+    gpus, pods = request.gpus_per_pod, request.pods
+    depth = len(view.levels)
+    scope: Member | None = None
+    if request.latency_sensitive and depth >= 1:
+        # Short hops: the tightest domain of the level above the leaves that holds every pod
+        # (one per node if it can), nearest the preferred domain; wider levels only if none does.
+        for anchor in chain:
+            for level in range(max(0, depth - 2), -1, -1):
+                fitting = [d for d in _members_at(anchor, level) if _cap(d, gpus) >= pods]
+                if fitting:
+                    scope = min(fitting, key=lambda d: (_slots(d, gpus) < pods, _slots(d, gpus), _free(d), _path(d)))
+                    break
+            if scope is not None:
+                break
+        scope = scope or (view.root if _cap(view.root, gpus) >= pods else None)
+    else:
+        scope = next((m for m in chain if _cap(m, gpus) >= pods), None)
+    if scope is None:
+        return _waiting(view, request, chain)
+    used = _spread(scope, pods, gpus, depth)
+    placed = [(view.nodes[name], n) for name, n in used.items()]
+    spread_label = view.config.levels[-1].label if depth else None
+    decision = _placed(view, request, scope, placed, notes, spread=(HOSTNAME_LABEL,) + (
+        (spread_label,) if spread_label else ()), pin=scope is not view.root)
+    if len(used) < pods:
+        return _with(decision, reasons=decision.reasons + (
+            f"only {len(used)} node(s) in {_label(scope)} have {gpus} free GPUs: some pods share a node",))
+    return decision
+
+
+def _spread(scope: Member, pods: int, gpus: int, depth: int) -> dict[str, int]:
+    """Pods per node name: round-robin over the leaves with the most open nodes, the tightest
+    open node of a leaf first; a node takes a second pod only when no open node is left."""
+    if isinstance(scope, Domain) and scope.ref.level < depth - 1:
+        groups = sorted((d for d in _at_level(scope, depth - 1) if _slots(d, gpus)),
+                        key=lambda d: (-_slots(d, gpus), _path(d)))[:pods]
+    else:
+        groups = [scope]
+    queues = [sorted((n for n in _nodes_under(g) if n.free >= gpus), key=lambda n: (n.free, n.name)) for g in groups]
+    used: dict[str, int] = {}
+    taken = [0] * len(groups)
+    for _ in range(pods):
+        open_groups = [i for i in range(len(groups)) if taken[i] < len(queues[i])]
+        if not open_groups:
+            break
+        i = min(open_groups, key=lambda k: (taken[k], -(len(queues[k]) - taken[k]), k))
+        used[queues[i][taken[i]].name] = 1
+        taken[i] += 1
+    left = pods - sum(used.values())
+    while left:  # fewer open nodes than pods: stack onto the nodes with the most room left
+        nodes = [n for n in _nodes_under(scope) if n.free >= gpus * (used.get(n.name, 0) + 1)]
+        node = max(nodes, key=lambda n: (n.free - gpus * used.get(n.name, 0), n.name))
+        used[node.name] = used.get(node.name, 0) + 1
+        left -= 1
+    return used
+
+
+def _nodes_under(member: Member) -> Iterator[NodeState]:
+    if isinstance(member, NodeState):
+        yield member
+        return
+    for child in member.children.values():
+        yield from _nodes_under(child)
+
+
+# -- building the decision ------------------------------------------------------------------------------
+
+def _requirements(scope: Member, used_children: set[str] | None) -> tuple[NodeRequirement, ...]:
+    """Node affinity that confines pods to `scope` (and to the children used, below a label level)."""
+    merged: dict[str, tuple[str, ...]] = {}
+    for key, value in _path(scope):
+        merged[key] = (value,)
+    if used_children and not isinstance(scope, NodeState):
+        kids = [c for c in _children(scope) if isinstance(c, Domain) and c.ref.name in used_children]
+        if kids and len(kids) < len(scope.children):
+            merged[kids[0].ref.path[-1][0]] = tuple(sorted(used_children))
+    return tuple(NodeRequirement(k, v) for k, v in merged.items())
+
+
+def _placed(view: ClusterIndex, request: PlacementRequest, scope: Member, split: list[tuple[NodeState, int]],
+            notes: list[str], spread: tuple[str, ...] = (), pin: bool = True) -> Decision:
+    gpus = request.gpus_per_pod
+    assignment = []
+    for node, count in sorted(split, key=lambda s: s[0].name):
+        taken = node.taken_ids
+        sets = []
+        for _ in range(count):
+            ids = node.pick_gpus(gpus, taken)
+            taken.update(ids)
+            sets.append(ids)
+        links = [_pod_link(node, ids) for ids in sets]
+        assignment.append(NodeAssignment(node.name, count, tuple(sets), max(links, key=lambda lk: lk.rank)))
+    interconnect, bandwidth, profile = _estimate(view, request, assignment)
+    used_children = {_child_towards(node, scope).ref.name for node, _ in split
+                     if isinstance(scope, Domain) and isinstance(_child_towards(node, scope), Domain)}
+    domains = tuple(sorted((c.ref for c in _children(scope) if isinstance(c, Domain) and c.ref.name in used_children),
+                           key=lambda r: r.path)) or (_ref(scope),)
+    reasons = [_why(view, request, scope, domains)]
+    if request.pods == 1 and assignment:
+        ids = assignment[0].gpu_ids[0]
+        reasons.append(f"GPUs {','.join(map(str, ids))} on {assignment[0].node}: "
+                       + ("one NVLink domain" if assignment[0].interconnect is Interconnect.NVLINK
+                          else "no NVLink domain holds them all, so traffic crosses PCIe"))
+    reasons.append(f"traffic crosses {interconnect.value}; estimated all-reduce bus bandwidth "
+                   f"{bandwidth:.0f} GB/s ({profile.name}{', estimate' if profile.estimate else ''})")
+    # Distributed pins only its scope: below it the spread constraints do the work.
+    confine = used_children if request.strategy is not Strategy.DISTRIBUTED else None
+    return Decision(Outcome.PLACED, request, _ref(scope), domains=domains, assignment=tuple(assignment),
+                    requirements=_requirements(scope, confine) if pin else (),
+                    spread_keys=spread, interconnect=interconnect, bus_bandwidth_gbs=round(bandwidth, 1),
+                    profile=profile.name, reasons=tuple(reasons + notes))
+
+
+def _why(view: ClusterIndex, request: PlacementRequest, scope: Member, domains: tuple[DomainRef, ...]) -> str:
+    shape = f"{request.pods} pod(s) x {request.gpus_per_pod} GPU(s)"
+    if request.strategy is Strategy.DISTRIBUTED:
+        return f"{shape} spread over nodes and leaves of {_label(scope)} for failure isolation"
+    if len(domains) > 1:
+        return (f"{shape} in {_label(scope)} across {', '.join(d.name for d in domains)}: "
+                f"no single {domains[0].level_name} holds them; fewest {domains[0].level_name}s, balanced")
+    return (f"{shape} in {_label(scope)}: the tightest {_ref(scope).level_name} that holds them "
+            f"({_cap(scope, request.gpus_per_pod)} such pod(s) fit there)")
+
+
+def _pod_link(node: NodeState, ids: tuple[int, ...]) -> Interconnect:
+    if len(ids) <= 1 or any(set(ids) <= set(group) for group in node.nvlink_domains):
+        return Interconnect.NVLINK
+    return Interconnect.PCIE
+
+
+def _estimate(view: ClusterIndex, request: PlacementRequest, assignment: list[NodeAssignment]
+              ) -> tuple[Interconnect, float, HardwareProfile]:
+    """Bottleneck all-reduce bus bandwidth (traces-and-metrics.md 3.1): the slowest pod inside,
+    then the NICs of the node with the fewest job GPUs, then switch oversubscription."""
+    nodes = [view.nodes[a.node] for a in assignment]
+    profile = min((n.profile for n in nodes), key=lambda p: p.nvlink_gbs)
+    intra = min(p.nvlink_gbs if a.interconnect is Interconnect.NVLINK else p.pcie_gbs
+                for a, p in zip(assignment, (n.profile for n in nodes)))
+    if len(assignment) == 1 and assignment[0].pods == 1:
+        return assignment[0].interconnect, intra, profile
+    gpus = request.gpus_per_pod
+    if len(assignment) == 1:
+        node = nodes[0]
+        nics = max(1, node.profile.nics_per_node * gpus // max(node.alloc, 1))
+        return Interconnect.NODE, min(intra, nics * node.profile.nic_gbs), profile
+    common = _common_prefix([n.parent.ref.path for n in nodes])
+    level = len(common) - 1
+    levels = view.config.levels
+    link = levels[level].link if level >= 0 else "cluster"
+    if link == "nvlink":
+        return Interconnect.NVLINK, profile.nvlink_gbs, profile
+    network = min(min(a.pods * gpus, n.profile.nics_per_node) * n.profile.nic_gbs for a, n in zip(assignment, nodes))
+    divisor = math.prod(lv.oversubscription for lv in levels[max(level, 0):])
+    if level < 0:
+        divisor *= view.config.cluster_oversubscription
+    return Interconnect(link), min(intra, network / divisor), profile
+
+
+def _common_prefix(paths: list[tuple]) -> tuple:
+    first = paths[0]
+    size = 0
+    while size < len(first) and all(len(p) > size and p[size] == first[size] for p in paths):
+        size += 1
+    return first[:size]
+
+
+# -- nothing fits now, or ever ------------------------------------------------------------------------------
+
+def _waiting(view: ClusterIndex, request: PlacementRequest, chain: list[Member]) -> Decision:
+    """Name the domain that will fit first: the deepest level with a domain that could ever hold
+    the workload, and in it the domain closest to fitting now; say per level how much fits."""
+    gpus, pods = request.gpus_per_pod, request.pods
+    target: Member | None = None
+    for scope in chain:
+        nodes = [n for n in _nodes_under(scope) if _ever(n, gpus) >= pods]
+        if nodes:
+            target = min(nodes, key=lambda n: (-_cap(n, gpus), -n.free, n.name))
+            break
+        for level in range(len(view.levels) - 1, (scope.ref.level if isinstance(scope, Domain) else 0), -1):
+            able = [d for d in _at_level(scope, level) if _ever(d, gpus) >= pods]
+            if able:
+                target = min(able, key=lambda d: (-_cap(d, gpus), -_free(d), _path(d)))
+                break
+        if target is not None:
+            break
+        if _ever(scope, gpus) >= pods:
+            target = scope
+            break
+    target = target or view.root
+    reasons = [f"no domain has room for {pods} pod(s) x {gpus} GPU(s) now; {_label(target)} will fit first "
+               f"({_cap(target, gpus)} of {pods} fit now, {_ever(target, gpus)} when idle)"]
+    for level in range(len(view.levels) - 1, -1, -1):
+        ranked = sorted(view.levels[level].values(), key=lambda d: (-_cap(d, gpus), _path(d)))[:3]
+        if ranked:
+            reasons.append(f"{view.config.levels[level].name}: " + ", ".join(
+                f"{d.ref.name} {min(_cap(d, gpus), pods)} of {pods} pods fit" for d in ranked))
+    interconnect, bandwidth, profile = None, None, None
+    return Decision(Outcome.WAIT, request, _ref(target), domains=(_ref(target),),
+                    requirements=_requirements(target, None), interconnect=interconnect,
+                    bus_bandwidth_gbs=bandwidth, profile=profile, code=NO_ROOM_NOW, reasons=tuple(reasons))
+
+
+def _exclusions(index: ClusterIndex, request: PlacementRequest) -> str:
+    """Why nodes were left out, counted per cause in a stable order (the slow path only)."""
+    causes: dict[str, int] = {}
+    for node in index.nodes.values():
+        if node.alloc <= 0:
+            cause = "no GPUs"
+        elif not node.eligible:
+            cause = "NotReady or cordoned"
+        elif any(not tolerates(request.tolerations, t) for t in node.taints):
+            cause = "untolerated taint"
+        elif not node_matches(node, request):
+            cause = "nodeSelector, affinity or network-bandwidth"
+        else:
+            continue
+        causes[cause] = causes.get(cause, 0) + 1
+    counted = "; ".join(f"{cause}: {n}" for cause, n in sorted(causes.items()))
+    return f"{len(index.nodes)} node(s), excluded by {counted or 'nothing'}"
