@@ -13,9 +13,12 @@ import pytest
 from kubernetes.client import ApiClient, Configuration
 
 from tests.fakeapiserver import FakeApiServer
+from webhook.cluster import RESERVATION_ANNOTATION
 from webhook.clusterview import Backoff, LiveClusterView, api_client_from
 from webhook.config import Config, ConfigError
 from webhook.demo import demo_cluster, make_node, make_pod
+from webhook.model import Outcome, PlacementRequest, Strategy
+from webhook.placement import place_and_reserve
 
 LEAF = "topology.scheduler/leaf"
 LABELS = {"topology.kubernetes.io/zone": "zone-a", "topology.scheduler/spine": "spine-1", LEAF: "leaf-1"}
@@ -76,6 +79,10 @@ def status_of(view: LiveClusterView, kind: str):
 def gpus(view: LiveClusterView) -> tuple[int, int]:
     stats = view.index.stats()
     return stats.gpus_total, stats.gpus_used
+
+
+def leaves(view: LiveClusterView) -> set[str]:
+    return {name for level, name, _ in view.index.stats().domain_utilization if level == "leaf"}
 
 
 def load_demo(server: FakeApiServer) -> None:
@@ -173,15 +180,33 @@ def test_pods_bound_finished_and_deleted_change_used_gpus(fake, make_view):
     eventually(lambda: gpus(view) == (8, 0), what="the deleted pod released")
 
 
-def test_node_added_and_deleted(fake, make_view):
+def test_node_added_cordoned_relabelled_and_deleted(fake, make_view):
     fake.put_node(make_node("n1", LABELS))
     view = make_view(fake)
     view.start()
     assert view.wait_synced(5)
     fake.put_node(make_node("n2", LABELS, gpus=4))
     eventually(lambda: gpus(view)[0] == 12, what="the new node")
+    fake.put_node(make_node("n1", LABELS, unschedulable=True))
+    eventually(lambda: gpus(view)[0] == 4, what="the cordoned node's GPUs gone")
+    fake.put_node(make_node("n1", LABELS))
+    fake.put_node(make_node("n2", {**LABELS, LEAF: "leaf-2"}, gpus=4))
+    eventually(lambda: leaves(view) == {"leaf-1", "leaf-2"} and gpus(view)[0] == 12, what="n2 moved to leaf-2")
     fake.delete("nodes", "n1")
-    eventually(lambda: gpus(view)[0] == 4, what="the deleted node gone")
+    eventually(lambda: leaves(view) == {"leaf-2"} and gpus(view)[0] == 4, what="n1 and its leaf gone")
+
+
+def test_an_object_the_index_cannot_read_is_skipped_not_retried_forever(fake, make_view):
+    fake.put_node(make_node("n1", LABELS))
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(5)
+    broken = make_pod("broken", "n1", 1)
+    broken["spec"] = "not a pod spec"
+    fake.put_pod(broken)
+    fake.put_pod(make_pod("fine", "n1", 2))
+    eventually(lambda: gpus(view)[1] == 2, what="the pod after the broken one")
+    assert status_of(view, "pods").failures == 0
 
 
 # ---- broken watches, 410, bookmarks ------------------------------------------------------------
@@ -213,16 +238,19 @@ def test_gone_relists_and_forgets_what_was_deleted_meanwhile(fake, make_view, go
     view.start()
     assert view.wait_synced(5)
     assert gpus(view) == (16, 4)
-    fake.stop()  # while the view is away: n2 and pod a go, pod b comes, history is compacted
+    fake.stop()  # while the view is away: n2 goes, pod a is recreated smaller, b comes; history compacted
     fake.delete("nodes", "n2")
     fake.delete("pods", "default/a")
+    recreated = make_pod("a", "n1", 2)
+    recreated["metadata"]["uid"] = "uid-second-a"
+    fake.put_pod(recreated)
     fake.put_pod(make_pod("b", "n1", 1))
     fake.compact()
     fake.start()
     eventually(lambda: status_of(view, "pods").lists == 2 and status_of(view, "nodes").lists == 2,
                what="a relist of both kinds")
-    assert gpus(view) == (8, 1)
-    assert status_of(view, "nodes").objects == 1 and status_of(view, "pods").objects == 1
+    assert gpus(view) == (8, 3), "the first pod a is forgotten, the second one counted once"
+    assert status_of(view, "nodes").objects == 1 and status_of(view, "pods").objects == 2
 
 
 def test_bookmarks_move_the_resume_point(fake, make_view):
@@ -297,3 +325,32 @@ def test_api_client_from_bad_config_is_one_clear_line(kubeconfig, message, monke
     with pytest.raises(ConfigError) as err:
         api_client_from(kubeconfig)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+# ---- reservations ------------------------------------------------------------------------------
+def whole_node(name: str) -> PlacementRequest:
+    return PlacementRequest(workload=f"Job ml/{name}", pods=1, gpus_per_pod=8, strategy=Strategy.CONSOLIDATED)
+
+
+def test_reservations_never_share_the_last_domain_are_confirmed_by_binding_and_expire(fake, make_view, clock):
+    fake.put_node(make_node("n1", LABELS))
+    fake.put_node(make_node("n2", {**LABELS, LEAF: "leaf-2"}))
+    view = make_view(fake, Config(reservation_ttl_seconds=300))
+    view.start()
+    assert view.wait_synced(5)
+    first = place_and_reserve(view.index, whole_node("a"), "ml/a", view.clock())
+    second = place_and_reserve(view.index, whole_node("b"), "ml/b", view.clock())
+    third = place_and_reserve(view.index, whole_node("c"), "ml/c", view.clock())
+    assert (first.outcome, second.outcome, third.outcome) == (Outcome.PLACED, Outcome.PLACED, Outcome.WAIT)
+    assert {first.nodes, second.nodes} == {("n1",), ("n2",)}
+    assert view.index.stats().gpus_reserved == 16
+    assert place_and_reserve(view.index, whole_node("d"), None, view.clock()).outcome is Outcome.WAIT
+
+    bound = make_pod("a-0", first.nodes[0], 8, annotations={RESERVATION_ANNOTATION: "ml/a"})
+    fake.put_pod(bound)
+    eventually(lambda: view.index.stats().gpus_reserved == 8, what="ml/a confirmed by its bound pod")
+    assert gpus(view) == (16, 8)
+
+    clock.now += 301  # ml/b's pods never came: its hold lapses and the domain is free again
+    eventually(lambda: view.index.stats().gpus_reserved == 0, what="ml/b expired")
+    assert place_and_reserve(view.index, whole_node("c"), "ml/c", view.clock()).nodes == second.nodes

@@ -38,7 +38,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from .cluster import ClusterIndex
+from .cluster import ClusterIndex, pod_key
 from .config import Config, ConfigError
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class StreamStatus:
     synced: bool  # a full list has been applied at least once
     resource_version: str | None  # where the next watch starts; None means a relist is due
     seconds_since_progress: float | None  # None before the first successful list
-    objects: int
+    objects: int  # in the last full list
     events: int  # watch events applied (bookmarks excluded)
     lists: int  # full lists applied, the first one included
     failures: int  # lists or watches that ended in an error
@@ -118,33 +118,29 @@ class _DictWatch(k8s_watch.Watch):
 
 
 class _Stream:
-    """List+watch of one kind into the index: what was applied, and how far it got."""
+    """List+watch of one kind into the index: how to read and change it, and how far it got."""
 
-    def __init__(self, kind: str, list_call: Callable, upsert: Callable[[dict], None],
-                 delete: Callable[[dict], None]) -> None:
+    def __init__(self, kind: str, list_call: Callable, key: Callable[[dict], str],
+                 upsert: Callable[[dict], None], delete: Callable[[dict], None],
+                 counted: Callable[[], set[str]], forget: Callable[[str], None]) -> None:
         self.kind = kind
         self.list_call = list_call
+        self.key = key  # the key the index counts an object under
         self.upsert = upsert
         self.delete = delete
-        # key -> the object's identity (name, namespace, uid): what the index needs to delete it
-        # after a relist no longer lists it. Whole objects are not kept: 100k pods would be GBs.
-        self.known: dict[str, dict] = {}
+        # After a relist, whatever the index counts that the list did not have is forgotten.
+        # The keys come from the index itself, so the view keeps no copy of 100k pods.
+        self.counted = counted
+        self.forget = forget
         self.resource_version: str | None = None
         self.synced = False
         self.last_progress: float | None = None
+        self.listed = 0  # objects in the last full list
         self.events = 0
         self.lists = 0
         self.failures = 0
         self.last_error: str | None = None
         self.watch: _DictWatch | None = None
-
-
-def _identity(obj: dict) -> tuple[str, dict]:
-    """(key, identity) of a node or pod: `name` or `namespace/name`, and its metadata's name fields."""
-    meta = obj["metadata"]
-    namespace = meta.get("namespace")
-    key = f"{namespace}/{meta['name']}" if namespace else meta["name"]
-    return key, {"metadata": {"name": meta["name"], "namespace": namespace, "uid": meta.get("uid")}}
 
 
 def _describe(err: BaseException) -> str:
@@ -182,10 +178,13 @@ class LiveClusterView:
         self._backoff = {kind: Backoff(backoff_base, backoff_cap, random.Random(rng.random()))
                          for kind in ("nodes", "pods")}
         core = k8s_client.CoreV1Api(api_client)
+        index = self.index
         self._streams = (
-            _Stream("nodes", core.list_node, self.index.upsert_node,
-                    lambda node: self.index.delete_node(node["metadata"]["name"])),
-            _Stream("pods", core.list_pod_for_all_namespaces, self.index.upsert_pod, self.index.delete_pod),
+            _Stream("nodes", core.list_node, lambda node: (node.get("metadata") or {}).get("name", ""),
+                    index.upsert_node, lambda node: index.delete_node(node["metadata"]["name"]),
+                    lambda: set(index.nodes), index.delete_node),
+            _Stream("pods", core.list_pod_for_all_namespaces, pod_key, index.upsert_pod, index.delete_pod,
+                    lambda: set(index.pod_nodes), lambda key: index.delete_pod({"metadata": {"uid": key}})),
         )
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -240,7 +239,7 @@ class LiveClusterView:
         return tuple(StreamStatus(
             kind=s.kind, synced=s.synced, resource_version=s.resource_version,
             seconds_since_progress=None if s.last_progress is None else now - s.last_progress,
-            objects=len(s.known), events=s.events, lists=s.lists, failures=s.failures,
+            objects=s.listed, events=s.events, lists=s.lists, failures=s.failures,
             last_error=s.last_error) for s in self._streams)
 
     # ---- the reflector loop ----------------------------------------------------------------
@@ -291,19 +290,19 @@ class LiveClusterView:
                 return
 
     def _relist(self, stream: _Stream) -> None:
-        """Apply a full list: upsert everything listed, delete what the list no longer has."""
-        seen: dict[str, dict] = {}
+        """Apply a full list: upsert everything listed, forget what the list no longer has."""
+        seen: set[str] = set()
         resource_version = None
         for resource_version, items in self._pages(stream):
             for obj in items:
-                if self._apply(stream, stream.upsert, obj):
-                    key, identity = _identity(obj)
-                    seen[key] = identity
+                self._apply(stream, stream.upsert, obj)
+                seen.add(stream.key(obj))
         if self._stop.is_set():
             return
-        for key in stream.known.keys() - seen.keys():
-            self._apply(stream, stream.delete, stream.known[key])
-        stream.known = seen
+        with self.index.lock:
+            for key in stream.counted() - seen:
+                stream.forget(key)
+        stream.listed = len(seen)
         stream.resource_version = resource_version
         stream.lists += 1
         stream.synced = True
@@ -332,12 +331,9 @@ class LiveClusterView:
         obj = event.get("raw_object") or {}
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if event.get("type") in ("ADDED", "MODIFIED"):
-            if self._apply(stream, stream.upsert, obj):
-                key, identity = _identity(obj)
-                stream.known[key] = identity
+            self._apply(stream, stream.upsert, obj)
             stream.events += 1
         elif event.get("type") == "DELETED":
-            stream.known.pop(_identity(obj)[0], None)
             self._apply(stream, stream.delete, obj)
             stream.events += 1
         if version:
@@ -345,13 +341,14 @@ class LiveClusterView:
         self._progress(stream)
 
     def _apply(self, stream: _Stream, change: Callable[[dict], None], obj: dict) -> bool:
-        """One index update; a malformed object is logged and skipped, never stops the stream."""
+        """One index update. An object the index cannot read is logged and skipped: retrying
+        would fail on it again and again, and stop every later event of its kind."""
         try:
             change(obj)
             return True
-        except (ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
             name = (obj.get("metadata") or {}).get("name", "?")
-            log.warning("ignoring %s %s: %s", stream.kind[:-1], name, err)
+            log.warning("ignoring %s %s the index cannot read: %s", stream.kind[:-1], name, err)
             return False
 
     # ---- reservations ----------------------------------------------------------------------
