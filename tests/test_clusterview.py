@@ -354,3 +354,114 @@ def test_reservations_never_share_the_last_domain_are_confirmed_by_binding_and_e
     clock.now += 301  # ml/b's pods never came: its hold lapses and the domain is free again
     eventually(lambda: view.index.stats().gpus_reserved == 0, what="ml/b expired")
     assert place_and_reserve(view.index, whole_node("c"), "ml/c", view.clock()).nodes == second.nodes
+
+
+# ---- through the real gunicorn server ---------------------------------------------------------
+# What `serve --kubeconfig FILE` runs in its worker: the live view behind the real app, one worker
+# process with threads, so every request thread shares one index and one reservation ledger.
+LAUNCHER = """
+import sys
+from webhook.app import create_app
+from webhook.clusterview import LiveClusterView, api_client_from
+from webhook.config import Config
+from webhook.metrics import Metrics
+from webhook.server import ServeOptions, WebhookServer
+
+kubeconfig, bind, cert, key = sys.argv[1:]
+config = Config()
+
+def build_app():
+    view = LiveClusterView(config, api_client_from(kubeconfig), backoff_base=0.05, backoff_cap=0.5)
+    view.start()
+    return create_app(config, view.index, view.readiness, Metrics.create(), clock=view.clock)
+
+WebhookServer(build_app, ServeOptions(bind=bind, cert=cert, key=key, workers=1, threads=8)).run()
+"""
+
+
+def write_kubeconfig(path, server: FakeApiServer) -> str:
+    path.write_text(f"""
+apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{server.url}"}}}}]
+users: [{{name: me, user: {{token: abc}}}}]
+contexts: [{{name: here, context: {{cluster: fake, user: me}}}}]
+current-context: here
+""")
+    return str(path)
+
+
+@pytest.fixture
+def start_live_server(fake, tmp_path):
+    """Starts the webhook under gunicorn over TLS, fed by the fake API server; returns an
+    apiserver-like client once /healthz answers. Stopped at teardown."""
+    import os
+    import subprocess
+    import sys
+
+    import requests
+
+    from conftest import ROOT, ApiServer, free_port
+    from webhook import certs
+
+    processes = []
+
+    def start() -> ApiServer:
+        paths = certs.write_certs(str(tmp_path / "tls"), "topology-webhook", "default")
+        port = free_port()
+        log = tmp_path / "server.log"
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-c", LAUNCHER, write_kubeconfig(tmp_path / "kubeconfig", fake),
+                 f"127.0.0.1:{port}", paths.cert, paths.key],
+                cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=subprocess.STDOUT)
+        processes.append(process)
+        client = ApiServer(f"https://localhost:{port}", paths.ca, requests.Session())
+
+        def healthy() -> bool:
+            assert process.poll() is None, log.read_text()
+            try:
+                return client.get("/healthz").status_code == 200
+            except requests.ConnectionError:
+                return False
+
+        eventually(healthy, timeout=60, what="the server's /healthz")
+        return client
+
+    yield start
+    for process in processes:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def test_gunicorn_fails_open_until_synced_then_never_double_books_concurrent_admissions(fake, start_live_server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import gpu_pod, review_of
+
+    fake.refuse_until = time.monotonic() + 3600  # the API does not answer yet
+    live_server = start_live_server()
+    ready = live_server.get("/readyz")
+    assert ready.status_code == 503 and "not synced yet" in ready.text
+    early = review_of(gpu_pod("early", 8, gpu_count="8", placement_strategy="consolidated"))
+    answer = live_server.post(early).json()["response"]
+    assert answer["allowed"] and "patch" not in answer
+    assert any("not ready" in w and "not synced yet" in w for w in answer["warnings"])
+
+    for leaf in range(4):  # four whole nodes, one per leaf: room for exactly four 8-GPU pods
+        fake.put_node(make_node(f"n{leaf}", {**LABELS, LEAF: f"leaf-{leaf}"}))
+    fake.refuse_until = 0
+    eventually(lambda: live_server.get("/readyz").status_code == 200, timeout=30, what="/readyz after the sync")
+
+    reviews = [review_of(gpu_pod(f"train-{i}", 8, gpu_count="8", placement_strategy="consolidated"))
+               for i in range(12)]
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        answers = list(pool.map(lambda r: live_server.post(r).json()["response"], reviews))
+    audits = [a["auditAnnotations"] for a in answers]
+    placed = [a["domain"] for a in audits if a["outcome"] == "placed"]
+    assert sorted(placed) == ["node n0", "node n1", "node n2", "node n3"], audits
+    assert sum(a["outcome"] == "waiting" for a in audits) == 8
