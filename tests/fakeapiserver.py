@@ -14,8 +14,10 @@ so the real `kubernetes` client can be pointed at it with `Configuration(host=se
 
 One resourceVersion counter is shared by all kinds, as etcd's revision is. Faults are attributes
 and methods: `delay_seconds` (slow responses), `refuse_until` (close every connection unanswered
-until that `time.monotonic()`), `break_watches()` (cut every open stream in the middle of an event),
-`compact()` (forget history so older resourceVersions get 410).
+until that `time.monotonic()`), `answer_status` (an HTTP error for every request, e.g. 403),
+`break_watches()` (cut every open stream in the middle of an event), `compact()` (forget history
+and paging snapshots, so older resourceVersions and continue tokens get 410),
+`hold_watches()`/`release_watches()` (queue events, then send the backlog at once).
 
 Everything binds to 127.0.0.1. Objects are stored with their JSON, so big lists are cheap to serve.
 """
@@ -53,6 +55,7 @@ class FakeApiServer:
         self.delay_seconds = 0.0
         self.refuse_until = 0.0
         self.gone_as_status = False
+        self.answer_status: int | None = None  # answer every request with this HTTP error (403: no RBAC)
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every request answered
         self._cond = threading.Condition()
         self._rv = 1
@@ -241,17 +244,24 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if fake.delay_seconds:
             time.sleep(fake.delay_seconds)
+        if fake.answer_status:
+            status = _status(fake.answer_status, "Forbidden" if fake.answer_status == 403 else "InternalError",
+                             f"injected HTTP {fake.answer_status}")
+            self._send_json(fake.answer_status, json.dumps(status).encode())
+            return
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         kind = url.path.rsplit("/", 1)[-1]
         if url.path not in ("/api/v1/nodes", "/api/v1/pods"):
             self._send_json(404, json.dumps(_status(404, "NotFound", f"{url.path} not found")).encode())
             return
-        fake.requests.append((url.path, query))
         if query.get("watch") in ("1", "true"):
+            fake.requests.append((url.path, query))
             self._watch(fake, kind, query)
         else:
-            self._send_json(*fake._list_body(kind, query))
+            answer = fake._list_body(kind, query)
+            fake.requests.append((url.path, query))  # once seen, its paging snapshot exists
+            self._send_json(*answer)
 
     def _hang_up(self) -> None:
         self.close_connection = True

@@ -157,6 +157,30 @@ def test_stale_when_no_progress_for_longer_than_configured_and_recovers(fake, ma
     eventually(lambda: view.readiness()[0], what="readiness after the API came back")
 
 
+def test_forbidden_list_is_named_in_readiness_then_recovers(fake, make_view):
+    fake.put_node(make_node("n1", LABELS))
+    fake.answer_status = 403  # RBAC without list on nodes/pods
+    view = make_view(fake)
+    view.start()
+    eventually(lambda: "HTTP 403 Forbidden" in view.readiness()[1], what="the 403 in the readiness reason")
+    fake.answer_status = None
+    assert view.wait_synced(5)
+    assert gpus(view) == (8, 0)
+
+
+def test_continue_token_expired_mid_list_restarts_the_list(fake, make_view):
+    load_demo(fake)
+    fake.delay_seconds = 0.2  # pages slow enough to compact between the first and second page
+    view = make_view(fake, page_size=7)
+    view.start()
+    eventually(lambda: fake.list_requests("nodes"), what="the first page of nodes")
+    fake.compact()  # the first page's snapshot (and its continue token) is gone
+    assert view.wait_synced(10)
+    assert gpus(view) == (256, 90)
+    fresh_starts = [q for q in fake.list_requests("nodes") if "continue" not in q]
+    assert len(fresh_starts) == 2, "the list restarts from the beginning after 410 on a continue token"
+
+
 # ---- events --------------------------------------------------------------------------------
 def test_pods_bound_finished_and_deleted_change_used_gpus(fake, make_view):
     fake.put_node(make_node("n1", LABELS))
