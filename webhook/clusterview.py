@@ -7,8 +7,8 @@ same object, and reservations made in it survive reconnects and relists.
 Per kind (nodes, pods) one daemon thread runs the reflector loop:
 
 1. list all objects in pages (`limit`/`continue`) and apply them: upsert every listed object,
-   then delete the ones the index knew that the list no longer has. Remember the list's
-   resourceVersion.
+   then forget what the index counts that the list no longer has. The index is changed in
+   place, never rebuilt, so reservations survive a relist. Remember the list's resourceVersion.
 2. watch from that resourceVersion with bookmarks and a server-side timeout; apply every event
    and remember the newest resourceVersion (bookmarks included). When the watch ends at its
    timeout, watch again from there.
@@ -340,16 +340,14 @@ class LiveClusterView:
             stream.resource_version = version
         self._progress(stream)
 
-    def _apply(self, stream: _Stream, change: Callable[[dict], None], obj: dict) -> bool:
+    def _apply(self, stream: _Stream, change: Callable[[dict], None], obj: dict) -> None:
         """One index update. An object the index cannot read is logged and skipped: retrying
         would fail on it again and again, and stop every later event of its kind."""
         try:
             change(obj)
-            return True
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             name = (obj.get("metadata") or {}).get("name", "?")
             log.warning("ignoring %s %s the index cannot read: %s", stream.kind[:-1], name, err)
-            return False
 
     # ---- reservations ----------------------------------------------------------------------
     def _expire_loop(self) -> None:
