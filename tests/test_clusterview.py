@@ -32,7 +32,7 @@ class FakeClock:
         return self.now
 
 
-def eventually(check, timeout: float = 5.0, what: str = "condition"):
+def eventually(check, timeout: float = 10.0, what: str = "condition"):
     """Poll `check` until it returns something truthy, for at most `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -99,7 +99,7 @@ def test_initial_sync_lists_in_pages_then_watches_from_the_lists_version(fake, m
     view = make_view(fake, page_size=7)
     assert view.readiness()[0] is False
     view.start()
-    assert view.wait_synced(5)
+    assert view.wait_synced(15)
     assert gpus(view) == (32 * 8, 90)
     assert view.readiness() == (True, "cluster view in sync")
     node_lists = fake.list_requests("nodes")
@@ -116,7 +116,7 @@ def test_not_ready_until_both_kinds_are_listed_and_says_which(fake, make_view):
     view.start()
     ready, reason = view.readiness()
     assert not ready and "waiting for the first list of nodes" in reason
-    assert view.wait_synced(5)
+    assert view.wait_synced(15)
     assert view.readiness()[0]
 
 
@@ -133,7 +133,7 @@ def test_api_unreachable_at_start_then_recovering(make_view):
     assert not ready and "waiting for the first list of" in reason
     server.start()
     try:
-        assert view.wait_synced(5)
+        assert view.wait_synced(15)
         assert gpus(view) == (256, 90) and view.readiness()[0]
     finally:
         server.stop()
@@ -143,7 +143,7 @@ def test_stale_when_no_progress_for_longer_than_configured_and_recovers(fake, ma
     load_demo(fake)
     view = make_view(fake, Config(stale_after_seconds=60))
     view.start()
-    assert view.wait_synced(5)
+    assert view.wait_synced(15)
     fake.stop()  # the API goes away: lists and watches fail from now on
     eventually(lambda: status_of(view, "pods").failures, what="a failed watch")
     clock.now += 30
@@ -164,7 +164,7 @@ def test_forbidden_list_is_named_in_readiness_then_recovers(fake, make_view):
     view.start()
     eventually(lambda: "HTTP 403 Forbidden" in view.readiness()[1], what="the 403 in the readiness reason")
     fake.answer_status = None
-    assert view.wait_synced(5)
+    assert view.wait_synced(15)
     assert gpus(view) == (8, 0)
 
 
@@ -175,7 +175,7 @@ def test_continue_token_expired_mid_list_restarts_the_list(fake, make_view):
     view.start()
     eventually(lambda: fake.list_requests("nodes"), what="the first page of nodes")
     fake.compact()  # the first page's snapshot (and its continue token) is gone
-    assert view.wait_synced(10)
+    assert view.wait_synced(15)
     assert gpus(view) == (256, 90)
     fresh_starts = [q for q in fake.list_requests("nodes") if "continue" not in q]
     assert len(fresh_starts) == 2, "the list restarts from the beginning after 410 on a continue token"
@@ -186,7 +186,7 @@ def test_pods_bound_finished_and_deleted_change_used_gpus(fake, make_view):
     fake.put_node(make_node("n1", LABELS))
     view = make_view(fake)
     view.start()
-    assert view.wait_synced(5)
+    assert view.wait_synced(15)
     pending = make_pod("train-0", None, 4, phase="Pending")
     fake.put_pod(pending)
     eventually(lambda: status_of(view, "pods").events == 1, what="the pending pod")
@@ -208,7 +208,7 @@ def test_node_added_cordoned_relabelled_and_deleted(fake, make_view):
     fake.put_node(make_node("n1", LABELS))
     view = make_view(fake)
     view.start()
-    assert view.wait_synced(5)
+    assert view.wait_synced(15)
     fake.put_node(make_node("n2", LABELS, gpus=4))
     eventually(lambda: gpus(view)[0] == 12, what="the new node")
     fake.put_node(make_node("n1", LABELS, unschedulable=True))
@@ -224,7 +224,7 @@ def test_an_object_the_index_cannot_read_is_skipped_not_retried_forever(fake, ma
     fake.put_node(make_node("n1", LABELS))
     view = make_view(fake)
     view.start()
-    assert view.wait_synced(5)
+    assert view.wait_synced(15)
     broken = make_pod("broken", "n1", 1)
     broken["spec"] = "not a pod spec"
     fake.put_pod(broken)
@@ -238,17 +238,18 @@ def test_watch_broken_mid_stream_resumes_from_last_version_without_relisting(fak
     fake.put_node(make_node("n1", LABELS))
     view = make_view(fake)
     view.start()
-    assert view.wait_synced(5)
+    assert view.wait_synced(15)
     fake.put_pod(make_pod("a", "n1", 1))
     eventually(lambda: gpus(view)[1] == 1, what="pod a")
     watches_before = len(fake.watch_requests("pods"))
+    version_at_break = str(fake.resource_version)
     fake.break_watches()
     fake.put_pod(make_pod("b", "n1", 2))
     eventually(lambda: gpus(view)[1] == 3, what="pod b after the break")
     assert status_of(view, "pods").failures >= 1
     assert "IncompleteRead" in status_of(view, "pods").last_error
     resumed = fake.watch_requests("pods")[watches_before]
-    assert int(resumed["resourceVersion"]) >= 3  # from where it was, not from scratch
+    assert resumed["resourceVersion"] == version_at_break  # from where it was, not from scratch
     assert len(fake.list_requests("pods")) == 1, "a broken watch must not cost a relist"
 
 
@@ -260,7 +261,7 @@ def test_gone_relists_and_forgets_what_was_deleted_meanwhile(fake, make_view, go
     fake.put_pod(make_pod("a", "n1", 4))
     view = make_view(fake)
     view.start()
-    assert view.wait_synced(5)
+    assert view.wait_synced(15)
     assert gpus(view) == (16, 4)
     fake.stop()  # while the view is away: n2 goes, pod a is recreated smaller, b comes; history compacted
     fake.delete("nodes", "n2")
@@ -281,7 +282,7 @@ def test_bookmarks_move_the_resume_point(fake, make_view):
     fake.put_node(make_node("n1", LABELS))
     view = make_view(fake)
     view.start()
-    assert view.wait_synced(5)
+    assert view.wait_synced(15)
     for i in range(3):  # pod writes move the shared resourceVersion; the node watch only gets bookmarks
         fake.put_pod(make_pod(f"p{i}", "n1", 1))
     target = str(fake.resource_version)
@@ -296,7 +297,7 @@ def test_watch_that_ends_at_its_timeout_is_reopened(fake, make_view):
     fake.put_node(make_node("n1", LABELS))
     view = make_view(fake, watch_timeout_seconds=1)
     view.start()
-    assert view.wait_synced(5)
+    assert view.wait_synced(15)
     eventually(lambda: len(fake.watch_requests("pods")) >= 2, timeout=4, what="a second watch")
     assert status_of(view, "pods").failures == 0
     fake.put_pod(make_pod("a", "n1", 3))
@@ -306,11 +307,11 @@ def test_watch_that_ends_at_its_timeout_is_reopened(fake, make_view):
 def test_stop_is_prompt_with_watches_open(fake, make_view):
     view = make_view(fake, watch_timeout_seconds=60)
     view.start()
-    assert view.wait_synced(5)
+    assert view.wait_synced(15)
     eventually(lambda: fake.watch_requests("pods") and fake.watch_requests("nodes"), what="open watches")
     started = time.monotonic()
     assert view.stop(timeout=5)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 3
 
 
 # ---- backoff and client construction ------------------------------------------------------------
@@ -361,7 +362,7 @@ def test_reservations_never_share_the_last_domain_are_confirmed_by_binding_and_e
     fake.put_node(make_node("n2", {**LABELS, LEAF: "leaf-2"}))
     view = make_view(fake, Config(reservation_ttl_seconds=300))
     view.start()
-    assert view.wait_synced(5)
+    assert view.wait_synced(15)
     first = place_and_reserve(view.index, whole_node("a"), "ml/a", view.clock())
     second = place_and_reserve(view.index, whole_node("b"), "ml/b", view.clock())
     third = place_and_reserve(view.index, whole_node("c"), "ml/c", view.clock())
