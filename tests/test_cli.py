@@ -147,11 +147,23 @@ def test_certs_refuses_a_service_name_that_is_not_a_dns_label(tmp_path, capsys):
     (["--cert", "tls.crt"], "--cert and --key go together"),
     (["--workers", "0"], "--workers 0 must be at least 1"),
     (["--pods", "pods.yaml"], "--pods needs --nodes"),
+    (["--kubeconfig", "kubeconfig", "--nodes", "nodes.yaml"], "give one or the other"),
+    (["--kubeconfig", "missing.yaml"], "kubeconfig missing.yaml"),
+    (["--kubeconfig", "kubeconfig", "--workers", "2"], "would give each process its own reservations"),
 ])
 def test_serve_refuses_bad_arguments_before_starting(capsys, tmp_path, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     code, _, err = run(capsys, "serve", *argv)
     assert code == 2 and message in err
+
+
+def test_serve_in_a_pod_without_files_watches_the_api_and_says_when_it_cannot(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    code, _, err = run(capsys, "serve")
+    assert code == 2 and "in-cluster config" in err and len(err.strip().splitlines()) <= 2
 
 
 def test_serve_help_says_reservations_are_per_process_with_several_workers():

@@ -384,26 +384,6 @@ def test_reservations_never_share_the_last_domain_are_confirmed_by_binding_and_e
 # ---- through the real gunicorn server ---------------------------------------------------------
 # What `serve --kubeconfig FILE` runs in its worker: the live view behind the real app, one worker
 # process with threads, so every request thread shares one index and one reservation ledger.
-LAUNCHER = """
-import sys
-from webhook.app import create_app
-from webhook.clusterview import LiveClusterView, api_client_from
-from webhook.config import Config
-from webhook.metrics import Metrics
-from webhook.server import ServeOptions, WebhookServer
-
-kubeconfig, bind, cert, key = sys.argv[1:]
-config = Config()
-
-def build_app():
-    view = LiveClusterView(config, api_client_from(kubeconfig), backoff_base=0.05, backoff_cap=0.5)
-    view.start()
-    return create_app(config, view.index, view.readiness, Metrics.create(), clock=view.clock)
-
-WebhookServer(build_app, ServeOptions(bind=bind, cert=cert, key=key, workers=1, threads=8)).run()
-"""
-
-
 def write_kubeconfig(path, server: FakeApiServer) -> str:
     path.write_text(f"""
 apiVersion: v1
@@ -418,49 +398,20 @@ current-context: here
 
 @pytest.fixture
 def start_live_server(fake, tmp_path):
-    """Starts the webhook under gunicorn over TLS, fed by the fake API server; returns an
-    apiserver-like client once /healthz answers. Stopped at teardown."""
-    import os
-    import subprocess
-    import sys
+    """Starts `topology-webhook serve --kubeconfig` (gunicorn over TLS) fed by the fake API server;
+    returns an apiserver-like client once /healthz answers. Stopped at teardown."""
+    from conftest import ApiServer, start_server, stop_server
 
-    import requests
-
-    from conftest import ROOT, ApiServer, free_port
-    from webhook import certs
-
-    processes = []
+    servers = []
 
     def start() -> ApiServer:
-        paths = certs.write_certs(str(tmp_path / "tls"), "topology-webhook", "default")
-        port = free_port()
-        log = tmp_path / "server.log"
-        with open(log, "wb") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-c", LAUNCHER, write_kubeconfig(tmp_path / "kubeconfig", fake),
-                 f"127.0.0.1:{port}", paths.cert, paths.key],
-                cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=subprocess.STDOUT)
-        processes.append(process)
-        client = ApiServer(f"https://localhost:{port}", paths.ca, requests.Session())
-
-        def healthy() -> bool:
-            assert process.poll() is None, log.read_text()
-            try:
-                return client.get("/healthz").status_code == 200
-            except requests.ConnectionError:
-                return False
-
-        eventually(healthy, timeout=60, what="the server's /healthz")
-        return client
+        server = start_server(tmp_path, "--kubeconfig", write_kubeconfig(tmp_path / "kubeconfig", fake))
+        servers.append(server)
+        return server.client()
 
     yield start
-    for process in processes:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+    for server in servers:
+        stop_server(server)
 
 
 def test_gunicorn_fails_open_until_synced_then_never_double_books_concurrent_admissions(fake, start_live_server):

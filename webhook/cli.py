@@ -24,6 +24,7 @@ import yaml
 from . import __version__, admission, certs, demo, discovery
 from .app import Readiness, create_app
 from .cluster import ClusterIndex
+from .clusterview import LiveClusterView, api_client_from
 from .config import DEFAULT_PORT, ConfigError, Config, load_config
 from .manifests import ManifestError, read_objects
 from .metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
@@ -45,9 +46,6 @@ def read_cluster(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     if not args.nodes:
         if args.pods:
             raise UsageError("--pods needs --nodes (without --nodes the built-in demo cluster is used)")
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            print(f"{PROG}: warning: running in a cluster with the built-in demo cluster; decisions name demo "
-                  "nodes, not this cluster's (pass --nodes FILE)", file=sys.stderr)
         return demo.demo_cluster()
     nodes = read_objects(args.nodes, kind="Node")
     pods = read_objects(args.pods, kind="Pod") if args.pods else []
@@ -55,12 +53,21 @@ def read_cluster(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
 
 
 def cluster_view(config: Config, cluster: tuple[list[dict], list[dict]]) -> tuple[ClusterIndex, Readiness]:
-    """The cluster index and its readiness check: the one place they are built (a live view grows here).
-
-    A view from files or the demo is complete at once, so it is always ready.
-    """
+    """The cluster index and its readiness check from files or the demo: complete at once, so
+    always ready."""
     nodes, pods = cluster
     return ClusterIndex.from_objects(config, nodes, pods), lambda: (True, "")
+
+
+def live_source(args: argparse.Namespace) -> bool:
+    """Whether serve watches the API: with --kubeconfig, or inside a pod when no --nodes is given."""
+    if args.kubeconfig and (args.nodes or args.pods):
+        raise UsageError("--kubeconfig watches the cluster; --nodes/--pods read files: give one or the other")
+    live = bool(args.kubeconfig) or (not args.nodes and bool(os.environ.get("KUBERNETES_SERVICE_HOST")))
+    if live and args.workers > 1:
+        raise UsageError(f"--workers {args.workers} with a live cluster view would give each process its own "
+                         "reservations (double-booking between them); run one worker, and replicas for more")
+    return live
 
 
 # ----- serve --------------------------------------------------------------------------------------
@@ -105,15 +112,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     bind = parse_bind(args.bind)
     cert, key = serving_certs(args)
-    cluster = read_cluster(args)
+    live = live_source(args)
+    if live:
+        api_client_from(args.kubeconfig)  # a bad kubeconfig stops start-up here, in one line
+    cluster = None if live else read_cluster(args)
     shared_dir, created = metrics_dir(args.workers)
     options = ServeOptions(bind=bind, cert=cert, key=key, workers=args.workers, multiprocess_dir=shared_dir)
 
-    def build_app():  # runs in each worker, after the fork
+    def build_app():  # runs in each worker, after the fork, so the watch threads start there
+        metrics = Metrics.create(options.multiprocess_dir)
+        if live:
+            view = LiveClusterView(config, api_client_from(args.kubeconfig))
+            view.start()
+            return create_app(config, view.index, view.readiness, metrics, clock=view.clock)
         index, readiness = cluster_view(config, cluster)
-        return create_app(config, index, readiness, Metrics.create(options.multiprocess_dir))
+        return create_app(config, index, readiness, metrics)
 
-    source = args.nodes or "the built-in demo cluster"
+    source = (f"the cluster of {args.kubeconfig}" if args.kubeconfig else "this cluster (in-cluster config)") \
+        if live else args.nodes or "the built-in demo cluster"
     print(f"{PROG}: serving https://{bind}/mutate with {source}, {args.workers} worker(s)", file=sys.stderr)
     try:
         WebhookServer(build_app, options).run()
@@ -203,11 +219,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = subparsers.add_parser(
         "serve", help="run the admission webhook over TLS under gunicorn",
-        description="Run the webhook over TLS. Without --nodes, a built-in demo cluster (2 spines x 4 leaves x "
-                    "4 nodes x 8 H100) is used. Without --cert/--key, development certificates are "
+        description="Run the webhook over TLS. The cluster view comes from the API (--kubeconfig, or the "
+                    "in-cluster config inside a pod), from files (--nodes/--pods), or, outside a cluster with "
+                    "neither, from a built-in demo cluster (2 spines x 4 leaves x 4 nodes x 8 H100). Without --cert/--key, development certificates are "
                     "generated in ./certs/.")
     serve.add_argument("--nodes", metavar="FILE", help="Node objects (kubectl get nodes -o yaml)")
     serve.add_argument("--pods", metavar="FILE", help="Pod objects (kubectl get pods -A -o yaml)")
+    serve.add_argument("--kubeconfig", metavar="FILE",
+                       help="watch Nodes and Pods of this cluster (inside a pod, without --nodes, the in-cluster "
+                            "config is used)")
     serve.add_argument("--config", metavar="FILE", help="settings file (YAML)")
     serve.add_argument("--bind", metavar="HOST:PORT", default=f"0.0.0.0:{DEFAULT_PORT}",
                        help="listen address (default: %(default)s)")
