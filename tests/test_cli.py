@@ -14,18 +14,23 @@ from webhook.cli import main
 
 from conftest import ROOT, assert_valid_kubernetes_object, gpu_job, gpu_pod
 
+FIXTURES = ROOT / "tests" / "fixtures"
+
 SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "ml"},
            "spec": {"ports": [{"port": 80}]}}
 
 
 @pytest.fixture
-def cluster_files(tmp_path):
-    """The demo cluster as `kubectl get nodes -o yaml` and `kubectl get pods -A -o yaml` print it."""
+def cluster_files():
+    """The demo cluster as `kubectl get nodes -o yaml` and `kubectl get pods -A -o yaml` print it
+    (the files the README walk-through uses)."""
+    return ["--nodes", str(FIXTURES / "demo-nodes.yaml"), "--pods", str(FIXTURES / "demo-pods.yaml")]
+
+
+def test_the_demo_cluster_files_are_the_built_in_demo_cluster():
     nodes, pods = demo.demo_cluster()
-    nodes_file, pods_file = tmp_path / "nodes.yaml", tmp_path / "pods.yaml"
-    nodes_file.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
-    pods_file.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": pods}))
-    return ["--nodes", str(nodes_file), "--pods", str(pods_file)]
+    assert yaml.safe_load((FIXTURES / "demo-nodes.yaml").read_text())["items"] == nodes
+    assert yaml.safe_load((FIXTURES / "demo-pods.yaml").read_text())["items"] == pods
 
 
 def write(tmp_path, name, *objects):
