@@ -17,6 +17,7 @@ is named, with how much fits per level. Nothing could ever fit: said plainly.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 from typing import Iterable, Iterator, Union
 
@@ -322,8 +323,9 @@ def _spread(scope: Member, pods: int, gpus: int, depth: int) -> dict[str, int]:
     """Pods per node name: round-robin over the leaves with the most open nodes, the tightest
     open node of a leaf first; a node takes a second pod only when no open node is left."""
     if isinstance(scope, Domain) and scope.ref.level < depth - 1:
-        groups = sorted((d for d in _at_level(scope, depth - 1) if _slots(d, gpus)),
-                        key=lambda d: (-_slots(d, gpus), _path(d)))[:pods]
+        open_leaves = [(d.slots(gpus), d) for d in _at_level(scope, depth - 1)]
+        roomiest = heapq.nsmallest(pods, ((-n, d.ref.path, d) for n, d in open_leaves if n), key=lambda x: x[:2])
+        groups = [leaf for _, _, leaf in roomiest]
     else:
         groups = [scope]
     queues = [sorted((n for n in _nodes_under(g) if n.free >= gpus), key=lambda n: (n.free, n.name)) for g in groups]
