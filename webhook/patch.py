@@ -24,8 +24,8 @@ def make_patch(received: Any, mutated: Any) -> list[dict]:
     that JSON has not (a `creationTimestamp` loaded as a datetime) compared as text."""
     received, mutated = (json.loads(json.dumps(doc, default=str)) for doc in (received, mutated))
     operations = jsonpatch.make_patch(received, mutated).patch
-    try:
-        result = jsonpatch.apply_patch(received, operations)
+    try:  # `received` is our private copy from the round trip above, so it may be patched in place
+        result = jsonpatch.apply_patch(received, operations, in_place=True)
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as err:
         raise PatchError(f"patch does not apply to the received object: {err}") from None
     if result != mutated:
