@@ -328,15 +328,32 @@ class ClusterIndex:
             domain.nodes += sign
 
     def _change(self, node: NodeState, mutate: Callable[[], None]) -> None:
-        """Apply `mutate` to a node with its aggregates, and those of views holding it, kept exact."""
-        copies = [(view, view.nodes[node.name]) for view in self.views.values() if node.name in view.nodes]
-        for view, copy in copies:
-            view._account(copy, -1)
-        self._account(node, -1)
+        """Apply `mutate` (pods or holds, never labels or allocatable) to a node, with its
+        aggregates, and those of views holding it, kept exact."""
+        before = node.free
         mutate()
-        self._account(node, +1)
-        for view, copy in copies:
-            view._account(copy, +1)
+        after = node.compute_free()
+        if after == before:
+            return
+        self._shift_free(node, before, after)
+        for view in self.views.values():
+            copy = view.nodes.get(node.name)
+            if copy is not None:
+                view._shift_free(copy, before, after)
+
+    def _shift_free(self, node: NodeState, before: int, after: int) -> None:
+        """Move a node's free GPUs from `before` to `after` in every aggregate above it: only what
+        free GPUs feed, since eligibility and allocatable stay as they were."""
+        node.free = after
+        deltas = [0] + [after // g - before // g for g in range(1, self.width + 1)]
+        old_bucket, new_bucket = min(before, self.width), min(after, self.width)
+        for domain in self.ancestors(node):
+            domain.free_hist[old_bucket] -= 1
+            domain.free_hist[new_bucket] += 1
+            cap = domain.cap
+            for g in range(1, self.width + 1):
+                cap[g] += deltas[g]
+            domain.free_gpus += after - before
 
     # -- nodes -------------------------------------------------------------------------------
 

@@ -225,7 +225,8 @@ def _tightest_fit(view: ClusterIndex, scope: Member, pods: int, gpus: int) -> Me
     if isinstance(scope, NodeState):
         return None
     for level in range(len(view.levels) - 1, scope.ref.level, -1):
-        fitting = [d for d in _at_level(scope, level) if d.cap[gpus] >= pods]  # label levels hold Domains
+        members = view.levels[level].values() if scope is view.root else _at_level(scope, level)
+        fitting = [d for d in members if d.cap[gpus] >= pods]  # label levels hold Domains
         if fitting:
             return min(fitting, key=lambda d: (d.cap[gpus], d.free_gpus, d.ref.path))
     return scope if _cap(scope, gpus) >= pods else None
