@@ -258,3 +258,30 @@ def test_nvl72_preset_treats_a_clique_as_one_nvlink_domain_across_nodes():
     assert len({index.nodes[n].labels["nvidia.com/gpu.clique"] for n in decision.nodes}) == 1
     decision = place(index, request(20, gpus=4))  # more trays than one rack: crosses the spine
     assert decision.interconnect is Interconnect.SPINE
+
+
+def test_spanning_leaves_fills_the_roomiest_and_keeps_the_next_leaf_whole():
+    """spine s: leaf a (6 free nodes), leaf b (5), leaf c (3); 8 whole-node pods.
+    6 in a + 2 in c leaves b whole for the next job; 4 + 4 would break a and b."""
+    nodes = [make_node(f"{leaf}{i}", {"topology.kubernetes.io/zone": "z", "topology.scheduler/spine": "s",
+                                      "topology.scheduler/leaf": leaf})
+             for leaf, count in (("a", 6), ("b", 5), ("c", 3)) for i in range(count)]
+    index = ClusterIndex.from_objects(Config(), nodes)
+    decision = place(index, request(8))
+    assert leaves_of(index, decision) == ["a", "c"]
+    assert sum(1 for n in decision.nodes if n.startswith("a")) == 6
+
+
+def test_split_over_nodes_is_balanced():
+    """One leaf, nodes with 7, 4 and 4 free GPUs; 8 one-GPU pods need two nodes: 4 + 4, not 7 + 1."""
+    nodes = [make_node(f"n{i}", {"topology.scheduler/leaf": "l"}) for i in range(3)]
+    pods = [make_pod("a", "n0", 1), make_pod("b", "n1", 4), make_pod("c", "n2", 4)]
+    decision = place(ClusterIndex.from_objects(Config(), nodes, pods), request(8, gpus=1))
+    assert sorted(a.pods for a in decision.assignment) == [4, 4]
+
+
+def test_a_leaf_label_groups_nodes_even_without_zone_and_spine_labels():
+    nodes = [make_node(f"n{i}", {"topology.scheduler/leaf": "rack-7"}) for i in range(2)]
+    decision = place(ClusterIndex.from_objects(Config(), nodes), request(2))
+    assert decision.scope.name == "rack-7" and decision.interconnect is Interconnect.LEAF
+    assert [(r.key, r.values) for r in decision.requirements] == [("topology.scheduler/leaf", ("rack-7",))]

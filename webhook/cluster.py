@@ -262,8 +262,15 @@ class ClusterIndex:
     # -- structure -------------------------------------------------------------------------
 
     def node_path(self, node: NodeState) -> tuple[tuple[str, str], ...]:
-        return tuple((lv.label, node.labels[lv.label]) if lv.label in node.labels else (HOSTNAME_LABEL, node.name)
-                     for lv in self.config.levels)
+        """The node's domain at every level. A missing label above one the node does carry is an
+        unnamed domain shared with the others like it (value ""), so a leaf label still groups
+        nodes whose spine is not labelled; from the last label it carries down, the node is alone
+        (a domain keyed by its hostname), so it is never assumed to share a switch with anyone."""
+        labels = [lv.label for lv in self.config.levels]
+        deepest = max((i for i, label in enumerate(labels) if label in node.labels), default=-1)
+        return tuple((label, node.labels[label]) if label in node.labels
+                     else (label, "") if i < deepest else (HOSTNAME_LABEL, node.name)
+                     for i, label in enumerate(labels))
 
     def _domain_for(self, path: tuple) -> Domain:
         parent = self.root
@@ -275,7 +282,7 @@ class ClusterIndex:
                 domain = Domain(DomainRef(depth, level.name, prefix), parent, self.width)
                 self.levels[depth][prefix] = domain
                 parent.children[prefix[-1][1]] = domain
-                if prefix[-1][0] != HOSTNAME_LABEL:  # a lone node's stand-in is found by node name
+                if prefix[-1][0] != HOSTNAME_LABEL and prefix[-1][1]:  # lone and unnamed ones have no name to prefer
                     self.by_value.setdefault(prefix[-1][1], set()).add(prefix)
             parent = domain
         return parent

@@ -86,7 +86,9 @@ class DomainRef:
 
     @property
     def name(self) -> str:
-        return self.path[-1][1] if self.path else "cluster"
+        if not self.path:
+            return "cluster"
+        return self.path[-1][1] or f"(no {self.path[-1][0]} label)"
 
     def __str__(self) -> str:
         return f"{self.level_name} {self.name}" if self.path else "the whole cluster"

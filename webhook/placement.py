@@ -258,33 +258,67 @@ def _aligned(node: NodeState, gpus: int) -> bool:
 
 
 def _split(member: Member, pods: int, gpus: int) -> list[tuple[NodeState, int]]:
-    """Pods per node under `member`: the fewest children that hold them, balanced shares."""
+    """Pods per node under `member`, over the fewest children that hold them.
+
+    Across nodes the shares are balanced: the node with the fewest of the job's GPUs sets its
+    NIC bandwidth, so 4+4 beats 1+7. Across switches the split does not change the estimate
+    (every node brings its own NICs; crossing costs the same), so there the roomiest children are
+    filled first and the remainder goes to the tightest child that holds it, which leaves the
+    fewest partly used leaves behind (Kueue's BestFit does the same)."""
     if isinstance(member, NodeState):
         return [(member, pods)]
     kids = sorted((c for c in _children(member) if _cap(c, gpus) > 0),
                   key=lambda c: (-_cap(c, gpus), _free(c), _path(c)))
-    count, total = 0, 0
-    for kid in kids:
-        count, total = count + 1, total + _cap(kid, gpus)
-        if total >= pods:
-            break
-    share = math.ceil(pods / count)
-    even = [c for c in kids if _cap(c, gpus) >= share]
-    if len(even) >= count:
-        chosen = sorted(even, key=lambda c: (_cap(c, gpus), _free(c), _path(c)))[:count]
-        shares = [pods // count + (1 if i < pods % count else 0) for i in range(count)]
-    else:  # uneven capacities: water-fill from the smallest so the minimum share is as large as possible
-        chosen = sorted(kids[:count], key=lambda c: (_cap(c, gpus), _path(c)))
-        shares, left = [], pods
-        for i, kid in enumerate(chosen):
-            give = min(_cap(kid, gpus), math.ceil(left / (count - i)))
-            shares.append(give)
-            left -= give
+    if isinstance(kids[0], NodeState):
+        chosen, shares = _balanced(kids, pods, gpus)
+    else:
+        chosen, shares = _roomiest_then_tightest(kids, pods, gpus)
     result: list[tuple[NodeState, int]] = []
     for kid, n in zip(chosen, shares):
         if n:
             result.extend(_split(kid, n, gpus))
     return result
+
+
+def _fewest(kids: list[Member], pods: int, gpus: int) -> int:
+    """How many of `kids` (roomiest first) it takes to hold the pods."""
+    total = 0
+    for count, kid in enumerate(kids, start=1):
+        total += _cap(kid, gpus)
+        if total >= pods:
+            return count
+    return len(kids)
+
+
+def _balanced(kids: list[Member], pods: int, gpus: int) -> tuple[list[Member], list[int]]:
+    count = _fewest(kids, pods, gpus)
+    share = math.ceil(pods / count)
+    even = [c for c in kids if _cap(c, gpus) >= share]
+    if len(even) >= count:  # best fit among the children that can take an even share
+        chosen = sorted(even, key=lambda c: (_cap(c, gpus), _free(c), _path(c)))[:count]
+        return chosen, [pods // count + (1 if i < pods % count else 0) for i in range(count)]
+    # Uneven capacities: water-fill from the smallest so the minimum share is as large as possible.
+    chosen = sorted(kids[:count], key=lambda c: (_cap(c, gpus), _path(c)))
+    shares, left = [], pods
+    for i, kid in enumerate(chosen):
+        give = min(_cap(kid, gpus), math.ceil(left / (count - i)))
+        shares.append(give)
+        left -= give
+    return chosen, shares
+
+
+def _roomiest_then_tightest(kids: list[Member], pods: int, gpus: int) -> tuple[list[Member], list[int]]:
+    chosen: list[Member] = []
+    shares: list[int] = []
+    left = pods
+    for i, kid in enumerate(kids):
+        if _cap(kid, gpus) >= left:  # the rest fits in one child: the tightest that holds it
+            last = min(kids[i:], key=lambda c: (_cap(c, gpus) < left, _cap(c, gpus), _free(c), _path(c)))
+            return chosen + [last], shares + [left]
+        chosen.append(kid)
+        shares.append(_cap(kid, gpus))
+        left -= _cap(kid, gpus)
+    return chosen, shares
 
 
 # -- distributed --------------------------------------------------------------------------------------
@@ -362,7 +396,8 @@ def _requirements(scope: Member, used_children: set[str] | None) -> tuple[NodeRe
     """Node affinity that confines pods to `scope` (and to the children used, below a label level)."""
     merged: dict[str, tuple[str, ...]] = {}
     for key, value in _path(scope):
-        merged[key] = (value,)
+        if value:  # an unnamed domain (label missing above a deeper one) is pinned by the deeper labels
+            merged[key] = (value,)
     if used_children and not isinstance(scope, NodeState):
         kids = [c for c in _children(scope) if isinstance(c, Domain) and c.ref.name in used_children]
         if kids and len(kids) < len(scope.children):
