@@ -53,7 +53,7 @@ VALUE_SETS = {
     "fail-closed": {"webhook": {"failurePolicy": "Fail"}},
     "no-match-conditions": {"webhook": {"matchConditions": {"enabled": False}}},
     "everything-on": {
-        "discovery": {"enabled": True}, "serviceMonitor": {"enabled": True}, "workers": 4,
+        "discovery": {"enabled": True}, "serviceMonitor": {"enabled": True},
         "webhook": {"namespaceLabels": {"topology.scheduler/enabled": "true"}},
         "config": {"levels": [{"label": "example.com/rack", "link": "leaf"}, "example.com/host-group"],
                    "max_body_bytes": 3145728, "nccl_profiles": {"leaf": {"NCCL_IB_HCA": "mlx5"}},
