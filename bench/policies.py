@@ -169,6 +169,30 @@ def _greedy_best_fit(capacity: dict[str, int], need: int) -> dict[str, int]:
     return {}
 
 
+class BySize(Policy):
+    """One policy for single-pod jobs, another for multi-pod ones, both kept current: used to tell
+    which half of a policy's decisions a difference in results comes from."""
+
+    def __init__(self, name: str, single: Policy, multi: Policy) -> None:
+        self.name, self.single, self.multi = name, single, multi
+
+    def reset(self, cluster: SimCluster, seed: int) -> None:
+        super().reset(cluster, seed)
+        self.single.reset(cluster, seed)
+        self.multi.reset(cluster, seed)
+
+    def place(self, job: Job) -> list[PodPlacement] | None:
+        return (self.single if job.pods == 1 else self.multi).place(job)
+
+    def started(self, job: Job, pods: list[PodPlacement]) -> None:
+        self.single.started(job, pods)
+        self.multi.started(job, pods)
+
+    def finished(self, job: Job, pods: list[PodPlacement]) -> None:
+        self.single.finished(job, pods)
+        self.multi.finished(job, pods)
+
+
 def core_config(network: Network) -> Config:
     """Our default config, with the simulated fabric's oversubscription so the core's own bandwidth
     estimate describes the same network (decisions do not depend on it)."""

@@ -102,10 +102,53 @@ def summarize(result: RunResult, wall_s: float) -> Summary:
         run_wall_s=wall_s)
 
 
+def combine(summaries: list[Summary]) -> Summary:
+    """Replicates (seeds) of one scenario: means of every figure, job counts summed, first seed's series."""
+    if len(summaries) == 1:
+        return summaries[0]
+    buckets = {}
+    for name in BUCKETS:
+        present = [s.buckets[name] for s in summaries if name in s.buckets]
+        if present:
+            buckets[name] = BucketStats(sum(b.jobs for b in present), *(
+                statistics.fmean(getattr(b, f) for b in present) for f in BucketStats.__dataclass_fields__
+                if f != "jobs"))
+    first = summaries[0]
+
+    def mean(attr: str) -> float:
+        return statistics.fmean(getattr(s, attr) for s in summaries)
+
+    return Summary(first.policy, buckets, mean("allocation"), mean("useful_allocation"), mean("fragmentation_mean"),
+                   first.fragmentation, mean("wait_s"), mean("completion_s"), mean("multi_node_completion_s"),
+                   sum(s.jobs for s in summaries), sum(s.rejected for s in summaries),
+                   sum(s.unstarted for s in summaries), statistics.median(s.decision_p50_us for s in summaries),
+                   max(s.decision_p99_us for s in summaries), sum(s.run_wall_s for s in summaries),
+                   {"replicates": summaries})
+
+
+def cells(results: dict, group: str) -> dict[tuple, list]:
+    """Scenarios of a group by everything but the seed, in a stable order."""
+    out: dict[tuple, list] = {}
+    for scenario in _by_group(results, group):
+        key = (scenario.trace, scenario.load, scenario.hardware, scenario.comm_fraction, scenario.rho_leaf)
+        out.setdefault(key, []).append(scenario)
+    return out
+
+
+def cell_summaries(results: dict, scenarios: list, policies: tuple[str, ...]) -> dict[str, Summary]:
+    return {key: combine([results[s, key] for s in scenarios]) for key in policies if (scenarios[0], key) in results}
+
+
+def multi_node_allreduce(summary: Summary) -> float:
+    multi = [summary.buckets[b] for b in MULTI_NODE if b in summary.buckets]
+    share = sum(b.weight_share for b in multi)
+    return sum(b.allreduce_ms * b.weight_share for b in multi) / share if share else 0.0
+
+
 @dataclass(frozen=True)
 class Context:
     command: str
-    seed: int
+    seeds: tuple[int, ...]
     spec: ClusterSpec
     cap_s: float
     horizon_s: float
@@ -132,29 +175,35 @@ def _by_group(results: dict, group: str) -> list:
 
 
 def verdicts(results: dict, policies: tuple[str, ...]) -> tuple[list[list[str]], list[str]]:
-    """The targets of the issue, checked per main scenario and bucket above one node; shortfalls as sentences."""
+    """The targets of the issue, checked per main scenario (mean over seeds) and bucket above one node."""
     rows, misses = [], []
     baselines = [p for p in BASELINES if p in policies]
-    for scenario in _by_group(results, "main"):
-        ours = results[scenario, "ours-consolidated"]
+    for (trace, load, *_), scenarios in cells(results, "main").items():
+        runs = cell_summaries(results, scenarios, policies)
+        ours = runs["ours-consolidated"]
         for bucket in MULTI_NODE:
             if bucket not in ours.buckets:
                 continue
-            base = {p: results[scenario, p].buckets[bucket] for p in baselines if bucket in results[scenario, p].buckets}
+            base = {p: runs[p].buckets[bucket] for p in baselines if bucket in runs[p].buckets}
             best_ar = min(base, key=lambda p: base[p].allreduce_ms)
             best_td = max(base, key=lambda p: base[p].tight_dynamic)
             mine = ours.buckets[bucket]
             ar_ok = mine.allreduce_ms <= base[best_ar].allreduce_ms * 1.005
             td_ok = mine.tight_dynamic >= base[best_td].tight_dynamic - 0.005
-            rows.append([scenario.trace, f"{scenario.load:g}", bucket, str(mine.jobs),
-                         f"{mine.allreduce_ms:.1f}", f"{base[best_ar].allreduce_ms:.1f} ({POLICY_NAMES[best_ar]})",
-                         "yes" if ar_ok else "**no**", _pct(mine.tight_dynamic),
+            wins = sum(1 for s in scenarios if bucket in results[s, "ours-consolidated"].buckets and all(
+                results[s, "ours-consolidated"].buckets[bucket].allreduce_ms
+                <= results[s, p].buckets[bucket].allreduce_ms * 1.005
+                for p in baselines if bucket in results[s, p].buckets))
+            rows.append([trace, f"{load:g}", bucket, str(mine.jobs), f"{mine.allreduce_ms:.1f}",
+                         f"{base[best_ar].allreduce_ms:.1f} ({POLICY_NAMES[best_ar]})", "yes" if ar_ok else "**no**",
+                         f"{wins}/{len(scenarios)}", _pct(mine.tight_dynamic),
                          f"{_pct(base[best_td].tight_dynamic)} ({POLICY_NAMES[best_td]})", "yes" if td_ok else "**no**"])
             if not ar_ok:
-                misses.append(f"{scenario.trace} at load {scenario.load:g}, bucket {bucket}: all-reduce "
-                              f"{mine.allreduce_ms:.1f} ms vs {base[best_ar].allreduce_ms:.1f} ms for {POLICY_NAMES[best_ar]}")
+                misses.append(f"{trace} at load {load:g}, bucket {bucket}: all-reduce {mine.allreduce_ms:.1f} ms vs "
+                              f"{base[best_ar].allreduce_ms:.1f} ms for {POLICY_NAMES[best_ar]} "
+                              f"(ours best in {wins} of {len(scenarios)} seeds)")
             if not td_ok:
-                misses.append(f"{scenario.trace} at load {scenario.load:g}, bucket {bucket}: tightest available domain "
+                misses.append(f"{trace} at load {load:g}, bucket {bucket}: tightest available domain "
                               f"{_pct(mine.tight_dynamic)} vs {_pct(base[best_td].tight_dynamic)} for {POLICY_NAMES[best_td]}")
     return rows, misses
 
@@ -163,33 +212,35 @@ def allocation_checks(results: dict, policies: tuple[str, ...]) -> tuple[list[li
     """Allocation at overload, without (packing) and with run times depending on placement."""
     rows, misses = [], []
     baselines = [p for p in BASELINES if p in policies]
-    scenarios = [s for s in _by_group(results, "packing") + _by_group(results, "comm") + _by_group(results, "main")
-                 if s.load >= 1.0 or s.comm_fraction == 0.0]
-    for scenario in scenarios:
-        ours = results[scenario, "ours-consolidated"].allocation
-        best = max(baselines, key=lambda p: results[scenario, p].allocation)
-        gap = ours - results[scenario, best].allocation
+    chosen = [c for group in ("packing", "comm", "main") for c in cells(results, group).items()
+              if c[0][1] >= 1.0 or c[0][3] == 0.0]
+    for (trace, load, _, comm, _), scenarios in chosen:
+        runs = cell_summaries(results, scenarios, policies)
+        ours = runs["ours-consolidated"].allocation
+        best = max(baselines, key=lambda p: runs[p].allocation)
+        gap = ours - runs[best].allocation
         ok = gap >= -0.01
-        rows.append([scenario.trace, f"{scenario.load:g}", f"{scenario.comm_fraction:g}", _pct(ours),
-                     f"{_pct(results[scenario, best].allocation)} ({POLICY_NAMES[best]})", f"{100 * gap:+.1f}",
-                     "yes" if ok else "**no**"])
+        rows.append([trace, f"{load:g}", f"{comm:g}", str(len(scenarios)), _pct(ours),
+                     f"{_pct(runs[best].allocation)} ({POLICY_NAMES[best]})", f"{100 * gap:+.1f}", "yes" if ok else "**no**"])
         if not ok:
-            misses.append(f"{scenario.trace} at load {scenario.load:g}, comm share {scenario.comm_fraction:g}: "
-                          f"allocation {_pct(ours)}, {100 * -gap:.1f} points below {POLICY_NAMES[best]}")
+            misses.append(f"{trace} at load {load:g}, comm share {comm:g}: allocation {_pct(ours)}, "
+                          f"{100 * -gap:.1f} points below {POLICY_NAMES[best]}")
     return rows, misses
 
 
-def summary_rows(results: dict, scenario, policies: tuple[str, ...]) -> list[list[str]]:
+def summary_rows(runs: dict[str, Summary], policies: tuple[str, ...]) -> list[list[str]]:
     rows = []
     for key in policies:
-        s = results[scenario, key]
+        if key not in runs:
+            continue
+        s = runs[key]
         multi = [s.buckets[b] for b in MULTI_NODE if b in s.buckets]
         share = sum(b.weight_share for b in multi) or 1.0
         td = sum(b.tight_dynamic * b.weight_share for b in multi) / share if multi else 0.0
-        ar = sum(b.allreduce_ms * b.weight_share for b in multi) / share if multi else 0.0
-        rows.append([POLICY_NAMES[key], _pct(s.allocation), _pct(s.useful_allocation), _pct(s.fragmentation_mean),
-                     _pct(td), f"{ar:.1f}", f"{s.wait_s:.0f}", f"{s.completion_s:.0f}",
-                     f"{s.multi_node_completion_s:.0f}", f"{s.jobs}" + (f" (+{s.unstarted} unstarted)" if s.unstarted else "")])
+        rows.append([POLICY_NAMES.get(key, s.policy), _pct(s.allocation), _pct(s.useful_allocation),
+                     _pct(s.fragmentation_mean), _pct(td), f"{multi_node_allreduce(s):.1f}", f"{s.wait_s:.0f}",
+                     f"{s.completion_s:.0f}", f"{s.multi_node_completion_s:.0f}",
+                     f"{s.jobs}" + (f" (+{s.unstarted} unstarted)" if s.unstarted else "")])
     return rows
 
 
@@ -197,11 +248,11 @@ SUMMARY_HEADER = ["policy", "GPU allocation", "useful allocation", "FGD frag rat
                   "all-reduce ms (>8 GPU)", "mean wait s", "mean JCT s", "mean JCT s (>8 GPU)", "jobs"]
 
 
-def bucket_rows(results: dict, scenario, policies: tuple[str, ...]) -> list[list[str]]:
+def bucket_rows(runs: dict[str, Summary], policies: tuple[str, ...]) -> list[list[str]]:
     rows = []
     for bucket in BUCKETS:
         for key in policies:
-            b = results[scenario, key].buckets.get(bucket)
+            b = runs[key].buckets.get(bucket)
             if b is None:
                 continue
             rows.append([bucket, POLICY_NAMES[key], str(b.jobs), _pct(b.weight_share), _pct(b.tight_static),
@@ -216,66 +267,96 @@ BUCKET_HEADER = ["GPUs", "policy", "jobs", "GPU-time share", "tightest static", 
 
 def render(results: dict, policies: tuple[str, ...], ctx: Context, analysis: str = "") -> str:
     spec = ctx.spec
+    seeds = len(ctx.seeds)
     lines = ["# Placement quality: topology-webhook against the placements users would otherwise get", "",
              f"Regenerate everything on this page and in `bench/plots/`: `{ctx.command}`", "",
-             f"This run: {ctx.wall_s:.0f} s wall on {ctx.machine}, {ctx.processes} worker processes, seed {ctx.seed}. "
-             "All numbers below are simulated estimates under the stated model, not measurements on hardware.", ""]
+             f"This run: {ctx.wall_s:.0f} s wall on {ctx.machine}, {ctx.processes} worker processes; seeds "
+             f"{', '.join(map(str, ctx.seeds))}. Main-grid figures are means over the {seeds} seed(s); sweeps use "
+             "the first seed. All numbers are simulated estimates under the stated model, not measurements.", ""]
     ver_rows, ver_misses = verdicts(results, policies)
     alloc_rows, alloc_misses = allocation_checks(results, policies)
     lines += ["## Verdict against the targets", "",
               "Targets: the best estimated all-reduce time of all policies in every bucket above one node; the "
               "tightest-available-domain rate at or above every baseline; GPU allocation within 1 point of the best "
-              "baseline. `ours` here is the consolidated strategy (balanced makes the same decisions, see Method).", ""]
-    lines += _table(["trace", "load", "bucket", "jobs", "ours all-reduce ms", "best baseline ms", "best?",
+              "baseline. `ours` is the consolidated strategy (balanced makes the same decisions, see Method). "
+              "All-reduce in ms for 1 GB, weighted by GPU time; 'seeds' counts the seeds in which ours was at least "
+              "as good as every baseline.", ""]
+    lines += _table(["trace", "load", "bucket", "jobs", "ours all-reduce ms", "best baseline ms", "best?", "seeds",
                      "ours tightest avail.", "best baseline", "at or above?"], ver_rows)
-    lines += ["", "GPU allocation at overload (load 1.2; comm share 0 isolates packing from run-time feedback) "
-              "and at comm share 0:", ""]
-    lines += _table(["trace", "load", "comm share", "ours", "best baseline", "points", "within 1 point?"], alloc_rows)
+    lines += ["", "GPU allocation at overload (load 1.2) and wherever run times do not depend on placement "
+              "(comm share 0, which isolates packing):", ""]
+    lines += _table(["trace", "load", "comm share", "seeds", "ours", "best baseline", "points", "within 1 point?"],
+                    alloc_rows)
     misses = ver_misses + alloc_misses
     lines += ["", f"Shortfalls found by the checks above: {len(misses)}." + ("" if misses else " None."), ""]
     lines += [f"- {m}" for m in misses]
     if analysis:
         lines += ["", analysis.strip()]
+    attribution = _attribution(results)
+    if attribution:
+        lines += [""] + attribution
     lines += ["", "## Method", ""] + _method(ctx, policies)
-    for scenario in _by_group(results, "main"):
-        if scenario.load != 0.7 and len(_by_group(results, "main")) > 1:
+    main_cells = cells(results, "main")
+    middle = sorted({k[1] for k in main_cells})[len({k[1] for k in main_cells}) // 2]
+    for (trace, load, *_), scenarios in main_cells.items():
+        if load != middle:
             continue
-        lines += ["", f"## {scenario.trace}, load {scenario.load:g} (comm share {scenario.comm_fraction:g})", ""]
-        lines += _table(SUMMARY_HEADER, summary_rows(results, scenario, policies))
+        runs = cell_summaries(results, scenarios, policies)
+        lines += ["", f"## {trace}, load {load:g} (comm share {ctx.main_comm:g}, {len(scenarios)} seed(s))", ""]
+        lines += _table(SUMMARY_HEADER, summary_rows(runs, policies))
         lines += ["", "Per job-size bucket (weighted by GPU time at the tightest placement):", ""]
-        lines += _table(BUCKET_HEADER, bucket_rows(results, scenario, policies))
-    lines += ["", "## Every load (comm share %g)" % ctx.main_comm, ""]
-    for scenario in _by_group(results, "main"):
-        lines += [f"**{scenario.trace}, load {scenario.load:g}**", ""]
-        lines += _table(SUMMARY_HEADER, summary_rows(results, scenario, policies)) + [""]
+        lines += _table(BUCKET_HEADER, bucket_rows(runs, policies))
+    lines += ["", f"## Every load (comm share {ctx.main_comm:g})", ""]
+    for (trace, load, *_), scenarios in main_cells.items():
+        lines += [f"**{trace}, load {load:g}**", ""]
+        lines += _table(SUMMARY_HEADER, summary_rows(cell_summaries(results, scenarios, policies), policies)) + [""]
     for group, title in (("packing", "Packing at overload, run times independent of placement (comm share 0)"),
-                         ("comm", "Communication share swept (helios_all, load 0.7)"),
-                         ("hardware", "Other hardware profiles (helios_all, load 0.7)"),
-                         ("network", "Leaf oversubscription swept (helios_all, load 0.7)"),
+                         ("comm", "Communication share swept (helios_all, load 0.8)"),
+                         ("hardware", "Other hardware profiles (helios_all, load 0.8)"),
+                         ("network", "Leaf oversubscription swept (helios_all, load 0.8)"),
                          ("replay", "Replayed trace")):
-        chosen = _by_group(results, group)
-        if not chosen:
-            continue
-        lines += [f"## {title}", ""]
-        for scenario in chosen:
-            lines += [f"**{scenario.label}**", ""]
-            lines += _table(SUMMARY_HEADER, summary_rows(results, scenario, policies)) + [""]
+        group_cells = cells(results, group)
+        if group_cells:
+            lines += [f"## {title}", ""]
+        for (trace, load, hardware, comm, rho), scenarios in group_cells.items():
+            lines += [f"**{scenarios[0].label}**", ""]
+            lines += _table(SUMMARY_HEADER, summary_rows(cell_summaries(results, scenarios, policies), policies))
+            lines += [""]
             if group == "hardware":
                 lines += ["Cost profile used:", ""]
-                profile = HARDWARE[scenario.hardware].profile
                 lines += _table(["figure", "value"], [list(r) for r in profile_table(
-                    profile, Network(rho_leaf=scenario.rho_leaf), ctx.allreduce_bytes)]) + [""]
+                    HARDWARE[hardware].profile, Network(rho_leaf=rho), ctx.allreduce_bytes)]) + [""]
     lines += ["## Placement decision time", "",
               f"Wall time of one `place` call inside the simulator ({ctx.machine}); {spec.nodes} nodes. "
-              "Baselines are simple loops over a node table, ours walks the ClusterIndex; main scenarios pooled.", ""]
+              "Baselines are simple loops over a node table, ours walks the ClusterIndex; all main runs.", ""]
     rows = []
     for key in policies:
-        mains = [results[s, key] for s in _by_group(results, "main")]
+        mains = [results[s, key] for scenarios in main_cells.values() for s in scenarios]
         rows.append([POLICY_NAMES[key], f"{statistics.median(m.decision_p50_us for m in mains):.0f}",
                      f"{max(m.decision_p99_us for m in mains):.0f}", f"{sum(m.run_wall_s for m in mains):.0f}"])
     lines += _table(["policy", "p50 us (median over runs)", "p99 us (worst run)", "simulation s (all main runs)"], rows)
     lines += [""]
     return "\n".join(lines)
+
+
+def _attribution(results: dict) -> list[str]:
+    """Which half of our decisions a gap to Kueue comes from: hybrids against the pure policies."""
+    rows = []
+    for (trace, load, *_), hybrids in cells(results, "attribution").items():
+        mains = [s for s in _by_group(results, "main") if s.trace == trace and s.load == load]
+        for key, scenarios in (("kueue", mains), ("ours-consolidated", mains),
+                               ("ours-single+kueue-multi", hybrids), ("kueue-single+ours-multi", hybrids)):
+            runs = [results[s, key] for s in sorted(scenarios, key=lambda s: s.seed) if (s, key) in results]
+            if runs:
+                values = [multi_node_allreduce(r) for r in runs]
+                rows.append([runs[0].policy, f"{trace}, load {load:g}", f"{statistics.fmean(values):.1f}",
+                             " / ".join(f"{v:.0f}" for v in values)])
+    if not rows:
+        return []
+    return ["## Where a gap to Kueue comes from", "",
+            "Same streams as the main grid; each hybrid takes single-pod decisions from one policy and multi-pod "
+            "decisions from the other. Estimated all-reduce of jobs above 8 GPUs (ms of 1 GB, GPU-time weighted):",
+            ""] + _table(["policy", "scenario", "mean ms", "per seed"], rows)
 
 
 def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
@@ -328,81 +409,83 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
 
 
 def plot(results: dict, policies: tuple[str, ...], out_dir: str) -> None:
-    """allreduce.png, allocation.png, fragmentation.png, commshare.png (matplotlib, bench extra)."""
+    """allreduce.png, allocation.png, fragmentation.png, commshare.png (matplotlib, the bench extra)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    mains = _by_group(results, "main")
-    traces = sorted({s.trace for s in mains})
+    main = {(trace, load): cell_summaries(results, scenarios, policies)
+            for (trace, load, *_), scenarios in cells(results, "main").items()}
+    traces = sorted({trace for trace, _ in main})
+    loads = sorted({load for _, load in main})
     colors = dict(zip(policies, ("#8c8c8c", "#1f77b4", "#bcbd22", "#9467bd", "#d62728", "#ff9896")))
 
-    focus_load = 0.7 if any(s.load == 0.7 for s in mains) else mains[0].load
-    fig, axes = plt.subplots(1, len(traces), figsize=(5.5 * len(traces), 4.2), squeeze=False)
-    for ax, trace in zip(axes[0], traces):
-        scenario = next(s for s in mains if s.trace == trace and s.load == focus_load)
-        buckets = [b for b in BUCKETS[1:] if any(b in results[scenario, p].buckets for p in policies)]
+    def panels(height: float):
+        fig, axes = plt.subplots(1, len(traces), figsize=(5.5 * len(traces), height), squeeze=False)
+        return fig, axes[0]
+
+    def finish(fig, axes, ylabel: str, name: str, title: str) -> None:
+        axes[0].set_ylabel(ylabel)
+        axes[-1].legend(fontsize=8)
+        fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(f"{out_dir}/{name}", dpi=110)
+        plt.close(fig)
+
+    focus = loads[len(loads) // 2]
+    fig, axes = panels(4.4)
+    for ax, trace in zip(axes, traces):
+        runs = main[trace, focus]
+        buckets = [b for b in BUCKETS[1:] if any(b in runs[p].buckets for p in policies)]
         width = 0.8 / len(policies)
         for i, key in enumerate(policies):
-            values = [results[scenario, key].buckets[b].allreduce_ms if b in results[scenario, key].buckets else 0
-                      for b in buckets]
+            values = [runs[key].buckets[b].allreduce_ms if b in runs[key].buckets else 0 for b in buckets]
             ax.bar([x + i * width for x in range(len(buckets))], values, width, label=POLICY_NAMES[key],
                    color=colors[key])
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(buckets))], buckets)
         ax.set_yscale("log")
-        ax.set_xlabel("job size (GPUs)")
-        ax.set_title(f"{trace}, load {focus_load:g}")
-    axes[0][0].set_ylabel("est. all-reduce of 1 GB, ms (GPU-time weighted, lower is better)")
-    axes[0][-1].legend(fontsize=8)
-    fig.suptitle("Estimated all-reduce time by policy and job size")
-    fig.tight_layout()
-    fig.savefig(f"{out_dir}/allreduce.png", dpi=110)
-    plt.close(fig)
+        ax.set_xlabel("job size bucket (GPUs)")
+        ax.set_title(f"{trace}, load {focus:g}")
+    finish(fig, axes, "all-reduce of 1 GB, ms (log; lower is better)", "allreduce.png",
+           "Estimated all-reduce time by policy and job size (GPU-time weighted, mean of seeds)")
 
-    fig, axes = plt.subplots(1, len(traces), figsize=(5.5 * len(traces), 4.2), squeeze=False)
-    for ax, trace in zip(axes[0], traces):
-        chosen = sorted((s for s in mains if s.trace == trace), key=lambda s: s.load)
+    fig, axes = panels(4.4)
+    for ax, trace in zip(axes, traces):
         for key in policies:
-            loads = [s.load for s in chosen]
-            ax.plot(loads, [100 * results[s, key].allocation for s in chosen], "-o", color=colors[key],
-                    label=f"{POLICY_NAMES[key]}")
-            ax.plot(loads, [100 * results[s, key].useful_allocation for s in chosen], "--", color=colors[key])
+            ax.plot(loads, [100 * main[trace, load][key].allocation for load in loads], "-o", color=colors[key],
+                    label=POLICY_NAMES[key])
+            ax.plot(loads, [100 * main[trace, load][key].useful_allocation for load in loads], "--",
+                    color=colors[key])
         ax.set_xlabel("offered load")
         ax.set_title(trace)
-    axes[0][0].set_ylabel("GPU allocation % (solid); useful allocation % (dashed)")
-    axes[0][-1].legend(fontsize=8)
-    fig.suptitle("Allocation vs load: dashed = GPU time the jobs needed at their tightest placement")
-    fig.tight_layout()
-    fig.savefig(f"{out_dir}/allocation.png", dpi=110)
-    plt.close(fig)
+    finish(fig, axes, "GPU allocation % (solid), useful allocation % (dashed)", "allocation.png",
+           "Allocation vs load; dashed = only the GPU time jobs needed at their tightest placement")
 
-    busiest = max(s.load for s in mains)
-    chosen = [s for s in mains if s.load == busiest]
-    fig, axes = plt.subplots(1, len(chosen), figsize=(5.5 * len(chosen), 4.0), squeeze=False)
-    for ax, scenario in zip(axes[0], chosen):
+    busiest = loads[-1]
+    fig, axes = panels(4.2)
+    for ax, trace in zip(axes, traces):
         for key in policies:
-            series = results[scenario, key].fragmentation
+            series = main[trace, busiest][key].fragmentation
             ax.plot([t / 3600 for t, _ in series], [100 * f for _, f in series], color=colors[key],
-                    label=POLICY_NAMES[key], linewidth=1.2)
-        ax.set_xlabel("simulated time, h")
-        ax.set_title(f"{scenario.trace}, load {scenario.load:g}")
-    axes[0][0].set_ylabel("FGD fragmentation ratio % (lower is better)")
-    axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(f"{out_dir}/fragmentation.png", dpi=110)
-    plt.close(fig)
+                    label=POLICY_NAMES[key], linewidth=1.1)
+        ax.set_xlabel("simulated time, h (first seed)")
+        ax.set_title(f"{trace}, load {busiest:g}")
+    finish(fig, axes, "FGD fragmentation ratio % (lower is better)", "fragmentation.png",
+           "Fragmentation over time")
 
-    comm = sorted(_by_group(results, "comm") + [s for s in mains if s.trace == "helios_all" and s.load == 0.7],
-                  key=lambda s: s.comm_fraction)
-    if len(comm) > 1:
-        fig, ax = plt.subplots(figsize=(6, 4.2))
+    comm = {key[3]: scenarios for key, scenarios in cells(results, "comm").items()}
+    focus_main = [s for s in _by_group(results, "main") if s.trace == "helios_all" and s.load == 0.8]
+    if comm and focus_main:
+        comm[focus_main[0].comm_fraction] = [min(focus_main, key=lambda s: s.seed)]
+        shares = sorted(comm)
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
         for key in policies:
-            ax.plot([s.comm_fraction for s in comm], [results[s, key].multi_node_completion_s / 3600 for s in comm],
-                    "-o", color=colors[key], label=POLICY_NAMES[key])
+            ax.plot(shares, [results[comm[f][0], key].multi_node_completion_s / 3600 for f in shares], "-o",
+                    color=colors[key], label=POLICY_NAMES[key])
         ax.set_xlabel("share of run time in all-reduce at the tightest placement")
-        ax.set_ylabel("mean JCT of jobs > 8 GPUs, h")
+        ax.set_ylabel("mean JCT of jobs above 8 GPUs, h (log)")
         ax.set_yscale("log")
-        ax.set_title("helios_all, load 0.7")
+        ax.set_title("Communication share swept: helios_all, load 0.8, first seed")
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(f"{out_dir}/commshare.png", dpi=110)

@@ -24,20 +24,27 @@ from bench import report  # noqa: E402
 from bench.costmodel import Network  # noqa: E402
 from bench.engine import Workload, run  # noqa: E402
 from bench.fabric import HARDWARE, ClusterSpec  # noqa: E402
-from bench.policies import KueueBestFit, Ours, Policy, least_allocated, most_allocated, random_fit  # noqa: E402
+from bench.policies import (BySize, KueueBestFit, Ours, Policy, least_allocated, most_allocated,  # noqa: E402
+                            random_fit)
 from bench.traces import TraceError, load_csv, sample_stream  # noqa: E402
 from webhook.model import Strategy  # noqa: E402
 
-SEED = 20261122
+SEEDS = (20261122, 20261123, 20261124)  # the main grid runs every stream under each; sweeps use the first
 ALLREDUCE_BYTES = 1e9  # 1 GB of fp16 gradients, the reference's worked example (3.3)
 MAIN_COMM = 0.1  # share of run time in all-reduce at the tightest placement, main grid
 POLICY_KEYS = ("spread", "best-fit", "random", "kueue", "ours-consolidated", "ours-distributed")
+# Attribution: our decisions for one job shape and Kueue's for the other.
+HYBRID_KEYS = ("ours-single+kueue-multi", "kueue-single+ours-multi")
 
 
 def make_policy(key: str, network: Network) -> Policy:
+    def ours() -> Policy:
+        return Ours(Strategy.CONSOLIDATED, network)
+
     makers = {"spread": least_allocated, "best-fit": most_allocated, "random": random_fit, "kueue": KueueBestFit,
-              "ours-consolidated": lambda: Ours(Strategy.CONSOLIDATED, network),
-              "ours-distributed": lambda: Ours(Strategy.DISTRIBUTED, network)}
+              "ours-consolidated": ours, "ours-distributed": lambda: Ours(Strategy.DISTRIBUTED, network),
+              "ours-single+kueue-multi": lambda: BySize("ours single-pod, Kueue multi-pod", ours(), KueueBestFit()),
+              "kueue-single+ours-multi": lambda: BySize("Kueue single-pod, ours multi-pod", KueueBestFit(), ours())}
     return makers[key]()
 
 
@@ -52,11 +59,16 @@ class Scenario:
     comm_fraction: float = MAIN_COMM
     rho_leaf: float = Network().rho_leaf
     csv_path: str | None = None
+    seed: int = SEEDS[0]
 
     @property
     def label(self) -> str:
         return (f"{self.trace} load {self.load:g}, {self.hardware}, comm {self.comm_fraction:g}, "
                 f"rho_leaf {self.rho_leaf:g}")
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        return HYBRID_KEYS if self.group == "attribution" else POLICY_KEYS
 
 
 @dataclass(frozen=True)
@@ -69,20 +81,22 @@ class Settings:
 
 
 FULL = Settings(ClusterSpec(), cap_s=3 * 3600, horizon_s=9 * 3600,
-                traces=("philly", "helios_all", "acme_seren"), loads=(0.5, 0.7, 0.9, 1.2))
+                traces=("philly", "helios_all", "acme_seren"), loads=(0.5, 0.8, 1.2))
 QUICK = Settings(ClusterSpec(zones=1, spines_per_zone=2, leaves_per_spine=2, nodes_per_leaf=4),
                  cap_s=1800, horizon_s=3 * 1800, traces=("helios_all",), loads=(0.8,))
 
 
 def scenarios(settings: Settings, quick: bool, csv_path: str | None) -> list[Scenario]:
-    out = [Scenario("main", t, load) for t in settings.traces for load in settings.loads]
+    seeds = SEEDS[:1] if quick else SEEDS
+    out = [Scenario("main", t, load, seed=seed) for t in settings.traces for load in settings.loads for seed in seeds]
     if not quick:
         focus = "helios_all"
-        out += [Scenario("comm", focus, 0.7, comm_fraction=f) for f in (0.0, 0.3, 0.5)]
+        out += [Scenario("comm", focus, 0.8, comm_fraction=f) for f in (0.0, 0.3, 0.5)]
         # Packing without placement feeding back into run times: allocation at overload.
-        out += [Scenario("packing", t, 1.2, comm_fraction=0.0) for t in settings.traces if t != focus]
-        out += [Scenario("hardware", focus, 0.7, hardware=h) for h in HARDWARE if h != "h100"]
-        out += [Scenario("network", focus, 0.7, rho_leaf=r) for r in (1.0, 4.0)]
+        out += [Scenario("packing", t, 1.2, comm_fraction=0.0) for t in settings.traces]
+        out += [Scenario("hardware", focus, 0.8, hardware=h) for h in HARDWARE if h != "h100"]
+        out += [Scenario("network", focus, 0.8, rho_leaf=r) for r in (1.0, 4.0)]
+        out += [Scenario("attribution", "philly", 1.2, seed=seed) for seed in seeds]
     if csv_path:
         out.append(Scenario("replay", os.path.basename(csv_path), 0.0, csv_path=csv_path))
     return out
@@ -95,9 +109,10 @@ def workload_for(scenario: Scenario, settings: Settings) -> Workload:
         jobs = load_csv(scenario.csv_path)
         warmup = 0.0
     else:
-        jobs = sample_stream(scenario.trace, scenario.load, spec.gpus, settings.horizon_s, settings.cap_s, SEED)
+        jobs = sample_stream(scenario.trace, scenario.load, spec.gpus, settings.horizon_s, settings.cap_s,
+                             scenario.seed)
         warmup = settings.cap_s  # by then the longest jobs started at time 0 have ended: steady state
-    return Workload(spec, network, tuple(jobs), scenario.comm_fraction, ALLREDUCE_BYTES, SEED, warmup)
+    return Workload(spec, network, tuple(jobs), scenario.comm_fraction, ALLREDUCE_BYTES, scenario.seed, warmup)
 
 
 def run_one(task: tuple[Scenario, str, Settings]) -> tuple[Scenario, str, report.Summary]:
@@ -106,6 +121,10 @@ def run_one(task: tuple[Scenario, str, Settings]) -> tuple[Scenario, str, report
     began = time.perf_counter()
     result = run(workload, make_policy(key, workload.network))
     return scenario, key, report.summarize(result, time.perf_counter() - began)
+
+
+# Written after reading the numbers of a full run; the tables above it are regenerated each time.
+ANALYSIS = ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     settings = QUICK if args.quick else FULL
     out_dir = args.out or (None if args.quick else os.path.dirname(os.path.abspath(__file__)))
-    tasks = [(s, key, settings) for s in scenarios(settings, args.quick, args.trace_csv) for key in POLICY_KEYS]
+    tasks = [(s, key, settings) for s in scenarios(settings, args.quick, args.trace_csv) for key in s.policies]
     began = time.perf_counter()
     results: dict[tuple[Scenario, str], report.Summary] = {}
     if args.processes == 1:
@@ -135,18 +154,18 @@ def main(argv: list[str] | None = None) -> int:
             results[scenario, key] = summary
     else:
         # Our core's runs are the slowest: start them first so the two workers finish together.
-        tasks.sort(key=lambda t: not t[1].startswith("ours"))
+        tasks.sort(key=lambda t: "ours" not in t[1])
         with multiprocessing.Pool(args.processes) as pool:
             for scenario, key, summary in pool.imap_unordered(run_one, tasks):
                 results[scenario, key] = summary
     wall = time.perf_counter() - began
     command = "/work/venv/bin/python bench/simulate.py" + (" --quick" if args.quick else "") + (
         f" --trace-csv {args.trace_csv}" if args.trace_csv else "")
-    context = report.Context(command=command, seed=SEED, spec=settings.spec, cap_s=settings.cap_s,
+    context = report.Context(command=command, seeds=SEEDS[:1] if args.quick else SEEDS, spec=settings.spec, cap_s=settings.cap_s,
                              horizon_s=settings.horizon_s, allreduce_bytes=ALLREDUCE_BYTES, main_comm=MAIN_COMM,
                              wall_s=wall, processes=args.processes,
                              machine=f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    text = report.render(results, POLICY_KEYS, context)
+    text = report.render(results, POLICY_KEYS, context, ANALYSIS)
     if out_dir:
         os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
         with open(os.path.join(out_dir, "RESULTS.md"), "w", encoding="utf-8") as handle:
