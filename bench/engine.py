@@ -73,7 +73,7 @@ class RunResult:
     rejected: int = 0  # jobs the policy said can never fit
     unstarted: int = 0  # jobs still queued when nothing was left running
     allocation: float = 0.0  # time-averaged allocated GPUs / all GPUs, between warm-up and last arrival
-    fragmentation: list[tuple[float, float]] = field(default_factory=list)  # (time s, FGD frag ratio)
+    fragmentation: list[tuple[float, float]] = field(default_factory=list)  # (time s, FGD ratio) when any GPU idles
     decision_seconds: list[float] = field(default_factory=list)  # wall time of each policy.place call
     window: tuple[float, float] = (0.0, 0.0)  # measurement window (s)
     cluster_gpus: int = 0
@@ -90,12 +90,12 @@ class RunResult:
         return work / (self.cluster_gpus * (hi - lo))
 
 
-def fgd_fragmentation(cluster: SimCluster, pod_sizes: dict[int, float]) -> float:
+def fgd_fragmentation(cluster: SimCluster, pod_sizes: dict[int, float]) -> float | None:
     """FGD (ATC'23) fragmentation ratio: idle GPUs on a node that a typical pod cannot use, weighted by
-    how common that pod size is, over all idle GPUs. Whole GPUs only (no sharing here)."""
+    how common that pod size is, over all idle GPUs; None when nothing is idle. Whole GPUs only."""
     idle = cluster.spec.gpus - cluster.used
     if idle == 0:
-        return 0.0
+        return None
     frag = 0.0
     for node in cluster.nodes:
         free = len(node.free)
@@ -191,7 +191,10 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100) -> RunResul
         if hi > lo:
             allocated_gpu_seconds += cluster.used * (hi - lo)
         while sample_times and sample_times[0] <= t:
-            result.fragmentation.append((sample_times.pop(0), fgd_fragmentation(cluster, pod_sizes)))
+            ratio = fgd_fragmentation(cluster, pod_sizes)
+            sampled = sample_times.pop(0)
+            if ratio is not None:
+                result.fragmentation.append((sampled, ratio))
         now = t
         if finish_t <= arrival_t:
             _, _, pods, job = heapq.heappop(finishes)

@@ -116,7 +116,10 @@ class KueueBestFit(Policy):
         count = {n.name: len(n.free) // job.gpus_per_pod for n in self.cluster.nodes}
         if job.pods == 1:
             fitting = sorted((c, name) for name, c in count.items() if c >= 1)
-            return [(fitting[0][1], pick_gpus(self.cluster.by_name[fitting[0][1]], job.gpus_per_pod))] if fitting else None
+            if not fitting:
+                return None
+            name = fitting[0][1]
+            return [(name, pick_gpus(self.cluster.by_name[name], job.gpus_per_pod))]
         chosen = self._pick_level(job.pods, count)
         if chosen is None:
             return None

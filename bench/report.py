@@ -7,7 +7,7 @@ jobs does not weight its own failures up.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .costmodel import Network, profile_table
 from .engine import JobRecord, RunResult
@@ -62,7 +62,6 @@ class Summary:
     decision_p50_us: float
     decision_p99_us: float
     run_wall_s: float
-    extra: dict = field(default_factory=dict)
 
 
 def _weighted(records: list[JobRecord], value) -> float:
@@ -122,8 +121,7 @@ def combine(summaries: list[Summary]) -> Summary:
                    first.fragmentation, mean("wait_s"), mean("completion_s"), mean("multi_node_completion_s"),
                    sum(s.jobs for s in summaries), sum(s.rejected for s in summaries),
                    sum(s.unstarted for s in summaries), statistics.median(s.decision_p50_us for s in summaries),
-                   max(s.decision_p99_us for s in summaries), sum(s.run_wall_s for s in summaries),
-                   {"replicates": summaries})
+                   max(s.decision_p99_us for s in summaries), sum(s.run_wall_s for s in summaries))
 
 
 def cells(results: dict, group: str) -> dict[tuple, list]:
@@ -160,7 +158,8 @@ class Context:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    rule = "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"
+    out = ["| " + " | ".join(header) + " |", rule]
     out += ["| " + " | ".join(row) + " |" for row in rows]
     return out
 
@@ -197,14 +196,16 @@ def verdicts(results: dict, policies: tuple[str, ...]) -> tuple[list[list[str]],
             rows.append([trace, f"{load:g}", bucket, str(mine.jobs), f"{mine.allreduce_ms:.1f}",
                          f"{base[best_ar].allreduce_ms:.1f} ({POLICY_NAMES[best_ar]})", "yes" if ar_ok else "**no**",
                          f"{wins}/{len(scenarios)}", _pct(mine.tight_dynamic),
-                         f"{_pct(base[best_td].tight_dynamic)} ({POLICY_NAMES[best_td]})", "yes" if td_ok else "**no**"])
+                         f"{_pct(base[best_td].tight_dynamic)} ({POLICY_NAMES[best_td]})",
+                         "yes" if td_ok else "**no**"])
             if not ar_ok:
                 misses.append(f"{trace} at load {load:g}, bucket {bucket}: all-reduce {mine.allreduce_ms:.1f} ms vs "
                               f"{base[best_ar].allreduce_ms:.1f} ms for {POLICY_NAMES[best_ar]} "
                               f"(ours best in {wins} of {len(scenarios)} seeds)")
             if not td_ok:
                 misses.append(f"{trace} at load {load:g}, bucket {bucket}: tightest available domain "
-                              f"{_pct(mine.tight_dynamic)} vs {_pct(base[best_td].tight_dynamic)} for {POLICY_NAMES[best_td]}")
+                              f"{_pct(mine.tight_dynamic)} vs {_pct(base[best_td].tight_dynamic)} "
+                              f"for {POLICY_NAMES[best_td]}")
     return rows, misses
 
 
@@ -221,7 +222,8 @@ def allocation_checks(results: dict, policies: tuple[str, ...]) -> tuple[list[li
         gap = ours - runs[best].allocation
         ok = gap >= -0.01
         rows.append([trace, f"{load:g}", f"{comm:g}", str(len(scenarios)), _pct(ours),
-                     f"{_pct(runs[best].allocation)} ({POLICY_NAMES[best]})", f"{100 * gap:+.1f}", "yes" if ok else "**no**"])
+                     f"{_pct(runs[best].allocation)} ({POLICY_NAMES[best]})", f"{100 * gap:+.1f}",
+                     "yes" if ok else "**no**"])
         if not ok:
             misses.append(f"{trace} at load {load:g}, comm share {comm:g}: allocation {_pct(ours)}, "
                           f"{100 * -gap:.1f} points below {POLICY_NAMES[best]}")
@@ -392,14 +394,14 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
         "Decision in the core (they differ only in how the mutation enforces it), so balanced is not run separately "
         "(tests/test_bench_quality.py checks the decisions are equal). Distributed spreads for failure isolation by "
         "design and is expected to lose on all-reduce.",
-        "- **Metrics:** *tightest static* = the job sits in the narrowest level (NVLink domain, node, leaf, spine, zone, "
-        "cluster) that could hold it in an empty cluster; *tightest available* = no narrower domain had room for the "
+        "- **Metrics:** *tightest static* = the job sits in the narrowest level (NVLink domain, node, leaf, spine, "
+        "zone, cluster) that could hold it in an empty cluster; *tightest available* = no narrower domain had room for the "
         "whole job (by pod shape) at decision time, checked over every domain; nodes and leaves spanned; all-reduce "
         "time from the cost model below; GPU allocation = time-averaged allocated GPUs / all GPUs; *useful "
         "allocation* = the same counting only GPU time the job would need at its tightest placement; FGD "
         "fragmentation ratio (Weng et al. ATC'23) = idle GPUs a typical pod cannot use (pod sizes weighted by their "
-        "share of the stream's pods) / all idle GPUs, sampled 100 times per run; wait = start - submit; JCT = "
-        "finish - submit.",
+        "share of the stream's pods) / all idle GPUs, sampled 100 times per run (skipped when no GPU is idle); "
+        "wait = start - submit; JCT = finish - submit.",
         "- **Cost model** (traces-and-metrics.md 3.1, figures from 3.2 via webhook/config.py DEFAULT_PROFILES): "
         "ring all-reduce T = 2(n-1)/n x S / B + 2(n-1) x alpha, B the bottleneck tier: NVLink inside one domain, "
         "PCIe across domains of a node, min over nodes of min(GPUs there, NICs) x B_nic (and the node's own "
@@ -461,17 +463,16 @@ def plot(results: dict, policies: tuple[str, ...], out_dir: str) -> None:
     finish(fig, axes, "GPU allocation % (solid), useful allocation % (dashed)", "allocation.png",
            "Allocation vs load; dashed = only the GPU time jobs needed at their tightest placement")
 
-    busiest = loads[-1]
     fig, axes = panels(4.2)
     for ax, trace in zip(axes, traces):
         for key in policies:
-            series = main[trace, busiest][key].fragmentation
+            series = main[trace, focus][key].fragmentation
             ax.plot([t / 3600 for t, _ in series], [100 * f for _, f in series], color=colors[key],
                     label=POLICY_NAMES[key], linewidth=1.1)
         ax.set_xlabel("simulated time, h (first seed)")
-        ax.set_title(f"{trace}, load {busiest:g}")
+        ax.set_title(f"{trace}, load {focus:g}")
     finish(fig, axes, "FGD fragmentation ratio % (lower is better)", "fragmentation.png",
-           "Fragmentation over time")
+           "Fragmentation over time: idle GPUs the typical pod cannot use / idle GPUs")
 
     comm = {key[3]: scenarios for key, scenarios in cells(results, "comm").items()}
     focus_main = [s for s in _by_group(results, "main") if s.trace == "helios_all" and s.load == 0.8]

@@ -96,7 +96,7 @@ def scenarios(settings: Settings, quick: bool, csv_path: str | None) -> list[Sce
         out += [Scenario("packing", t, 1.2, comm_fraction=0.0) for t in settings.traces]
         out += [Scenario("hardware", focus, 0.8, hardware=h) for h in HARDWARE if h != "h100"]
         out += [Scenario("network", focus, 0.8, rho_leaf=r) for r in (1.0, 4.0)]
-        out += [Scenario("attribution", "philly", 1.2, seed=seed) for seed in seeds]
+        out += [Scenario("attribution", focus, 0.8, seed=seed) for seed in seeds]
     if csv_path:
         out.append(Scenario("replay", os.path.basename(csv_path), 0.0, csv_path=csv_path))
     return out
@@ -161,10 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - began
     command = "/work/venv/bin/python bench/simulate.py" + (" --quick" if args.quick else "") + (
         f" --trace-csv {args.trace_csv}" if args.trace_csv else "")
-    context = report.Context(command=command, seeds=SEEDS[:1] if args.quick else SEEDS, spec=settings.spec, cap_s=settings.cap_s,
-                             horizon_s=settings.horizon_s, allreduce_bytes=ALLREDUCE_BYTES, main_comm=MAIN_COMM,
-                             wall_s=wall, processes=args.processes,
-                             machine=f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    context = report.Context(command=command, seeds=SEEDS[:1] if args.quick else SEEDS, spec=settings.spec,
+                             cap_s=settings.cap_s, horizon_s=settings.horizon_s, allreduce_bytes=ALLREDUCE_BYTES,
+                             main_comm=MAIN_COMM, wall_s=wall, processes=args.processes,
+                             machine=f"{platform.machine()}, {os.cpu_count()} cores, "
+                                     f"Python {platform.python_version()}")
     text = report.render(results, POLICY_KEYS, context, ANALYSIS)
     if out_dir:
         os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)

@@ -46,8 +46,10 @@ def test_allreduce_two_nodes_of_four_and_eight_nodes_of_one():
     cluster = fabric.SimCluster(H100)
     two = node_names(cluster, 0, 2)
     eight = node_names(cluster, 0, 8)
-    assert allreduce_ms(H100, {n: (0, 1, 2, 3) for n in two}) == pytest.approx(9.1 + latency_ms(8, fabric.LEAF), rel=0.01)
-    assert allreduce_ms(H100, {n: (0,) for n in eight}) == pytest.approx(36.46 + latency_ms(8, fabric.LEAF), rel=0.01)  # ref rounds to 36
+    assert allreduce_ms(H100, {n: (0, 1, 2, 3) for n in two}) == pytest.approx(
+        9.1 + latency_ms(8, fabric.LEAF), rel=0.01)
+    assert allreduce_ms(H100, {n: (0,) for n in eight}) == pytest.approx(
+        36.46 + latency_ms(8, fabric.LEAF), rel=0.01)  # the reference rounds this to 36
 
 
 def test_allreduce_64_gpus_one_leaf_and_across_two_leaves():
