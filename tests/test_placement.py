@@ -216,3 +216,45 @@ def test_incremental_updates_match_a_rebuild(cluster):
 
 def test_deterministic(cluster):
     assert place(cluster, request(5)) == place(cluster, request(5))
+
+
+def test_constraints_that_admit_every_node_take_the_fast_path(cluster):
+    everywhere = ({"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a"]}]},)
+    assert cluster.filters_nothing(request(2, required_node_terms=everywhere, min_bandwidth_gbps=200))
+    assert not cluster.filters_nothing(request(2, min_bandwidth_gbps=800))
+
+
+def test_constrained_views_stay_exact_through_pod_events_and_reservations(cluster):
+    pinned = ({"matchExpressions": [{"key": "topology.scheduler/leaf", "operator": "In", "values": ["leaf-2"]}]},)
+    constrained = request(2, required_node_terms=pinned)
+    assert leaves_of(cluster, place(cluster, constrained)) == ["leaf-2"]
+    place_and_reserve(cluster, request(2, required_node_terms=pinned), "ns/Job/a", now=0)
+    cluster.upsert_pod(make_pod("x", "gpu-s1-l2-n3", 8))
+    decision = place(cluster, constrained)  # leaf-2 has one free node left: it must wait
+    assert decision.outcome is Outcome.WAIT
+    cluster.release("ns/Job/a")
+    assert place(cluster, constrained).outcome is Outcome.PLACED
+
+
+def test_product_table_fallback_without_published_domains():
+    sxm = make_node("sxm", {}, product="NVIDIA-A100-SXM4-80GB")
+    pcie = make_node("pcie", {}, gpus=2, product="NVIDIA-A100-PCIE-40GB")
+    index = ClusterIndex.from_objects(Config(), [sxm, pcie])
+    assert index.nodes["sxm"].nvlink_domains == (tuple(range(8)),)  # one NVSwitch domain
+    assert index.nodes["pcie"].nvlink_domains == ()  # no NVLink assumed
+    decision = place(index, request(1, gpus=2, node_selector={"kubernetes.io/hostname": "pcie"}))
+    assert decision.interconnect is Interconnect.PCIE
+
+
+def test_nvl72_preset_treats_a_clique_as_one_nvlink_domain_across_nodes():
+    from webhook.config import PRESETS
+    config = Config(levels=PRESETS["nvl72"])
+    nodes = [make_node(f"tray-{r}-{i}", {"topology.kubernetes.io/zone": "z", "topology.scheduler/spine": "s",
+                                        "nvidia.com/gpu.clique": f"uuid.{r}"}, gpus=4, product="NVIDIA-GB200")
+             for r in range(2) for i in range(18)]
+    index = ClusterIndex.from_objects(config, nodes)
+    decision = place(index, request(16, gpus=4))
+    assert decision.scope.level_name == "clique" and decision.interconnect is Interconnect.NVLINK
+    assert len({index.nodes[n].labels["nvidia.com/gpu.clique"] for n in decision.nodes}) == 1
+    decision = place(index, request(20, gpus=4))  # more trays than one rack: crosses the spine
+    assert decision.interconnect is Interconnect.SPINE

@@ -17,7 +17,9 @@ node's hostname, so placement never assumes they share a switch with anyone.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping
 
@@ -31,6 +33,7 @@ RESERVATION_ANNOTATION = "topology.scheduler/reservation"
 GPU_IDS_ANNOTATION = "topology.scheduler/gpu-ids"
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 _FINISHED_PHASES = ("Succeeded", "Failed")
+MAX_VIEWS = 32
 
 
 class Domain:
@@ -70,6 +73,7 @@ class NodeState:
     profile: HardwareProfile
     bandwidth_gbps: float | None
     parent: Domain | None = None
+    free: int = 0  # GPUs a new workload may count on; refreshed whenever the node is (re)counted
     pods: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)  # pod key -> (gpus, ids)
     reserved: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)  # reservation -> GPU sets
 
@@ -81,8 +85,7 @@ class NodeState:
     def held(self) -> int:
         return sum(len(ids) for sets in self.reserved.values() for ids in sets)
 
-    @property
-    def free(self) -> int:
+    def compute_free(self) -> int:
         return max(0, self.alloc - self.used - self.held) if self.eligible else 0
 
     @property
@@ -235,8 +238,15 @@ class ClusterIndex:
         self.orphan_pods: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {}  # pods bound to unknown nodes
         self.pod_nodes: dict[str, str] = {}  # pod key -> node name it is counted on
         self.reservations: dict[str, Reservation] = {}
+        # Inverted indexes over GPU nodes, to judge a request's node constraints without a scan.
         self.taint_counts: dict[tuple[str, str, str], int] = {}
-        self.label_counts: dict[tuple[str, str], int] = {}
+        self.by_label: dict[tuple[str, str], set[str]] = {}  # (key, value) -> node names
+        self.key_counts: dict[str, int] = {}
+        self.bandwidth_counts: dict[float, int] = {}  # advertised Gb/s (0 = none) -> nodes
+        self.gpu_nodes = 0
+        # Views for constrained requests, by constraint signature; kept exact on pod events and
+        # dropped on node changes (which may move nodes in or out of them).
+        self.views: OrderedDict[tuple, ClusterIndex] = OrderedDict()
 
     @classmethod
     def from_objects(cls, config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = ()) -> "ClusterIndex":
@@ -300,6 +310,8 @@ class ClusterIndex:
 
     def _account(self, node: NodeState, sign: int) -> None:
         """Add (sign=+1) or remove (-1) a node's contribution along its chain of domains."""
+        if sign > 0:
+            node.free = node.compute_free()
         free = node.free
         alloc = node.alloc if node.eligible else 0
         caps = [0] + [free // g for g in range(1, self.width + 1)]
@@ -316,10 +328,15 @@ class ClusterIndex:
             domain.nodes += sign
 
     def _change(self, node: NodeState, mutate: Callable[[], None]) -> None:
-        """Apply `mutate` to a node with its aggregates kept exact."""
+        """Apply `mutate` to a node with its aggregates, and those of views holding it, kept exact."""
+        copies = [(view, view.nodes[node.name]) for view in self.views.values() if node.name in view.nodes]
+        for view, copy in copies:
+            view._account(copy, -1)
         self._account(node, -1)
         mutate()
         self._account(node, +1)
+        for view, copy in copies:
+            view._account(copy, +1)
 
     # -- nodes -------------------------------------------------------------------------------
 
@@ -328,6 +345,7 @@ class ClusterIndex:
             fresh = parse_node(obj, self.config)
             if not fresh.name:
                 return
+            self.views.clear()
             if fresh.alloc > self.width:
                 self._grow(fresh.alloc)
             old = self.nodes.get(fresh.name)
@@ -350,6 +368,7 @@ class ClusterIndex:
         with self.lock:
             node = self.nodes.get(name)
             if node is not None:
+                self.views.clear()
                 self._remove_node(node)
                 if node.pods:  # its pods may still be deleted later; keep them until then
                     self.orphan_pods[name] = node.pods
@@ -369,10 +388,17 @@ class ClusterIndex:
     def _count_labels(self, node: NodeState, sign: int) -> None:
         if node.alloc <= 0:
             return
-        for item in list(node.labels.items()) + [("", "")]:  # ("", "") counts GPU nodes
-            self.label_counts[item] = self.label_counts.get(item, 0) + sign
+        self.gpu_nodes += sign
+        for item in node.labels.items():
+            names = self.by_label.setdefault(item, set())
+            (names.add if sign > 0 else names.discard)(node.name)
+            if not names:
+                del self.by_label[item]
+            self.key_counts[item[0]] = self.key_counts.get(item[0], 0) + sign
         for taint in node.taints:
             self.taint_counts[taint] = self.taint_counts.get(taint, 0) + sign
+        bandwidth = node.bandwidth_gbps or 0.0
+        self.bandwidth_counts[bandwidth] = self.bandwidth_counts.get(bandwidth, 0) + sign
 
     # -- pods --------------------------------------------------------------------------------
 
@@ -484,31 +510,72 @@ class ClusterIndex:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def domains_at(self, level: int) -> Iterable[Domain]:
-        """Domains of a level; len(levels) is the node level (its parents' children)."""
-        if level < len(self.levels):
-            return self.levels[level].values()
-        return ()
+    def _matching(self, key: str, values: Iterable[str]) -> int:
+        return sum(len(self.by_label.get((key, v), ())) for v in values)
+
+    def _admits_all(self, expr: Mapping) -> bool:
+        """Whether one matchExpression admits every GPU node, from the label counts alone."""
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or ()
+        if op == "In":
+            return self._matching(key, values) == self.gpu_nodes
+        if op == "NotIn":
+            return self._matching(key, values) == 0
+        if op == "Exists":
+            return self.key_counts.get(key, 0) == self.gpu_nodes
+        if op == "DoesNotExist":
+            return self.key_counts.get(key, 0) == 0
+        return False  # Gt/Lt: decided node by node
 
     def filters_nothing(self, request: PlacementRequest) -> bool:
-        """True when the request's node constraints admit every GPU node, judged from label and
-        taint counts without visiting nodes (the common case: no selector, all taints tolerated)."""
+        """True when the request's node constraints admit every GPU node, judged from label,
+        taint and bandwidth counts without visiting nodes (the common case)."""
         if any(not tolerates(request.tolerations, t) for t, n in self.taint_counts.items() if n > 0):
             return False
-        gpu_nodes = self.label_counts.get(("", ""), 0)
-        if any(self.label_counts.get((k, v), 0) != gpu_nodes for k, v in request.node_selector.items()):
+        if any(len(self.by_label.get(item, ())) != self.gpu_nodes for item in request.node_selector.items()):
             return False
-        return not request.required_node_terms and not request.min_bandwidth_gbps
+        if request.required_node_terms and not any(
+                not term.get("matchFields") and all(self._admits_all(e) for e in term.get("matchExpressions") or ())
+                for term in request.required_node_terms):
+            return False
+        wanted = request.min_bandwidth_gbps or 0
+        return all(bw >= wanted for bw, n in self.bandwidth_counts.items() if n > 0)
+
+    def _candidates(self, request: PlacementRequest) -> Iterable[NodeState]:
+        """Nodes worth testing against the request: narrowed by nodeSelector and `In` terms."""
+        narrowed: list[set[str]] = [self.by_label.get(item, set()) for item in request.node_selector.items()]
+        per_term = []
+        for term in request.required_node_terms:
+            ins = [set().union(*(self.by_label.get((e.get("key"), v), set()) for v in e.get("values") or ()))
+                   for e in term.get("matchExpressions") or () if e.get("operator") == "In"]
+            if not ins:
+                per_term = []
+                break
+            per_term.append(set.intersection(*ins))
+        if per_term:
+            narrowed.append(set().union(*per_term))
+        if not narrowed:
+            return self.nodes.values()
+        return [self.nodes[name] for name in sorted(set.intersection(*narrowed)) if name in self.nodes]
 
     def restricted_to(self, request: PlacementRequest) -> "ClusterIndex":
-        """This index, or a copy holding only the nodes the request may use (the slow path)."""
+        """This index, or a view holding only the nodes the request may use. Views are cached by
+        the request's constraints (at most `MAX_VIEWS`), so repeated selectors cost one build."""
         if self.filters_nothing(request):
             return self
-        subset = ClusterIndex(self.config, self.width)
-        for node in self.nodes.values():
-            if node_matches(node, request):
-                subset._attach(dataclasses.replace(node, parent=None))
-        return subset
+        tolerated = tuple(sorted(t for t in self.taint_counts if tolerates(request.tolerations, t)))
+        signature = (tuple(sorted(request.node_selector.items())), tolerated, request.min_bandwidth_gbps,
+                     json.dumps(request.required_node_terms, sort_keys=True))
+        view = self.views.get(signature)
+        if view is None:
+            view = ClusterIndex(self.config, self.width)
+            for node in self._candidates(request):
+                if node_matches(node, request):
+                    view._attach(dataclasses.replace(node, parent=None))  # shares pods and holds
+            self.views[signature] = view
+            if len(self.views) > MAX_VIEWS:
+                self.views.popitem(last=False)
+        self.views.move_to_end(signature)
+        return view
 
     def stats(self) -> ClusterStats:
         with self.lock:

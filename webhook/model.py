@@ -89,7 +89,7 @@ class DomainRef:
         return self.path[-1][1] if self.path else "cluster"
 
     def __str__(self) -> str:
-        return f"{self.level_name} {self.name}"
+        return f"{self.level_name} {self.name}" if self.path else "the whole cluster"
 
 
 @dataclass(frozen=True)

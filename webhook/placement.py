@@ -16,6 +16,7 @@ is named, with how much fits per level. Nothing could ever fit: said plainly.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Iterable, Iterator, Union
 
@@ -121,8 +122,12 @@ def _ancestry(member: Member) -> list[Member]:
     return chain
 
 
-def _within(member: Member, scope: Member) -> bool:
-    return any(m is scope for m in _ancestry(member))
+def _child_towards(node: NodeState, scope: Domain) -> Member:
+    """The child of `scope` on the way down to `node`."""
+    member: Member = node
+    while member.parent is not scope:
+        member = member.parent
+    return member
 
 
 # -- the decision ----------------------------------------------------------------------------------
@@ -143,7 +148,6 @@ def _decide(index: ClusterIndex, request: PlacementRequest) -> Decision:
             f"{request.workload} needs {shape}; even with every GPU free the nodes it may use hold "
             f"{_ever(view.root, gpus)} such pod(s) (largest node: {largest} GPUs)",))
     chain: list[Member] = [view.root]
-    notes: list[str] = []
     preferred: Member | None = None
     if request.preferred_domain:
         found = _resolve(index, view, request.preferred_domain)
@@ -152,22 +156,16 @@ def _decide(index: ClusterIndex, request: PlacementRequest) -> Decision:
         preferred = found
         chain = _ancestry(preferred)
     if request.strategy is Strategy.DISTRIBUTED:
-        decision = _distributed(view, request, chain, notes)
+        decision = _distributed(view, request, chain)
     else:
-        decision = _consolidated(view, request, chain, notes)
+        decision = _consolidated(view, request, chain)
     if preferred is None or decision.outcome is Outcome.NEVER:
         return decision
     honoured = decision.scope is not None and _is_under(decision.scope.path, _path(preferred))
     note = (f"preferred {_label(preferred)} honoured" if honoured else
             f"preferred {_label(preferred)} cannot hold {shape} now ({_cap(preferred, gpus)} fit); "
             f"nearest domain with room by topology: {decision.scope}")
-    return _with(decision, preferred_honoured=honoured, reasons=(note,) + decision.reasons)
-
-
-def _with(decision: Decision, **changes) -> Decision:
-    values = {f: getattr(decision, f) for f in decision.__dataclass_fields__}
-    values.update(changes)
-    return Decision(**values)
+    return dataclasses.replace(decision, preferred_honoured=honoured, reasons=(note,) + decision.reasons)
 
 
 def _is_under(path: tuple, ancestor: tuple) -> bool:
@@ -209,12 +207,12 @@ def _lookup(view: ClusterIndex, path: tuple) -> Member | None:
 
 # -- consolidated ------------------------------------------------------------------------------------
 
-def _consolidated(view: ClusterIndex, request: PlacementRequest, chain: list[Member], notes: list[str]) -> Decision:
+def _consolidated(view: ClusterIndex, request: PlacementRequest, chain: list[Member]) -> Decision:
     gpus, pods = request.gpus_per_pod, request.pods
     for scope in chain:
         target = _tightest_fit(view, scope, pods, gpus)
         if target is not None:
-            return _placed(view, request, target, _split(target, pods, gpus), notes)
+            return _placed(view, request, target, _split(target, pods, gpus))
     return _waiting(view, request, chain)
 
 
@@ -226,9 +224,9 @@ def _tightest_fit(view: ClusterIndex, scope: Member, pods: int, gpus: int) -> Me
     if isinstance(scope, NodeState):
         return None
     for level in range(len(view.levels) - 1, scope.ref.level, -1):
-        fitting = [d for d in _at_level(scope, level) if _cap(d, gpus) >= pods]
+        fitting = [d for d in _at_level(scope, level) if d.cap[gpus] >= pods]  # label levels hold Domains
         if fitting:
-            return min(fitting, key=lambda d: (_cap(d, gpus), _free(d), _path(d)))
+            return min(fitting, key=lambda d: (d.cap[gpus], d.free_gpus, d.ref.path))
     return scope if _cap(scope, gpus) >= pods else None
 
 
@@ -289,7 +287,7 @@ def _split(member: Member, pods: int, gpus: int) -> list[tuple[NodeState, int]]:
 
 # -- distributed --------------------------------------------------------------------------------------
 
-def _distributed(view: ClusterIndex, request: PlacementRequest, chain: list[Member], notes: list[str]) -> Decision:
+def _distributed(view: ClusterIndex, request: PlacementRequest, chain: list[Member]) -> Decision:
     gpus, pods = request.gpus_per_pod, request.pods
     depth = len(view.levels)
     scope: Member | None = None
@@ -312,10 +310,10 @@ def _distributed(view: ClusterIndex, request: PlacementRequest, chain: list[Memb
     used = _spread(scope, pods, gpus, depth)
     placed = [(view.nodes[name], n) for name, n in used.items()]
     spread_label = view.config.levels[-1].label if depth else None
-    decision = _placed(view, request, scope, placed, notes, spread=(HOSTNAME_LABEL,) + (
+    decision = _placed(view, request, scope, placed, spread=(HOSTNAME_LABEL,) + (
         (spread_label,) if spread_label else ()), pin=scope is not view.root)
     if len(used) < pods:
-        return _with(decision, reasons=decision.reasons + (
+        return dataclasses.replace(decision, reasons=decision.reasons + (
             f"only {len(used)} node(s) in {_label(scope)} have {gpus} free GPUs: some pods share a node",))
     return decision
 
@@ -370,7 +368,7 @@ def _requirements(scope: Member, used_children: set[str] | None) -> tuple[NodeRe
 
 
 def _placed(view: ClusterIndex, request: PlacementRequest, scope: Member, split: list[tuple[NodeState, int]],
-            notes: list[str], spread: tuple[str, ...] = (), pin: bool = True) -> Decision:
+            spread: tuple[str, ...] = (), pin: bool = True) -> Decision:
     gpus = request.gpus_per_pod
     assignment = []
     for node, count in sorted(split, key=lambda s: s[0].name):
@@ -383,8 +381,8 @@ def _placed(view: ClusterIndex, request: PlacementRequest, scope: Member, split:
         links = [_pod_link(node, ids) for ids in sets]
         assignment.append(NodeAssignment(node.name, count, tuple(sets), max(links, key=lambda lk: lk.rank)))
     interconnect, bandwidth, profile = _estimate(view, request, assignment)
-    used_children = {c.ref.name for c in _children(scope) if isinstance(c, Domain)
-                     and any(_within(node, c) for node, _ in split)}
+    used_children = {_child_towards(node, scope).ref.name for node, _ in split
+                     if isinstance(scope, Domain) and isinstance(_child_towards(node, scope), Domain)}
     domains = tuple(sorted((c.ref for c in _children(scope) if isinstance(c, Domain) and c.ref.name in used_children),
                            key=lambda r: r.path)) or (_ref(scope),)
     reasons = [_why(view, request, scope, domains)]
@@ -400,7 +398,7 @@ def _placed(view: ClusterIndex, request: PlacementRequest, scope: Member, split:
     return Decision(Outcome.PLACED, request, _ref(scope), domains=domains, assignment=tuple(assignment),
                     requirements=_requirements(scope, confine) if pin else (),
                     spread_keys=spread, interconnect=interconnect, bus_bandwidth_gbs=round(bandwidth, 1),
-                    profile=profile.name, reasons=tuple(reasons + notes))
+                    profile=profile.name, reasons=tuple(reasons))
 
 
 def _why(view: ClusterIndex, request: PlacementRequest, scope: Member, domains: tuple[DomainRef, ...]) -> str:
@@ -486,10 +484,8 @@ def _waiting(view: ClusterIndex, request: PlacementRequest, chain: list[Member])
         if ranked:
             reasons.append(f"{view.config.levels[level].name}: " + ", ".join(
                 f"{d.ref.name} {min(_cap(d, gpus), pods)} of {pods} pods fit" for d in ranked))
-    interconnect, bandwidth, profile = None, None, None
     return Decision(Outcome.WAIT, request, _ref(target), domains=(_ref(target),),
-                    requirements=_requirements(target, None), interconnect=interconnect,
-                    bus_bandwidth_gbs=bandwidth, profile=profile, code=NO_ROOM_NOW, reasons=tuple(reasons))
+                    requirements=_requirements(target, None), code=NO_ROOM_NOW, reasons=tuple(reasons))
 
 
 def _exclusions(index: ClusterIndex, request: PlacementRequest) -> str:

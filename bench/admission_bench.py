@@ -1,0 +1,280 @@
+"""Admission latency and throughput through gunicorn over TLS, against an empty handler.
+
+Starts two servers with the same gunicorn settings (webhook.server: 1 worker, gthread, TLS):
+the webhook with a 10k-node cluster loaded, and an empty Flask handler that only parses the
+review and echoes its uid. Each is driven over kept-alive TLS connections, as the apiserver
+does, first closed-loop at concurrency 1, 8 and 32 (throughput, p50, p99), then open-loop at a
+fixed rate (p99 at 200 reviews/s, measured from each request's scheduled send time so a stall
+is not hidden). Client and servers share the machine's cores: figures include that contention.
+It also times admission.review() alone in this process on the same cluster and reviews, which
+separates the decision path's cost from the server's.
+
+    /work/venv/bin/python bench/admission_bench.py            # full run (about 2 minutes)
+    /work/venv/bin/python bench/admission_bench.py --quick    # smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import pathlib
+import platform
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from webhook import admission, certs, demo  # noqa: E402
+from webhook.admission import make_review  # noqa: E402
+from webhook.cli import cluster_view  # noqa: E402
+from webhook.config import Config  # noqa: E402
+
+WORKLOAD_NAMES = 500  # reviews cycle over these, so re-placements replace reservations, not pile up
+START_TIMEOUT_SECONDS = 180
+
+
+def cluster(nodes_wanted: int) -> tuple[list[dict], list[dict]]:
+    """A leaf-spine cluster of about nodes_wanted 8-GPU nodes, a third of them part-used."""
+    spines = max(1, nodes_wanted // 1000)
+    nodes = demo.leaf_spine_nodes(spines=spines, leaves=25, nodes=nodes_wanted // (spines * 25))
+    pods = [demo.make_pod(f"busy-{i}", node["metadata"]["name"], (i % 4) * 2, namespace="research")
+            for i, node in enumerate(nodes) if i % 3 == 0 and i % 4]
+    return nodes, pods
+
+
+def review_bodies(count: int) -> list[bytes]:
+    """Serialized v1 reviews: a mix of GPU Pods and Jobs with placement annotations."""
+    bodies = []
+    for i in range(count):
+        name = f"w{i % WORKLOAD_NAMES}"
+        annotations = {"topology.scheduler/placement-strategy": ("consolidated", "balanced", "distributed")[i % 3]}
+        pod = demo.make_pod(name, None, (1, 2, 4, 8)[i % 4], namespace="ml", annotations=annotations)
+        del pod["status"], pod["metadata"]["uid"]
+        if i % 2:
+            template = {"metadata": {"annotations": {}}, "spec": {**pod["spec"], "restartPolicy": "Never"}}
+            obj = {"apiVersion": "batch/v1", "kind": "Job",
+                   "metadata": {"name": name, "namespace": "ml", "annotations": annotations},
+                   "spec": {"parallelism": 2, "completions": 2, "template": template}}
+        else:
+            obj = pod
+        bodies.append(json.dumps(make_review(obj, uid=str(uuid.uuid4()))).encode())
+    return bodies
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(command: list[str], port: int, ca: str, log: pathlib.Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=log.parent)
+    context = ssl.create_default_context(cafile=ca)
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{command[:4]} exited:\n{log.read_text()}")
+        try:
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                return process
+        except OSError:
+            time.sleep(0.25)
+    process.kill()
+    raise RuntimeError(f"no /healthz within {START_TIMEOUT_SECONDS} s:\n{log.read_text()}")
+
+
+class Driver:
+    """Sends reviews from threads over kept-alive TLS connections and records latencies."""
+
+    def __init__(self, port: int, ca: str, bodies: list[bytes]) -> None:
+        self.port, self.bodies = port, bodies
+        self.context = ssl.create_default_context(cafile=ca)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def body(self) -> bytes:
+        with self._lock:
+            self._next += 1
+            return self.bodies[self._next % len(self.bodies)]
+
+    def connect(self) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection("127.0.0.1", self.port, context=self.context, timeout=30)
+
+    def send(self, conn: http.client.HTTPSConnection) -> None:
+        conn.request("POST", "/mutate?timeout=10s", self.body(), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}")
+
+    def closed_loop(self, concurrency: int, seconds: float) -> dict:
+        """Each thread sends its next review as soon as the previous one is answered."""
+        latencies: list[float] = []
+        deadline = time.perf_counter() + seconds
+
+        def worker():
+            conn, mine = self.connect(), []
+            while time.perf_counter() < deadline:
+                started = time.perf_counter()
+                self.send(conn)
+                mine.append(time.perf_counter() - started)
+            latencies.extend(mine)
+
+        began = time.perf_counter()
+        run_threads(worker, concurrency)
+        return summary(latencies, time.perf_counter() - began)
+
+    def open_loop(self, rate: float, seconds: float, senders: int = 8) -> dict:
+        """Reviews scheduled at a fixed rate; latency counts from the scheduled time."""
+        latencies: list[float] = []
+        total = int(rate * seconds)
+        began = time.perf_counter() + 0.1
+
+        def worker(first: int):
+            conn, mine = self.connect(), []
+            for k in range(first, total, senders):
+                scheduled = began + k / rate
+                time.sleep(max(0.0, scheduled - time.perf_counter()))
+                self.send(conn)
+                mine.append(time.perf_counter() - scheduled)
+            latencies.extend(mine)
+
+        run_threads(worker, senders, pass_index=True)
+        return summary(latencies, time.perf_counter() - began)
+
+
+def run_threads(target, count: int, pass_index: bool = False) -> None:
+    threads = [threading.Thread(target=target, args=(i,) if pass_index else ()) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def summary(latencies: list[float], elapsed: float) -> dict:
+    ordered = sorted(latencies)
+    return {"n": len(ordered), "rps": len(ordered) / elapsed,
+            "p50_ms": 1000 * statistics.median(ordered),
+            "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]}
+
+
+def in_process(nodes: list[dict], pods: list[dict], bodies: list[bytes]) -> dict:
+    """admission.review() alone on the same cluster and reviews: the decision path without HTTP/TLS."""
+    config = Config()
+    index, _ = cluster_view(config, (nodes, pods))
+    reviews = [json.loads(body) for body in bodies]
+    latencies = []
+    began = time.perf_counter()
+    for review in reviews:
+        started = time.perf_counter()
+        admission.review(review, index, config, time.time())
+        latencies.append(time.perf_counter() - started)
+    return summary(latencies, time.perf_counter() - began)
+
+
+def serve_empty(bind: str, cert: str, key: str) -> None:
+    """The baseline: gunicorn with our settings around a handler that parses the review and
+    answers allowed, with no placement and no metrics."""
+    from flask import Flask, Response, request
+
+    from webhook.server import ServeOptions, WebhookServer
+
+    def build_app():
+        app = Flask("empty")
+
+        @app.post("/mutate")
+        def mutate():
+            review = json.loads(request.get_data())
+            answer = {"apiVersion": review["apiVersion"], "kind": "AdmissionReview",
+                      "response": {"uid": review["request"]["uid"], "allowed": True}}
+            return Response(json.dumps(answer), mimetype="application/json")
+
+        @app.get("/healthz")
+        def healthz():
+            return "ok"
+
+        return app
+
+    WebhookServer(build_app, ServeOptions(bind=bind, cert=cert, key=key)).run()
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                 platform.processor())
+    return f"{os.cpu_count()} CPUs ({model}), Python {platform.python_version()}, {platform.system()} {platform.release()}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=10_000, help="cluster size (default: %(default)s)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per measurement (default: %(default)s)")
+    parser.add_argument("--rate", type=float, default=200.0, help="open-loop rate, reviews/s (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true", help="1,000 nodes and 2 s per measurement")
+    parser.add_argument("--serve-empty", nargs=3, metavar=("BIND", "CERT", "KEY"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_empty:
+        serve_empty(*args.serve_empty)
+        return
+    if args.quick:
+        args.nodes, args.seconds = 1000, 2.0
+
+    with tempfile.TemporaryDirectory(prefix="admission-bench-") as tmp:
+        workdir = pathlib.Path(tmp)
+        paths = certs.write_certs(str(workdir / "tls"), "topology-webhook", "default")
+        nodes, pods = cluster(args.nodes)
+        (workdir / "nodes.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
+        (workdir / "pods.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": pods}))
+        bodies = review_bodies(4000)
+        ours_port, empty_port = free_port(), free_port()
+        servers = {
+            "webhook": (ours_port, [sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{ours_port}",
+                                    "--cert", paths.cert, "--key", paths.key,
+                                    "--nodes", str(workdir / "nodes.json"), "--pods", str(workdir / "pods.json")]),
+            "empty": (empty_port, [sys.executable, __file__, "--serve-empty", f"127.0.0.1:{empty_port}",
+                                   paths.cert, paths.key]),
+        }
+        print(f"machine: {machine()}; load average before: {os.getloadavg()[0]:.2f}")
+        print(f"cluster: {len(nodes)} nodes, {8 * len(nodes)} GPUs, {len(pods)} running pods; "
+              f"{args.seconds:g} s per measurement")
+        alone = in_process(nodes, pods, bodies)
+        print(f"admission.review() in process, no HTTP: p50 {alone['p50_ms']:.2f} ms, p99 {alone['p99_ms']:.2f} ms, "
+              f"{alone['rps']:.0f} reviews/s on one core")
+        results: dict[str, dict] = {}
+        for label, (port, command) in servers.items():
+            process = start(command, port, paths.ca, workdir / f"{label}.log")
+            try:
+                driver = Driver(port, paths.ca, bodies)
+                driver.closed_loop(4, min(2.0, args.seconds))  # warm-up
+                for concurrency in (1, 8, 32):
+                    results[f"{label} c={concurrency}"] = driver.closed_loop(concurrency, args.seconds)
+                results[f"{label} {args.rate:g}/s"] = driver.open_loop(args.rate, args.seconds)
+            finally:
+                process.terminate()
+                process.wait(timeout=30)
+
+        print("\n| load | webhook p50 ms | webhook p99 ms | webhook reviews/s | empty p50 ms | empty p99 ms "
+              "| empty reviews/s | p50 ratio | p99 ratio |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for load in ("c=1", "c=8", "c=32", f"{args.rate:g}/s"):
+            ours, empty = results[f"webhook {load}"], results[f"empty {load}"]
+            print(f"| {load} | {ours['p50_ms']:.2f} | {ours['p99_ms']:.2f} | {ours['rps']:.0f} | "
+                  f"{empty['p50_ms']:.2f} | {empty['p99_ms']:.2f} | {empty['rps']:.0f} | "
+                  f"{ours['p50_ms'] / empty['p50_ms']:.2f} | {ours['p99_ms'] / empty['p99_ms']:.2f} |")
+        print(f"\nload average after: {os.getloadavg()[0]:.2f} (above the CPU count, other processes shared the cores)")
+
+
+if __name__ == "__main__":
+    main()

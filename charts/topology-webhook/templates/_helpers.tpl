@@ -1,0 +1,102 @@
+{{/* Release-scoped name, at most 63 characters (a DNS label). */}}
+{{- define "topology-webhook.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "topology-webhook.instanceLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The webhook's pods; the discovery agent's pods carry component=discovery instead. */}}
+{{- define "topology-webhook.selectorLabels" -}}
+{{ include "topology-webhook.instanceLabels" . }}
+app.kubernetes.io/component: webhook
+{{- end -}}
+
+{{- define "topology-webhook.labels" -}}
+{{ include "topology-webhook.instanceLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "topology-webhook.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* The Secret holding the serving certificate (tls.crt, tls.key). */}}
+{{- define "topology-webhook.tlsSecretName" -}}
+{{- if eq .Values.tls.mode "existingSecret" -}}
+{{- .Values.tls.existingSecret.name -}}
+{{- else -}}
+{{- include "topology-webhook.fullname" . }}-tls
+{{- end -}}
+{{- end -}}
+
+{{/* Every DNS name the apiserver may use for the Service; the serving certificate covers them all. */}}
+{{- define "topology-webhook.dnsNames" -}}
+{{- $svc := include "topology-webhook.fullname" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.%s" $svc $ns .Values.tls.clusterDomain) | toJson -}}
+{{- end -}}
+
+{{- define "topology-webhook.configPath" -}}/etc/topology-webhook/config/config.yaml{{- end -}}
+{{- define "topology-webhook.tlsDir" -}}/etc/topology-webhook/tls{{- end -}}
+
+{{/* Restricted Pod Security Standard: non-root, no privilege escalation, no capabilities, seccomp. */}}
+{{- define "topology-webhook.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "topology-webhook.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/*
+CEL guard for a dotted path: has() on every step below `object`, so a missing field makes the
+condition false instead of an evaluation error. "object.spec.schedulerName" gives
+"has(object.spec) && has(object.spec.schedulerName)".
+*/}}
+{{- define "topology-webhook.celPresent" -}}
+{{- $parts := splitList "." . -}}
+{{- $checks := list -}}
+{{- range $i, $_ := $parts -}}
+{{- if gt $i 0 -}}
+{{- $checks = append $checks (printf "has(%s)" (slice $parts 0 (add1 $i) | join ".")) -}}
+{{- end -}}
+{{- end -}}
+{{- join " && " $checks -}}
+{{- end -}}
+
+{{/*
+The webhook's match condition: the object, its pod template (Deployment, StatefulSet, ReplicaSet,
+Job) or its job's pod template (CronJob) carries a topology.scheduler/ annotation or names one of
+the schedulers the webhook stands in for.
+*/}}
+{{- define "topology-webhook.matchExpression" -}}
+{{- $schedulers := toJson .Values.config.scheduler_names -}}
+{{- $terms := list -}}
+{{- range $pod := list "object" "object.spec.template" "object.spec.jobTemplate.spec.template" -}}
+{{- $annotations := printf "%s.metadata.annotations" $pod -}}
+{{- $terms = append $terms (printf "(%s && %s.exists(k, k.startsWith('topology.scheduler/')))" (include "topology-webhook.celPresent" $annotations) $annotations) -}}
+{{- $scheduler := printf "%s.spec.schedulerName" $pod -}}
+{{- $terms = append $terms (printf "(%s && %s in %s)" (include "topology-webhook.celPresent" $scheduler) $scheduler $schedulers) -}}
+{{- end -}}
+{{- join "\n|| " $terms -}}
+{{- end -}}

@@ -1,0 +1,192 @@
+"""Shared fixtures: the demo cluster view, the Flask app, and a real gunicorn over TLS.
+
+`ApiServer` talks to the webhook the way kube-apiserver does and checks every answer against the
+rules the apiserver enforces (webhook-contract.md 1.3); `tls_server` starts one real server per
+session (`python -m webhook serve` with certificates from certs.py) on a free 127.0.0.1 port.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+import requests
+
+from webhook import certs, demo
+from webhook.app import create_app
+from webhook.admission import make_review
+from webhook.cli import cluster_view
+from webhook.config import Config
+from webhook.metrics import Metrics
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+K8S_VERSION = "1.30.0"
+START_TIMEOUT_SECONDS = 60
+
+
+@pytest.fixture
+def config() -> Config:
+    return Config()
+
+
+@pytest.fixture
+def index(config):
+    view, _ = cluster_view(config, demo.demo_cluster())
+    return view
+
+
+@pytest.fixture
+def app(config, index):
+    return create_app(config, index, lambda: (True, ""), Metrics.create())
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+def gpu_pod(name: str, gpus: int, namespace: str = "ml", **annotations: str) -> dict:
+    """A bare Pod as a user writes it, asking for GPUs with topology annotations."""
+    pod = demo.make_pod(name, None, gpus, namespace=namespace,
+                        annotations={f"topology.scheduler/{k.replace('_', '-')}": v for k, v in annotations.items()})
+    del pod["status"], pod["metadata"]["uid"]
+    return pod
+
+
+def gpu_job(name: str, pods: int, gpus_per_pod: int, namespace: str = "ml", **annotations: str) -> dict:
+    template = gpu_pod(name, gpus_per_pod, namespace)
+    template["spec"]["restartPolicy"] = "Never"
+    del template["apiVersion"], template["kind"], template["metadata"]["namespace"], template["metadata"]["name"]
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": namespace,
+                         "annotations": {f"topology.scheduler/{k.replace('_', '-')}": v
+                                         for k, v in annotations.items()}},
+            "spec": {"parallelism": pods, "completions": pods, "template": template}}
+
+
+def patched_object(sent: dict, answer: dict) -> dict:
+    """Check an AdmissionReview answer as kube-apiserver does and return the object after its patch."""
+    assert answer["apiVersion"] == sent["apiVersion"] and answer["kind"] == "AdmissionReview"
+    response = answer["response"]
+    assert response["uid"] == sent["request"]["uid"]
+    assert isinstance(response["allowed"], bool)
+    assert ("patch" in response) == ("patchType" in response), "patch and patchType go together"
+    obj = sent["request"]["object"]
+    if "patch" not in response:
+        return obj
+    assert response["patchType"] == "JSONPatch"
+    patch = json.loads(base64.b64decode(response["patch"], validate=True))
+    assert isinstance(patch, list) and patch
+    return jsonpatch.apply_patch(obj, patch)
+
+
+def assert_valid_kubernetes_object(obj: dict) -> None:
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+@dataclass
+class ApiServer:
+    """A client that calls the webhook as kube-apiserver does: TLS verified against our CA for the
+    name `localhost`, POST to /mutate?timeout=Ns, JSON AdmissionReview in and out."""
+
+    base_url: str
+    ca: str
+    session: requests.Session
+
+    def post(self, review: dict, timeout_seconds: int = 5) -> requests.Response:
+        return self.session.post(f"{self.base_url}/mutate?timeout={timeout_seconds}s", json=review,
+                                 verify=self.ca, timeout=timeout_seconds)
+
+    def admit(self, review: dict) -> dict:
+        """Send a review, check the answer as the apiserver would, return the patched object."""
+        answer = self.post(review)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["Content-Type"].startswith("application/json")
+        return patched_object(review, answer.json())
+
+    def get(self, path: str) -> requests.Response:
+        return self.session.get(f"{self.base_url}{path}", verify=self.ca, timeout=5)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen
+    port: int
+    paths: certs.CertPaths
+    log: pathlib.Path
+
+    def client(self) -> ApiServer:
+        return ApiServer(f"https://localhost:{self.port}", self.paths.ca, requests.Session())
+
+
+def start_server(workdir: pathlib.Path, *extra: str, cert: str | None = None, key: str | None = None,
+                 ca: str | None = None) -> RunningServer:
+    """`python -m webhook serve` on a free port, with the given certificate or fresh ones;
+    returns once /healthz answers."""
+    if cert and key and ca:
+        paths = certs.CertPaths(ca, cert, key)
+    else:
+        paths = certs.write_certs(str(workdir / "tls"), "topology-webhook", "default")
+    port = free_port()
+    log = workdir / "server.log"
+    command = [sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{port}",
+               "--cert", paths.cert, "--key", paths.key, *extra]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    full_env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # the server picks its own
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, cwd=workdir, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+    server = RunningServer(process, port, paths, log)
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            if server.client().get("/healthz").status_code == 200:
+                return server
+        except requests.ConnectionError:
+            time.sleep(0.2)
+    stop_server(server)
+    raise RuntimeError(f"server did not answer /healthz within {START_TIMEOUT_SECONDS} s:\n{log.read_text()}")
+
+
+def stop_server(server: RunningServer) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def tls_server(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("server"))
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture
+def apiserver(tls_server) -> ApiServer:
+    return tls_server.client()
+
+
+def review_of(obj: dict, version: str = "v1") -> dict:
+    """A CREATE review for an object as the apiserver sends it, with a fresh uid."""
+    review = make_review(obj, uid=str(uuid.uuid4()))
+    return {**review, "apiVersion": f"admission.k8s.io/{version}"}

@@ -1,0 +1,328 @@
+"""A small local stand-in for kube-apiserver's list and watch protocol, for tests and benchmarks.
+
+It serves GET /api/v1/nodes and GET /api/v1/pods (all namespaces) the way the real server does,
+so the real `kubernetes` client can be pointed at it with `Configuration(host=server.url)`:
+
+- lists: `{"kind": "NodeList", "metadata": {"resourceVersion": RV, "continue": ...}, "items": [...]}`
+  with `limit`/`continue` paging over a consistent snapshot; an unknown or compacted continue
+  token is HTTP 410 `Expired`, as on the real server.
+- watches (`?watch=1`): a chunked stream of `{"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR,
+  "object": ...}` lines starting after `resourceVersion` (or with synthetic ADDED events for
+  everything when none is given), BOOKMARKs every `bookmark_interval` seconds when
+  `allowWatchBookmarks=true`, a clean end after `timeoutSeconds`, and for a resourceVersion older
+  than the last compaction an ERROR event with code 410 (or an HTTP 410 when `gone_as_status`).
+
+One resourceVersion counter is shared by all kinds, as etcd's revision is. Faults are attributes
+and methods: `delay_seconds` (slow responses), `refuse_until` (close every connection unanswered
+until that `time.monotonic()`), `answer_status` (an HTTP error for every request, e.g. 403),
+`break_watches()` (cut every open stream in the middle of an event), `compact()` (forget history
+and paging snapshots, so older resourceVersions and continue tokens get 410),
+`hold_watches()`/`release_watches()` (queue events, then send the backlog at once).
+
+Everything binds to 127.0.0.1. Objects are stored with their JSON, so big lists are cheap to serve.
+"""
+from __future__ import annotations
+
+import base64
+import bisect
+import copy
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+KINDS = {"nodes": "Node", "pods": "Pod"}
+
+
+def _key(kind: str, obj: dict) -> str:
+    meta = obj["metadata"]
+    return meta["name"] if kind == "nodes" else f"{meta.get('namespace', 'default')}/{meta['name']}"
+
+
+def _status(code: int, reason: str, message: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+class FakeApiServer:
+    """The store, its history and the HTTP server; `start()` / `stop()` around use."""
+
+    def __init__(self, port: int = 0, bookmark_interval: float = 1.0) -> None:
+        self.port = port
+        self.bookmark_interval = bookmark_interval
+        self.delay_seconds = 0.0
+        self.refuse_until = 0.0
+        self.gone_as_status = False
+        self.answer_status: int | None = None  # answer every request with this HTTP error (403: no RBAC)
+        self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every request answered
+        self._cond = threading.Condition()
+        self._rv = 1
+        self._compacted_rv = 0
+        self._objects: dict[str, dict[str, tuple[dict, bytes]]] = {kind: {} for kind in KINDS}
+        self._history: dict[str, list[tuple[int, bytes]]] = {kind: [] for kind in KINDS}  # (rv, event line)
+        self._snapshots: dict[str, tuple[int, list[bytes]]] = {}  # continue-token id -> (rv, items)
+        self._stream_generation = 0  # bumped by break_watches()
+        self._held = False  # hold_watches(): streams send nothing new until released
+        self._stopping = False
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "FakeApiServer":
+        self._stopping = False
+        self._httpd = _Server(("127.0.0.1", self.port), _Handler)
+        self._httpd.fake = self
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="fake-apiserver", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop listening and end every open watch; the store is kept, so start() resumes it."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._thread.join(timeout=5)
+            self._httpd = None
+
+    # ---- writes (what controllers and kubelets would do) ------------------------------------
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    def put(self, kind: str, obj: dict) -> int:
+        """Create or replace a copy of `obj`; returns its new resourceVersion."""
+        with self._cond:
+            self._rv += 1
+            stored = json.loads(json.dumps(obj))  # a deep copy, faster than copy.deepcopy
+            stored["metadata"]["resourceVersion"] = str(self._rv)
+            stored["metadata"].setdefault("uid", f"uid-{kind}-{_key(kind, obj)}")
+            key = _key(kind, stored)
+            event_type = "MODIFIED" if key in self._objects[kind] else "ADDED"
+            blob = json.dumps(stored).encode()
+            self._objects[kind][key] = (stored, blob)
+            self._record(kind, event_type, blob)
+            return self._rv
+
+    def delete(self, kind: str, key: str) -> None:
+        """Delete by name (nodes) or `namespace/name` (pods); the DELETED event carries the last state."""
+        with self._cond:
+            obj, _ = self._objects[kind].pop(key)
+            self._rv += 1
+            gone = copy.deepcopy(obj)
+            gone["metadata"]["resourceVersion"] = str(self._rv)
+            self._record(kind, "DELETED", json.dumps(gone).encode())
+
+    def put_node(self, node: dict) -> int:
+        return self.put("nodes", node)
+
+    def put_pod(self, pod: dict) -> int:
+        return self.put("pods", pod)
+
+    def get(self, kind: str, key: str) -> dict:
+        return copy.deepcopy(self._objects[kind][key][0])
+
+    def _record(self, kind: str, event_type: str, blob: bytes) -> None:
+        line = b'{"type": "%s", "object": %s}\n' % (event_type.encode(), blob)
+        self._history[kind].append((self._rv, line))
+        if not self._held:
+            self._cond.notify_all()
+
+    # ---- faults -----------------------------------------------------------------------------
+    def hold_watches(self) -> None:
+        """Keep new events from open watches until release_watches(): a backlog to drain at once."""
+        with self._cond:
+            self._held = True
+
+    def release_watches(self) -> None:
+        with self._cond:
+            self._held = False
+            self._cond.notify_all()
+
+    def compact(self) -> None:
+        """Forget history and paging snapshots up to now: older resourceVersions now get 410."""
+        with self._cond:
+            self._compacted_rv = self._rv
+            for kind in KINDS:
+                self._history[kind] = []
+            self._snapshots.clear()
+
+    def break_watches(self) -> None:
+        """Cut every open watch stream in the middle of an event, without the closing chunk."""
+        with self._cond:
+            self._stream_generation += 1
+            self._cond.notify_all()
+
+    def watch_requests(self, kind: str) -> list[dict[str, str]]:
+        return [q for path, q in self.requests if path == f"/api/v1/{kind}" and q.get("watch") in ("1", "true")]
+
+    def list_requests(self, kind: str) -> list[dict[str, str]]:
+        return [q for path, q in self.requests if path == f"/api/v1/{kind}" and q.get("watch") not in ("1", "true")]
+
+    # ---- serving ----------------------------------------------------------------------------
+    def _list_body(self, kind: str, query: dict[str, str]) -> tuple[int, bytes]:
+        limit = int(query.get("limit") or 0)
+        token = query.get("continue")
+        with self._cond:
+            if token:
+                snapshot_id, _, start = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
+                if snapshot_id not in self._snapshots:
+                    return 410, json.dumps(_status(410, "Expired", "The provided continue parameter is "
+                                                   "too old to display a consistent list result.")).encode()
+                rv, items = self._snapshots[snapshot_id]
+                offset = int(start)
+            else:
+                rv = self._rv
+                items = [blob for _, (_, blob) in sorted(self._objects[kind].items())]
+                offset = 0
+                snapshot_id = f"{kind}-{rv}-{len(self._snapshots)}"
+            end = offset + limit if limit else len(items)
+            metadata: dict = {"resourceVersion": str(rv)}
+            if end < len(items):
+                self._snapshots[snapshot_id] = (rv, items)
+                metadata["continue"] = base64.urlsafe_b64encode(f"{snapshot_id}:{end}".encode()).decode()
+                metadata["remainingItemCount"] = len(items) - end
+        head = json.dumps({"kind": KINDS[kind] + "List", "apiVersion": "v1", "metadata": metadata})
+        return 200, head[:-1].encode() + b', "items": [' + b",".join(items[offset:end]) + b"]}"
+
+    def _watch_start(self, kind: str, query: dict[str, str]) -> tuple[int | None, list[bytes], int]:
+        """(position, initial lines, stream generation), or position None when the RV is too old."""
+        with self._cond:
+            requested = query.get("resourceVersion")
+            if requested in (None, "", "0"):
+                initial = [json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n"
+                           for obj, _ in self._objects[kind].values()]
+                return self._rv, initial, self._stream_generation
+            if int(requested) < self._compacted_rv:
+                return None, [], self._stream_generation
+            return int(requested), [], self._stream_generation
+
+    def _watch_next(self, kind: str, position: int, generation: int, wait: float) -> tuple[int, list[bytes], bool]:
+        """Events after `position`, waiting up to `wait` seconds; the bool says the stream must be cut."""
+        with self._cond:
+            def pending() -> bool:
+                history = self._history[kind]
+                fresh = bool(history and history[-1][0] > position) and not self._held
+                return fresh or self._stopping or generation != self._stream_generation
+            self._cond.wait_for(pending, timeout=wait)
+            if self._stopping or generation != self._stream_generation:
+                return position, [], True
+            if self._held:
+                return position, [], False
+            history = self._history[kind]
+            lines = [line for _, line in history[bisect.bisect_right(history, position, key=lambda e: e[0]):]]
+            return self._rv, lines, False
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    fake: FakeApiServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format, *args):  # noqa: A002 - silence per-request logging
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        fake = self.server.fake
+        if time.monotonic() < fake.refuse_until:
+            self._hang_up()
+            return
+        if fake.delay_seconds:
+            time.sleep(fake.delay_seconds)
+        if fake.answer_status:
+            status = _status(fake.answer_status, "Forbidden" if fake.answer_status == 403 else "InternalError",
+                             f"injected HTTP {fake.answer_status}")
+            self._send_json(fake.answer_status, json.dumps(status).encode())
+            return
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        kind = url.path.rsplit("/", 1)[-1]
+        if url.path not in ("/api/v1/nodes", "/api/v1/pods"):
+            self._send_json(404, json.dumps(_status(404, "NotFound", f"{url.path} not found")).encode())
+            return
+        if query.get("watch") in ("1", "true"):
+            fake.requests.append((url.path, query))
+            self._watch(fake, kind, query)
+        else:
+            answer = fake._list_body(kind, query)
+            fake.requests.append((url.path, query))  # once seen, its paging snapshot exists
+            self._send_json(*answer)
+
+    def _hang_up(self) -> None:
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # the client hung up first
+
+    def _send_json(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _watch(self, fake: FakeApiServer, kind: str, query: dict[str, str]) -> None:
+        position, initial, generation = fake._watch_start(kind, query)
+        if position is None and fake.gone_as_status:
+            self._send_json(410, json.dumps(_status(410, "Expired", "too old resource version")).encode())
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        if position is None:
+            error = _status(410, "Expired", f"too old resource version: {query['resourceVersion']} "
+                                            f"({fake._compacted_rv})")
+            self._chunk(json.dumps({"type": "ERROR", "object": error}).encode() + b"\n")
+            self._end_stream()
+            return
+        for line in initial:
+            self._chunk(line)
+        timeout = float(query.get("timeoutSeconds") or 1800)
+        bookmarks = query.get("allowWatchBookmarks") in ("1", "true")
+        deadline = time.monotonic() + timeout
+        next_bookmark = time.monotonic() + fake.bookmark_interval
+        try:
+            while (now := time.monotonic()) < deadline:
+                wait = min(deadline, next_bookmark if bookmarks else deadline) - now
+                position, lines, cut = fake._watch_next(kind, position, generation, max(wait, 0.0))
+                if cut:
+                    # Half an event with a chunk header promising more: a connection lost mid-stream.
+                    self.wfile.write(b"%x\r\n%s" % (64, b'{"type": "MODIFIED", "obj'))
+                    self.wfile.flush()
+                    self._hang_up()
+                    return
+                for start in range(0, len(lines), 500):  # a backlog goes out in few, large chunks
+                    self._chunk(b"".join(lines[start:start + 500]))
+                if bookmarks and time.monotonic() >= next_bookmark:
+                    bookmark = {"kind": KINDS[kind], "apiVersion": "v1",
+                                "metadata": {"resourceVersion": str(position)}}
+                    self._chunk(json.dumps({"type": "BOOKMARK", "object": bookmark}).encode() + b"\n")
+                    next_bookmark = time.monotonic() + fake.bookmark_interval
+            self._end_stream()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _end_stream(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()

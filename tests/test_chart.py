@@ -1,0 +1,494 @@
+"""The Helm chart, rendered by Helm's own engine (helm-python-sdk), checked against the server and
+the official Kubernetes schemas.
+
+Supported Kubernetes versions: 1.30 to 1.37 with the default values; 1.28 and 1.29 with
+webhook.matchConditions.enabled=false. cert-manager (cert-manager.io) and Prometheus Operator
+(monitoring.coreos.com) objects have no schema in kubernetes-validate, so they are skipped there and
+checked field by field below.
+"""
+from __future__ import annotations
+
+import base64
+import datetime
+import functools
+import json
+import re
+from pathlib import Path
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.verification import DNSName, PolicyBuilder, Store
+
+from webhook.config import (
+    DEFAULT_NCCL_PROFILES, DEFAULT_PORT, HEALTHZ_PATH, LINK_CLASSES, METRICS_PATH, MUTATE_PATH, PRESETS,
+    READYZ_PATH, Config, HardwareProfile, config_from_mapping,
+)
+
+CHART_DIR = Path(__file__).resolve().parents[1] / "charts" / "topology-webhook"
+RELEASE = "tw"
+NAMESPACE = "gpu-infra"
+FULLNAME = "tw-topology-webhook"
+SERVICE_DNS_NAMES = [FULLNAME, f"{FULLNAME}.{NAMESPACE}", f"{FULLNAME}.{NAMESPACE}.svc",
+                     f"{FULLNAME}.{NAMESPACE}.svc.cluster.local"]
+WITH_MATCH_CONDITIONS = [f"1.{minor}.0" for minor in range(30, 38)]
+WITHOUT_MATCH_CONDITIONS = [f"1.{minor}.0" for minor in range(28, 38)]
+SCHEMALESS_API_GROUPS = ("cert-manager.io/", "monitoring.coreos.com/")
+
+# A CA of our own for the existing-Secret mode (any PEM will do: the chart only passes it through).
+OWN_CA_BUNDLE = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
+
+VALUE_SETS = {
+    "defaults": {},
+    "cert-manager": {"tls": {"mode": "certManager"}},
+    "cert-manager-own-issuer": {"tls": {"mode": "certManager", "certManager": {
+        "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}},
+    "existing-secret": {"tls": {"mode": "existingSecret", "existingSecret": {
+        "name": "corp-webhook-tls", "caBundle": OWN_CA_BUNDLE}}},
+    "one-replica": {"replicas": 1},
+    "three-replicas-hard-anti-affinity": {"replicas": 3, "podAntiAffinity": "hard"},
+    "fail-closed": {"webhook": {"failurePolicy": "Fail"}},
+    "no-match-conditions": {"webhook": {"matchConditions": {"enabled": False}}},
+    "everything-on": {
+        "discovery": {"enabled": True}, "serviceMonitor": {"enabled": True}, "workers": 4,
+        "webhook": {"namespaceLabels": {"topology.scheduler/enabled": "true"}},
+        "config": {"levels": [{"label": "example.com/rack", "link": "leaf"}, "example.com/host-group"],
+                   "max_body_bytes": 3145728, "nccl_profiles": {"leaf": {"NCCL_IB_HCA": "mlx5"}},
+                   "profiles": [{"name": "h100-sxm", "match": "H100", "nvlink_gbs": 370, "pcie_gbs": 50,
+                                 "nic_gbs": 48, "nics_per_node": 8, "nvlink_domain_size": 8}],
+                   "scheduler_names": ["topology-aware-scheduler", "gpu-scheduler"]},
+    },
+}
+
+
+def kube_versions(case: str) -> list[str]:
+    enabled = VALUE_SETS[case].get("webhook", {}).get("matchConditions", {}).get("enabled", True)
+    return WITH_MATCH_CONDITIONS if enabled else WITHOUT_MATCH_CONDITIONS
+
+
+@functools.cache
+def chart() -> helm_python.Chart:
+    return helm_python.Chart.load(CHART_DIR)
+
+
+@functools.cache
+def rendered(case: str) -> tuple[dict, ...]:
+    """Every object the chart renders for a value set, rendered once per test session."""
+    manifests = chart().render(VALUE_SETS[case], name=RELEASE, namespace=NAMESPACE)
+    return tuple(obj for path, text in sorted(manifests.items()) if path.endswith(".yaml")
+                 for obj in yaml.safe_load_all(text) if obj)
+
+
+def objects(case: str, kind: str) -> list[dict]:
+    return [obj for obj in rendered(case) if obj["kind"] == kind]
+
+
+def one(case: str, kind: str, name: str | None = None) -> dict:
+    found = [obj for obj in objects(case, kind) if name is None or obj["metadata"]["name"] == name]
+    assert len(found) == 1, f"{case}: expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def webhook_entry(case: str) -> dict:
+    (entry,) = one(case, "MutatingWebhookConfiguration")["webhooks"]
+    return entry
+
+
+def webhook_container(case: str) -> dict:
+    (container,) = one(case, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def arg_after(container: dict, flag: str) -> str:
+    args = container["args"]
+    return args[args.index(flag) + 1]
+
+
+# --- Helm's own checks ---------------------------------------------------------------------------
+
+# One value set per template branch; the others change scalars that the schema tests already cover.
+@pytest.mark.parametrize("case", ["defaults", "cert-manager", "cert-manager-own-issuer", "existing-secret",
+                                  "no-match-conditions", "everything-on"])
+def test_lint_reports_no_errors(case):
+    report = helm_python.lint(CHART_DIR, VALUE_SETS[case], namespace=NAMESPACE,
+                              kube_version=f"v{kube_versions(case)[0]}")
+    assert report["errors"] == [], report["messages"]
+
+
+@pytest.mark.parametrize("kube_version, refused", [("v1.29.0", True), ("v1.30.0", False)])
+def test_match_conditions_on_a_cluster_older_than_1_30_are_refused_with_the_fix(capfd, kube_version, refused):
+    # Only lint takes a Kubernetes version, and in lint mode Helm logs a template's `fail` to
+    # stderr instead of raising it; `helm install` on such a cluster stops with the same message.
+    helm_python.lint(CHART_DIR, {}, namespace=NAMESPACE, kube_version=kube_version)
+    message = f"needs Kubernetes 1.30 or newer, this cluster is {kube_version}; set webhook.matchConditions.enabled=false"
+    assert (message in capfd.readouterr().err) is refused
+
+
+@pytest.mark.parametrize("values, message", [
+    pytest.param({"replicas": 0}, "at '/replicas': minimum: got 0, want 1", id="zero replicas"),
+    pytest.param({"webhook": {"failurePolicy": "fail"}}, "'/webhook/failurePolicy': value must be one of 'Ignore', 'Fail'",
+                 id="failurePolicy spelt wrong"),
+    pytest.param({"webhook": {"timeoutSeconds": 60}}, "'/webhook/timeoutSeconds': maximum: got 60, want 30",
+                 id="timeout above the apiserver's limit"),
+    pytest.param({"tls": {"mode": "selfSigned"}}, "'/tls/mode': value must be one of 'generated', 'certManager', 'existingSecret'",
+                 id="unknown certificate mode"),
+    pytest.param({"tls": {"mode": "existingSecret"}}, "'/tls/existingSecret/caBundle': minLength: got 0, want 1",
+                 id="existing Secret without its CA"),
+    pytest.param({"config": {"levles": "gke"}}, "'/config': additional properties 'levles' not allowed",
+                 id="typo in a server setting"),
+    pytest.param({"config": {"levels": "azure"}}, "value must be one of 'default', 'gke', 'aws', 'nvl72'",
+                 id="unknown levels preset"),
+    pytest.param({"containerPort": 443}, "'/containerPort': minimum: got 443, want 1,024",
+                 id="privileged port without capabilities"),
+    pytest.param({"replica": 3}, "additional properties 'replica' not allowed", id="typo at the top level"),
+])
+def test_wrong_values_fail_at_install_naming_the_key_and_what_is_allowed(values, message):
+    with pytest.raises(helm_python.HelmValuesError) as caught:
+        chart().render(values, name=RELEASE, namespace=NAMESPACE)
+    assert message in str(caught.value)
+
+
+def test_schema_knows_exactly_the_server_settings():
+    """values.schema.json and webhook.config cannot drift: same settings, presets and classes."""
+    config_schema = chart().schema["properties"]["config"]
+    assert set(config_schema["properties"]) == set(Config.__dataclass_fields__)
+    levels = config_schema["properties"]["levels"]["oneOf"]
+    assert set(levels[0]["enum"]) == set(PRESETS)
+    assert set(levels[1]["items"]["oneOf"][1]["properties"]["link"]["enum"]) == set(LINK_CLASSES)
+    assert set(config_schema["properties"]["nccl_profiles"]["propertyNames"]["enum"]) == set(DEFAULT_NCCL_PROFILES)
+    assert set(config_schema["properties"]["profiles"]["items"]["properties"]) == set(HardwareProfile.__dataclass_fields__)
+
+
+# --- Kubernetes schemas --------------------------------------------------------------------------
+
+@functools.cache
+def validate(obj_json: str, version: str) -> None:
+    """One validation per distinct object and version: value sets share most of their objects."""
+    kubernetes_validate.validate(json.loads(obj_json), version, strict=True)
+
+
+@pytest.mark.parametrize("case, version", [(case, version) for case in VALUE_SETS for version in kube_versions(case)])
+def test_every_object_passes_the_kubernetes_schema(case, version):
+    checked = [obj for obj in rendered(case) if not obj["apiVersion"].startswith(SCHEMALESS_API_GROUPS)]
+    assert checked
+    for obj in checked:
+        validate(json.dumps(obj, sort_keys=True), version)
+
+
+# --- The chart agrees with the server ------------------------------------------------------------
+
+@pytest.mark.parametrize("case", VALUE_SETS)
+def test_webhook_service_name_port_and_path_reach_the_server(case):
+    service = one(case, "Service")
+    client = webhook_entry(case)["clientConfig"]["service"]
+    assert (client["name"], client["namespace"]) == (service["metadata"]["name"], NAMESPACE)
+    assert client["path"] == MUTATE_PATH
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == client["port"] == 443
+    container = webhook_container(case)
+    (container_port,) = container["ports"]
+    assert port["targetPort"] == container_port["name"]
+    assert container_port["containerPort"] == DEFAULT_PORT
+    assert arg_after(container, "--bind") == f"0.0.0.0:{DEFAULT_PORT}"
+    assert container["args"][0] == "serve"
+    assert container["livenessProbe"]["httpGet"] == {"scheme": "HTTPS", "port": "https", "path": HEALTHZ_PATH}
+    assert container["readinessProbe"]["httpGet"] == {"scheme": "HTTPS", "port": "https", "path": READYZ_PATH}
+
+
+def test_service_monitor_scrapes_the_metrics_path_with_the_webhook_ca():
+    (endpoint,) = one("everything-on", "ServiceMonitor")["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["scheme"], endpoint["path"]) == ("https", "https", METRICS_PATH)
+    assert endpoint["tlsConfig"]["serverName"] in SERVICE_DNS_NAMES
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": f"{FULLNAME}-tls", "key": "ca.crt"}
+    assert not objects("defaults", "ServiceMonitor")
+
+
+def mounted_file(case: str, flag: str) -> tuple[dict, dict, str]:
+    """The volume, its mount and the file name behind a path argument such as --config."""
+    pod = one(case, "Deployment")["spec"]["template"]["spec"]
+    container = webhook_container(case)
+    path = arg_after(container, flag)
+    (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    return volume, mount, path[len(mount["mountPath"]) + 1:]
+
+
+def server_config(case: str) -> Config:
+    """The Config the server builds from the file the chart mounts at its --config path."""
+    volume, _, file_name = mounted_file(case, "--config")
+    config_map = one(case, "ConfigMap", volume["configMap"]["name"])
+    return config_from_mapping(yaml.safe_load(config_map["data"][file_name]))
+
+
+def test_default_values_give_the_server_defaults():
+    assert server_config("defaults") == Config()
+
+
+def test_config_values_reach_the_server():
+    loaded = server_config("everything-on")
+    assert [(level.label, level.link) for level in loaded.levels] == [("example.com/rack", "leaf"),
+                                                                       ("example.com/host-group", "leaf")]
+    assert loaded.max_body_bytes == 3145728 and isinstance(loaded.max_body_bytes, int)
+    assert loaded.nccl_profiles["leaf"] == {"NCCL_IB_HCA": "mlx5"}
+    assert loaded.scheduler_names == ("topology-aware-scheduler", "gpu-scheduler")
+    assert [profile.name for profile in loaded.profiles] == ["h100-sxm", "generic-pcie"]
+    assert loaded.profile_for("NVIDIA-H100-80GB-HBM3").nvlink_domain_size == 8
+
+
+def test_config_change_rolls_the_pods():
+    checksum = lambda case: one(case, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]  # noqa: E731
+    assert checksum("defaults") == checksum("fail-closed") != checksum("everything-on")
+
+
+# --- Certificates --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case, secret_name", [
+    ("defaults", f"{FULLNAME}-tls"), ("cert-manager", f"{FULLNAME}-tls"), ("existing-secret", "corp-webhook-tls")])
+def test_tls_secret_is_mounted_as_a_directory_so_rotation_reaches_the_server(case, secret_name):
+    """kubelet swaps a Secret volume atomically through a symlink; a subPath mount never sees the swap."""
+    for flag, key in (("--cert", "tls.crt"), ("--key", "tls.key")):
+        volume, mount, file_name = mounted_file(case, flag)
+        assert volume["secret"]["secretName"] == secret_name
+        assert {"key": key, "path": file_name} in volume["secret"]["items"]
+        assert "subPath" not in mount and "subPathExpr" not in mount
+
+
+def generated_material(case: str = "defaults"):
+    secret = one(case, "Secret", f"{FULLNAME}-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    decode = lambda key: base64.b64decode(secret["data"][key])  # noqa: E731
+    ca_bundle = base64.b64decode(webhook_entry(case)["clientConfig"]["caBundle"])
+    return ca_bundle, decode("tls.crt"), decode("tls.key"), decode("ca.crt")
+
+
+def test_generated_ca_bundle_verifies_the_serving_certificate_for_every_service_name():
+    ca_bundle, cert_pem, key_pem, ca_crt = generated_material()
+    assert ca_crt == ca_bundle  # what Prometheus verifies with is what the apiserver trusts
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    store = Store(x509.load_pem_x509_certificates(ca_bundle))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    for name in SERVICE_DNS_NAMES:
+        verifier = PolicyBuilder().store(store).time(now).build_server_verifier(DNSName(name))
+        verifier.verify(cert, [])  # raises VerificationError when the chain or the SAN does not hold
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sorted(sans.get_values_for_type(x509.DNSName)) == sorted(SERVICE_DNS_NAMES)
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    assert key.public_key().public_numbers() == cert.public_key().public_numbers()
+
+
+def test_generated_ca_is_kept_in_its_own_secret_and_not_mounted():
+    ca_secret = one("defaults", "Secret", f"{FULLNAME}-ca")
+    ca_bundle, *_ = generated_material()
+    assert base64.b64decode(ca_secret["data"]["tls.crt"]) == ca_bundle
+    volumes = one("defaults", "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert all(v.get("secret", {}).get("secretName") != f"{FULLNAME}-ca" for v in volumes)
+
+
+def test_cert_manager_renews_the_serving_certificate_under_a_stable_ca():
+    configuration = one("cert-manager", "MutatingWebhookConfiguration")
+    assert configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{FULLNAME}-serving"
+    assert "caBundle" not in webhook_entry("cert-manager")["clientConfig"]
+    serving = one("cert-manager", "Certificate", f"{FULLNAME}-serving")["spec"]
+    assert sorted(serving["dnsNames"]) == sorted(SERVICE_DNS_NAMES)
+    assert serving["secretName"] == f"{FULLNAME}-tls"
+    # The serving certificate comes from a CA Issuer, never straight from the self-signed one: a
+    # renewal then keeps ca.crt, so the injected caBundle stays valid while kubelet swaps the files.
+    ca_issuer = one("cert-manager", "Issuer", serving["issuerRef"]["name"])
+    ca_certificate = one("cert-manager", "Certificate", f"{FULLNAME}-ca")["spec"]
+    assert ca_issuer["spec"] == {"ca": {"secretName": ca_certificate["secretName"]}}
+    assert ca_certificate["isCA"] is True and ca_certificate["duration"] == "87600h"  # tls.caValidityDays
+    assert ca_certificate["privateKey"]["rotationPolicy"] == "Never"  # a renewed CA still verifies older certificates
+    assert "selfSigned" in one("cert-manager", "Issuer", ca_certificate["issuerRef"]["name"])["spec"]
+    assert not [s for s in objects("cert-manager", "Secret")]
+
+
+def test_cert_manager_with_an_issuer_of_your_own_creates_no_issuer():
+    serving = one("cert-manager-own-issuer", "Certificate")["spec"]
+    assert serving["issuerRef"] == VALUE_SETS["cert-manager-own-issuer"]["tls"]["certManager"]["issuerRef"]
+    assert not objects("cert-manager-own-issuer", "Issuer")
+
+
+def test_existing_secret_mode_passes_the_ca_bundle_through_and_creates_no_secret():
+    assert webhook_entry("existing-secret")["clientConfig"]["caBundle"] == OWN_CA_BUNDLE
+    assert not objects("existing-secret", "Secret")
+    assert not objects("existing-secret", "Certificate")
+
+
+# --- Webhook registration ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case, failure_policy", [("defaults", "Ignore"), ("fail-closed", "Fail")])
+def test_webhook_registration(case, failure_policy):
+    entry = webhook_entry(case)
+    assert entry["admissionReviewVersions"] == ["v1"]
+    assert entry["sideEffects"] == "NoneOnDryRun"
+    assert entry["failurePolicy"] == failure_policy
+    assert entry["timeoutSeconds"] == 5
+    assert entry["reinvocationPolicy"] == "IfNeeded"
+    registered = {(group, resource) for rule in entry["rules"] for group in rule["apiGroups"]
+                  for resource in rule["resources"]}
+    assert registered == {("", "pods"), ("batch", "jobs"), ("batch", "cronjobs"), ("apps", "deployments"),
+                          ("apps", "statefulsets"), ("apps", "replicasets")}
+    assert all(rule["operations"] == ["CREATE"] and rule["scope"] == "Namespaced" for rule in entry["rules"])
+
+
+@pytest.mark.parametrize("case", VALUE_SETS)
+def test_webhook_never_gates_its_own_namespace_or_the_control_plane(case):
+    (expression,) = webhook_entry(case)["namespaceSelector"]["matchExpressions"]
+    assert expression["key"] == "kubernetes.io/metadata.name" and expression["operator"] == "NotIn"
+    assert {"kube-system", "kube-node-lease", NAMESPACE} <= set(expression["values"])
+
+
+def test_namespace_opt_in_labels_narrow_the_selector():
+    selector = webhook_entry("everything-on")["namespaceSelector"]
+    assert selector["matchLabels"] == {"topology.scheduler/enabled": "true"}
+    assert "matchLabels" not in webhook_entry("defaults")["namespaceSelector"]
+
+
+class CelError(Exception):
+    """What the apiserver reports when a CEL expression reads a field that is not there."""
+
+
+def evaluate_match_condition(expression: str, obj: dict) -> bool:
+    """Evaluate the chart's CEL with the apiserver's semantics for the subset it uses.
+
+    has(a.b.c) is true when c is present in a.b (and an error when a.b itself is missing), a field
+    read of a missing key is an error, and `&&`/`||` short-circuit. Anything outside the subset
+    fails the test, so a change to the expression cannot slip past this evaluator unchecked.
+    """
+    def walk(path: str):
+        node = {"object": obj}
+        for key in path.split("."):
+            if not isinstance(node, dict) or key not in node:
+                raise CelError(f"no such key: {key} (in {path})")
+            node = node[key]
+        return node
+
+    def has(path: str) -> bool:
+        parent, _, key = path.rpartition(".")
+        return key in walk(parent)
+
+    path = r"(object(?:\.\w+)+)"
+    python = re.sub(rf"has\({path}\)", r"has('\1')", expression)
+    python = re.sub(rf"{path}\.exists\(k, k\.startsWith\('([^']*)'\)\)", r"any(k.startswith('\2') for k in walk('\1'))", python)
+    python = re.sub(rf"{path} in (\[[^\]]*\])", r"walk('\1') in \2", python)
+    python = python.replace("&&", " and ").replace("||", " or ")
+    leftover = set(re.findall(r"[A-Za-z_]\w*", re.sub(r"'[^']*'|\"[^\"]*\"", "", python)))
+    assert leftover <= {"has", "walk", "any", "k", "startswith", "for", "in", "and", "or"}, leftover
+    return bool(eval(f"({python})", {"__builtins__": {}}, {"has": has, "walk": walk, "any": any}))  # noqa: S307
+
+
+def pod_template(annotations: dict | None = None, scheduler: str | None = None) -> dict:
+    template: dict = {"metadata": {}, "spec": {"containers": [{"name": "main", "image": "trainer"}]}}
+    if annotations is not None:
+        template["metadata"]["annotations"] = annotations
+    if scheduler is not None:
+        template["spec"]["schedulerName"] = scheduler
+    return template
+
+
+def workload(kind: str, template: dict) -> dict:
+    if kind == "Pod":
+        return {"apiVersion": "v1", "kind": "Pod", **template}
+    if kind == "CronJob":
+        return {"apiVersion": "batch/v1", "kind": kind, "metadata": {"name": "nightly"},
+                "spec": {"schedule": "@daily", "jobTemplate": {"spec": {"template": template}}}}
+    return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "train"}, "spec": {"template": template}}
+
+
+@pytest.mark.parametrize("kind", ["Pod", "Deployment", "Job", "CronJob"])
+@pytest.mark.parametrize("template, called", [
+    pytest.param(pod_template({"topology.scheduler/gpu-count": "8"}), True, id="topology annotation"),
+    pytest.param(pod_template(scheduler="topology-aware-scheduler"), True, id="the seed's schedulerName"),
+    pytest.param(pod_template(), False, id="no annotations at all"),
+    pytest.param(pod_template({"prometheus.io/scrape": "true"}), False, id="other annotations"),
+    pytest.param(pod_template({"topology.scheduler.example.com/x": "1"}), False, id="look-alike prefix"),
+    pytest.param(pod_template(scheduler="volcano"), False, id="another scheduler"),
+])
+def test_match_condition_calls_the_webhook_only_for_topology_workloads(kind, template, called):
+    (condition,) = webhook_entry("defaults")["matchConditions"]
+    assert evaluate_match_condition(condition["expression"], workload(kind, template)) is called
+
+
+def test_match_condition_uses_the_configured_scheduler_names():
+    (condition,) = webhook_entry("everything-on")["matchConditions"]
+    assert evaluate_match_condition(condition["expression"], workload("Pod", pod_template(scheduler="gpu-scheduler")))
+
+
+def test_match_conditions_can_be_switched_off():
+    assert "matchConditions" not in webhook_entry("no-match-conditions")
+
+
+# --- A safe deployment ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["defaults", "everything-on"])
+def test_every_pod_meets_the_restricted_pod_security_standard(case):
+    pods = [obj["spec"]["template"]["spec"] for obj in rendered(case) if obj["kind"] in ("Deployment", "DaemonSet")]
+    assert pods
+    for pod in pods:
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert all(set(volume) & {"configMap", "secret", "emptyDir"} for volume in pod.get("volumes", []))
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert "resources" in container and container["resources"]["requests"]
+
+
+@pytest.mark.parametrize("case, replicas", [("defaults", 2), ("one-replica", 1), ("three-replicas-hard-anti-affinity", 3)])
+def test_replicas_spread_across_nodes_behind_a_disruption_budget(case, replicas):
+    deployment = one(case, "Deployment")
+    assert deployment["spec"]["replicas"] == replicas
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    anti_affinity = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    if case.endswith("hard-anti-affinity"):
+        (term,) = anti_affinity["requiredDuringSchedulingIgnoredDuringExecution"]
+    else:
+        (preferred,) = anti_affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+        term = preferred["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+    budget = one(case, "PodDisruptionBudget")["spec"]
+    assert budget["maxUnavailable"] == 1  # one replica can still be drained: a budget never blocks a node drain forever
+    assert budget["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_discovery_pods_are_not_selected_by_the_webhook_deployment():
+    selector = one("everything-on", "Deployment")["spec"]["selector"]["matchLabels"]
+    discovery_labels = one("everything-on", "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert not selector.items() <= discovery_labels.items()
+    assert one("everything-on", "Service")["spec"]["selector"] == selector
+
+
+def rules_of(case: str, role_name: str) -> list[dict]:
+    return one(case, "ClusterRole", role_name)["rules"]
+
+
+def test_webhook_may_only_read_nodes_and_pods():
+    assert rules_of("defaults", FULLNAME) == [{"apiGroups": [""], "resources": ["nodes", "pods"],
+                                              "verbs": ["get", "list", "watch"]}]
+    binding = one("defaults", "ClusterRoleBinding", FULLNAME)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    assert one("defaults", "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == FULLNAME
+
+
+def test_discovery_agent_runs_on_gpu_nodes_only_with_node_patch_rights_only():
+    assert not objects("defaults", "DaemonSet")
+    name = f"{FULLNAME}-discovery"
+    assert rules_of("everything-on", name) == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    pod = one("everything-on", "DaemonSet", name)["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == name and pod["runtimeClassName"] == "nvidia"
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [  # separate terms are ORed
+        {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]},
+        {"matchExpressions": [{"key": "feature.node.kubernetes.io/pci-10de.present", "operator": "In", "values": ["true"]}]},
+    ]
+    (container,) = pod["containers"]
+    assert container["args"] == ["discover", "--node", "$(NODE_NAME)", "--interval", "300"]
+    (node_name,) = [env for env in container["env"] if env["name"] == "NODE_NAME"]
+    assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert not any("nvidia.com/gpu" in section for section in container["resources"].values())

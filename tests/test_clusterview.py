@@ -1,0 +1,492 @@
+"""The live cluster view against a local fake of the API's list/watch protocol, through the real client.
+
+Every test runs the real `kubernetes` client over HTTP against tests/fakeapiserver.py; nothing in
+the client library is mocked. Waits are bounded polls (`eventually`), never bare sleeps.
+"""
+from __future__ import annotations
+
+import random
+import socket
+import time
+
+import pytest
+from kubernetes.client import ApiClient, Configuration
+
+from tests.fakeapiserver import FakeApiServer
+from webhook.cluster import RESERVATION_ANNOTATION
+from webhook.clusterview import Backoff, LiveClusterView, api_client_from
+from webhook.config import Config, ConfigError
+from webhook.demo import demo_cluster, make_node, make_pod
+from webhook.model import Outcome, PlacementRequest, Strategy
+from webhook.placement import place_and_reserve
+
+LEAF = "topology.scheduler/leaf"
+LABELS = {"topology.kubernetes.io/zone": "zone-a", "topology.scheduler/spine": "spine-1", LEAF: "leaf-1"}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def eventually(check, timeout: float = 10.0, what: str = "condition"):
+    """Poll `check` until it returns something truthy, for at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def fake():
+    server = FakeApiServer(bookmark_interval=0.2).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def make_view(clock):
+    views = []
+
+    def make(server: FakeApiServer, config: Config = Config(), **overrides) -> LiveClusterView:
+        settings = dict(clock=clock, backoff_base=0.01, backoff_cap=0.2, rng=random.Random(7),
+                        watch_timeout_seconds=5, expire_interval_seconds=0.05)
+        settings.update(overrides)
+        view = LiveClusterView(config, ApiClient(Configuration(host=server.url)), **settings)
+        views.append(view)
+        return view
+
+    yield make
+    for view in views:
+        assert view.stop(timeout=5), "view threads did not stop within 5s"
+
+
+def status_of(view: LiveClusterView, kind: str):
+    return next(s for s in view.status() if s.kind == kind)
+
+
+def gpus(view: LiveClusterView) -> tuple[int, int]:
+    stats = view.index.stats()
+    return stats.gpus_total, stats.gpus_used
+
+
+def leaves(view: LiveClusterView) -> set[str]:
+    return {name for level, name, _ in view.index.stats().domain_utilization if level == "leaf"}
+
+
+def load_demo(server: FakeApiServer) -> None:
+    nodes, pods = demo_cluster()
+    for node in nodes:
+        server.put_node(node)
+    for pod in pods:
+        server.put_pod(pod)
+
+
+# ---- initial sync and readiness --------------------------------------------------------------
+def test_initial_sync_lists_in_pages_then_watches_from_the_lists_version(fake, make_view):
+    load_demo(fake)
+    view = make_view(fake, page_size=7)
+    assert view.readiness()[0] is False
+    view.start()
+    assert view.wait_synced(15)
+    assert gpus(view) == (32 * 8, 90)
+    assert view.readiness() == (True, "cluster view in sync")
+    node_lists = fake.list_requests("nodes")
+    assert len(node_lists) == 5 and all(q["limit"] == "7" for q in node_lists)  # 32 nodes in pages of 7
+    assert "continue" not in node_lists[0] and all("continue" in q for q in node_lists[1:])
+    watch = eventually(lambda: fake.watch_requests("nodes"), what="a node watch")[0]
+    assert watch["resourceVersion"] == str(fake.resource_version)
+    assert watch["allowWatchBookmarks"] == "true" and watch["timeoutSeconds"] == "5"
+
+
+def test_not_ready_until_both_kinds_are_listed_and_says_which(fake, make_view):
+    fake.delay_seconds = 0.5  # slow responses
+    view = make_view(fake)
+    view.start()
+    ready, reason = view.readiness()
+    assert not ready and "waiting for the first list of nodes" in reason
+    assert view.wait_synced(15)
+    assert view.readiness()[0]
+
+
+def test_api_unreachable_at_start_then_recovering(make_view):
+    with socket.socket() as probe:  # a port nobody listens on yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = FakeApiServer(port=port)
+    load_demo(server)
+    view = make_view(server)
+    view.start()
+    eventually(lambda: "Connection refused" in view.readiness()[1], what="a connection-refused reason")
+    ready, reason = view.readiness()
+    assert not ready and "waiting for the first list of" in reason
+    server.start()
+    try:
+        assert view.wait_synced(15)
+        assert gpus(view) == (256, 90) and view.readiness()[0]
+    finally:
+        server.stop()
+
+
+def test_stale_when_no_progress_for_longer_than_configured_and_recovers(fake, make_view, clock):
+    load_demo(fake)
+    view = make_view(fake, Config(stale_after_seconds=60))
+    view.start()
+    assert view.wait_synced(15)
+    fake.stop()  # the API goes away: lists and watches fail from now on
+    eventually(lambda: status_of(view, "pods").failures, what="a failed watch")
+    clock.now += 30
+    assert view.readiness()[0], "30s without progress is within the 60s limit"
+    clock.now += 31
+    ready, reason = view.readiness()
+    assert not ready
+    assert reason.startswith("cluster view is stale: no list or watch progress on nodes for 61s (limit 60s)")
+    assert "last error:" in reason
+    fake.start()
+    eventually(lambda: view.readiness()[0], what="readiness after the API came back")
+
+
+def test_forbidden_list_is_named_in_readiness_then_recovers(fake, make_view):
+    fake.put_node(make_node("n1", LABELS))
+    fake.answer_status = 403  # RBAC without list on nodes/pods
+    view = make_view(fake)
+    view.start()
+    eventually(lambda: "HTTP 403 Forbidden" in view.readiness()[1], what="the 403 in the readiness reason")
+    fake.answer_status = None
+    assert view.wait_synced(15)
+    assert gpus(view) == (8, 0)
+
+
+def test_continue_token_expired_mid_list_restarts_the_list(fake, make_view):
+    load_demo(fake)
+    fake.delay_seconds = 0.2  # pages slow enough to compact between the first and second page
+    view = make_view(fake, page_size=7)
+    view.start()
+    eventually(lambda: fake.list_requests("nodes"), what="the first page of nodes")
+    fake.compact()  # the first page's snapshot (and its continue token) is gone
+    assert view.wait_synced(15)
+    assert gpus(view) == (256, 90)
+    fresh_starts = [q for q in fake.list_requests("nodes") if "continue" not in q]
+    assert len(fresh_starts) == 2, "the list restarts from the beginning after 410 on a continue token"
+
+
+# ---- events --------------------------------------------------------------------------------
+def test_pods_bound_finished_and_deleted_change_used_gpus(fake, make_view):
+    fake.put_node(make_node("n1", LABELS))
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(15)
+    pending = make_pod("train-0", None, 4, phase="Pending")
+    fake.put_pod(pending)
+    eventually(lambda: status_of(view, "pods").events == 1, what="the pending pod")
+    assert gpus(view) == (8, 0), "an unbound pod holds no GPUs"
+    pending["spec"]["nodeName"] = "n1"
+    fake.put_pod(pending)
+    eventually(lambda: gpus(view) == (8, 4), what="the bound pod counted")
+    fake.put_pod(make_pod("other", "n1", 2))
+    eventually(lambda: gpus(view) == (8, 6), what="a second pod counted")
+    finished = fake.get("pods", "default/train-0")
+    finished["status"]["phase"] = "Succeeded"
+    fake.put_pod(finished)
+    eventually(lambda: gpus(view) == (8, 2), what="the finished pod released")
+    fake.delete("pods", "default/other")
+    eventually(lambda: gpus(view) == (8, 0), what="the deleted pod released")
+
+
+def test_node_added_cordoned_relabelled_and_deleted(fake, make_view):
+    fake.put_node(make_node("n1", LABELS))
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(15)
+    fake.put_node(make_node("n2", LABELS, gpus=4))
+    eventually(lambda: gpus(view)[0] == 12, what="the new node")
+    fake.put_node(make_node("n1", LABELS, unschedulable=True))
+    eventually(lambda: gpus(view)[0] == 4, what="the cordoned node's GPUs gone")
+    fake.put_node(make_node("n1", LABELS))
+    fake.put_node(make_node("n2", {**LABELS, LEAF: "leaf-2"}, gpus=4))
+    eventually(lambda: leaves(view) == {"leaf-1", "leaf-2"} and gpus(view)[0] == 12, what="n2 moved to leaf-2")
+    fake.delete("nodes", "n1")
+    eventually(lambda: leaves(view) == {"leaf-2"} and gpus(view)[0] == 4, what="n1 and its leaf gone")
+
+
+def test_an_object_the_index_cannot_read_is_skipped_not_retried_forever(fake, make_view):
+    fake.put_node(make_node("n1", LABELS))
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(15)
+    broken = make_pod("broken", "n1", 1)
+    broken["spec"] = "not a pod spec"
+    fake.put_pod(broken)
+    fake.put_pod(make_pod("fine", "n1", 2))
+    eventually(lambda: gpus(view)[1] == 2, what="the pod after the broken one")
+    assert status_of(view, "pods").failures == 0
+
+
+# ---- broken watches, 410, bookmarks ------------------------------------------------------------
+def test_watch_broken_mid_stream_resumes_from_last_version_without_relisting(fake, make_view):
+    fake.put_node(make_node("n1", LABELS))
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(15)
+    fake.put_pod(make_pod("a", "n1", 1))
+    eventually(lambda: gpus(view)[1] == 1, what="pod a")
+    watches_before = len(fake.watch_requests("pods"))
+    version_at_break = str(fake.resource_version)
+    fake.break_watches()
+    fake.put_pod(make_pod("b", "n1", 2))
+    eventually(lambda: gpus(view)[1] == 3, what="pod b after the break")
+    assert status_of(view, "pods").failures >= 1
+    assert "IncompleteRead" in status_of(view, "pods").last_error
+    resumed = fake.watch_requests("pods")[watches_before]
+    assert resumed["resourceVersion"] == version_at_break  # from where it was, not from scratch
+    assert len(fake.list_requests("pods")) == 1, "a broken watch must not cost a relist"
+
+
+@pytest.mark.parametrize("gone_as_status", [False, True], ids=["ERROR event 410", "HTTP 410"])
+def test_gone_relists_and_forgets_what_was_deleted_meanwhile(fake, make_view, gone_as_status):
+    fake.gone_as_status = gone_as_status
+    fake.put_node(make_node("n1", LABELS))
+    fake.put_node(make_node("n2", LABELS))
+    fake.put_pod(make_pod("a", "n1", 4))
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(15)
+    assert gpus(view) == (16, 4)
+    fake.stop()  # while the view is away: n2 goes, pod a is recreated smaller, b comes; history compacted
+    fake.delete("nodes", "n2")
+    fake.delete("pods", "default/a")
+    recreated = make_pod("a", "n1", 2)
+    recreated["metadata"]["uid"] = "uid-second-a"
+    fake.put_pod(recreated)
+    fake.put_pod(make_pod("b", "n1", 1))
+    fake.compact()
+    fake.start()
+    eventually(lambda: status_of(view, "pods").lists == 2 and status_of(view, "nodes").lists == 2,
+               what="a relist of both kinds")
+    assert gpus(view) == (8, 3), "the first pod a is forgotten, the second one counted once"
+    assert status_of(view, "nodes").objects == 1 and status_of(view, "pods").objects == 2
+
+
+def test_bookmarks_move_the_resume_point(fake, make_view):
+    fake.put_node(make_node("n1", LABELS))
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(15)
+    for i in range(3):  # pod writes move the shared resourceVersion; the node watch only gets bookmarks
+        fake.put_pod(make_pod(f"p{i}", "n1", 1))
+    target = str(fake.resource_version)
+    eventually(lambda: status_of(view, "nodes").resource_version == target, what="a bookmark on the node watch")
+    assert status_of(view, "nodes").events == 0
+    fake.break_watches()
+    eventually(lambda: len(fake.watch_requests("nodes")) >= 2, what="the node watch resumed")
+    assert fake.watch_requests("nodes")[-1]["resourceVersion"] == target
+
+
+def test_watch_that_ends_at_its_timeout_is_reopened(fake, make_view):
+    fake.put_node(make_node("n1", LABELS))
+    view = make_view(fake, watch_timeout_seconds=1)
+    view.start()
+    assert view.wait_synced(15)
+    eventually(lambda: len(fake.watch_requests("pods")) >= 2, timeout=4, what="a second watch")
+    assert status_of(view, "pods").failures == 0
+    fake.put_pod(make_pod("a", "n1", 3))
+    eventually(lambda: gpus(view)[1] == 3, what="an event on the reopened watch")
+
+
+def test_stop_is_prompt_with_watches_open(fake, make_view):
+    view = make_view(fake, watch_timeout_seconds=60)
+    view.start()
+    assert view.wait_synced(15)
+    eventually(lambda: fake.watch_requests("pods") and fake.watch_requests("nodes"), what="open watches")
+    started = time.monotonic()
+    assert view.stop(timeout=5)
+    assert time.monotonic() - started < 3
+
+
+# ---- backoff and client construction ------------------------------------------------------------
+def test_backoff_grows_with_jitter_up_to_the_cap_and_resets():
+    backoff = Backoff(base=1.0, cap=8.0, rng=random.Random(3))
+    delays = [backoff.next_delay() for _ in range(6)]
+    for delay, ceiling in zip(delays, (1, 2, 4, 8, 8, 8)):
+        assert ceiling / 2 <= delay <= ceiling
+    assert len(set(delays)) == 6, "jitter: no two reconnects at the same instant"
+    backoff.reset()
+    assert backoff.next_delay() <= 1.0
+
+
+def test_api_client_from_kubeconfig_reaches_the_server(fake, tmp_path):
+    fake.put_node(make_node("n1", LABELS))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(f"""
+apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{fake.url}"}}}}]
+users: [{{name: me, user: {{token: abc}}}}]
+contexts: [{{name: here, context: {{cluster: fake, user: me}}}}]
+current-context: here
+""")
+    from kubernetes.client import CoreV1Api
+    nodes = CoreV1Api(api_client_from(str(kubeconfig))).list_node()
+    assert [n.metadata.name for n in nodes.items] == ["n1"]
+
+
+@pytest.mark.parametrize("kubeconfig, message", [
+    ("/nonexistent/kubeconfig", "kubeconfig /nonexistent/kubeconfig: "),
+    (None, "in-cluster config: "),
+], ids=["missing file", "not in a pod"])
+def test_api_client_from_bad_config_is_one_clear_line(kubeconfig, message, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigError) as err:
+        api_client_from(kubeconfig)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+# ---- reservations ------------------------------------------------------------------------------
+def whole_node(name: str) -> PlacementRequest:
+    return PlacementRequest(workload=f"Job ml/{name}", pods=1, gpus_per_pod=8, strategy=Strategy.CONSOLIDATED)
+
+
+def test_reservations_never_share_the_last_domain_are_confirmed_by_binding_and_expire(fake, make_view, clock):
+    fake.put_node(make_node("n1", LABELS))
+    fake.put_node(make_node("n2", {**LABELS, LEAF: "leaf-2"}))
+    view = make_view(fake, Config(reservation_ttl_seconds=300))
+    view.start()
+    assert view.wait_synced(15)
+    first = place_and_reserve(view.index, whole_node("a"), "ml/a", view.clock())
+    second = place_and_reserve(view.index, whole_node("b"), "ml/b", view.clock())
+    third = place_and_reserve(view.index, whole_node("c"), "ml/c", view.clock())
+    assert (first.outcome, second.outcome, third.outcome) == (Outcome.PLACED, Outcome.PLACED, Outcome.WAIT)
+    assert {first.nodes, second.nodes} == {("n1",), ("n2",)}
+    assert view.index.stats().gpus_reserved == 16
+    assert place_and_reserve(view.index, whole_node("d"), None, view.clock()).outcome is Outcome.WAIT
+
+    bound = make_pod("a-0", first.nodes[0], 8, annotations={RESERVATION_ANNOTATION: "ml/a"})
+    fake.put_pod(bound)
+    eventually(lambda: view.index.stats().gpus_reserved == 8, what="ml/a confirmed by its bound pod")
+    assert gpus(view) == (16, 8)
+
+    clock.now += 301  # ml/b's pods never came: its hold lapses and the domain is free again
+    eventually(lambda: view.index.stats().gpus_reserved == 0, what="ml/b expired")
+    assert place_and_reserve(view.index, whole_node("c"), "ml/c", view.clock()).nodes == second.nodes
+
+
+# ---- through the real gunicorn server ---------------------------------------------------------
+# What `serve --kubeconfig FILE` runs in its worker: the live view behind the real app, one worker
+# process with threads, so every request thread shares one index and one reservation ledger.
+LAUNCHER = """
+import sys
+from webhook.app import create_app
+from webhook.clusterview import LiveClusterView, api_client_from
+from webhook.config import Config
+from webhook.metrics import Metrics
+from webhook.server import ServeOptions, WebhookServer
+
+kubeconfig, bind, cert, key = sys.argv[1:]
+config = Config()
+
+def build_app():
+    view = LiveClusterView(config, api_client_from(kubeconfig), backoff_base=0.05, backoff_cap=0.5)
+    view.start()
+    return create_app(config, view.index, view.readiness, Metrics.create(), clock=view.clock)
+
+WebhookServer(build_app, ServeOptions(bind=bind, cert=cert, key=key, workers=1, threads=8)).run()
+"""
+
+
+def write_kubeconfig(path, server: FakeApiServer) -> str:
+    path.write_text(f"""
+apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{server.url}"}}}}]
+users: [{{name: me, user: {{token: abc}}}}]
+contexts: [{{name: here, context: {{cluster: fake, user: me}}}}]
+current-context: here
+""")
+    return str(path)
+
+
+@pytest.fixture
+def start_live_server(fake, tmp_path):
+    """Starts the webhook under gunicorn over TLS, fed by the fake API server; returns an
+    apiserver-like client once /healthz answers. Stopped at teardown."""
+    import os
+    import subprocess
+    import sys
+
+    import requests
+
+    from conftest import ROOT, ApiServer, free_port
+    from webhook import certs
+
+    processes = []
+
+    def start() -> ApiServer:
+        paths = certs.write_certs(str(tmp_path / "tls"), "topology-webhook", "default")
+        port = free_port()
+        log = tmp_path / "server.log"
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-c", LAUNCHER, write_kubeconfig(tmp_path / "kubeconfig", fake),
+                 f"127.0.0.1:{port}", paths.cert, paths.key],
+                cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=subprocess.STDOUT)
+        processes.append(process)
+        client = ApiServer(f"https://localhost:{port}", paths.ca, requests.Session())
+
+        def healthy() -> bool:
+            assert process.poll() is None, log.read_text()
+            try:
+                return client.get("/healthz").status_code == 200
+            except requests.ConnectionError:
+                return False
+
+        eventually(healthy, timeout=60, what="the server's /healthz")
+        return client
+
+    yield start
+    for process in processes:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def test_gunicorn_fails_open_until_synced_then_never_double_books_concurrent_admissions(fake, start_live_server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import gpu_pod, review_of
+
+    fake.refuse_until = time.monotonic() + 3600  # the API does not answer yet
+    live_server = start_live_server()
+    ready = live_server.get("/readyz")
+    assert ready.status_code == 503 and "not synced yet" in ready.text
+    early = review_of(gpu_pod("early", 8, gpu_count="8", placement_strategy="consolidated"))
+    answer = live_server.post(early).json()["response"]
+    assert answer["allowed"] and "patch" not in answer
+    assert any("not ready" in w and "not synced yet" in w for w in answer["warnings"])
+
+    for leaf in range(4):  # four whole nodes, one per leaf: room for exactly four 8-GPU pods
+        fake.put_node(make_node(f"n{leaf}", {**LABELS, LEAF: f"leaf-{leaf}"}))
+    fake.refuse_until = 0
+    eventually(lambda: live_server.get("/readyz").status_code == 200, timeout=30, what="/readyz after the sync")
+
+    reviews = [review_of(gpu_pod(f"train-{i}", 8, gpu_count="8", placement_strategy="consolidated"))
+               for i in range(12)]
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        answers = list(pool.map(lambda r: live_server.post(r).json()["response"], reviews))
+    audits = [a["auditAnnotations"] for a in answers]
+    placed = [a["domain"] for a in audits if a["outcome"] == "placed"]
+    assert sorted(placed) == ["node n0", "node n1", "node n2", "node n3"], audits
+    assert sum(a["outcome"] == "waiting" for a in audits) == 8

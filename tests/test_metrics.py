@@ -1,0 +1,97 @@
+"""Metric names our users know, counted per admission outcome, and merged across worker processes."""
+import pathlib
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from webhook.metrics import Metrics
+
+
+@dataclass
+class Stats:
+    gpus_total: int = 64
+    gpus_used: int = 24
+    gpus_reserved: int = 8
+    allocation_ratio: float = 0.5
+    fragmentation_ratio: float = 0.25
+    domain_utilization: tuple = (("spine", "spine-1", 0.75), ("leaf", "leaf-2", 1.0))
+
+
+def samples(metrics: Metrics) -> dict:
+    text = metrics.render()[0].decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_decisions_are_counted_by_kind_strategy_and_outcome_and_ignored_ones_only_timed():
+    metrics = Metrics.create()
+    metrics.record_admission("Job", "consolidated", "placed", 0.002)
+    metrics.record_admission("Job", "consolidated", "placed", 0.003)
+    metrics.record_admission("Pod", None, "denied", 0.001)
+    metrics.record_admission("Service", None, "ignored", 0.0001)
+    got = samples(metrics)
+    placed = (("kind", "Job"), ("outcome", "placed"), ("strategy", "consolidated"))
+    assert got[("topology_placement_decisions_total", placed)] == 2
+    assert got[("topology_placement_decisions_total", (("kind", "Pod"), ("outcome", "denied"), ("strategy", "none")))] == 1
+    assert not any(labels and dict(labels).get("kind") == "Service" for _, labels in got)
+    assert got[("topology_scheduler_latency_seconds_count", ())] == 4
+    assert got[("topology_admission_fail_open_total", ())] == 0
+
+
+def test_failed_open_admissions_are_counted_apart():
+    metrics = Metrics.create()
+    metrics.record_admission("Job", "balanced", "failed-open", 0.001)
+    assert samples(metrics)[("topology_admission_fail_open_total", ())] == 1
+
+
+def test_cluster_gauges_are_read_from_the_view_at_scrape_time():
+    metrics, stats = Metrics.create(), Stats()
+    metrics.watch_cluster(lambda: stats)
+    assert samples(metrics)[("topology_gpu_allocation_ratio", ())] == 0.5
+    stats.allocation_ratio = 0.75
+    got = samples(metrics)
+    assert got[("topology_gpu_allocation_ratio", ())] == 0.75
+    assert got[("topology_scheduler_domain_fragmentation_ratio", ())] == 0.25
+    assert got[("topology_domain_utilization_ratio", (("domain", "leaf-2"), ("level", "leaf")))] == 1.0
+    assert got[("topology_cluster_gpus", (("state", "reserved"),))] == 8
+
+
+ROOT = str(pathlib.Path(__file__).parents[1])
+WORKER = """
+import sys
+from webhook.metrics import Metrics
+metrics = Metrics.create(sys.argv[1])
+for _ in range(int(sys.argv[2])):
+    metrics.record_admission("Job", "consolidated", "placed", 0.004)
+"""
+
+
+def test_multiprocess_mode_sums_the_counters_of_every_worker(tmp_path, monkeypatch):
+    # Real separate processes (as gunicorn workers are), writing to one shared directory.
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    for admissions in (3, 4):
+        subprocess.run([sys.executable, "-c", WORKER, str(tmp_path), str(admissions)], env=env, check=True,
+                       timeout=60, cwd=ROOT)
+    assert len(list(tmp_path.glob("counter_*.db"))) == 2
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    reader = Metrics(str(tmp_path))  # the scraping worker; its own metrics add nothing here
+    got = samples(reader)
+    placed = (("kind", "Job"), ("outcome", "placed"), ("strategy", "consolidated"))
+    assert got[("topology_placement_decisions_total", placed)] == 7
+    assert got[("topology_scheduler_latency_seconds_count", ())] == 7
+
+
+def test_multiprocess_mode_needs_the_directory_in_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    with pytest.raises(ValueError, match="PROMETHEUS_MULTIPROC_DIR"):
+        Metrics.create(str(tmp_path))
+
+
+def test_counters_have_no_created_timestamp_series():
+    metrics = Metrics.create()
+    metrics.record_admission("Job", "balanced", "placed", 0.001)
+    assert "_created" not in metrics.render()[0].decode()

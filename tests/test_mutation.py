@@ -1,0 +1,254 @@
+import json
+
+import pytest
+
+from tests.fixtures.builders import (DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep, request,
+                                     template_of, valid, workload)
+from webhook import mutation
+from webhook.config import Config
+from webhook.model import Interconnect, Outcome, Strategy
+
+CONFIG = Config()
+
+
+def node_affinity(obj: dict) -> dict:
+    return template_of(obj)["spec"].get("affinity", {}).get("nodeAffinity", {})
+
+
+def env_of(obj: dict, name: str) -> dict:
+    spec = template_of(obj)["spec"]
+    found = next(c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == name)
+    return {e["name"]: e.get("value") for e in found.get("env", [])}
+
+
+def annotations(obj: dict) -> dict:
+    return template_of(obj).get("metadata", {}).get("annotations", {})
+
+
+def test_consolidated_pins_by_adding_to_every_existing_term():
+    terms = [{"matchExpressions": [USER_TERM]}, {"matchFields": [{"key": "metadata.name", "operator": "In",
+                                                                  "values": ["gpu-1"]}]}]
+    obj = workload("Job", spec={"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": deep(terms)}}}})
+    out = valid(mutation.mutate(obj, "Job", decision(), CONFIG, "ml/Job/train"))
+    got = node_affinity(out)["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert got == [{"matchExpressions": [USER_TERM, PIN]}, {**terms[1], "matchExpressions": [PIN]}]
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in node_affinity(out)
+
+
+def test_consolidated_without_affinity_gets_one_term():
+    out = valid(mutation.mutate(workload("Job"), "Job", decision(), CONFIG))
+    assert node_affinity(out) == {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [PIN]}]}}
+
+
+@pytest.mark.parametrize("strategy, outcome, pin_when_waiting, pinned", [
+    pytest.param(Strategy.CONSOLIDATED, Outcome.PLACED, True, True, id="consolidated placed pins"),
+    pytest.param(Strategy.DISTRIBUTED, Outcome.PLACED, True, True, id="distributed placed pins its scope"),
+    pytest.param(Strategy.BALANCED, Outcome.PLACED, True, False, id="balanced placed prefers"),
+    pytest.param(Strategy.CONSOLIDATED, Outcome.WAIT, True, True, id="consolidated waiting pins where it fits first"),
+    pytest.param(Strategy.CONSOLIDATED, Outcome.WAIT, False, False, id="consolidated waiting prefers when configured"),
+    pytest.param(Strategy.BALANCED, Outcome.WAIT, True, False, id="balanced waiting only prefers"),
+    pytest.param(Strategy.DISTRIBUTED, Outcome.WAIT, True, False, id="distributed waiting only prefers"),
+])
+def test_required_or_preferred(strategy, outcome, pin_when_waiting, pinned):
+    config = Config(pin_when_waiting=pin_when_waiting)
+    obj = workload("Job", spec={"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 5, "preference": {"matchExpressions": [USER_TERM]}}]}}})
+    out = valid(mutation.mutate(obj, "Job", decision(request(strategy=strategy), outcome), config))
+    affinity = node_affinity(out)
+    preferred = affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    if pinned:
+        assert affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+            {"matchExpressions": [PIN]}]
+        assert len(preferred) == 1
+    else:
+        assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity
+        assert preferred[1] == {"weight": mutation.PREFERRED_WEIGHT, "preference": {"matchExpressions": [PIN]}}
+    assert preferred[0]["weight"] == 5  # the user's preference stays first and unchanged
+
+
+def test_waiting_warnings_say_what_happens():
+    waiting = decision(request(strategy=Strategy.CONSOLIDATED), Outcome.WAIT)
+    assert "pinned to leaf leaf-3" in mutation.warnings(waiting, CONFIG)[0]
+    assert "may start scattered" in mutation.warnings(waiting, Config(pin_when_waiting=False))[0]
+
+
+def test_several_pods_on_one_node_are_warned_about():
+    crowded = decision(request(pods=4, gpus=2), nodes=("gpu-1",), pods_per_node=4)
+    assert any("4 pods share node gpu-1" in w and "NVLink" in w for w in mutation.warnings(crowded, CONFIG))
+    assert mutation.warnings(decision(request(pods=2), nodes=("gpu-1", "gpu-2")), CONFIG) == ()
+
+
+def test_distributed_spreads_with_a_selector_that_matches_the_pods():
+    placed = decision(request(pods=4, strategy=Strategy.DISTRIBUTED), nodes=("a", "b", "c", "d"),
+                      spread=(HOSTNAME, LEAF))
+    out = valid(mutation.mutate(workload("Job", replicas=4), "Job", placed, CONFIG))
+    template = template_of(out)
+    constraints = template["spec"]["topologySpreadConstraints"]
+    assert [(c["topologyKey"], c["whenUnsatisfiable"]) for c in constraints] == [
+        (HOSTNAME, "DoNotSchedule"), (LEAF, "ScheduleAnyway")]
+    for constraint in constraints:
+        selector = constraint["labelSelector"]["matchLabels"]
+        assert selector.items() <= template["metadata"]["labels"].items()
+
+
+def test_spread_never_duplicates_a_pair_the_user_has_and_uses_their_label():
+    users = {"maxSkew": 2, "topologyKey": HOSTNAME, "whenUnsatisfiable": "DoNotSchedule",
+             "labelSelector": {"matchLabels": {"app": "x"}}}
+    obj = workload("Job", replicas=4, labels={mutation.WORKLOAD_LABEL: "mine"}, spec={"topologySpreadConstraints": [users]})
+    placed = decision(request(pods=4, strategy=Strategy.DISTRIBUTED), nodes=("a", "b", "c", "d"),
+                      spread=(HOSTNAME, LEAF))
+    out = valid(mutation.mutate(obj, "Job", placed, CONFIG))
+    constraints = template_of(out)["spec"]["topologySpreadConstraints"]
+    assert constraints[0] == users
+    assert [c["topologyKey"] for c in constraints] == [HOSTNAME, LEAF]
+    assert constraints[1]["labelSelector"] == {"matchLabels": {mutation.WORKLOAD_LABEL: "mine"}}
+    assert template_of(out)["metadata"]["labels"][mutation.WORKLOAD_LABEL] == "mine"
+
+
+def test_stacked_pods_do_not_block_on_the_hostname_spread():
+    stacked = decision(request(pods=4, strategy=Strategy.DISTRIBUTED), nodes=("a", "b"), pods_per_node=2,
+                       spread=(HOSTNAME,))
+    out = mutation.mutate(workload("Job", replicas=4), "Job", stacked, CONFIG)
+    assert template_of(out)["spec"]["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "ScheduleAnyway"
+
+
+@pytest.mark.parametrize("name", ["x" * 253, "Train.Job_v2", "a/b:c"], ids=["too long", "mixed case", "bad chars"])
+def test_workload_label_is_a_valid_label_value(name):
+    value = mutation.workload_label_value("Job", {"metadata": {"name": name}})
+    assert len(value) <= 63 and value[0].isalnum() and value[-1].isalnum()
+    assert all(c.isalnum() or c in "-_." for c in value)
+
+
+def test_nccl_env_only_on_containers_that_request_gpus_and_never_over_the_users():
+    obj = workload("Pod", annotations={"topology.scheduler/gpu-count": "8"}, containers=[
+        container("trainer", gpus=8, env=[{"name": "NCCL_P2P_LEVEL", "value": "PIX"}]),
+        container("logger", gpus=0)], spec={"initContainers": [
+            container("fetch", gpus=0), container("gpu-sidecar", gpus=1, restartPolicy="Always")]})
+    out = valid(mutation.mutate(obj, "Pod", decision(), CONFIG))
+    assert env_of(out, "trainer") == {"NCCL_P2P_LEVEL": "PIX", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert env_of(out, "gpu-sidecar") == {"NCCL_P2P_LEVEL": "NVL", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert env_of(out, "logger") == {} and env_of(out, "fetch") == {}
+
+
+@pytest.mark.parametrize("interconnect", list(Interconnect), ids=lambda i: i.value)
+def test_nccl_profile_follows_the_interconnect(interconnect):
+    out = mutation.mutate(workload("Job"), "Job", decision(interconnect=interconnect), CONFIG)
+    assert env_of(out, "trainer") == {**CONFIG.nccl_profiles[interconnect.value], "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def test_gpu_ids_annotation_only_for_a_single_pod():
+    single = mutation.mutate(workload("Job"), "Job", decision(), CONFIG)
+    assert annotations(single)[mutation.GPU_IDS] == "0-7"
+    two = mutation.mutate(workload("Job", replicas=2), "Job", decision(request(pods=2), nodes=("a", "b")), CONFIG)
+    assert mutation.GPU_IDS not in annotations(two)
+    assert "CUDA_VISIBLE_DEVICES" not in env_of(single, "trainer")
+
+
+def test_annotations_summary_reservation_and_record():
+    out = mutation.mutate(workload("Job"), "Job", decision(), CONFIG, "ml/Job/train")
+    notes = annotations(out)
+    assert notes[mutation.PLACEMENT].startswith("consolidated in leaf leaf-3: 8 GPU(s) as 1 pod(s) x 8")
+    assert notes[mutation.RESERVATION] == "ml/Job/train"
+    assert json.loads(notes[mutation.INJECTED])["required"] == [PIN]
+    assert "\n" not in notes[mutation.PLACEMENT]
+
+
+@pytest.mark.parametrize("scheduler, config, expected", [
+    ("topology-aware-scheduler", Config(), "default-scheduler"),
+    ("topology-aware-scheduler", Config(default_scheduler="volcano"), "volcano"),
+    ("kai-scheduler", Config(), "kai-scheduler"),
+], ids=["ours reset", "configurable default", "someone else's kept"])
+def test_scheduler_name(scheduler, config, expected):
+    out = mutation.mutate(workload("Job", spec={"schedulerName": scheduler}), "Job", decision(), config)
+    assert template_of(out)["spec"]["schedulerName"] == expected
+
+
+def rich_job() -> dict:
+    """A Job with the user's own affinity, spread, env, labels and annotations everywhere we write."""
+    return workload("Job", replicas=2, annotations={"team": "ml"}, labels={"app": "train"},
+                    template_annotations={"sidecar.istio.io/inject": "false"},
+                    containers=[container(env=[{"name": "NCCL_DEBUG", "value": "INFO"}]), container("log", gpus=0)],
+                    spec={"affinity": {"nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                            {"matchExpressions": [USER_TERM]}]},
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {"weight": 1, "preference": {"matchExpressions": [USER_TERM]}}]}},
+                        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                                       "whenUnsatisfiable": "ScheduleAnyway",
+                                                       "labelSelector": {"matchLabels": {"app": "train"}}}]})
+
+
+@pytest.mark.parametrize("name", list(DECISIONS))
+@pytest.mark.parametrize("make", [lambda: workload("Job"), rich_job], ids=["bare job", "job with user settings"])
+def test_applying_to_our_own_output_changes_nothing(make, name):
+    once = mutation.mutate(make(), "Job", DECISIONS[name], CONFIG, "ml/Job/train")
+    assert mutation.mutate(once, "Job", DECISIONS[name], CONFIG, "ml/Job/train") == once
+
+
+@pytest.mark.parametrize("first", list(DECISIONS))
+@pytest.mark.parametrize("second", list(DECISIONS))
+def test_a_new_decision_replaces_ours_and_keeps_the_users(first, second):
+    original = rich_job()
+    again = mutation.mutate(mutation.mutate(original, "Job", DECISIONS[first], CONFIG, "k"), "Job",
+                            DECISIONS[second], CONFIG, "k")
+    assert again == mutation.mutate(original, "Job", DECISIONS[second], CONFIG, "k")
+    valid(again)
+
+
+@pytest.mark.parametrize("name", list(DECISIONS))
+@pytest.mark.parametrize("make", [lambda: workload("Job"), rich_job], ids=["bare job", "job with user settings"])
+def test_without_injection_gives_back_what_the_user_wrote(make, name):
+    original = make()
+    placed = mutation.mutate(original, "Job", DECISIONS[name], CONFIG, "k")
+    assert mutation.without_injection(placed, "Job") == original
+
+
+def test_the_input_is_never_changed():
+    original = rich_job()
+    kept = deep(original)
+    mutation.mutate(original, "Job", DECISIONS["distributed"], CONFIG, "k")
+    mutation.without_injection(original, "Job")
+    assert original == kept
+
+
+def test_a_user_edit_of_our_variable_makes_it_theirs():
+    placed = mutation.mutate(workload("Job"), "Job", decision(), CONFIG)
+    for item in template_of(placed)["spec"]["containers"][0]["env"]:
+        if item["name"] == "NCCL_P2P_LEVEL":
+            item["value"] = "SYS"
+    again = mutation.mutate(placed, "Job", DECISIONS["other leaf"], CONFIG)
+    assert env_of(again, "trainer")["NCCL_P2P_LEVEL"] == "SYS"
+
+
+def test_nothing_to_place_removes_ours_and_resets_the_scheduler():
+    obj = workload("Job", spec={"schedulerName": "topology-aware-scheduler"})
+    placed = mutation.mutate(obj, "Job", decision(), CONFIG, "k")
+    cleared = mutation.mutate(placed, "Job", None, CONFIG)
+    expected = deep(obj)
+    expected["spec"]["template"]["spec"]["schedulerName"] = "default-scheduler"
+    assert cleared == expected
+
+
+@pytest.mark.parametrize("kind", ["Pod", "Job", "CronJob", "Deployment", "StatefulSet", "ReplicaSet"])
+def test_every_kind_mutates_into_a_valid_object(kind):
+    out = mutation.mutate(workload(kind), kind, DECISIONS["distributed"], CONFIG, "k")
+    valid(out)
+    assert mutation.already_placed(out, kind)
+
+
+def test_already_placed_needs_our_affinity_still_there():
+    placed = mutation.mutate(workload("Job"), "Job", decision(), CONFIG, "k")
+    assert mutation.already_placed(placed, "Job")
+    del template_of(placed)["spec"]["affinity"]
+    assert not mutation.already_placed(placed, "Job")
+    assert not mutation.already_placed(workload("Job"), "Job")
+
+
+def test_an_unreadable_record_owns_nothing():
+    obj = workload("Job", template_annotations={mutation.INJECTED: "{not json"},
+                   containers=[container(env=[{"name": "NCCL_P2P_LEVEL", "value": "PIX"}])])
+    out = mutation.mutate(obj, "Job", decision(), CONFIG)
+    assert env_of(out, "trainer")["NCCL_P2P_LEVEL"] == "PIX"
+    assert mutation.Injection.loads("[1, 2]") == mutation.Injection()

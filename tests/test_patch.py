@@ -1,0 +1,141 @@
+import base64
+import datetime
+import json
+
+import jsonpatch
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.fixtures.builders import (DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep,
+                                     schema_error, workload)
+from webhook import mutation, patch
+from webhook.config import Config
+
+CONFIG = Config()
+
+
+def test_annotation_keys_are_escaped_when_annotations_exist():
+    obj = workload("Job", template_annotations={"team": "ml"})
+    ops = patch.make_patch(obj, mutation.mutate(obj, "Job", decision(), CONFIG, "k"))
+    paths = {op["path"] for op in ops}
+    assert "/spec/template/metadata/annotations/topology.scheduler~1placement" in paths
+    assert "/spec/template/metadata/annotations/topology.scheduler~1injected" in paths
+
+
+def test_missing_parents_are_added_whole():
+    obj = workload("Job")
+    ops = patch.make_patch(obj, mutation.mutate(obj, "Job", decision(), CONFIG, "k"))
+    adds = {op["path"]: op["value"] for op in ops if op["op"] == "add"}
+    assert set(adds["/spec/template/metadata"]["annotations"]) == {
+        mutation.PLACEMENT, mutation.GPU_IDS, mutation.RESERVATION, mutation.INJECTED}
+    assert adds["/spec/template/spec/affinity"]["nodeAffinity"]
+    assert adds["/spec/template/spec/containers/0/env"] == [
+        {"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"}, {"name": "NCCL_P2P_LEVEL", "value": "NVL"}]
+
+
+def test_tilde_in_a_key_is_escaped_first():
+    ops = patch.make_patch({"metadata": {"annotations": {"x": "1"}}},
+                           {"metadata": {"annotations": {"x": "1", "a~b/c": "2"}}})
+    assert ops == [{"op": "add", "path": "/metadata/annotations/a~0b~1c", "value": "2"}]
+
+
+def test_a_yaml_timestamp_does_not_break_the_patch():
+    obj = workload("Job")
+    obj["metadata"]["creationTimestamp"] = datetime.datetime(2026, 1, 2, tzinfo=datetime.timezone.utc)
+    mutated = mutation.mutate(obj, "Job", decision(), CONFIG, "k")
+    ops = patch.make_patch(obj, mutated)
+    assert jsonpatch.apply_patch(obj, ops) == mutated
+
+
+def test_equal_objects_give_no_operations():
+    obj = workload("Job")
+    assert patch.make_patch(obj, deep(obj)) == []
+
+
+def test_a_patch_that_does_not_reproduce_the_mutated_object_is_refused(monkeypatch):
+    class Wrong:
+        patch = [{"op": "add", "path": "/metadata/labels", "value": {"x": "y"}}]
+    monkeypatch.setattr(patch.jsonpatch, "make_patch", lambda a, b: Wrong())
+    with pytest.raises(patch.PatchError, match="does not give the mutated object"):
+        patch.make_patch({"metadata": {}}, {"metadata": {"annotations": {}}})
+
+
+def test_a_patch_that_does_not_apply_is_refused(monkeypatch):
+    class Broken:
+        patch = [{"op": "replace", "path": "/metadata/annotations/x", "value": "y"}]
+    monkeypatch.setattr(patch.jsonpatch, "make_patch", lambda a, b: Broken())
+    with pytest.raises(patch.PatchError, match="does not apply"):
+        patch.make_patch({"metadata": {}}, {"metadata": {"annotations": {"x": "y"}}})
+
+
+def test_encode_is_base64_of_the_json_array():
+    ops = [{"op": "add", "path": "/a~1b", "value": "é"}]
+    assert json.loads(base64.b64decode(patch.encode(ops))) == ops
+
+
+# -- property: random user settings under every decision ------------------------------------------------
+
+_NAMES = ("NCCL_P2P_LEVEL", "CUDA_DEVICE_ORDER", "NCCL_DEBUG", "NCCL_CROSS_NIC", "OMP_NUM_THREADS")
+_EXPRESSIONS = (PIN, USER_TERM, {"key": LEAF, "operator": "In", "values": ["leaf-3", "leaf-4"]},
+                {"key": "pool", "operator": "Exists"})
+_PAIRS = [(k, w) for k in (HOSTNAME, LEAF, "topology.kubernetes.io/zone") for w in ("DoNotSchedule", "ScheduleAnyway")]
+_values = st.text(alphabet="abcXYZ019-_./~ ", max_size=12)
+
+
+@st.composite
+def user_jobs(draw) -> tuple[str, dict]:
+    kind = draw(st.sampled_from(["Job", "Pod", "Deployment", "CronJob"]))
+    env = [{"name": n, "value": draw(_values)} for n in draw(st.lists(st.sampled_from(_NAMES), unique=True))]
+    containers = [container(env=env if draw(st.booleans()) else None),
+                  container("helper", gpus=draw(st.sampled_from([0, 1])))]
+    spec: dict = {}
+    terms = draw(st.lists(st.lists(st.sampled_from(_EXPRESSIONS), min_size=1, max_size=2, unique_by=json.dumps),
+                          max_size=2))
+    preferred = draw(st.lists(st.sampled_from(_EXPRESSIONS), max_size=2, unique_by=json.dumps))
+    node_affinity: dict = {}
+    if terms:
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
+            "nodeSelectorTerms": [{"matchExpressions": t} for t in terms]}
+    if preferred:
+        node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {"weight": 10, "preference": {"matchExpressions": [e]}} for e in preferred]
+    if node_affinity:
+        spec["affinity"] = {"nodeAffinity": node_affinity}
+    pairs = draw(st.lists(st.sampled_from(_PAIRS), unique=True, max_size=3))
+    if pairs:
+        spec["topologySpreadConstraints"] = [
+            {"maxSkew": 1, "topologyKey": k, "whenUnsatisfiable": w, "labelSelector": {"matchLabels": {"app": "x"}}}
+            for k, w in pairs]
+    if draw(st.booleans()):
+        spec["schedulerName"] = draw(st.sampled_from(["topology-aware-scheduler", "default-scheduler"]))
+    annotations = draw(st.dictionaries(st.sampled_from(["team", "a/b", "x~y", "topology.scheduler/gpu-count",
+                                                        mutation.PLACEMENT]), _values, max_size=3))
+    labels = draw(st.dictionaries(st.sampled_from(["app", mutation.WORKLOAD_LABEL]), st.just("train"), max_size=2))
+    obj = workload(kind, replicas=2 if kind != "Pod" else None, containers=containers, spec=spec,
+                   template_annotations=annotations, labels=labels)
+    return kind, json.loads(json.dumps(obj))  # as the apiserver sends it: no shared sub-objects
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(user_jobs(), st.sampled_from(sorted(DECISIONS)))
+def test_patch_applies_to_the_received_object_and_a_second_pass_is_a_no_op(job, name):
+    kind, received = job
+    kept = deep(received)
+    mutated = mutation.mutate(received, kind, DECISIONS[name], CONFIG, "ml/Job/train")
+    ops = json.loads(json.dumps(patch.make_patch(received, mutated)))  # as the apiserver decodes it
+    assert jsonpatch.apply_patch(received, ops) == mutated
+    assert received == kept
+    assert patch.make_patch(mutated, mutation.mutate(mutated, kind, DECISIONS[name], CONFIG, "ml/Job/train")) == []
+    assert schema_error(mutated) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(user_jobs(), st.sampled_from(sorted(DECISIONS)), st.sampled_from(sorted(DECISIONS)))
+def test_replacing_a_decision_still_patches_exactly(job, first, second):
+    kind, received = job
+    placed = mutation.mutate(received, kind, DECISIONS[first], CONFIG, "k")
+    again = mutation.mutate(placed, kind, DECISIONS[second], CONFIG, "k")
+    assert jsonpatch.apply_patch(placed, patch.make_patch(placed, again)) == again
+    assert mutation.mutate(again, kind, DECISIONS[second], CONFIG, "k") == again
+

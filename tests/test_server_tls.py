@@ -1,0 +1,181 @@
+"""The real server: gunicorn over TLS, called the way kube-apiserver calls it."""
+import json
+import os
+import pathlib
+import socket
+import ssl
+import threading
+import time
+
+import pytest
+import requests
+import yaml
+from cryptography import x509
+
+from webhook import certs, demo
+
+from conftest import (assert_valid_kubernetes_object, gpu_job, gpu_pod, review_of, start_server,
+                      stop_server)
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_a_gpu_pod_is_admitted_with_a_patch_that_applies_and_validates(apiserver, version):
+    review = review_of(gpu_pod("trainer", 4, placement_strategy="consolidated"), version)
+    mutated = apiserver.admit(review)
+    assert mutated != review["request"]["object"]
+    assert_valid_kubernetes_object(mutated)
+
+
+def test_a_gpu_job_is_admitted_with_a_patch_that_applies_and_validates(apiserver):
+    review = review_of(gpu_job("allreduce", 2, 8, placement_strategy="consolidated"))
+    assert_valid_kubernetes_object(apiserver.admit(review))
+
+
+def test_a_workload_without_gpus_passes_unchanged(apiserver):
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "ml"},
+               "spec": {"ports": [{"port": 80}]}}
+    assert apiserver.admit(review_of(service)) == service
+
+
+def test_body_that_is_not_json_gets_400_with_a_one_line_reason(apiserver):
+    response = apiserver.session.post(f"{apiserver.base_url}/mutate?timeout=5s", data=b"\x00garbage",
+                                      headers={"Content-Type": "application/json"}, verify=apiserver.ca, timeout=5)
+    assert response.status_code == 400
+    assert response.text.startswith("request body is not JSON") and response.text.count("\n") == 1
+
+
+def test_oversized_body_is_refused_with_413_before_it_is_sent(tls_server):
+    # Only the headers go out: the answer must come without the server waiting for the body.
+    context = ssl.create_default_context(cafile=tls_server.paths.ca)
+    with socket.create_connection(("127.0.0.1", tls_server.port), timeout=5) as raw:
+        with context.wrap_socket(raw, server_hostname="localhost") as tls:
+            tls.sendall(f"POST /mutate?timeout=5s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {3 * 1024 * 1024 + 1}\r\n\r\n".encode())
+            assert tls.recv(4096).startswith(b"HTTP/1.1 413 ")
+
+
+def test_readyz_and_metrics(apiserver):
+    assert apiserver.get("/readyz").text == "ok\n"
+    apiserver.admit(review_of(gpu_pod("counted", 1)))
+    text = apiserver.get("/metrics").text
+    for name in ("topology_scheduler_latency_seconds_bucket", "topology_placement_decisions_total",
+                 "topology_gpu_allocation_ratio", "topology_domain_utilization_ratio",
+                 "topology_scheduler_domain_fragmentation_ratio", "topology_admission_fail_open_total"):
+        assert name in text
+
+
+def test_a_client_that_does_not_trust_our_ca_is_refused(tls_server):
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(f"https://localhost:{tls_server.port}/healthz", timeout=5)  # system roots only
+
+
+# ----- two workers, certificate rotation -----------------------------------------------------------
+
+def kubelet_secret_dir(root: pathlib.Path, ca_cert: bytes, ca_key: bytes, generation: int) -> None:
+    """Write a serving pair the way kubelet updates a mounted Secret: a new timestamped directory,
+    then one atomic swap of the `..data` symlink that tls.crt and tls.key point through."""
+    cert, key = certs.make_serving_cert(ca_cert, ca_key, ["localhost"], ["127.0.0.1"])
+    data = root / f"..gen-{generation}"
+    data.mkdir()
+    (data / "tls.crt").write_bytes(cert)
+    (data / "tls.key").write_bytes(key)
+    link = root / "..data_tmp"
+    link.symlink_to(data.name)
+    os.replace(link, root / "..data")
+    for name in ("tls.crt", "tls.key"):
+        if not (root / name).is_symlink():
+            (root / name).symlink_to(f"..data/{name}")
+
+
+def served_serial(port: int, ca: str) -> int:
+    context = ssl.create_default_context(cafile=ca)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with context.wrap_socket(raw, server_hostname="localhost") as tls:
+            return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("two-workers")
+    secret = workdir / "secret"
+    secret.mkdir()
+    ca_cert, ca_key = certs.make_ca("rotation test CA")
+    (workdir / "ca.crt").write_bytes(ca_cert)
+    kubelet_secret_dir(secret, ca_cert, ca_key, 1)
+    # This server reads its cluster from files, as `kubectl get nodes/pods -o yaml` writes them.
+    nodes = demo.leaf_spine_nodes(spines=1, leaves=2, nodes=2, zone="zone-from-file")
+    pods = [demo.make_pod("busy", nodes[0]["metadata"]["name"], 8)]
+    for name, items in (("nodes.yaml", nodes), ("pods.yaml", pods)):
+        (workdir / name).write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
+    server = start_server(workdir, "--workers", "2", "--nodes", str(workdir / "nodes.yaml"),
+                          "--pods", str(workdir / "pods.yaml"), cert=str(secret / "tls.crt"),
+                          key=str(secret / "tls.key"), ca=str(workdir / "ca.crt"))
+    server.rotate = lambda generation: kubelet_secret_dir(secret, ca_cert, ca_key, generation)
+    yield server
+    stop_server(server)
+
+
+def test_serve_places_on_the_cluster_from_the_nodes_and_pods_files(two_workers):
+    mutated = two_workers.client().admit(review_of(gpu_pod("trainer", 8, placement_strategy="consolidated")))
+    placement = mutated["metadata"]["annotations"]["topology.scheduler/placement"]
+    assert "gpu-s1-l" in placement and "gpu-s1-l1-n1" not in placement  # that node is full (pods.yaml)
+    assert "zone-from-file" in json.dumps(mutated["spec"]["affinity"])
+
+
+def test_rotated_certificate_is_served_to_new_connections_without_failing_a_request(two_workers):
+    client = two_workers.client()
+    before = served_serial(two_workers.port, client.ca)
+    failures, sent, stop = [], [0], threading.Event()
+
+    def keep_sending():  # one kept-alive connection, as the apiserver holds them
+        session = requests.Session()
+        for number in range(5000):
+            if stop.is_set():
+                return
+            try:
+                review = review_of(gpu_pod(f"during-rotation-{number}", 1))
+                response = session.post(f"{client.base_url}/mutate?timeout=5s", json=review, verify=client.ca,
+                                        timeout=5)
+                if response.status_code != 200 or response.json()["response"]["uid"] != review["request"]["uid"]:
+                    failures.append(response.text)
+            except requests.RequestException as err:
+                failures.append(repr(err))
+            sent[0] += 1
+
+    sender = threading.Thread(target=keep_sending)
+    sender.start()
+    try:
+        time.sleep(0.5)
+        two_workers.rotate(2)
+        deadline, seen_new = time.monotonic() + 15, 0
+        while time.monotonic() < deadline and seen_new < 6:  # both workers hand out the new one
+            seen_new = seen_new + 1 if served_serial(two_workers.port, client.ca) != before else 0
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        sender.join(timeout=30)
+    assert seen_new >= 6, "new connections still get the old certificate"
+    assert sent[0] > 20 and failures == []
+
+
+def test_metrics_are_summed_over_both_workers(two_workers, tmp_path):
+    client = two_workers.client()
+    pids = set()
+    for _ in range(10):  # concurrent fresh connections reach both workers sooner or later
+        threads = [threading.Thread(target=lambda: requests.post(
+            f"{client.base_url}/mutate?timeout=5s", json=review_of(gpu_pod("spread", 1)), verify=client.ca,
+            timeout=5, headers={"Connection": "close"})) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        pids = {json.loads(line)["pid"] for line in two_workers.log.read_text().splitlines() if line.startswith("{")}
+        if len(pids) == 2:
+            break
+    assert len(pids) == 2, "all requests went to one worker"
+    logged = sum(1 for line in two_workers.log.read_text().splitlines() if line.startswith("{"))
+    for _ in range(4):  # whichever worker answers the scrape reports every worker's admissions
+        text = requests.get(f"{client.base_url}/metrics", verify=client.ca, timeout=5,
+                            headers={"Connection": "close"}).text
+        count = next(line for line in text.splitlines() if line.startswith("topology_scheduler_latency_seconds_count"))
+        assert float(count.split()[-1]) == logged

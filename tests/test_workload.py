@@ -1,0 +1,209 @@
+import pytest
+
+from tests.fixtures.builders import container, template_of, workload
+from webhook import workload as wl
+from webhook.config import Config
+from webhook.model import Strategy
+
+GPU_COUNT = "topology.scheduler/gpu-count"
+
+
+@pytest.mark.parametrize("kind, replicas, per_pod, gpu_count, pods, gpus, warning", [
+    pytest.param("Job", 2, 8, None, 2, 8, None, id="limits x parallelism when gpu-count is absent"),
+    pytest.param("Job", 2, 8, "16", 2, 8, None, id="gpu-count agreeing with limits x parallelism"),
+    pytest.param("Job", 2, 8, "32", 4, 8, "gpu-count wins", id="gpu-count dividing by per-pod sets the pods"),
+    pytest.param("Job", 2, 8, "12", 2, 8, "containers win", id="gpu-count not dividing by per-pod: limits win"),
+    pytest.param("Pod", None, 8, "16", 1, 8, "a Pod holds", id="a Pod holds what its containers request"),
+    pytest.param("Deployment", 2, 0, "8", 2, 4, "request no nvidia.com/gpu", id="no limits: gpu-count over replicas"),
+    pytest.param("Deployment", None, 4, None, 1, 4, None, id="replicas default to 1"),
+    pytest.param("StatefulSet", 3, 2, None, 3, 2, None, id="statefulset replicas"),
+    pytest.param("ReplicaSet", 2, 1, None, 2, 1, None, id="replicaset replicas"),
+    pytest.param("CronJob", 4, 2, None, 4, 2, None, id="cronjob uses its job template's parallelism"),
+    pytest.param("Job", None, 8, "8", 1, 8, None, id="job parallelism defaults to 1"),
+])
+def test_size_rule(kind, replicas, per_pod, gpu_count, pods, gpus, warning):
+    obj = workload(kind, gpus=per_pod, replicas=replicas,
+                   annotations={GPU_COUNT: gpu_count} if gpu_count else {"topology.scheduler/placement-strategy": "balanced"})
+    read = wl.read(kind, obj, "ml")
+    assert (read.request.pods, read.request.gpus_per_pod) == (pods, gpus)
+    if warning is None:
+        assert read.warnings == ()
+    else:
+        assert len(read.warnings) == 1 and warning in read.warnings[0] and "train" in read.warnings[0]
+
+
+def test_job_completions_cap_the_pods_running_at_once():
+    obj = workload("Job", replicas=4, gpus=2)
+    obj["spec"]["completions"] = 1
+    assert wl.read("Job", obj, "ml").request.pods == 1
+
+
+def test_a_null_count_takes_the_default():
+    obj = workload("Deployment", gpus=2)
+    obj["spec"]["replicas"] = None
+    assert wl.read("Deployment", obj, "ml").request.pods == 1
+
+
+@pytest.mark.parametrize("kind, replicas", [("Deployment", 0), ("Job", 0)], ids=["deployment scaled to 0", "job 0"])
+def test_nothing_runs_nothing_to_place(kind, replicas):
+    assert wl.read(kind, workload(kind, replicas=replicas), "ml").request is None
+
+
+def test_no_gpus_anywhere_means_nothing_to_place():
+    obj = workload("Job", gpus=0, spec={"schedulerName": "topology-aware-scheduler"})
+    assert wl.read("Job", obj, "ml").request is None
+
+
+@pytest.mark.parametrize("key, value, allowed", [
+    pytest.param(GPU_COUNT, "abc", "whole number of GPUs greater than 0", id="gpu-count not a number"),
+    pytest.param(GPU_COUNT, "0", "whole number of GPUs greater than 0", id="gpu-count zero"),
+    pytest.param(GPU_COUNT, "-4", "whole number of GPUs greater than 0", id="gpu-count negative"),
+    pytest.param(GPU_COUNT, "1.5", "whole number of GPUs greater than 0", id="gpu-count fractional"),
+    pytest.param("topology.scheduler/placement-strategy", "tight", "consolidated, distributed, balanced",
+                 id="unknown strategy"),
+    pytest.param("topology.scheduler/latency-sensitive", "yes", "true, false", id="latency-sensitive not boolean"),
+    pytest.param("topology.scheduler/network-bandwidth", "fast", "200Gb", id="bandwidth not a quantity"),
+    pytest.param("topology.scheduler/network-bandwidth", "0Gb", "200Gb", id="bandwidth zero"),
+    pytest.param("topology.scheduler/preferred-domain", "", "LEVEL=VALUE", id="preferred domain empty"),
+    pytest.param("topology.scheduler/preferred-domain", "leaf 1", "LEVEL=VALUE", id="preferred domain with a space"),
+])
+def test_invalid_annotation_names_object_annotation_value_and_allowed(key, value, allowed):
+    with pytest.raises(wl.InvalidAnnotation) as err:
+        wl.read("Job", workload("Job", annotations={key: value}), "ml")
+    message = str(err.value)
+    assert message.startswith("Job ml/train: ") and key in message and f'"{value}"' in message
+    assert "allowed: " in message and allowed in message and "\n" not in message
+
+
+def test_gpu_count_that_does_not_divide_over_replicas_without_limits_is_denied():
+    with pytest.raises(wl.InvalidAnnotation, match="does not divide over 4 pods; allowed: a multiple of 4"):
+        wl.read("Deployment", workload("Deployment", gpus=0, replicas=4, annotations={GPU_COUNT: "10"}), "ml")
+
+
+@pytest.mark.parametrize("obj, fragment", [
+    pytest.param({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train"},
+                  "spec": {"parallelism": 4}}, "spec.template.spec is missing", id="job without template"),
+    pytest.param(workload("Job", replicas="4"), 'spec.parallelism="4" is not allowed', id="parallelism as a string"),
+    pytest.param(workload("Job", containers=[{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1.5"}}}]),
+                 "nvidia.com/gpu request", id="fractional GPU limit"),
+])
+def test_invalid_workload_is_a_clear_error(obj, fragment):
+    with pytest.raises(wl.InvalidWorkload, match=fragment):
+        wl.read("Job", obj, "ml")
+
+
+def test_annotations_come_from_object_and_template_and_the_object_wins():
+    obj = workload("Job", replicas=2, gpus=4,
+                   annotations={"topology.scheduler/placement-strategy": "distributed"},
+                   template_annotations={"topology.scheduler/placement-strategy": "consolidated",
+                                         "topology.scheduler/latency-sensitive": "TRUE",
+                                         "topology.scheduler/network-bandwidth": "200Gb",
+                                         "topology.scheduler/preferred-domain": "spine=spine-1"})
+    request = wl.read("Job", obj, "ml").request
+    assert request.strategy is Strategy.DISTRIBUTED
+    assert request.latency_sensitive is True
+    assert request.min_bandwidth_gbps == 200.0
+    assert request.preferred_domain == "spine=spine-1"
+    assert request.workload == "Job ml/train"
+
+
+def test_defaults_are_balanced_and_not_latency_sensitive():
+    request = wl.read("Pod", workload("Pod", annotations={GPU_COUNT: "8"}), "ml").request
+    assert (request.strategy, request.latency_sensitive, request.preferred_domain, request.min_bandwidth_gbps) == (
+        Strategy.BALANCED, False, None, None)
+
+
+def test_node_constraints_of_the_template_are_copied():
+    terms = [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}]}]
+    tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    obj = workload("Deployment", annotations={GPU_COUNT: "8"}, spec={
+        "nodeSelector": {"pool": "train"}, "tolerations": tolerations,
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}})
+    request = wl.read("Deployment", obj, "ml").request
+    assert request.node_selector == {"pool": "train"}
+    assert list(request.required_node_terms) == terms
+    assert list(request.tolerations) == tolerations
+
+
+def test_sidecar_and_init_gpus_count_as_the_scheduler_counts_them():
+    obj = workload("Pod", annotations={"topology.scheduler/placement-strategy": "balanced"}, spec={
+        "initContainers": [container("setup", gpus=8), container("sidecar", gpus=1, restartPolicy="Always")]},
+        containers=[container("main", gpus=2)])
+    assert wl.read("Pod", obj, "ml").request.gpus_per_pod == 8  # max(2 + 1 sidecar, 8 init)
+
+
+@pytest.mark.parametrize("obj, ours", [
+    pytest.param(workload("Job", annotations={GPU_COUNT: "8"}), True, id="annotation on the object"),
+    pytest.param(workload("Job", template_annotations={"topology.scheduler/latency-sensitive": "true"}), True,
+                 id="annotation on the template"),
+    pytest.param(workload("Deployment", spec={"schedulerName": "topology-aware-scheduler"}), True,
+                 id="our scheduler name"),
+    pytest.param(workload("Job", spec={"schedulerName": "kai-scheduler"}), False, id="another scheduler"),
+    pytest.param(workload("Job", annotations={"scheduling.run.ai/topology-policy": "x"}), False,
+                 id="someone else's annotations"),
+    pytest.param({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "annotations": {GPU_COUNT: "8"}}}, False, id="a kind we do not place"),
+])
+def test_is_ours(obj, ours):
+    assert wl.is_ours(obj["kind"], obj, Config()) is ours
+
+
+def test_scheduler_names_are_configurable():
+    obj = workload("Job", spec={"schedulerName": "gpu-sched"})
+    assert wl.is_ours("Job", obj, Config(scheduler_names=("gpu-sched",)))
+    assert not wl.is_ours("Job", obj, Config())
+
+
+@pytest.mark.parametrize("kind", list(wl.TEMPLATE_PATHS))
+def test_pod_template_is_the_template_inside_each_kind(kind):
+    obj = workload(kind)
+    assert wl.pod_template(kind, obj) is template_of(obj)
+
+
+def test_controller_owned_needs_a_controller_reference():
+    pod = workload("Pod", name=None)
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "u",
+                                           "controller": True}]
+    assert wl.controller_owned(pod)
+    pod["metadata"]["ownerReferences"][0]["controller"] = False
+    assert not wl.controller_owned(pod)
+
+
+def test_display_name_uses_generate_name():
+    pod = workload("Pod", name=None)
+    pod["metadata"]["generateName"] = "train-"
+    assert wl.display_name("Pod", pod, "ml") == "Pod ml/train-"
+
+
+@pytest.mark.parametrize("group, kind, supported", [
+    ("", "Pod", True), ("batch", "Job", True), ("batch", "CronJob", True), ("apps", "Deployment", True),
+    ("apps", "StatefulSet", True), ("apps", "ReplicaSet", True), ("example.com", "Job", False), ("", "Node", False),
+])
+def test_supports_kind_by_group(group, kind, supported):
+    assert wl.supports(group, kind) is supported
+
+
+@pytest.mark.parametrize("kind, path, value, message", [
+    pytest.param("Job", ("spec", "template", "spec", "containers"), "trainer",
+                 'spec.template.spec.containers is "trainer"; expected a list', id="containers not a list"),
+    pytest.param("Job", ("spec", "template", "spec", "containers", 0, "env"), {"A": "b"},
+                 "spec.template.spec.containers[0].env is a dict; expected a list", id="env as a mapping"),
+    pytest.param("Pod", ("spec", "containers", 0, "name"), False,
+                 "spec.containers[0].name is false; expected a string", id="container name not a string"),
+    pytest.param("Pod", ("metadata", "annotations", GPU_COUNT), 8,
+                 f"metadata.annotations.{GPU_COUNT} is 8; expected a string", id="unquoted annotation value"),
+    pytest.param("CronJob", ("spec", "jobTemplate"), [],
+                 "spec.jobTemplate is a list; expected a mapping", id="job template not a mapping"),
+    pytest.param("Deployment", ("spec", "template", "spec", "affinity", "nodeAffinity",
+                                "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms"), [None],
+                 "nodeSelectorTerms[0] is null; expected a mapping", id="null list item"),
+])
+def test_fields_we_use_must_have_their_api_type(kind, path, value, message):
+    obj = workload(kind, containers=[container(env=[])], annotations={GPU_COUNT: "8"})
+    node = obj
+    for key in path[:-1]:
+        node = node.setdefault(key, {}) if isinstance(node, dict) else node[key]
+    node[path[-1]] = value
+    with pytest.raises(wl.InvalidWorkload) as err:
+        wl.check_shape(kind, obj, "ml")
+    assert str(err.value).startswith(f"{kind} ml/train: ") and str(err.value).endswith(message)

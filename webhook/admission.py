@@ -1,0 +1,277 @@
+"""The AdmissionReview envelope: a parsed review in, the review to send back out.
+
+Two error channels, decided here: a body that is not an AdmissionReview raises MalformedReview
+(the app answers HTTP 400 with its one-line message); everything about the object itself is an
+answer inside a 200 review (allowed, patched, warned or denied). An exception anywhere below
+`review` is a bug: the object is admitted unmodified with a warning (fail open), logged, and
+reported as outcome "failed-open" for the app to count.
+
+Flow: kind and operation we handle -> object of ours -> the fields we use have their API types ->
+not a pod of a template we already placed, not bound to a node -> ready -> read the request (from the object without our earlier additions) -> an UPDATE of a
+workload we placed keeps that placement -> place and reserve -> mutate -> JSONPatch -> response.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping
+
+from . import mutation, workload
+from .config import Config
+from .model import EXCEEDS_CLUSTER, UNKNOWN_DOMAIN, Decision, Outcome
+from .patch import encode, make_patch
+from .placement import place_and_reserve
+
+if TYPE_CHECKING:
+    from .cluster import ClusterIndex
+
+log = logging.getLogger(__name__)
+
+REVIEW_API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+WARNING_MAX_CHARS = 256  # the apiserver truncates longer warnings once its budget is spent
+DENIED_CODE = 403
+# Pods are immutable after CREATE and a Job's template too, so an UPDATE patch would be rejected.
+# On UPDATE the others keep the placement made at creation (see mutation.carry_over).
+OPERATIONS: Mapping[str, tuple[str, ...]] = {
+    "Pod": ("CREATE",), "Job": ("CREATE",), "CronJob": ("CREATE", "UPDATE"),
+    "Deployment": ("CREATE", "UPDATE"), "StatefulSet": ("CREATE", "UPDATE"), "ReplicaSet": ("CREATE", "UPDATE"),
+}
+# Made by a controller from a template we placed, these are that workload's own pods (or its
+# ReplicaSet): placing them again would book the same GPUs twice. A Job made by a CronJob is
+# placed afresh: the CronJob's placement dates from its creation, not from this run.
+_PLACED_BY_OWNER = ("Pod", "ReplicaSet")
+# CronJob pods start on the schedule, not now: their Jobs reserve when they are created.
+_RESERVES = ("Pod", "Job", "Deployment", "StatefulSet", "ReplicaSet")
+_OUTCOMES = {Outcome.PLACED: "placed", Outcome.WAIT: "waiting"}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+class MalformedReview(ValueError):
+    """The body is not an AdmissionReview; the app answers HTTP 400 with str(err)."""
+
+
+@dataclass(frozen=True)
+class AdmissionResult:
+    review: dict  # AdmissionReview to send back, same apiVersion as received (v1 or v1beta1)
+    uid: str
+    kind: str  # "Pod", "Job", ... ("" when the review had none)
+    namespace: str
+    name: str  # metadata.name, else generateName
+    outcome: str  # "ignored" | "placed" | "waiting" | "denied" | "failed-open" | "not-ready"
+    strategy: str | None
+    decision: Decision | None
+    warnings: tuple[str, ...]
+    error: str | None  # failed-open only: exception type and message, for logs; never object contents
+
+
+@dataclass(frozen=True)
+class _Request:
+    api_version: str
+    uid: str
+    group: str
+    kind: str
+    operation: str
+    namespace: str
+    name: str
+    obj: dict | None
+    old: dict | None  # UPDATE: the stored object
+    dry_run: bool
+
+
+def review(body: object, index: "ClusterIndex", config: Config, now: float,
+           readiness: tuple[bool, str] = (True, "")) -> AdmissionResult:
+    """Raises MalformedReview for a body that is not an AdmissionReview; never anything else."""
+    request = _parse(body)
+    try:
+        return _admit(request, index, config, now, readiness)
+    except Exception as err:  # fail open: a bug of ours must not block the user's workload
+        error = f"{type(err).__name__}: {err}"[:300]
+        log.exception("failed open on %s %s/%s (uid %s)", request.kind, request.namespace, request.name, request.uid)
+        who = f"{request.kind} {request.namespace}/{request.name}"
+        return _result(request, "failed-open", warnings=[
+            f"topology-webhook failed on {who} ({type(err).__name__}); admitted without topology placement"],
+            error=error)
+
+
+def make_review(obj: Mapping, operation: str = "CREATE", namespace: str | None = None, dry_run: bool = False,
+                uid: str | None = None) -> dict:
+    """A v1 AdmissionReview for `obj` shaped as the apiserver sends it (offline `mutate`, tests).
+    Without a uid, one is derived from the object so the same manifest gives the same review."""
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    group, _, version = str(obj.get("apiVersion") or "").rpartition("/")
+    kind = str(obj.get("kind") or "")
+    if uid is None:
+        digest = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+        uid = str(uuid.UUID(digest[:32]))
+    gvk = {"group": group, "version": version, "kind": kind}
+    gvr = {"group": group, "version": version, "resource": kind.lower() + "s"}
+    request = {"uid": uid, "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
+               "namespace": namespace or meta.get("namespace") or "default", "operation": operation,
+               "userInfo": {"username": "topology-webhook-offline"}, "object": dict(obj), "oldObject": None,
+               "dryRun": dry_run, "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}}
+    if meta.get("name"):
+        request["name"] = meta["name"]
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def _parse(body: object) -> _Request:
+    if not isinstance(body, Mapping):
+        raise MalformedReview(f"body is a JSON {type(body).__name__}, not an AdmissionReview object")
+    if body.get("kind") != "AdmissionReview":
+        raise MalformedReview(f"kind is {body.get('kind')!r}, expected 'AdmissionReview'")
+    api_version = body.get("apiVersion")
+    if api_version not in REVIEW_API_VERSIONS:
+        raise MalformedReview(f"apiVersion {api_version!r} is not one of {', '.join(REVIEW_API_VERSIONS)}")
+    request = body.get("request")
+    if not isinstance(request, Mapping):
+        raise MalformedReview("request is missing or not an object")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise MalformedReview("request.uid is missing or not a string")
+    operation = request.get("operation")
+    obj = request.get("object")
+    if operation in ("CREATE", "UPDATE") and not isinstance(obj, dict):
+        raise MalformedReview(f"request.object is not an object on {operation}")
+    gvk = request.get("kind") if isinstance(request.get("kind"), Mapping) else {}
+    meta = obj.get("metadata") if isinstance(obj, dict) and isinstance(obj.get("metadata"), Mapping) else {}
+    group = gvk.get("group")
+    if group is None and isinstance(obj, dict):
+        group = str(obj.get("apiVersion") or "").rpartition("/")[0]
+    kind = gvk.get("kind") or (obj.get("kind") if isinstance(obj, dict) else "") or ""
+    return _Request(
+        api_version=api_version, uid=uid, group=str(group or ""), kind=str(kind), operation=str(operation or ""),
+        # request.namespace is authoritative: controller-made pods may lack metadata.namespace
+        namespace=str(request.get("namespace") or meta.get("namespace") or "default"),
+        name=str(meta.get("name") or meta.get("generateName") or request.get("name") or ""),
+        obj=obj if isinstance(obj, dict) else None,
+        old=request.get("oldObject") if isinstance(request.get("oldObject"), dict) else None,
+        dry_run=request.get("dryRun") is True)
+
+
+def _admit(request: _Request, index: "ClusterIndex", config: Config, now: float,
+           readiness: tuple[bool, str]) -> AdmissionResult:
+    kind, obj = request.kind, request.obj
+    if (obj is None or not workload.supports(request.group, kind)
+            or request.operation not in OPERATIONS[kind] or not workload.is_ours(kind, obj, config)):
+        return _result(request, "ignored")
+    try:
+        workload.check_shape(kind, obj, request.namespace)
+    except workload.InvalidWorkload as err:
+        return _denied(request, str(err))
+    if kind in _PLACED_BY_OWNER and workload.controller_owned(obj) and mutation.already_placed(obj, kind):
+        return _result(request, "ignored")
+    if workload.bound(kind, obj):
+        return _result(request, "ignored")  # the scheduler is bypassed: affinity could only get it rejected
+    who = workload.display_name(kind, obj, request.namespace)
+    ready, why = readiness
+    if not ready:
+        return _result(request, "not-ready", warnings=[
+            f"topology-webhook is not ready ({why or 'no cluster view yet'}); {who} admitted without placement"])
+    try:
+        wanted = workload.read(kind, mutation.without_injection(obj, kind), request.namespace)
+    except workload.InvalidWorkload as err:
+        return _denied(request, str(err))
+    if request.old is not None and mutation.already_placed(request.old, kind):
+        return _kept(request, config, wanted)
+    if wanted.request is None:
+        mutated = mutation.mutate(obj, kind, None, config)
+        return _result(request, "ignored", operations=make_patch(obj, mutated), warnings=[
+            *wanted.warnings, f"{who} requests no nvidia.com/gpu; nothing to place"])
+    key = _reservation_key(request, obj)
+    reserve = key if kind in _RESERVES and not request.dry_run else None
+    decision = place_and_reserve(index, wanted.request, reserve, now)
+    if decision.outcome is Outcome.NEVER:
+        return _denied(request, _never_message(who, obj, kind, decision), decision)
+    mutated = mutation.mutate(obj, kind, decision, config, key)
+    return _result(request, _OUTCOMES[decision.outcome], decision=decision, operations=make_patch(obj, mutated),
+                   warnings=[*wanted.warnings, *mutation.warnings(decision, config)])
+
+
+def _kept(request: _Request, config: Config, wanted: workload.Workload) -> AdmissionResult:
+    """An UPDATE of a workload we placed: put our placement back, never move running work. If what
+    it asks for changed, say so: re-placing would roll every pod."""
+    kind, obj, old = request.kind, request.obj, request.old
+    warnings = list(wanted.warnings)
+    try:
+        before = workload.read(kind, mutation.without_injection(old, kind), request.namespace).request
+    except workload.InvalidWorkload:
+        before = None
+    if before != wanted.request:
+        warnings.append(f"{workload.display_name(kind, obj, request.namespace)}: placement inputs changed; "
+                        "the placement made at creation is kept (recreate the workload to place it again)")
+    mutated = mutation.carry_over(old, obj, kind, config)
+    return _result(request, "ignored", operations=make_patch(obj, mutated), warnings=warnings)
+
+
+def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str:
+    """The denial: the object, the annotation that asked for the impossible, and why."""
+    reason = decision.reasons[0] if decision.reasons else str(decision.code)
+    annotations = workload.annotations_of(kind, obj)
+    culprit = {UNKNOWN_DOMAIN: workload.PREFERRED_DOMAIN, EXCEEDS_CLUSTER: workload.GPU_COUNT}.get(decision.code or "")
+    if culprit in annotations:
+        return f"{who}: annotation {culprit}={annotations[culprit]!r}: {reason}"
+    return reason if who in reason else f"{who}: {reason}"
+
+
+def _reservation_key(request: _Request, obj: Mapping) -> str:
+    """namespace/kind/name; a generateName object keeps the key already written on it (a second
+    call has a new request uid), else gets generateName + request uid."""
+    meta = obj.get("metadata") or {}
+    if meta.get("name"):
+        return f"{request.namespace}/{request.kind}/{meta['name']}"
+    annotations = workload.annotations_of(request.kind, obj)
+    if annotations.get(mutation.RESERVATION):
+        return str(annotations[mutation.RESERVATION])
+    return f"{request.namespace}/{request.kind}/{meta.get('generateName') or ''}{request.uid}"
+
+
+def _denied(request: _Request, message: str, decision: Decision | None = None) -> AdmissionResult:
+    return _result(request, "denied", decision=decision, status={"code": DENIED_CODE, "message": _one_line(message)})
+
+
+def _result(request: _Request, outcome: str, decision: Decision | None = None, operations: list | None = None,
+            warnings: list[str] | None = None, status: dict | None = None, error: str | None = None) -> AdmissionResult:
+    clean: list[str] = []
+    for text in warnings or ():
+        line = _one_line(text)[:WARNING_MAX_CHARS]
+        if line and line not in clean:
+            clean.append(line)
+    response: dict = {"uid": request.uid, "allowed": status is None}
+    if operations:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = encode(operations)
+    if status is not None:
+        response["status"] = status
+    if clean:
+        response["warnings"] = clean
+    audit = _audit(outcome, decision)
+    if audit:
+        response["auditAnnotations"] = audit
+    strategy = decision.request.strategy.value if decision is not None else None
+    return AdmissionResult(
+        review={"apiVersion": request.api_version, "kind": "AdmissionReview", "response": response},
+        uid=request.uid, kind=request.kind, namespace=request.namespace, name=request.name, outcome=outcome,
+        strategy=strategy, decision=decision, warnings=tuple(clean), error=error)
+
+
+def _audit(outcome: str, decision: Decision | None) -> dict[str, str]:
+    """Audit annotations (stored as <webhook name>/<key>); keys are valid label name segments."""
+    if outcome == "ignored":
+        return {}
+    audit = {"outcome": outcome}
+    if decision is not None:
+        audit["strategy"] = decision.request.strategy.value
+        audit["gpus"] = str(decision.request.total_gpus)
+        if decision.scope is not None:
+            audit["domain"] = str(decision.scope)
+        if decision.code:
+            audit["reason"] = decision.code
+    return audit
+
+
+def _one_line(text: str) -> str:
+    return _CONTROL.sub(" ", str(text)).strip()

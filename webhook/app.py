@@ -1,0 +1,119 @@
+"""The Flask app: /mutate for the apiserver, /healthz, /readyz and /metrics.
+
+Two error channels, decided here: a call that is not an AdmissionReview gets an HTTP 4xx with a
+one-line reason; anything that goes wrong inside us while handling a real review is answered
+200 allowed-unmodified with a warning (fail open), logged and counted. A 500 is never sent: the
+apiserver would apply the webhook's failurePolicy to it, and `Fail` would block every workload.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any, Callable
+
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException
+
+from . import admission
+from .config import HEALTHZ_PATH, METRICS_PATH, MUTATE_PATH, READYZ_PATH, Config
+from .metrics import Metrics
+
+Readiness = Callable[[], "tuple[bool, str]"]
+log = logging.getLogger("webhook.admission")
+
+
+def _text(message: str, status: int) -> Response:
+    return Response(message + "\n", status=status, mimetype="text/plain")
+
+
+def _allowed_unmodified(body: Any, warning: str) -> dict | None:
+    """The fail-open answer in the version received, or None when the body has no request uid."""
+    request_part = body.get("request") if isinstance(body, dict) else None
+    uid = request_part.get("uid") if isinstance(request_part, dict) else None
+    if not isinstance(uid, str):
+        return None
+    return {"apiVersion": body.get("apiVersion"), "kind": "AdmissionReview",
+            "response": {"uid": uid, "allowed": True, "warnings": [warning]}}
+
+
+def _log_line(result: admission.AdmissionResult, seconds: float) -> str:
+    """One JSON line naming the object and the decision; never the object (env carries secrets)."""
+    decision = result.decision
+    entry = {"uid": result.uid, "kind": result.kind, "namespace": result.namespace, "name": result.name,
+             "pid": os.getpid(),  # which worker: each has its own reservations
+             "outcome": result.outcome, "strategy": result.strategy,
+             "domain": str(decision.scope) if decision is not None and decision.scope is not None else None,
+             "code": decision.code if decision is not None else None,
+             "warnings": len(result.warnings), "duration_ms": round(seconds * 1000, 3)}
+    if result.error:
+        entry["error"] = result.error
+    return json.dumps(entry, separators=(",", ":"))
+
+
+def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metrics | None = None,
+               clock: Callable[[], float] = time.time) -> Flask:
+    """The webhook app over one cluster view (a ClusterIndex) and its readiness check.
+
+    metrics defaults to single-process metrics; the server passes multiprocess ones when it
+    runs several workers. clock gives the wall time reservations expire by.
+    """
+    metrics = metrics or Metrics.create()
+    metrics.watch_cluster(index.stats)
+    app = Flask(__name__)
+    # Werkzeug refuses longer bodies with 413 before reading them (also when sent chunked).
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+
+    @app.errorhandler(HTTPException)
+    def http_error(err: HTTPException) -> Response:
+        return _text(f"{err.code} {err.name}: {err.description}", err.code or 400)
+
+    @app.post(MUTATE_PATH)
+    def mutate() -> Response:
+        # The apiserver appends ?timeout=Ns; our handling is far below any timeout, so it is not read.
+        started = time.perf_counter()
+        if request.content_length is not None and request.content_length > config.max_body_bytes:
+            return _text(f"request body of {request.content_length} bytes exceeds the limit of "
+                         f"{config.max_body_bytes} bytes", 413)
+        if request.mimetype != "application/json":
+            return _text(f"Content-Type must be application/json, got {request.mimetype or 'none'!r}", 415)
+        try:
+            body = json.loads(request.get_data())
+        except ValueError as err:  # includes UnicodeDecodeError
+            return _text(f"request body is not JSON: {err}", 400)
+        except RecursionError:
+            return _text("request body is not JSON this server can read: nested too deeply", 400)
+        try:
+            result = admission.review(body, index, config, clock(), readiness())
+        except admission.MalformedReview as err:
+            return _text(f"not an AdmissionReview: {err}", 400)
+        except Exception as err:  # a bug of ours must not block the cluster's workloads
+            log.exception("admission failed; allowing unmodified")
+            metrics.fail_open.inc()
+            # The type only: a message may quote the object, and a newline would make the apiserver drop it.
+            answer = _allowed_unmodified(body, f"topology-webhook: internal error ({type(err).__name__}); "
+                                               "admitted without placement")
+            if answer is None:
+                return _text("not an AdmissionReview: request.uid is missing", 400)
+            return Response(json.dumps(answer), mimetype="application/json")
+        seconds = time.perf_counter() - started
+        metrics.record_admission(result.kind, result.strategy, result.outcome, seconds)
+        log.info(_log_line(result, seconds))
+        return Response(json.dumps(result.review, separators=(",", ":")), mimetype="application/json")
+
+    @app.get(HEALTHZ_PATH)
+    def healthz() -> Response:
+        return _text("ok", 200)
+
+    @app.get(READYZ_PATH)
+    def readyz() -> Response:
+        ready, reason = readiness()
+        return _text("ok" if ready else f"not ready: {reason}", 200 if ready else 503)
+
+    @app.get(METRICS_PATH)
+    def metrics_page() -> Response:
+        payload, content_type = metrics.render()
+        return Response(payload, content_type=content_type)
+
+    return app

@@ -1,0 +1,255 @@
+"""`topology-webhook` commands: serve, mutate, certs. The only module that wires objects together.
+
+Exit codes: 0 success (every object admitted), 1 some object denied (mutate), 2 usage or input error.
+Other modules add subcommands with one `register(subparsers)` call in `build_parser`.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from typing import Sequence
+
+import jsonpatch
+import yaml
+
+from . import __version__, admission, certs, demo, discovery
+from .app import Readiness, create_app
+from .cluster import ClusterIndex
+from .config import DEFAULT_PORT, ConfigError, Config, load_config
+from .manifests import ManifestError, read_objects
+from .metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
+from .server import THREADS_PER_WORKER, ServeOptions, WebhookServer
+
+PROG = "topology-webhook"
+DEV_CERT_DIR = "certs"
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+class UsageError(ValueError):
+    """A bad flag value or input file: printed as one line, exit 2."""
+
+
+# ----- the cluster view ---------------------------------------------------------------------------
+
+def read_cluster(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    """Node and Pod objects from --nodes / --pods, or the built-in demo cluster without --nodes."""
+    if not args.nodes:
+        if args.pods:
+            raise UsageError("--pods needs --nodes (without --nodes the built-in demo cluster is used)")
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            print(f"{PROG}: warning: running in a cluster with the built-in demo cluster; decisions name demo "
+                  "nodes, not this cluster's (pass --nodes FILE)", file=sys.stderr)
+        return demo.demo_cluster()
+    nodes = read_objects(args.nodes, kind="Node")
+    pods = read_objects(args.pods, kind="Pod") if args.pods else []
+    return nodes, pods
+
+
+def cluster_view(config: Config, cluster: tuple[list[dict], list[dict]]) -> tuple[ClusterIndex, Readiness]:
+    """The cluster index and its readiness check: the one place they are built (a live view grows here).
+
+    A view from files or the demo is complete at once, so it is always ready.
+    """
+    nodes, pods = cluster
+    return ClusterIndex.from_objects(config, nodes, pods), lambda: (True, "")
+
+
+# ----- serve --------------------------------------------------------------------------------------
+
+def parse_bind(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--bind {text!r} is not HOST:PORT (for example 0.0.0.0:{DEFAULT_PORT} or [::]:{DEFAULT_PORT})")
+    return text
+
+
+def serving_certs(args: argparse.Namespace) -> tuple[str, str]:
+    """--cert/--key, or development certificates in ./certs/ (generated once)."""
+    if bool(args.cert) != bool(args.key):
+        raise UsageError("--cert and --key go together: give both, or neither for development certificates")
+    if args.cert:
+        return args.cert, args.key
+    paths = certs.ensure_dev_certs(DEV_CERT_DIR)
+    print(f"{PROG}: development certificate {paths.cert} (CA {paths.ca}; caBundle: base64 -w0 {paths.ca})",
+          file=sys.stderr)
+    return paths.cert, paths.key
+
+
+def metrics_dir(workers: int) -> tuple[str | None, bool]:
+    """The shared metrics directory, PROMETHEUS_MULTIPROC_DIR if set or a fresh one for several
+    workers, and whether it was created here (and is removed at exit)."""
+    path = os.environ.get(MULTIPROC_ENV)
+    created = not path and workers > 1
+    if created:
+        path = tempfile.mkdtemp(prefix="topology-webhook-metrics-")
+    if path:
+        if not os.path.isdir(path):
+            raise UsageError(f"{MULTIPROC_ENV}={path!r} is not a directory")
+        os.environ[MULTIPROC_ENV] = path  # the workers' metric files go there (inherited at fork)
+        reset_multiprocess_dir(path)
+    return path, created
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        raise UsageError(f"--workers {args.workers} must be at least 1")
+    config = load_config(args.config)
+    bind = parse_bind(args.bind)
+    cert, key = serving_certs(args)
+    cluster = read_cluster(args)
+    shared_dir, created = metrics_dir(args.workers)
+    options = ServeOptions(bind=bind, cert=cert, key=key, workers=args.workers, multiprocess_dir=shared_dir)
+
+    def build_app():  # runs in each worker, after the fork
+        index, readiness = cluster_view(config, cluster)
+        return create_app(config, index, readiness, Metrics.create(options.multiprocess_dir))
+
+    source = args.nodes or "the built-in demo cluster"
+    print(f"{PROG}: serving https://{bind}/mutate with {source}, {args.workers} worker(s)", file=sys.stderr)
+    try:
+        WebhookServer(build_app, options).run()
+    finally:
+        if created:
+            shutil.rmtree(shared_dir, ignore_errors=True)
+    return 0
+
+
+# ----- mutate -------------------------------------------------------------------------------------
+
+def describe(obj: dict, namespace: str) -> str:
+    """`Job ml/train`, or `Pod ml/trainer-` for a generateName object."""
+    meta = obj.get("metadata") or {}
+    return f"{obj.get('kind')} {namespace}/{meta.get('name') or meta.get('generateName') or '?'}"
+
+
+def response_patch(response: dict) -> list:
+    return json.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
+
+
+def explain(label: str, result: admission.AdmissionResult) -> list[str]:
+    decision = result.decision
+    where = f" in {decision.scope}" if decision is not None and decision.scope is not None else ""
+    lines = [f"{label}: {result.outcome}{where}"]
+    if decision is not None:
+        lines.extend(f"  - {reason}" for reason in decision.reasons)
+    return lines
+
+
+def cmd_mutate(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    index, _ = cluster_view(config, read_cluster(args))
+    objects = [obj for path in args.filename for obj in read_objects(path)]
+    mutated, patches, denied = [], [], 0
+    for position, obj in enumerate(objects):
+        namespace = (obj.get("metadata") or {}).get("namespace") or "default"
+        label = describe(obj, namespace)
+        # A CREATE as the apiserver sends it; not dryRun, so later objects see this one's reservation.
+        uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{PROG}/mutate/{position}/{label}"))
+        result = admission.review(admission.make_review(obj, namespace=namespace, uid=uid), index, config, time.time())
+        response = result.review["response"]
+        for warning in result.warnings:
+            print(f"Warning: {warning}", file=sys.stderr)  # as kubectl prints them; they name the object
+        if args.explain:
+            print("\n".join(explain(label, result)), file=sys.stderr)
+        if not response["allowed"]:
+            denied += 1
+            message = (response.get("status") or {}).get("message") or "no reason given"
+            # The webhook's messages name the object already; name it here only when one does not.
+            print(f"Error: {label} denied: {message.removeprefix(label + ': ')}", file=sys.stderr)
+            continue
+        patch = response_patch(response)
+        meta = obj.get("metadata") or {}
+        patches.append({"kind": obj.get("kind"), "namespace": namespace,
+                        "name": meta.get("name") or meta.get("generateName"), "patch": patch})
+        mutated.append(jsonpatch.apply_patch(obj, patch))
+    if args.output == "patch":
+        print(json.dumps(patches, indent=2))
+    elif args.output == "json":
+        single = mutated[0] if len(mutated) == 1 else {"apiVersion": "v1", "kind": "List", "items": mutated}
+        print(json.dumps(single, indent=2))
+    elif mutated:
+        sys.stdout.write(yaml.safe_dump_all(mutated, sort_keys=False, explicit_start=len(mutated) > 1))
+    return 1 if denied else 0
+
+
+# ----- certs --------------------------------------------------------------------------------------
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    for flag, value in (("--service", args.service), ("--namespace", args.namespace)):
+        if not _DNS_LABEL.fullmatch(value):
+            raise UsageError(f"{flag} {value!r} is not a DNS label (lowercase letters, digits and '-', "
+                             f"at most 63 characters)")
+    paths = certs.write_certs(args.out, args.service, args.namespace)
+    print(f"{PROG}: wrote {paths.ca}, {paths.cert}, {paths.key}; caBundle follows", file=sys.stderr)
+    print(certs.ca_bundle(paths.ca))
+    return 0
+
+
+# ----- the parser ---------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="Place GPU workloads by network and NVLink topology.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = subparsers.add_parser(
+        "serve", help="run the admission webhook over TLS under gunicorn",
+        description="Run the webhook over TLS. Without --nodes, a built-in demo cluster (2 spines x 4 leaves x "
+                    "4 nodes x 8 H100) is used. Without --cert/--key, development certificates are "
+                    "generated in ./certs/.")
+    serve.add_argument("--nodes", metavar="FILE", help="Node objects (kubectl get nodes -o yaml)")
+    serve.add_argument("--pods", metavar="FILE", help="Pod objects (kubectl get pods -A -o yaml)")
+    serve.add_argument("--config", metavar="FILE", help="settings file (YAML)")
+    serve.add_argument("--bind", metavar="HOST:PORT", default=f"0.0.0.0:{DEFAULT_PORT}",
+                       help="listen address (default: %(default)s)")
+    serve.add_argument("--cert", metavar="FILE", help="serving certificate (PEM); reloaded when the file changes")
+    serve.add_argument("--key", metavar="FILE", help="its private key (PEM)")
+    serve.add_argument("--workers", metavar="N", type=int, default=1,
+                       help=f"worker processes, {THREADS_PER_WORKER} threads each (default: 1). With N > 1 each "
+                            "process has its own cluster view and reservations, so two workloads admitted by "
+                            "different processes at the same moment can be placed on the same free GPUs")
+    serve.set_defaults(func=cmd_serve)
+
+    mutate = subparsers.add_parser(
+        "mutate", help="dry-run the webhook on manifest files (for CI)",
+        description="Place and mutate the workloads in the files, in order (each sees the reservations of the "
+                    "ones before). Exit 0 when all are admitted, 1 when any is denied, 2 on bad input.")
+    mutate.add_argument("-f", "--filename", metavar="FILE", action="append", required=True,
+                        help="YAML or JSON manifests, '-' for stdin; repeatable")
+    mutate.add_argument("--nodes", metavar="FILE", required=True, help="Node objects (kubectl get nodes -o yaml)")
+    mutate.add_argument("--pods", metavar="FILE", help="Pod objects (kubectl get pods -A -o yaml)")
+    mutate.add_argument("--config", metavar="FILE", help="settings file (YAML)")
+    mutate.add_argument("-o", "--output", choices=("yaml", "json", "patch"), default="yaml",
+                        help="mutated objects as YAML or JSON, or one JSON Patch per object (default: yaml)")
+    mutate.add_argument("--explain", action="store_true", help="print each decision and its reasons on stderr")
+    mutate.set_defaults(func=cmd_mutate)
+
+    certs_cmd = subparsers.add_parser(
+        "certs", help="create a CA and a serving certificate for the webhook Service",
+        description="Write ca.crt, tls.crt and tls.key to DIR for Service NAME in namespace NS and print the "
+                    "base64 caBundle for the webhook configuration.")
+    certs_cmd.add_argument("--service", metavar="NAME", required=True)
+    certs_cmd.add_argument("--namespace", metavar="NS", required=True)
+    certs_cmd.add_argument("--out", metavar="DIR", required=True)
+    certs_cmd.set_defaults(func=cmd_certs)
+    discovery.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except (UsageError, ConfigError, ManifestError, certs.CertError) as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2

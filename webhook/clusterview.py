@@ -1,0 +1,355 @@
+"""The live cluster view: Nodes and Pods from the Kubernetes API, kept current by list+watch.
+
+`LiveClusterView` owns one `ClusterIndex` for its whole life and feeds it event by event, so
+whoever holds `view.index` (the admission path, through `place_and_reserve`) always sees the
+same object, and reservations made in it survive reconnects and relists.
+
+Per kind (nodes, pods) one daemon thread runs the reflector loop:
+
+1. list all objects in pages (`limit`/`continue`) and apply them: upsert every listed object,
+   then forget what the index counts that the list no longer has. The index is changed in
+   place, never rebuilt, so reservations survive a relist. Remember the list's resourceVersion.
+2. watch from that resourceVersion with bookmarks and a server-side timeout; apply every event
+   and remember the newest resourceVersion (bookmarks included). When the watch ends at its
+   timeout, watch again from there.
+3. a watch that breaks, or a list or watch that fails, is retried from the last resourceVersion
+   after a capped exponential backoff with jitter; `410 Gone` (an HTTP 410, or an ERROR event
+   with code 410) means that resourceVersion is compacted away: relist (step 1) at once.
+
+A third thread expires reservations whose time-to-live has passed.
+
+Objects are handled as the plain dicts the API sends (the shape `ClusterIndex` reads): watch
+events are not turned into client model objects, which would cost far more than the index
+update itself. Nothing happens at import time.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from .cluster import ClusterIndex, pod_key
+from .config import Config, ConfigError
+
+log = logging.getLogger(__name__)
+
+GONE = 410
+LIST_PAGE_SIZE = 500  # as client-go's reflector: big lists arrive in pages, not one huge response
+CONNECT_TIMEOUT_SECONDS = 10.0
+READ_GRACE_SECONDS = 15.0  # how long past a watch's own timeout the socket may stay silent
+EXPIRE_INTERVAL_SECONDS = 5.0
+
+
+def api_client_from(kubeconfig: str | None) -> k8s_client.ApiClient:
+    """An API client from a kubeconfig file, or from the pod's service account when None."""
+    configuration = k8s_client.Configuration()
+    try:
+        if kubeconfig:
+            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+    except (ConfigException, OSError) as err:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster config"
+        hint = "" if kubeconfig else " (not running in a pod? pass --kubeconfig FILE or --nodes FILE)"
+        raise ConfigError(f"{where}: {str(err).strip() or type(err).__name__}{hint}") from None
+    return k8s_client.ApiClient(configuration)
+
+
+class Backoff:
+    """Capped exponential backoff with jitter: delay n is uniform in [d/2, d], d = min(cap, base*2^n)."""
+
+    def __init__(self, base: float = 0.5, cap: float = 30.0, rng: random.Random | None = None) -> None:
+        self.base = base
+        self.cap = cap
+        self._rng = rng or random.Random()
+        self._failures = 0
+
+    def next_delay(self) -> float:
+        ceiling = min(self.cap, self.base * 2 ** self._failures)
+        self._failures += 1
+        return ceiling / 2 + self._rng.uniform(0, ceiling / 2)
+
+    def reset(self) -> None:
+        self._failures = 0
+
+
+@dataclass(frozen=True)
+class StreamStatus:
+    """One kind's list+watch state, for readiness, metrics and logs."""
+
+    kind: str  # "nodes" or "pods"
+    synced: bool  # a full list has been applied at least once
+    resource_version: str | None  # where the next watch starts; None means a relist is due
+    seconds_since_progress: float | None  # None before the first successful list
+    objects: int  # in the last full list
+    events: int  # watch events applied (bookmarks excluded)
+    lists: int  # full lists applied, the first one included
+    failures: int  # lists or watches that ended in an error
+    last_error: str | None
+
+
+class _DictWatch(k8s_watch.Watch):
+    """`kubernetes.watch.Watch` yielding events as plain dicts, with ERROR handling intact.
+
+    The stock `deserialize=False` path skips the `raw_object` key that the ERROR branch reads,
+    so a 410 ERROR event would surface as KeyError; this keeps the event shape and skips only
+    the model conversion.
+    """
+
+    def unmarshal_event(self, data: str, return_type):  # noqa: ARG002 - objects stay dicts
+        if not data or data.isspace():
+            return None
+        try:
+            event = json.loads(data)
+        except json.JSONDecodeError:
+            return None
+        event["raw_object"] = event.get("object")
+        return event
+
+
+class _Stream:
+    """List+watch of one kind into the index: how to read and change it, and how far it got."""
+
+    def __init__(self, kind: str, list_call: Callable, key: Callable[[dict], str],
+                 upsert: Callable[[dict], None], delete: Callable[[dict], None],
+                 counted: Callable[[], set[str]], forget: Callable[[str], None]) -> None:
+        self.kind = kind
+        self.list_call = list_call
+        self.key = key  # the key the index counts an object under
+        self.upsert = upsert
+        self.delete = delete
+        # After a relist, whatever the index counts that the list did not have is forgotten.
+        # The keys come from the index itself, so the view keeps no copy of 100k pods.
+        self.counted = counted
+        self.forget = forget
+        self.resource_version: str | None = None
+        self.synced = False
+        self.last_progress: float | None = None
+        self.listed = 0  # objects in the last full list
+        self.events = 0
+        self.lists = 0
+        self.failures = 0
+        self.last_error: str | None = None
+        self.watch: _DictWatch | None = None
+
+
+def _describe(err: BaseException) -> str:
+    """One line for people: the API's status and reason, or the connection failure."""
+    if isinstance(err, ApiException):
+        return f"HTTP {err.status} {str(err.reason or '').strip()}".strip()
+    cause = getattr(err, "reason", None)  # urllib3's MaxRetryError wraps the failure that counts
+    if isinstance(cause, BaseException):
+        err = cause
+    first = str(err.args[0]) if err.args else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+class LiveClusterView:
+    """Nodes and Pods from the API, applied incrementally to one `ClusterIndex`.
+
+    `clock` is what `readiness()` and reservation expiry measure time with; callers of
+    `place_and_reserve(view.index, ..., now=view.clock())` must use the same one.
+    """
+
+    def __init__(self, config: Config, api_client: k8s_client.ApiClient,
+                 clock: Callable[[], float] = time.monotonic, *, backoff_base: float = 0.5,
+                 backoff_cap: float = 30.0, rng: random.Random | None = None,
+                 watch_timeout_seconds: int | None = None, page_size: int = LIST_PAGE_SIZE,
+                 expire_interval_seconds: float = EXPIRE_INTERVAL_SECONDS) -> None:
+        self.config = config
+        self.clock = clock
+        self.index = ClusterIndex(config)
+        # The server ends each watch well inside the staleness limit, so a quiet but healthy
+        # stream still shows progress (the clean end) before it would be called stale.
+        self.watch_timeout_seconds = watch_timeout_seconds or max(1, min(300, int(config.stale_after_seconds / 3)))
+        self.page_size = page_size
+        self.expire_interval_seconds = expire_interval_seconds
+        rng = rng or random.Random()
+        self._backoff = {kind: Backoff(backoff_base, backoff_cap, random.Random(rng.random()))
+                         for kind in ("nodes", "pods")}
+        core = k8s_client.CoreV1Api(api_client)
+        index = self.index
+        self._streams = (
+            _Stream("nodes", core.list_node, lambda node: (node.get("metadata") or {}).get("name", ""),
+                    index.upsert_node, lambda node: index.delete_node(node["metadata"]["name"]),
+                    lambda: set(index.nodes), index.delete_node),
+            _Stream("pods", core.list_pod_for_all_namespaces, pod_key, index.upsert_pod, index.delete_pod,
+                    lambda: set(index.pod_nodes), lambda key: index.delete_pod({"metadata": {"uid": key}})),
+        )
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._stop.clear()
+        self._threads = [threading.Thread(target=self._run, args=(stream,), name=f"clusterview-{stream.kind}",
+                                          daemon=True) for stream in self._streams]
+        self._threads.append(threading.Thread(target=self._expire_loop, name="clusterview-expire", daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop the threads; True when all of them ended within `timeout` seconds."""
+        self._stop.set()
+        for stream in self._streams:
+            if stream.watch is not None:
+                stream.watch.stop()  # shuts the socket down, so a blocked read returns now
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
+
+    def wait_synced(self, timeout: float) -> bool:
+        """Block until both kinds have been listed once, or `timeout` seconds pass."""
+        deadline = time.monotonic() + timeout
+        while not all(s.synced for s in self._streams):
+            if time.monotonic() >= deadline or self._stop.wait(0.02):
+                return False
+        return True
+
+    # ---- what callers read -----------------------------------------------------------------
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why): not ready until both kinds are listed, or once either makes no progress."""
+        for stream in self._streams:
+            if not stream.synced:
+                detail = f"last error: {stream.last_error}" if stream.last_error else "list in progress"
+                return False, f"cluster view not synced yet: waiting for the first list of {stream.kind} ({detail})"
+        now = self.clock()
+        limit = self.config.stale_after_seconds
+        for stream in self._streams:
+            age = now - stream.last_progress
+            if age > limit:
+                detail = f"; last error: {stream.last_error}" if stream.last_error else ""
+                return False, (f"cluster view is stale: no list or watch progress on {stream.kind} for "
+                               f"{age:.0f}s (limit {limit:.0f}s){detail}")
+        return True, "cluster view in sync"
+
+    def status(self) -> tuple[StreamStatus, ...]:
+        now = self.clock()
+        return tuple(StreamStatus(
+            kind=s.kind, synced=s.synced, resource_version=s.resource_version,
+            seconds_since_progress=None if s.last_progress is None else now - s.last_progress,
+            objects=s.listed, events=s.events, lists=s.lists, failures=s.failures,
+            last_error=s.last_error) for s in self._streams)
+
+    # ---- the reflector loop ----------------------------------------------------------------
+    def _run(self, stream: _Stream) -> None:
+        backoff = self._backoff[stream.kind]
+        while not self._stop.is_set():
+            try:
+                if stream.resource_version is None:
+                    self._relist(stream)
+                    backoff.reset()
+                self._watch(stream, backoff)
+            except ApiException as err:
+                if err.status == GONE:
+                    log.info("%s: resourceVersion %s is gone (410); relisting", stream.kind,
+                             stream.resource_version)
+                    stream.resource_version = None
+                    continue
+                self._failed(stream, err, backoff)
+            except Exception as err:  # noqa: BLE001 - any transport failure means: back off, retry
+                if self._stop.is_set():
+                    break
+                self._failed(stream, err, backoff)
+
+    def _failed(self, stream: _Stream, err: BaseException, backoff: Backoff) -> None:
+        stream.failures += 1
+        stream.last_error = _describe(err)
+        delay = backoff.next_delay()
+        log.warning("%s list/watch failed (%s); retrying in %.1fs", stream.kind, stream.last_error, delay)
+        self._stop.wait(delay)
+
+    def _progress(self, stream: _Stream) -> None:
+        stream.last_progress = self.clock()
+
+    def _timeouts(self) -> tuple[float, float]:
+        return CONNECT_TIMEOUT_SECONDS, self.watch_timeout_seconds + READ_GRACE_SECONDS
+
+    def _pages(self, stream: _Stream) -> Iterator[tuple[str, list[dict]]]:
+        """(resourceVersion, items) per page of one consistent list."""
+        token = None
+        while True:
+            response = stream.list_call(limit=self.page_size, _continue=token, _preload_content=False,
+                                        _request_timeout=self._timeouts())
+            body = json.loads(response.data)
+            metadata = body.get("metadata") or {}
+            yield metadata.get("resourceVersion"), body.get("items") or []
+            token = metadata.get("continue")
+            if not token or self._stop.is_set():
+                return
+
+    def _relist(self, stream: _Stream) -> None:
+        """Apply a full list: upsert everything listed, forget what the list no longer has."""
+        seen: set[str] = set()
+        resource_version = None
+        for resource_version, items in self._pages(stream):
+            for obj in items:
+                self._apply(stream, stream.upsert, obj)
+                seen.add(stream.key(obj))
+        if self._stop.is_set():
+            return
+        with self.index.lock:
+            for key in stream.counted() - seen:
+                stream.forget(key)
+        stream.listed = len(seen)
+        stream.resource_version = resource_version
+        stream.lists += 1
+        stream.synced = True
+        stream.last_error = None
+        self._progress(stream)
+        log.info("%s: listed %d at resourceVersion %s", stream.kind, len(seen), resource_version)
+
+    def _watch(self, stream: _Stream, backoff: Backoff) -> None:
+        """One watch call from the last resourceVersion until the server ends it."""
+        stream.watch = _DictWatch()
+        try:
+            for event in stream.watch.stream(stream.list_call, resource_version=stream.resource_version,
+                                             allow_watch_bookmarks=True,
+                                             timeout_seconds=self.watch_timeout_seconds,
+                                             _request_timeout=self._timeouts()):
+                if self._stop.is_set():
+                    return
+                self._on_event(stream, event)
+                backoff.reset()
+        finally:
+            stream.watch = None
+        if not self._stop.is_set():
+            self._progress(stream)  # the server ended the watch at its timeout: reachable and current
+
+    def _on_event(self, stream: _Stream, event: dict) -> None:
+        obj = event.get("raw_object") or {}
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if event.get("type") in ("ADDED", "MODIFIED"):
+            self._apply(stream, stream.upsert, obj)
+            stream.events += 1
+        elif event.get("type") == "DELETED":
+            self._apply(stream, stream.delete, obj)
+            stream.events += 1
+        if version:
+            stream.resource_version = version
+        self._progress(stream)
+
+    def _apply(self, stream: _Stream, change: Callable[[dict], None], obj: dict) -> None:
+        """One index update. An object the index cannot read is logged and skipped: retrying
+        would fail on it again and again, and stop every later event of its kind."""
+        try:
+            change(obj)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            name = (obj.get("metadata") or {}).get("name", "?")
+            log.warning("ignoring %s %s the index cannot read: %s", stream.kind[:-1], name, err)
+
+    # ---- reservations ----------------------------------------------------------------------
+    def _expire_loop(self) -> None:
+        while not self._stop.wait(self.expire_interval_seconds):
+            self.index.expire_reservations(self.clock())

@@ -1,0 +1,117 @@
+"""Prometheus metrics: admission counters and latency, and cluster gauges read at scrape time.
+
+Single process: metrics live in a private registry. Several gunicorn workers: counters and the
+histogram are written to per-process files in a shared directory (prometheus_client's multiprocess
+mode) and merged when scraped, so any worker answers /metrics with the totals of all workers.
+The cluster gauges are never stored: `ClusterCollector` computes them from the answering
+worker's own cluster view on each scrape, so they cannot go stale or be double-counted.
+
+prometheus_client decides the storage of every metric from a module global chosen at its import;
+`Metrics.create` sets it from its argument instead, once per process, before any metric exists.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any, Callable, Iterable
+
+from prometheus_client import (CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest,
+                               values)
+from prometheus_client import multiprocess
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY = "topology_scheduler_latency_seconds"
+DECISIONS = "topology_placement_decisions_total"
+FAIL_OPEN = "topology_admission_fail_open_total"
+DOMAIN_UTILIZATION = "topology_domain_utilization_ratio"
+GPU_ALLOCATION = "topology_gpu_allocation_ratio"
+FRAGMENTATION = "topology_scheduler_domain_fragmentation_ratio"
+CLUSTER_GPUS = "topology_cluster_gpus"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# Admission handling takes about a millisecond; the apiserver gives up after 10 s by default.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+class ClusterCollector:
+    """Gauges from the cluster view's `stats()` (a ClusterStats), computed at scrape time."""
+
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        stats = self._stats()
+        utilization = GaugeMetricFamily(DOMAIN_UTILIZATION, "Share of a topology domain's GPUs in use or reserved",
+                                        labels=["level", "domain"])
+        for level, domain, ratio in stats.domain_utilization:
+            utilization.add_metric([level, domain], ratio)
+        gpus = GaugeMetricFamily(CLUSTER_GPUS, "GPUs in the cluster view by state", labels=["state"])
+        for state in ("total", "used", "reserved"):
+            gpus.add_metric([state], getattr(stats, f"gpus_{state}"))
+        yield utilization
+        yield gpus
+        yield GaugeMetricFamily(GPU_ALLOCATION, "Share of all GPUs in use or reserved", value=stats.allocation_ratio)
+        yield GaugeMetricFamily(FRAGMENTATION, "Share of free GPUs stranded outside the largest free blocks",
+                                value=stats.fragmentation_ratio)
+
+
+class Metrics:
+    """The webhook's metric objects and the registry /metrics is rendered from."""
+
+    def __init__(self, multiprocess_dir: str | None) -> None:
+        self.multiprocess_dir = multiprocess_dir
+        # In multiprocess mode the metric objects must not be registered: their values are
+        # exposed by the MultiProcessCollector reading every worker's files.
+        own = None if multiprocess_dir else CollectorRegistry(auto_describe=True)
+        self.latency = Histogram(LATENCY, "Time to handle one admission review", buckets=LATENCY_BUCKETS,
+                                 registry=own)
+        self.decisions = Counter(DECISIONS, "Placement decisions by workload kind, strategy and outcome",
+                                 ["kind", "strategy", "outcome"], registry=own)
+        self.fail_open = Counter(FAIL_OPEN, "Admissions allowed unmodified because of an internal error",
+                                 registry=own)
+        self.registry = own or CollectorRegistry(auto_describe=True)
+        if multiprocess_dir:
+            multiprocess.MultiProcessCollector(self.registry, path=multiprocess_dir)
+
+    @classmethod
+    def create(cls, multiprocess_dir: str | None = None) -> "Metrics":
+        """Metrics for this process; multiprocess_dir (shared by all workers) selects multiprocess mode.
+
+        The directory must also be in the environment as PROMETHEUS_MULTIPROC_DIR: the library's
+        per-process files are placed there. The server sets it before forking workers.
+        """
+        disable_created_metrics()  # no `_created` twin of every counter: half the series, no use to us
+        if multiprocess_dir:
+            if os.environ.get(MULTIPROC_ENV) != multiprocess_dir:
+                raise ValueError(f"{MULTIPROC_ENV} must be {multiprocess_dir!r} in the environment "
+                                 f"for multiprocess metrics, found {os.environ.get(MULTIPROC_ENV)!r}")
+            if not getattr(values.ValueClass, "_multiprocess", False):
+                values.ValueClass = values.MultiProcessValue()
+        return cls(multiprocess_dir)
+
+    def watch_cluster(self, stats: Callable[[], Any]) -> None:
+        self.registry.register(ClusterCollector(stats))
+
+    def record_admission(self, kind: str, strategy: str | None, outcome: str, seconds: float) -> None:
+        """One handled review. `ignored` reviews (nothing to place) count in latency only."""
+        self.latency.observe(seconds)
+        if outcome != "ignored":
+            self.decisions.labels(kind or "unknown", strategy or "none", outcome).inc()
+        if outcome == "failed-open":
+            self.fail_open.inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The Prometheus text exposition and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def reset_multiprocess_dir(path: str) -> None:
+    """Remove files of an earlier run, which would otherwise be added to this run's counters."""
+    for stale in glob.glob(os.path.join(path, "*.db")):
+        os.remove(stale)
+
+
+def mark_worker_dead(pid: int, path: str) -> None:
+    """gunicorn child_exit: drop the dead worker's live-gauge files (its counters stay summed)."""
+    multiprocess.mark_process_dead(pid, path)

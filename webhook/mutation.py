@@ -1,0 +1,386 @@
+"""Turn a placement decision into a new object: affinity, spread, NCCL env and annotations.
+
+Pure: returns a new object and never changes the one it was given. Everything we add to a pod
+template is recorded in the template annotation `topology.scheduler/injected`, so a later pass
+(apiserver reinvocation, a controller copying the template, an UPDATE) can tell our items from
+the user's: ours are replaced in place or removed, the user's are never touched (an item of theirs
+identical to one of ours counts as ours), and applying the same decision to our own output
+changes nothing.
+
+What goes where:
+- Placed `consolidated` and `distributed` workloads are pinned (required nodeAffinity, the
+  expressions added to every existing nodeSelectorTerm because terms are ORed); so is a waiting
+  `consolidated` one when `pin_when_waiting` is on. Everything else only prefers the domain.
+- `distributed` adds topologySpreadConstraints on the decision's spread keys, selecting the pods
+  by the template label `topology.scheduler/workload`; a (topologyKey, whenUnsatisfiable) pair
+  the user already has is left alone (the API rejects duplicates).
+- Containers that request GPUs (app, sidecar or init) get the NCCL profile of the interconnect
+  the job crosses and CUDA_DEVICE_ORDER=PCI_BUS_ID; a variable the user set is never overridden.
+- Annotations on the template: `placement` (summary), `gpu-ids` (NVLink-aligned host GPU set of a
+  single-pod workload, a hint for device plugins and DRA drivers: the container renumbers its
+  GPUs from 0, so host indices never go into CUDA_VISIBLE_DEVICES), `reservation` (the key the
+  cluster index confirms once pods are bound), `injected` (the record above).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from .config import HOSTNAME_LABEL, Config
+from .gpus import container_gpus, format_gpu_set
+from .model import ANNOTATION_PREFIX, Decision, Outcome, Strategy
+from .workload import pod_template
+
+PLACEMENT = ANNOTATION_PREFIX + "placement"
+GPU_IDS = ANNOTATION_PREFIX + "gpu-ids"
+RESERVATION = ANNOTATION_PREFIX + "reservation"
+INJECTED = ANNOTATION_PREFIX + "injected"
+WORKLOAD_LABEL = ANNOTATION_PREFIX + "workload"
+OUTPUT_ANNOTATIONS = (PLACEMENT, GPU_IDS, RESERVATION, INJECTED)
+PREFERRED_WEIGHT = 100  # the scheduler's maximum: our domain outweighs incidental preferences
+CUDA_DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA numbering = nvidia-smi/NVML numbering
+_REQUIRED = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
+_PREFERRED = ("affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
+
+
+@dataclass(frozen=True)
+class Injection:
+    """What we own in a pod template: compared by equality, so a user's edit makes it theirs."""
+
+    required: tuple[dict, ...] = ()  # matchExpressions added to every required nodeSelectorTerm
+    preferred: dict | None = None  # one preferredDuringScheduling entry
+    spread: tuple[dict, ...] = ()  # topologySpreadConstraints
+    env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # container -> {name: value}
+    label: str | None = None  # value of WORKLOAD_LABEL, when we added it
+
+    def dumps(self) -> str:
+        data = {"required": list(self.required), "preferred": self.preferred, "spread": list(self.spread),
+                "env": {c: dict(v) for c, v in self.env.items() if v}, "label": self.label}
+        return json.dumps({k: v for k, v in data.items() if v}, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def loads(cls, text: object) -> "Injection":
+        """The record of a template; anything unreadable means we own nothing there."""
+        try:
+            data = json.loads(text) if isinstance(text, str) else {}
+            env = {str(c): {str(k): str(v) for k, v in names.items()} for c, names in data.get("env", {}).items()}
+            return cls(tuple(data.get("required", ())), data.get("preferred"), tuple(data.get("spread", ())),
+                       env, data.get("label"))
+        except (ValueError, TypeError, AttributeError):
+            return cls()
+
+
+def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
+           reservation: str | None = None) -> dict:
+    """A new object with `decision` applied to its pod template. decision None (nothing to place)
+    removes what we added before and only resets our scheduler name."""
+    outputs: dict[str, str | None] = dict.fromkeys(OUTPUT_ANNOTATIONS)
+    if decision is not None:
+        outputs.update({PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
+                        RESERVATION: reservation})
+    return _rewrite(obj, kind, lambda meta, spec, previous: _desired(meta, spec, previous, kind, obj, decision, config),
+                    outputs, config)
+
+
+def carry_over(old: Mapping, new: Mapping, kind: str, config: Config) -> dict:
+    """`new` (an UPDATE) with the placement recorded on `old` put back: an update keeps the
+    placement made at creation instead of dropping it (server-side apply removes fields the
+    applier owns and omits) or moving running work. Items the user now has win, as always."""
+    old_annotations = _annotations((pod_template(kind, old) or {}).get("metadata") or {})
+    recorded = Injection.loads(old_annotations.get(INJECTED))
+    return _rewrite(new, kind, lambda *_: recorded, {key: old_annotations.get(key) for key in OUTPUT_ANNOTATIONS},
+                    config)
+
+
+def without_injection(obj: Mapping, kind: str) -> dict:
+    """A new object with our previous additions removed: the object as the user wrote it, which is
+    what a workload is read from (so a re-placement is not confined by our own old pin)."""
+    return _rewrite(obj, kind, lambda *_: Injection(), dict.fromkeys(OUTPUT_ANNOTATIONS), None)
+
+
+def already_placed(obj: Mapping, kind: str) -> bool:
+    """The template carries our placement summary and every affinity and spread item we recorded."""
+    template = pod_template(kind, obj) or {}
+    annotations = _annotations(template.get("metadata") or {})
+    if PLACEMENT not in annotations:
+        return False
+    record = Injection.loads(annotations.get(INJECTED))
+    spec = template.get("spec") or {}
+    terms = _get(spec, _REQUIRED + ("nodeSelectorTerms",)) or []
+    pinned = all(isinstance(t, dict) and all(e in (t.get("matchExpressions") or []) for e in record.required)
+                 for t in terms) and (bool(terms) or not record.required)
+    preferred = record.preferred is None or record.preferred in (_get(spec, _PREFERRED) or [])
+    spread = all(c in (spec.get("topologySpreadConstraints") or []) for c in record.spread)
+    return pinned and preferred and spread
+
+
+def pins(decision: Decision, config: Config) -> bool:
+    """Whether the decision becomes required node affinity rather than a preference: placed
+    consolidated and distributed workloads are pinned to their domain (distributed to the scope
+    its spread runs in), balanced ones only prefer it; a waiting consolidated one is pinned to
+    where it fits first when `pin_when_waiting` is on."""
+    strategy = decision.request.strategy
+    if decision.outcome is Outcome.PLACED:
+        return strategy in (Strategy.CONSOLIDATED, Strategy.DISTRIBUTED)
+    return decision.outcome is Outcome.WAIT and strategy is Strategy.CONSOLIDATED and config.pin_when_waiting
+
+
+def summary(decision: Decision) -> str:
+    """One line for people: the `placement` annotation."""
+    request = decision.request
+    where = str(decision.scope) if decision.scope else "the cluster"
+    size = f"{request.total_gpus} GPU(s) as {request.pods} pod(s) x {request.gpus_per_pod}"
+    if decision.outcome is Outcome.WAIT:
+        return f"waiting ({request.strategy.value}) for {where}: {size}; no room now"
+    text = f"{request.strategy.value} in {where}: {size} on {len(decision.assignment)} node(s)"
+    if decision.interconnect is not None:
+        text += f", over {decision.interconnect.value}"
+    if decision.bus_bandwidth_gbs is not None:
+        text += f", ~{decision.bus_bandwidth_gbs:.0f} GB/s all-reduce bus bandwidth (estimate"
+        text += f", {decision.profile})" if decision.profile else ")"
+    return text
+
+
+def warnings(decision: Decision, config: Config) -> tuple[str, ...]:
+    """Short notes for the user about what the decision means for their job."""
+    request = decision.request
+    who = request.workload
+    out = []
+    if decision.outcome is Outcome.WAIT:
+        where = str(decision.scope) if decision.scope else "the domain that fits first"
+        if pins(decision, config):
+            out.append(f"{who}: no room now for {request.total_gpus} GPUs in one domain; pinned to {where}, "
+                       "so it waits for locality instead of scattering")
+        else:
+            out.append(f"{who}: no room now for {request.total_gpus} GPUs in one domain; only preferring {where}, "
+                       "so pods may start scattered over slower links")
+    crowded = [a for a in decision.assignment if a.pods > 1]
+    if request.pods > 1 and crowded:
+        out.append(f"{who}: {crowded[0].pods} pods share node {crowded[0].node}; ranks in different pods do not "
+                   "share NVLink (NCCL needs one host and /dev/shm): one pod per node with all its GPUs is faster")
+    return tuple(out)
+
+
+def workload_label_value(kind: str, obj: Mapping) -> str:
+    """A label value (<= 63 chars, alphanumeric ends) naming the workload's pods."""
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name") or meta.get("generateName") or kind.lower())
+    clean = re.sub(r"[^A-Za-z0-9._-]", "-", name).strip("-_.") or kind.lower()
+    if len(clean) <= 63:
+        return clean
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return clean[:52].rstrip("-_.") + "-" + digest
+
+
+def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mapping, decision: Decision | None,
+             config: Config) -> Injection:
+    if decision is None or decision.outcome is Outcome.NEVER:
+        return Injection()
+    expressions = tuple({"key": r.key, "operator": "In", "values": list(r.values)} for r in decision.requirements)
+    required: tuple[dict, ...] = ()
+    preferred = None
+    if expressions and pins(decision, config):
+        required = expressions
+    elif expressions:
+        preferred = {"weight": PREFERRED_WEIGHT, "preference": {"matchExpressions": list(expressions)}}
+    label = None
+    spread: tuple[dict, ...] = ()
+    if decision.request.strategy is Strategy.DISTRIBUTED and decision.spread_keys:
+        current = _labels(meta).get(WORKLOAD_LABEL)
+        users = current is not None and current != previous.label  # then the selector uses theirs
+        value = current if users else workload_label_value(kind, obj)
+        label = None if users else value
+        # One pod per node is the point, unless the decision already had to stack pods; across
+        # wider domains, balance without blocking.
+        one_per_node = all(a.pods <= 1 for a in decision.assignment)
+        spread = tuple({"maxSkew": 1, "topologyKey": key,
+                        "whenUnsatisfiable": "DoNotSchedule" if key == HOSTNAME_LABEL and one_per_node
+                        else "ScheduleAnyway",
+                        "labelSelector": {"matchLabels": {WORKLOAD_LABEL: value}}}
+                       for key in decision.spread_keys)
+    profile = dict(config.nccl_profiles.get(decision.interconnect.value, {})) if decision.interconnect else {}
+    profile.update(CUDA_DEVICE_ORDER)
+    profile = dict(sorted(profile.items()))  # the record keeps names sorted: so does the container
+    env = {c["name"]: profile for c in _containers(spec) if container_gpus(c) > 0}
+    return Injection(required, preferred, spread, env, label)
+
+
+def _apply(meta: dict, spec: dict, previous: Injection, desired: Injection) -> Injection:
+    """Reconcile the template from `previous` (ours, as recorded) to `desired`; returns what we now own."""
+    required = _apply_required(spec, previous.required, desired.required)
+    preferred_items, preferred_owned = _reconcile(
+        _get(spec, _PREFERRED) or [], [previous.preferred] if previous.preferred else [],
+        [desired.preferred] if desired.preferred else [], _canonical)
+    _put(spec, _PREFERRED, preferred_items)
+    label = _apply_label(meta, previous.label, desired.label)
+    spread, spread_owned = _reconcile(spec.get("topologySpreadConstraints") or [], list(previous.spread),
+                                      list(desired.spread), _spread_identity)
+    _put(spec, ("topologySpreadConstraints",), spread)
+    env = {}
+    for container in _containers(spec):
+        name = container.get("name")
+        want = [{"name": k, "value": v} for k, v in desired.env.get(name, {}).items()]
+        had = [{"name": k, "value": v} for k, v in previous.env.get(name, {}).items()]
+        items, owned = _reconcile(container.get("env") or [], had, want, lambda e: e.get("name"))
+        _put(container, ("env",), items)
+        if owned:
+            env[name] = {e["name"]: e["value"] for e in owned}
+    return Injection(required, preferred_owned[0] if preferred_owned else None, tuple(spread_owned), env, label)
+
+
+def _apply_required(spec: dict, previous: tuple[dict, ...], desired: tuple[dict, ...]) -> tuple[dict, ...]:
+    terms = _get(spec, _REQUIRED + ("nodeSelectorTerms",))
+    if not terms:
+        if not desired:
+            return ()
+        _put(spec, _REQUIRED + ("nodeSelectorTerms",), [{"matchExpressions": copy.deepcopy(list(desired))}])
+        return desired
+    owned: list[dict] = []
+    kept = []
+    for term in terms:
+        if not isinstance(term, dict):
+            kept.append(term)
+            continue
+        items, mine = _reconcile(term.get("matchExpressions") or [], list(previous), list(desired), _canonical)
+        owned.extend(e for e in mine if e not in owned)
+        emptied = not items and not term.get("matchFields") and term.get("matchExpressions")
+        if emptied:
+            continue  # a term that held only our expressions was ours
+        _put(term, ("matchExpressions",), items)
+        kept.append(term)
+    _put(spec, _REQUIRED + ("nodeSelectorTerms",), kept)
+    return tuple(e for e in desired if e in owned)
+
+
+def _apply_label(meta: dict, previous: str | None, desired: str | None) -> str | None:
+    labels = meta.get("labels") or {}
+    current = labels.get(WORKLOAD_LABEL)
+    ours = current is not None and current == previous
+    if current is not None and not ours:
+        return None  # the user's label: the selector uses it as it is
+    if desired is None:
+        if ours:
+            rest = {k: v for k, v in labels.items() if k != WORKLOAD_LABEL}
+            if rest:
+                meta["labels"] = rest
+            else:
+                meta.pop("labels", None)
+        return None
+    meta["labels"] = {**labels, WORKLOAD_LABEL: desired}
+    return desired
+
+
+def _reconcile(items: list, previous: list, desired: list, identity: Callable[[Any], Any]) -> tuple[list, list]:
+    """Our `previous` items are replaced in place by the desired item of the same identity, or
+    dropped; desired items whose identity is free are appended; other items are never touched.
+    Returns (new items, the desired items that are now ours)."""
+    leftover = list(previous)
+    wanted = {identity(d): d for d in desired}
+    out, owned = [], []
+    for item in items:
+        if item in leftover:
+            leftover.remove(item)
+            replacement = wanted.pop(identity(item), None)
+            if replacement is not None:
+                out.append(copy.deepcopy(replacement))
+                owned.append(replacement)
+            continue
+        out.append(item)
+    taken = {identity(i) for i in out if isinstance(i, dict)}
+    for key, item in wanted.items():
+        if key not in taken:
+            out.append(copy.deepcopy(item))  # one item goes into several lists: never share it
+            owned.append(item)
+    return out, owned
+
+
+def _rewrite(obj: Mapping, kind: str, desired: Callable[[dict, dict, Injection], Injection],
+             outputs: Mapping[str, str | None], config: Config | None) -> dict:
+    """A copy of `obj` whose template is reconciled from what we recorded to `desired(meta, spec,
+    previous)`, with our output annotations set to `outputs` (None removes) and, given a config,
+    our scheduler name reset. Without a pod spec there is nothing of ours: the copy is returned."""
+    new = copy.deepcopy(dict(obj))
+    template = pod_template(kind, new)
+    if template is None or not isinstance(template.get("spec"), dict):
+        return new
+    meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
+    had_metadata = bool(meta)
+    spec = template["spec"]
+    if config is not None and spec.get("schedulerName") in config.scheduler_names:
+        spec["schedulerName"] = config.default_scheduler
+    previous = Injection.loads(_annotations(meta).get(INJECTED))
+    owned = _apply(meta, spec, previous, desired(meta, spec, previous))
+    _set_annotations(meta, {**outputs, INJECTED: owned.dumps() if owned != Injection() else None})
+    if meta:
+        template["metadata"] = meta
+    elif had_metadata:
+        del template["metadata"]  # we emptied it: leave no trace
+    return new
+
+
+def _containers(spec: Mapping) -> list[dict]:
+    return [c for key in ("initContainers", "containers") for c in spec.get(key) or () if isinstance(c, dict)]
+
+
+def _annotations(meta: Mapping) -> Mapping:
+    return meta.get("annotations") or {}
+
+
+def _labels(meta: Mapping) -> Mapping:
+    return meta.get("labels") or {}
+
+
+def _set_annotations(meta: dict, values: Mapping[str, str | None]) -> None:
+    """Set (or, for None, remove) annotations, creating or dropping the map only when needed."""
+    annotations = meta.get("annotations") or {}
+    changed = False
+    for key, value in values.items():
+        if value is None and key in annotations:
+            del annotations[key]
+            changed = True
+        elif value is not None and annotations.get(key) != value:
+            annotations[key] = value
+            changed = True
+    if changed:
+        if annotations:
+            meta["annotations"] = annotations
+        else:
+            meta.pop("annotations", None)
+
+
+def _get(node: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def _put(node: dict, path: tuple[str, ...], items: list) -> None:
+    """Store a list at `path`, creating parents; an emptied list is removed with parents it leaves
+    empty. Unchanged lists are left as they are, so a user's `env: []` stays."""
+    if (_get(node, path) or []) == items:
+        return
+    parents = [node]
+    for key in path[:-1]:
+        if not isinstance(parents[-1].get(key), dict):
+            parents[-1][key] = {}
+        parents.append(parents[-1][key])
+    if items:
+        parents[-1][path[-1]] = items
+        return
+    parents[-1].pop(path[-1], None)
+    for depth in range(len(path) - 1, 0, -1):
+        if parents[depth]:
+            break
+        parents[depth - 1].pop(path[depth - 1], None)
+
+
+def _canonical(item: Any) -> str:
+    return json.dumps(item, sort_keys=True)
+
+
+def _spread_identity(item: Mapping) -> tuple:
+    return (item.get("topologyKey"), item.get("whenUnsatisfiable"))

@@ -1,0 +1,38 @@
+"""The JSONPatch (RFC 6902) from the object the apiserver sent to the object we want.
+
+`jsonpatch.make_patch` escapes `~` and `/` in keys (`topology.scheduler~1placement`) and adds a
+missing parent as a whole value instead of adding under it. A patch that decodes but does not
+apply is a 500 the apiserver does not let failurePolicy absorb, so every patch is applied here
+to the received object first and must give exactly the mutated one.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import jsonpatch
+
+
+class PatchError(RuntimeError):
+    """The computed patch does not turn the received object into the mutated one (a bug)."""
+
+
+def make_patch(received: Any, mutated: Any) -> list[dict]:
+    """The operations that turn `received` into `mutated`; [] when they are equal. Both are taken
+    as JSON documents, as the apiserver holds them: no shared sub-objects, and values YAML gives
+    that JSON has not (a `creationTimestamp` loaded as a datetime) compared as text."""
+    received, mutated = (json.loads(json.dumps(doc, default=str)) for doc in (received, mutated))
+    operations = jsonpatch.make_patch(received, mutated).patch
+    try:
+        result = jsonpatch.apply_patch(received, operations)
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as err:
+        raise PatchError(f"patch does not apply to the received object: {err}") from None
+    if result != mutated:
+        raise PatchError("patch applied to the received object does not give the mutated object")
+    return operations
+
+
+def encode(operations: list[dict]) -> str:
+    """The `response.patch` field: base64 of the JSON array."""
+    return base64.b64encode(json.dumps(operations, separators=(",", ":")).encode()).decode("ascii")

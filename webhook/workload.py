@@ -1,0 +1,316 @@
+"""Read a workload (Pod, Job, Deployment, StatefulSet, ReplicaSet, CronJob) into a PlacementRequest.
+
+Pure: takes the object as the API sends it and returns values. How many GPUs a workload wants:
+
+- `per_pod` is what the pod template's containers ask for (`nvidia.com/gpu` limits, counted the
+  way kube-scheduler counts them), `replicas` the pods the controller runs at once (Job and
+  CronJob: parallelism, default 1, capped by completions; Deployment, StatefulSet, ReplicaSet:
+  replicas, default 1; Pod: 1).
+- Without `gpu-count`: pods = replicas, each with per_pod GPUs.
+- `gpu-count` G is the workload's total. If G = per_pod x replicas, all agree. Otherwise:
+  a Pod holds exactly what its containers ask, so per_pod wins; for controllers, G wins when it
+  divides by per_pod (pods = G / per_pod: gpu-count sizes the gang) and the containers win when it
+  does not. If the containers ask for no GPUs, G is spread evenly over the replicas (it must
+  divide). Every disagreement is reported in a warning.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .config import Config
+from .gpus import parse_bandwidth_gbps, pod_gpus
+from .model import ANNOTATION_PREFIX, PlacementRequest, Strategy
+
+GPU_COUNT = ANNOTATION_PREFIX + "gpu-count"
+STRATEGY = ANNOTATION_PREFIX + "placement-strategy"
+LATENCY_SENSITIVE = ANNOTATION_PREFIX + "latency-sensitive"
+PREFERRED_DOMAIN = ANNOTATION_PREFIX + "preferred-domain"
+NETWORK_BANDWIDTH = ANNOTATION_PREFIX + "network-bandwidth"
+
+# Kinds we read, by API group, and where each keeps its pod template (() is the Pod itself).
+TEMPLATE_PATHS: Mapping[str, tuple[str, ...]] = {
+    "Pod": (),
+    "Job": ("spec", "template"),
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+API_GROUPS: Mapping[str, str] = {"Pod": "", "Job": "batch", "CronJob": "batch",
+                                 "Deployment": "apps", "StatefulSet": "apps", "ReplicaSet": "apps"}
+_BOOLEANS = {"true": True, "false": False}
+
+# The shape of the fields we read or write, as the API types them: the apiserver only sends
+# objects that decode into these, but offline manifests are whatever a file holds. A list holds
+# items of its one element's shape; `_STRINGS` is a map of strings; None (or absent) is unset.
+_STRINGS = "a map of strings"
+_EXPRESSION = {"key": str, "operator": str, "values": [str]}
+_TERM = {"matchExpressions": [_EXPRESSION], "matchFields": [_EXPRESSION]}
+_CONTAINER = {"name": str, "env": [{"name": str}], "resources": {"limits": dict, "requests": dict}}
+_TEMPLATE_SHAPE = {
+    "metadata": {"annotations": _STRINGS, "labels": _STRINGS},
+    "spec": {
+        "containers": [_CONTAINER], "initContainers": [_CONTAINER], "nodeSelector": _STRINGS, "tolerations": [dict],
+        "schedulerName": str, "nodeName": str, "topologySpreadConstraints": [{"topologyKey": str,
+                                                                              "whenUnsatisfiable": str}],
+        "affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [_TERM]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": int, "preference": _TERM}]}},
+    },
+}
+
+
+class InvalidWorkload(ValueError):
+    """The object cannot be placed as written; the message names the object, the field, the bad
+    value and what is allowed. The admission step denies the request with it."""
+
+
+class InvalidAnnotation(InvalidWorkload):
+    """A `topology.scheduler/*` annotation has a value we do not accept."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one object asks for. `request` is None when it asks for no GPUs (nothing to place)."""
+
+    request: PlacementRequest | None
+    warnings: tuple[str, ...] = ()
+
+
+def supports(group: str, kind: str) -> bool:
+    return API_GROUPS.get(kind) == group
+
+
+def display_name(kind: str, obj: Mapping, namespace: str) -> str:
+    """`Job ml/train`, or `Pod ml/trainer-` for a generateName object."""
+    meta = _mapping(obj.get("metadata"))
+    name = meta.get("name") or meta.get("generateName") or ""
+    return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
+
+
+def pod_template(kind: str, obj: Mapping) -> Mapping | None:
+    """The pod template (metadata + spec) of `obj`; the object itself for a Pod; None if absent."""
+    node: Any = obj
+    for key in TEMPLATE_PATHS[kind]:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node if isinstance(node, Mapping) else None
+
+
+def annotations_of(kind: str, obj: Mapping) -> dict[str, str]:
+    """Annotations of the pod template overlaid with the object's own (the object's win)."""
+    template = pod_template(kind, obj) or {}
+    merged = dict(_mapping(_mapping(template.get("metadata")).get("annotations")))
+    merged.update(_mapping(_mapping(obj.get("metadata")).get("annotations")))
+    return merged
+
+
+def is_ours(kind: str, obj: Mapping, config: Config) -> bool:
+    """True when the object or its template carries a topology.scheduler/ annotation or names one
+    of our scheduler names."""
+    if kind not in TEMPLATE_PATHS:
+        return False
+    if any(str(key).startswith(ANNOTATION_PREFIX) for key in annotations_of(kind, obj)):
+        return True
+    spec = _mapping((pod_template(kind, obj) or {}).get("spec"))
+    return spec.get("schedulerName") in config.scheduler_names
+
+
+def controller_owned(obj: Mapping) -> bool:
+    """Made by a controller (Job, ReplicaSet, StatefulSet...) from a template, not by a user."""
+    owners = _mapping(obj.get("metadata")).get("ownerReferences") or ()
+    return isinstance(owners, list) and any(isinstance(o, Mapping) and o.get("controller") is True for o in owners)
+
+
+def bound(kind: str, obj: Mapping) -> bool:
+    """The pod spec names its node (spec.nodeName): kube-scheduler never sees it."""
+    return bool(_mapping((pod_template(kind, obj) or {}).get("spec")).get("nodeName"))
+
+
+def check_shape(kind: str, obj: Mapping, namespace: str) -> None:
+    """Raise InvalidWorkload naming the first field we use that does not have its API type."""
+    who = display_name(kind, obj, namespace)
+    _check(obj.get("metadata"), {"annotations": _STRINGS, "ownerReferences": [dict]}, "metadata", who)
+    template_path = TEMPLATE_PATHS[kind]
+    node: Any = obj
+    for depth, key in enumerate(template_path):
+        _check(node, dict, ".".join(template_path[:depth]), who)
+        node = node.get(key) if node is not None else None
+    _check(node, _TEMPLATE_SHAPE, ".".join(template_path), who)
+
+
+def read(kind: str, obj: Mapping, namespace: str) -> Workload:
+    """The validated request of one object of ours. Raises InvalidWorkload (or InvalidAnnotation)."""
+    check_shape(kind, obj, namespace)
+    who = display_name(kind, obj, namespace)
+    template = pod_template(kind, obj)
+    if template is None or not isinstance(template.get("spec"), Mapping):
+        where = ".".join(TEMPLATE_PATHS[kind] + ("spec",))
+        raise InvalidWorkload(f"{who}: {where} is missing; a pod spec with containers is required to place it")
+    spec = template["spec"]
+    annotations = annotations_of(kind, obj)
+    try:
+        per_pod = pod_gpus(spec)
+    except ValueError as err:
+        raise InvalidWorkload(f"{who}: nvidia.com/gpu request {err}; allowed: a whole number of GPUs") from None
+    pods, gpus_per_pod, warnings = _size(kind, who, per_pod, _running(kind, obj, who), annotations.get(GPU_COUNT))
+    if pods == 0 or gpus_per_pod == 0:
+        return Workload(None, tuple(warnings))
+    request = PlacementRequest(
+        workload=who,
+        pods=pods,
+        gpus_per_pod=gpus_per_pod,
+        strategy=_strategy(who, annotations.get(STRATEGY)),
+        latency_sensitive=_boolean(who, LATENCY_SENSITIVE, annotations.get(LATENCY_SENSITIVE)),
+        preferred_domain=_preferred_domain(who, annotations.get(PREFERRED_DOMAIN)),
+        min_bandwidth_gbps=_bandwidth(who, annotations.get(NETWORK_BANDWIDTH)),
+        node_selector={str(k): str(v) for k, v in _mapping(spec.get("nodeSelector")).items()},
+        required_node_terms=_required_terms(spec),
+        tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, Mapping)),
+    )
+    return Workload(request, tuple(warnings))
+
+
+def _running(kind: str, obj: Mapping, who: str) -> int:
+    """Pods the controller runs at once (an absent or null count takes the API's default, 1)."""
+    spec = _mapping(obj.get("spec"))
+    if kind == "Pod":
+        return 1
+    if kind not in ("Job", "CronJob"):
+        return _count(spec.get("replicas"), who, "spec.replicas")
+    prefix = "spec.jobTemplate.spec." if kind == "CronJob" else "spec."
+    job_spec = _mapping(_mapping(spec.get("jobTemplate")).get("spec")) if kind == "CronJob" else spec
+    parallelism = _count(job_spec.get("parallelism"), who, prefix + "parallelism")
+    if job_spec.get("completions") is None:
+        return parallelism
+    return min(parallelism, _count(job_spec["completions"], who, prefix + "completions"))
+
+
+def _size(kind: str, who: str, per_pod: int, running: int, gpu_count: object) -> tuple[int, int, list[str]]:
+    """(pods, GPUs per pod, warnings) by the rule in the module docstring."""
+    if gpu_count is None:
+        return running, per_pod, []
+    total = _positive(who, gpu_count)
+    derived = per_pod * running
+    if total == derived:
+        return running, per_pod, []
+    if running == 0:
+        return 0, per_pod, [f"{who}: runs no pods (0 replicas), so {GPU_COUNT}={total} places nothing now"]
+    if per_pod == 0:
+        if total % running:
+            raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={total!s} does not divide over {running} pods; "
+                                    f"allowed: a multiple of {running}, or nvidia.com/gpu limits on the containers")
+        return running, total // running, [f"{who}: containers request no nvidia.com/gpu; placing {total} GPUs "
+                                           f"from {GPU_COUNT}, but pods only get GPUs their containers request"]
+    said = f"{GPU_COUNT}={total} disagrees with {per_pod} GPUs x {running} pods = {derived}"
+    if kind == "Pod":
+        return 1, per_pod, [f"{who}: {said}; a Pod holds what its containers request, placing {per_pod} GPUs"]
+    if total % per_pod == 0:
+        return total // per_pod, per_pod, [f"{who}: {said}; {GPU_COUNT} wins: placing {total // per_pod} pods "
+                                           f"of {per_pod} GPUs (make replicas/parallelism match)"]
+    return running, per_pod, [f"{who}: {said}; it does not divide by {per_pod}, so the containers win: "
+                              f"placing {derived} GPUs"]
+
+
+def _positive(who: str, value: object) -> int:
+    text = str(value).strip()
+    if not re.fullmatch(r"\d+", text) or int(text) <= 0:
+        raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={_quote(value)} is not allowed; "
+                                "allowed: a whole number of GPUs greater than 0, e.g. \"8\"")
+    return int(text)
+
+
+def _strategy(who: str, value: object) -> Strategy:
+    if value is None:
+        return Strategy.BALANCED
+    try:
+        return Strategy(str(value).strip().lower())
+    except ValueError:
+        allowed = ", ".join(s.value for s in Strategy)
+        raise InvalidAnnotation(f"{who}: annotation {STRATEGY}={_quote(value)} is not allowed; allowed: {allowed}") from None
+
+
+def _boolean(who: str, key: str, value: object) -> bool:
+    if value is None:
+        return False
+    text = str(value).strip().lower()
+    if text not in _BOOLEANS:
+        raise InvalidAnnotation(f"{who}: annotation {key}={_quote(value)} is not allowed; allowed: true, false")
+    return _BOOLEANS[text]
+
+
+def _preferred_domain(who: str, value: object) -> str | None:
+    if value is None:
+        return None
+    text = str(value).strip()
+    if not text or any(c.isspace() for c in text):
+        raise InvalidAnnotation(f"{who}: annotation {PREFERRED_DOMAIN}={_quote(value)} is not allowed; "
+                                "allowed: a domain's label value (leaf-1) or LEVEL=VALUE (spine=spine-1)")
+    return text
+
+
+def _bandwidth(who: str, value: object) -> float | None:
+    if value is None:
+        return None
+    try:
+        gbps = parse_bandwidth_gbps(str(value))
+    except ValueError:
+        gbps = 0.0
+    if gbps <= 0:
+        raise InvalidAnnotation(f"{who}: annotation {NETWORK_BANDWIDTH}={_quote(value)} is not allowed; "
+                                "allowed: a bandwidth such as 200Gb, 400Gbps or 1.6Tb")
+    return gbps
+
+
+def _required_terms(spec: Mapping) -> tuple[Mapping, ...]:
+    node_affinity = _mapping(_mapping(spec.get("affinity")).get("nodeAffinity"))
+    required = _mapping(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
+    return tuple(t for t in required.get("nodeSelectorTerms") or () if isinstance(t, Mapping))
+
+
+def _check(value: Any, shape: Any, path: str, who: str, item: bool = False) -> None:
+    """`value` at `path` ("" is the object itself) has `shape`; a list item may not be null."""
+    if value is None and not item:
+        return
+    if shape is _STRINGS and isinstance(value, Mapping):
+        for key, entry in value.items():
+            _check(entry, str, f"{path}.{key}", who, item=True)
+        return
+    if isinstance(shape, list):
+        ok = isinstance(value, list)
+    elif isinstance(shape, dict) or shape in (dict, _STRINGS):
+        ok = isinstance(value, Mapping)
+    else:
+        ok = isinstance(value, shape) and not isinstance(value, bool)
+    if not ok:
+        expected = {list: "a list", dict: "a mapping", str: "a string", int: "an integer"}.get(
+            list if isinstance(shape, list) else dict if isinstance(shape, dict) else shape, shape)
+        found = (json.dumps(value)[:40] if value is None or isinstance(value, (str, int, float))
+                 else f"a {type(value).__name__}")
+        raise InvalidWorkload(f"{who}: {path or 'the object'} is {found}; expected {expected}")
+    if isinstance(shape, list):
+        for i, entry in enumerate(value):
+            _check(entry, shape[0], f"{path}[{i}]", who, item=True)
+    elif isinstance(shape, dict):
+        for key, sub in shape.items():
+            _check(value.get(key), sub, f"{path}.{key}" if path else key, who)
+
+
+def _count(value: object, who: str, field: str) -> int:
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidWorkload(f"{who}: {field}={_quote(value)} is not allowed; allowed: a whole number >= 0")
+    return value
+
+
+def _mapping(value: object) -> Mapping:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _quote(value: object) -> str:
+    """The bad value as the user wrote it, shortened so a message stays one readable line."""
+    text = str(value).replace("\n", " ")
+    return '"' + (text if len(text) <= 40 else text[:37] + "...") + '"'
