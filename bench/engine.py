@@ -1,0 +1,210 @@
+"""The discrete-event loop: arrivals, a queue, gang placement by one policy, completions, and what
+each decision did (span, tightest-domain checks, all-reduce estimate) and what the cluster looked
+like over time (allocation, FGD fragmentation).
+
+Queue discipline, identical for every policy: FIFO with backfill and no reservation. On every
+arrival and completion one pass walks the queue in submit order (the first WINDOW jobs) and starts
+every job the policy places now; once a job of k GPUs failed in a pass, jobs of k or more GPUs are
+skipped for the rest of that pass (nothing was freed meanwhile).
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+
+from webhook.config import HardwareProfile
+
+from .costmodel import Network, allreduce_seconds, ideal_placement
+from .fabric import ClusterSpec, SimCluster, dynamic_tightest, span_level, static_tightest
+from .policies import NeverFits, PodPlacement, Policy
+from .traces import Job
+
+WINDOW = 64  # queued jobs a pass looks at
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every policy of one comparison sees: the same cluster, network, stream and cost figures."""
+
+    spec: ClusterSpec
+    network: Network
+    jobs: tuple[Job, ...]
+    comm_fraction: float  # share of a job's run time spent in all-reduce at its tightest placement
+    allreduce_bytes: float
+    seed: int
+    warmup_s: float  # allocation and fragmentation are measured from here to the last arrival
+
+    @property
+    def profile(self) -> HardwareProfile:
+        return self.spec.hardware.profile
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job: Job
+    start_s: float
+    run_s: float
+    span: int  # fabric span level of the placement
+    static_tightest: int
+    dynamic_tightest: int  # narrowest level with room for the whole job at decision time
+    nodes: int
+    leaves: int
+    allreduce_s: float
+    ideal_allreduce_s: float
+
+    @property
+    def wait_s(self) -> float:
+        return self.start_s - self.job.submit_s
+
+    @property
+    def completion_s(self) -> float:
+        return self.wait_s + self.run_s
+
+    @property
+    def gpu_seconds(self) -> float:
+        return self.job.gpus * self.run_s
+
+
+@dataclass
+class RunResult:
+    policy: str
+    records: list[JobRecord] = field(default_factory=list)
+    rejected: int = 0  # jobs the policy said can never fit
+    unstarted: int = 0  # jobs still queued when nothing was left running
+    allocation: float = 0.0  # time-averaged allocated GPUs / all GPUs, between warm-up and last arrival
+    fragmentation: list[tuple[float, float]] = field(default_factory=list)  # (time s, FGD ratio) when any GPU idles
+    decision_seconds: list[float] = field(default_factory=list)  # wall time of each policy.place call
+    window: tuple[float, float] = (0.0, 0.0)  # measurement window (s)
+    cluster_gpus: int = 0
+
+    @property
+    def useful_allocation(self) -> float:
+        """Allocation counting only the GPU time jobs would need at their tightest placement: the
+        part of `allocation` that is not spent waiting on slow links."""
+        lo, hi = self.window
+        if hi <= lo:
+            return 0.0
+        work = sum(max(0.0, min(r.start_s + r.run_s, hi) - max(r.start_s, lo)) * r.job.gpus * r.job.duration_s / r.run_s
+                   for r in self.records)
+        return work / (self.cluster_gpus * (hi - lo))
+
+
+def fgd_fragmentation(cluster: SimCluster, pod_sizes: dict[int, float]) -> float | None:
+    """FGD (ATC'23) fragmentation ratio: idle GPUs on a node that a typical pod cannot use, weighted by
+    how common that pod size is, over all idle GPUs; None when nothing is idle. Whole GPUs only."""
+    idle = cluster.spec.gpus - cluster.used
+    if idle == 0:
+        return None
+    frag = 0.0
+    for node in cluster.nodes:
+        free = len(node.free)
+        if free:
+            frag += free * sum(share for size, share in pod_sizes.items() if free < size)
+    return frag / idle
+
+
+def pod_size_shares(jobs: tuple[Job, ...]) -> dict[int, float]:
+    counts: dict[int, int] = {}
+    for job in jobs:
+        counts[job.gpus_per_pod] = counts.get(job.gpus_per_pod, 0) + job.pods
+    total = sum(counts.values())
+    return {size: n / total for size, n in counts.items()}
+
+
+def run(workload: Workload, policy: Policy, frag_samples: int = 100) -> RunResult:
+    cluster = SimCluster(workload.spec)
+    policy.reset(cluster, workload.seed)
+    result = RunResult(policy.name, cluster_gpus=workload.spec.gpus)
+    jobs = workload.jobs
+    horizon = jobs[-1].submit_s
+    warmup = min(workload.warmup_s, horizon)
+    result.window = (warmup, horizon)
+    sample_times = [warmup + (horizon - warmup) * i / frag_samples for i in range(frag_samples + 1)]
+    pod_sizes = pod_size_shares(jobs)
+    ideal_cache: dict[tuple[int, int], float] = {}
+    finishes: list[tuple[float, int, list[PodPlacement], Job]] = []
+    queue: list[Job] = []
+    next_arrival = 0
+    now = 0.0
+    allocated_gpu_seconds = 0.0
+    sequence = 0
+
+    def ideal_allreduce(job: Job) -> float:
+        key = (job.pods, job.gpus_per_pod)
+        if key not in ideal_cache:
+            empty = SimCluster(workload.spec)
+            ideal_cache[key] = allreduce_seconds(empty, workload.profile, workload.network,
+                                                 ideal_placement(empty, *key), workload.allreduce_bytes)
+        return ideal_cache[key]
+
+    def start(job: Job, pods: list[PodPlacement]) -> None:
+        nonlocal sequence
+        dynamic = dynamic_tightest(cluster, job.pods, job.gpus_per_pod)
+        for node, ids in pods:
+            cluster.take(node, ids)
+        policy.started(job, pods)
+        merged: dict[str, tuple[int, ...]] = {}
+        for node, ids in pods:
+            merged[node] = merged.get(node, ()) + ids
+        actual = allreduce_seconds(cluster, workload.profile, workload.network, merged, workload.allreduce_bytes)
+        ideal = ideal_allreduce(job)
+        slowdown = actual / ideal if ideal > 0 else 1.0
+        run_s = job.duration_s * (1 - workload.comm_fraction + workload.comm_fraction * slowdown)
+        result.records.append(JobRecord(
+            job, now, run_s, span_level(cluster, merged),
+            static_tightest(workload.spec, job.pods, job.gpus_per_pod),
+            dynamic if dynamic is not None else span_level(cluster, merged),
+            len(merged), len({cluster.by_name[n].leaf for n in merged}), actual, ideal))
+        sequence += 1
+        heapq.heappush(finishes, (now + run_s, sequence, pods, job))
+
+    def schedule_pass() -> None:
+        smallest_failure = None
+        for job in list(queue[:WINDOW]):
+            if smallest_failure is not None and job.gpus >= smallest_failure:
+                continue
+            pods = None
+            try:
+                if job.gpus > cluster.spec.gpus:
+                    raise NeverFits(f"{job.gpus} GPUs exceed the cluster")
+                if job.gpus <= cluster.spec.gpus - cluster.used:
+                    began = time.perf_counter()
+                    pods = policy.place(job)
+                    result.decision_seconds.append(time.perf_counter() - began)
+            except NeverFits:
+                queue.remove(job)
+                result.rejected += 1
+                continue
+            if pods is None:
+                smallest_failure = job.gpus
+                continue
+            queue.remove(job)
+            start(job, pods)
+
+    while next_arrival < len(jobs) or finishes:
+        arrival_t = jobs[next_arrival].submit_s if next_arrival < len(jobs) else float("inf")
+        finish_t = finishes[0][0] if finishes else float("inf")
+        t = min(arrival_t, finish_t)
+        # The state is constant since the last event: account for it up to t.
+        lo, hi = max(now, warmup), min(t, horizon)
+        if hi > lo:
+            allocated_gpu_seconds += cluster.used * (hi - lo)
+        while sample_times and sample_times[0] <= t:
+            ratio = fgd_fragmentation(cluster, pod_sizes)
+            sampled = sample_times.pop(0)
+            if ratio is not None:
+                result.fragmentation.append((sampled, ratio))
+        now = t
+        if finish_t <= arrival_t:
+            _, _, pods, job = heapq.heappop(finishes)
+            for node, ids in pods:
+                cluster.give_back(node, ids)
+            policy.finished(job, pods)
+        else:
+            queue.append(jobs[next_arrival])
+            next_arrival += 1
+        schedule_pass()
+    result.unstarted = len(queue)
+    result.allocation = allocated_gpu_seconds / (cluster.spec.gpus * (horizon - warmup)) if horizon > warmup else 0.0
+    return result

@@ -1,0 +1,182 @@
+"""Placement quality benchmark: our placement core against the placements users would otherwise get.
+
+    /work/venv/bin/python bench/simulate.py            # full run: bench/RESULTS.md and bench/plots/*.png
+    /work/venv/bin/python bench/simulate.py --quick    # seconds: a small cluster, prints the tables
+    /work/venv/bin/python bench/simulate.py --trace-csv my.csv   # also replay a trace in the canonical CSV
+
+Every policy sees the same cluster, the same job stream (fixed seeds) and the same queue discipline
+(bench/engine.py). Method and caveats are written into RESULTS.md next to the numbers.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, replace
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import report  # noqa: E402
+from bench.costmodel import Network  # noqa: E402
+from bench.engine import Workload, run  # noqa: E402
+from bench.fabric import HARDWARE, ClusterSpec  # noqa: E402
+from bench.policies import (BySize, KueueBestFit, Ours, Policy, least_allocated, most_allocated,  # noqa: E402
+                            random_fit)
+from bench.traces import TraceError, load_csv, sample_stream  # noqa: E402
+from webhook.model import Strategy  # noqa: E402
+
+SEEDS = (20261122, 20261123, 20261124)  # the main grid runs every stream under each; sweeps use the first
+ALLREDUCE_BYTES = 1e9  # 1 GB of fp16 gradients, the reference's worked example (3.3)
+MAIN_COMM = 0.1  # share of run time in all-reduce at the tightest placement, main grid
+POLICY_KEYS = ("spread", "best-fit", "random", "kueue", "ours-consolidated", "ours-distributed")
+# Attribution: our decisions for one job shape and Kueue's for the other.
+HYBRID_KEYS = ("ours-single+kueue-multi", "kueue-single+ours-multi")
+
+
+def make_policy(key: str, network: Network) -> Policy:
+    def ours() -> Policy:
+        return Ours(Strategy.CONSOLIDATED, network)
+
+    makers = {"spread": least_allocated, "best-fit": most_allocated, "random": random_fit, "kueue": KueueBestFit,
+              "ours-consolidated": ours, "ours-distributed": lambda: Ours(Strategy.DISTRIBUTED, network),
+              "ours-single+kueue-multi": lambda: BySize("ours single-pod, Kueue multi-pod", ours(), KueueBestFit()),
+              "kueue-single+ours-multi": lambda: BySize("Kueue single-pod, ours multi-pod", KueueBestFit(), ours())}
+    return makers[key]()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One comparison: every policy runs it on identical input."""
+
+    group: str  # which table/plot it feeds: main, comm, hardware, network, replay
+    trace: str
+    load: float
+    hardware: str = "h100"
+    comm_fraction: float = MAIN_COMM
+    rho_leaf: float = Network().rho_leaf
+    csv_path: str | None = None
+    seed: int = SEEDS[0]
+
+    @property
+    def label(self) -> str:
+        return (f"{self.trace} load {self.load:g}, {self.hardware}, comm {self.comm_fraction:g}, "
+                f"rho_leaf {self.rho_leaf:g}")
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        return HYBRID_KEYS if self.group == "attribution" else POLICY_KEYS
+
+
+@dataclass(frozen=True)
+class Settings:
+    spec: ClusterSpec
+    cap_s: float  # longest run time drawn
+    horizon_s: float  # arrivals stop here
+    traces: tuple[str, ...]
+    loads: tuple[float, ...]
+
+
+FULL = Settings(ClusterSpec(), cap_s=3 * 3600, horizon_s=9 * 3600,
+                traces=("philly", "helios_all", "acme_seren"), loads=(0.5, 0.8, 1.2))
+QUICK = Settings(ClusterSpec(zones=1, spines_per_zone=2, leaves_per_spine=2, nodes_per_leaf=4),
+                 cap_s=1800, horizon_s=3 * 1800, traces=("helios_all",), loads=(0.8,))
+
+
+def scenarios(settings: Settings, quick: bool, csv_path: str | None) -> list[Scenario]:
+    seeds = SEEDS[:1] if quick else SEEDS
+    out = [Scenario("main", t, load, seed=seed) for t in settings.traces for load in settings.loads for seed in seeds]
+    if not quick:
+        focus = "helios_all"
+        out += [Scenario("comm", focus, 0.8, comm_fraction=f) for f in (0.0, 0.3, 0.5)]
+        # Packing without placement feeding back into run times: allocation at overload.
+        out += [Scenario("packing", t, 1.2, comm_fraction=0.0) for t in settings.traces]
+        out += [Scenario("hardware", focus, 0.8, hardware=h) for h in HARDWARE if h != "h100"]
+        out += [Scenario("network", focus, 0.8, rho_leaf=r) for r in (1.0, 4.0)]
+        out += [Scenario("attribution", focus, 0.8, seed=seed) for seed in seeds]
+    if csv_path:
+        out.append(Scenario("replay", os.path.basename(csv_path), 0.0, csv_path=csv_path))
+    return out
+
+
+def workload_for(scenario: Scenario, settings: Settings) -> Workload:
+    spec = replace(settings.spec, hardware=HARDWARE[scenario.hardware])
+    network = Network(rho_leaf=scenario.rho_leaf)
+    if scenario.csv_path:
+        jobs = load_csv(scenario.csv_path)
+        warmup = 0.0
+    else:
+        jobs = sample_stream(scenario.trace, scenario.load, spec.gpus, settings.horizon_s, settings.cap_s,
+                             scenario.seed)
+        warmup = settings.cap_s  # by then the longest jobs started at time 0 have ended: steady state
+    return Workload(spec, network, tuple(jobs), scenario.comm_fraction, ALLREDUCE_BYTES, scenario.seed, warmup)
+
+
+def run_one(task: tuple[Scenario, str, Settings]) -> tuple[Scenario, str, report.Summary]:
+    scenario, key, settings = task
+    workload = workload_for(scenario, settings)
+    began = time.perf_counter()
+    result = run(workload, make_policy(key, workload.network))
+    return scenario, key, report.summarize(result, time.perf_counter() - began)
+
+
+# Written after reading the numbers of a full run; the tables above it are regenerated each time.
+ANALYSIS = ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small cluster and stream; seconds, for tests")
+    parser.add_argument("--out", help="directory for RESULTS.md and plots/ (default: bench/ for a full run; "
+                                      "a quick run writes nothing unless given)")
+    parser.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--trace-csv", help="also replay this trace (canonical CSV, see bench/traces.py)")
+    args = parser.parse_args(argv)
+    if args.processes < 1:
+        parser.error(f"--processes {args.processes}: must be 1 or more")
+    if args.trace_csv:
+        try:
+            load_csv(args.trace_csv)
+        except TraceError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    settings = QUICK if args.quick else FULL
+    out_dir = args.out or (None if args.quick else os.path.dirname(os.path.abspath(__file__)))
+    tasks = [(s, key, settings) for s in scenarios(settings, args.quick, args.trace_csv) for key in s.policies]
+    began = time.perf_counter()
+    results: dict[tuple[Scenario, str], report.Summary] = {}
+    if args.processes == 1:
+        for task in tasks:
+            scenario, key, summary = run_one(task)
+            results[scenario, key] = summary
+    else:
+        # Our core's runs are the slowest: start them first so the two workers finish together.
+        tasks.sort(key=lambda t: "ours" not in t[1])
+        with multiprocessing.Pool(args.processes) as pool:
+            for scenario, key, summary in pool.imap_unordered(run_one, tasks):
+                results[scenario, key] = summary
+    wall = time.perf_counter() - began
+    command = "/work/venv/bin/python bench/simulate.py" + (" --quick" if args.quick else "") + (
+        f" --trace-csv {args.trace_csv}" if args.trace_csv else "")
+    context = report.Context(command=command, seeds=SEEDS[:1] if args.quick else SEEDS, spec=settings.spec,
+                             cap_s=settings.cap_s, horizon_s=settings.horizon_s, allreduce_bytes=ALLREDUCE_BYTES,
+                             main_comm=MAIN_COMM, wall_s=wall, processes=args.processes,
+                             machine=f"{platform.machine()}, {os.cpu_count()} cores, "
+                                     f"Python {platform.python_version()}")
+    text = report.render(results, POLICY_KEYS, context, ANALYSIS)
+    if out_dir:
+        os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
+        with open(os.path.join(out_dir, "RESULTS.md"), "w", encoding="utf-8") as handle:
+            handle.write(text)
+        report.plot(results, POLICY_KEYS, os.path.join(out_dir, "plots"))
+        print(f"wrote {os.path.join(out_dir, 'RESULTS.md')} and plots/ in {wall:.0f} s")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

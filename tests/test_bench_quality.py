@@ -1,0 +1,259 @@
+"""The placement benchmark's parts: cost-model figures, trace loading, baselines, metrics, queue."""
+import random
+
+import pytest
+
+from bench import costmodel, engine, fabric, policies, simulate, traces
+from webhook.model import PlacementRequest, Strategy
+from webhook.placement import place
+
+H100 = fabric.ClusterSpec(zones=1, spines_per_zone=1, leaves_per_spine=2, nodes_per_leaf=8)
+A100_ISLANDS = fabric.ClusterSpec(zones=1, spines_per_zone=1, leaves_per_spine=1, nodes_per_leaf=2,
+                                  hardware=fabric.HARDWARE["a100-4x2"])
+SMALL = fabric.ClusterSpec(zones=1, spines_per_zone=2, leaves_per_spine=2, nodes_per_leaf=2)  # 8 nodes
+
+
+def node_names(cluster, leaf_index, count):
+    leaves = sorted({n.leaf for n in cluster.nodes})
+    return [n.name for n in cluster.nodes if n.leaf == leaves[leaf_index]][:count]
+
+
+def allreduce_ms(spec, placement, network=costmodel.Network()):
+    cluster = fabric.SimCluster(spec)
+    return 1e3 * costmodel.allreduce_seconds(cluster, spec.hardware.profile, network, placement, 1e9)
+
+
+def latency_ms(gpus, level):
+    """The alpha term, which the reference's worked example leaves out."""
+    return 2 * (gpus - 1) * costmodel.ALPHA_S[level] * 1e3
+
+
+# -- cost model: the worked example of traces-and-metrics.md 3.3 ------------------------------------
+
+def test_allreduce_one_nvswitch_node():
+    cluster = fabric.SimCluster(H100)
+    assert allreduce_ms(H100, {cluster.nodes[0].name: tuple(range(8))}) == pytest.approx(
+        4.7 + latency_ms(8, fabric.NVLINK), rel=0.01)
+
+
+def test_allreduce_two_islands_joined_by_pcie():
+    cluster = fabric.SimCluster(A100_ISLANDS)
+    assert allreduce_ms(A100_ISLANDS, {cluster.nodes[0].name: tuple(range(8))}) == pytest.approx(
+        70 + latency_ms(8, fabric.NODE), rel=0.01)
+
+
+def test_allreduce_two_nodes_of_four_and_eight_nodes_of_one():
+    cluster = fabric.SimCluster(H100)
+    two = node_names(cluster, 0, 2)
+    eight = node_names(cluster, 0, 8)
+    assert allreduce_ms(H100, {n: (0, 1, 2, 3) for n in two}) == pytest.approx(
+        9.1 + latency_ms(8, fabric.LEAF), rel=0.01)
+    assert allreduce_ms(H100, {n: (0,) for n in eight}) == pytest.approx(
+        36.46 + latency_ms(8, fabric.LEAF), rel=0.01)  # the reference rounds this to 36
+
+
+def test_allreduce_64_gpus_one_leaf_and_across_two_leaves():
+    cluster = fabric.SimCluster(H100)
+    one_leaf = {n: tuple(range(8)) for n in node_names(cluster, 0, 8)}
+    two_leaves = {n: tuple(range(8)) for n in node_names(cluster, 0, 4) + node_names(cluster, 1, 4)}
+    assert allreduce_ms(H100, one_leaf) == pytest.approx(5.3 + latency_ms(64, fabric.LEAF), rel=0.01)
+    assert allreduce_ms(H100, two_leaves, costmodel.Network(rho_leaf=2)) == pytest.approx(
+        10.6 + latency_ms(64, fabric.SPINE), rel=0.01)
+
+
+def test_imbalanced_span_rides_one_nic():
+    cluster = fabric.SimCluster(H100)
+    a, b = node_names(cluster, 0, 2)
+    profile = H100.hardware.profile
+    lopsided = costmodel.bus_bandwidth_gbs(cluster, profile, costmodel.Network(), {a: (0,), b: tuple(range(7))})
+    balanced = costmodel.bus_bandwidth_gbs(cluster, profile, costmodel.Network(), {a: (0, 1, 2, 3), b: (0, 1, 2, 3)})
+    assert lopsided == profile.nic_gbs
+    assert balanced == 4 * profile.nic_gbs
+
+
+def test_single_gpu_costs_nothing():
+    cluster = fabric.SimCluster(H100)
+    assert allreduce_ms(H100, {cluster.nodes[0].name: (3,)}) == 0.0
+
+
+# -- traces -----------------------------------------------------------------------------------------
+
+def write(tmp_path, text):
+    path = tmp_path / "trace.csv"
+    path.write_text(text)
+    return str(path)
+
+
+def test_csv_loader_shapes_jobs_and_rebases_time(tmp_path):
+    path = write(tmp_path, "job_id,submit_s,duration_s,num_gpus,gpu_milli,workers\n"
+                           "b,130,50,16,1000,\n"
+                           "a,100,600,0.5,500,\n"
+                           "cpu,110,10,0,,\n"
+                           "c,150,70,8,1000,4\n"
+                           "d,160,70,12,1000,\n")
+    jobs = traces.load_csv(path)
+    assert [(j.job_id, j.submit_s, j.pods, j.gpus_per_pod) for j in jobs] == [
+        ("a", 0, 1, 1),  # half a GPU rounds up to one
+        ("b", 30, 2, 8),  # above 8 GPUs: pods of 8
+        ("c", 50, 4, 2),  # the trace's worker count wins
+        ("d", 60, 2, 8),  # 12 GPUs without workers: rounded up to whole 8-GPU pods
+    ]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("job_id,submit_s,num_gpus\nx,1,2\n", "missing column(s) duration_s"),
+    ("job_id,submit_s,duration_s,num_gpus\nx,1,ten,2\n", "line 2: duration_s 'ten' is not a number"),
+    ("job_id,submit_s,duration_s,num_gpus\nx,-5,10,2\n", "line 2: submit_s '-5' must be a finite number >= 0"),
+    ("job_id,submit_s,duration_s,num_gpus\nx,1,10,0\n", "no GPU jobs"),
+])
+def test_csv_loader_rejects_bad_files_in_one_line(tmp_path, text, message):
+    with pytest.raises(traces.TraceError) as err:
+        traces.load_csv(write(tmp_path, text))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cli_reports_a_bad_trace_without_traceback(tmp_path, capsys):
+    assert simulate.main(["--quick", "--trace-csv", str(tmp_path / "absent.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: trace ") and "Traceback" not in err
+
+
+def test_stream_offers_the_asked_load_with_the_trace_sizes():
+    gpus, horizon = 512, 48 * 3600.0
+    jobs = traces.sample_stream("acme_seren", 0.8, gpus, horizon, 3 * 3600, seed=7)
+    offered = sum(j.gpus * j.duration_s for j in jobs) / (gpus * horizon)
+    assert offered == pytest.approx(0.8, rel=0.15)
+    single = sum(j.gpus == 1 for j in jobs) / len(jobs)
+    assert single == pytest.approx(0.54, abs=0.03)
+    assert all(j.gpus_per_pod == 8 for j in jobs if j.gpus > 8)
+    assert jobs == traces.sample_stream("acme_seren", 0.8, gpus, horizon, 3 * 3600, seed=7)
+
+
+# -- baselines and fabric -------------------------------------------------------------------------------
+
+def occupied(spec, used):
+    """A cluster with `used[i]` GPUs busy on node i (lowest ids)."""
+    cluster = fabric.SimCluster(spec)
+    for node, count in zip(cluster.nodes, used):
+        if count:
+            cluster.take(node.name, tuple(range(count)))
+    return cluster
+
+
+def placed_nodes(policy, cluster, pods, gpus):
+    policy.reset(cluster, seed=1)
+    result = policy.place(traces.Job("j", 0, 10, pods, gpus))
+    return None if result is None else [node for node, _ in result]
+
+
+def test_spread_takes_the_emptiest_node_and_best_fit_the_fullest_that_fits():
+    cluster = occupied(SMALL, [2, 6, 0, 7, 5, 8, 8, 8])
+    assert placed_nodes(policies.least_allocated(), cluster, 1, 2) == [cluster.nodes[2].name]
+    assert placed_nodes(policies.most_allocated(), cluster, 1, 2) == [cluster.nodes[1].name]
+
+
+def test_random_only_picks_nodes_with_room_and_gangs_fail_whole():
+    cluster = occupied(SMALL, [8, 8, 0, 8, 8, 8, 0, 8])
+    seen = {placed_nodes(policies.random_fit(), cluster, 1, 4)[0] for _ in range(5)}
+    assert seen <= {cluster.nodes[2].name, cluster.nodes[6].name}
+    assert placed_nodes(policies.random_fit(), cluster, 3, 8) is None
+
+
+def test_kueue_takes_the_best_fitting_leaf_then_escalates():
+    # Leaves of 2 nodes: leaf 0 has 2 free nodes, leaf 1 one, leaves 2 and 3 one each.
+    cluster = occupied(SMALL, [0, 0, 0, 8, 0, 8, 8, 0])
+    assert sorted(placed_nodes(policies.KueueBestFit(), cluster, 2, 8)) == sorted(node_names(cluster, 0, 2))
+    # No leaf holds 3: spine 0 (2 + 1 free nodes) does, spine 1 (1 + 1) does not.
+    three = placed_nodes(policies.KueueBestFit(), cluster, 3, 8)
+    assert len(set(three)) == 3 and len({cluster.by_name[n].spine for n in three}) == 1
+
+
+def test_kueue_single_pod_is_least_free_capacity():
+    cluster = occupied(SMALL, [2, 6, 0, 7, 5, 8, 8, 8])
+    assert placed_nodes(policies.KueueBestFit(), cluster, 1, 2) == [cluster.nodes[1].name]
+
+
+def test_device_plugin_gpu_choice_stays_in_one_nvlink_island():
+    cluster = fabric.SimCluster(A100_ISLANDS)
+    node = cluster.nodes[0]
+    cluster.take(node.name, (0, 4, 5))
+    assert fabric.pick_gpus(node, 3) == (1, 2, 3)
+    assert fabric.pick_gpus(node, 2) == (6, 7)  # the fuller island that still fits
+
+
+def test_tightest_domain_checks():
+    cluster = occupied(SMALL, [8, 1, 0, 8, 8, 8, 8, 0])
+    assert fabric.static_tightest(SMALL, 2, 8) == fabric.LEAF
+    assert fabric.dynamic_tightest(cluster, 2, 8) == fabric.ZONE  # free nodes 2 and 7 sit in different spines
+    assert fabric.dynamic_tightest(cluster, 1, 7) == fabric.NVLINK
+    assert fabric.dynamic_tightest(cluster, 3, 8) is None
+
+
+# -- metrics and queue ------------------------------------------------------------------------------------
+
+def test_fgd_fragmentation_counts_idle_gpus_a_typical_pod_cannot_use():
+    cluster = occupied(SMALL, [5, 0, 8, 8, 8, 8, 8, 8])
+    # Pods: half 1-GPU, half 8-GPU. Node 0's 3 idle GPUs are useless to the 8-GPU half.
+    assert engine.fgd_fragmentation(cluster, {1: 0.5, 8: 0.5}) == pytest.approx(1.5 / 11)
+
+
+def test_queue_backfills_small_jobs_and_rejects_what_never_fits():
+    spec = fabric.ClusterSpec(zones=1, spines_per_zone=1, leaves_per_spine=1, nodes_per_leaf=2)
+    jobs = (traces.Job("long", 0, 100, 1, 8), traces.Job("big", 1, 10, 2, 8), traces.Job("small", 2, 10, 1, 4),
+            traces.Job("huge", 3, 10, 3, 8))
+    workload = engine.Workload(spec, costmodel.Network(), jobs, 0.0, 1e9, 1, 0.0)
+    result = engine.run(workload, policies.most_allocated())
+    starts = {r.job.job_id: r.start_s for r in result.records}
+    assert starts == {"long": 0, "small": 2, "big": 100}
+    assert result.rejected == 1
+
+
+class AcrossLeaves(policies.Policy):
+    """Puts a 2-pod job on the first node of each of the first two leaves."""
+
+    def place(self, job):
+        return [(node_names(self.cluster, leaf, 1)[0], tuple(range(8))) for leaf in (0, 1)]
+
+
+def test_run_time_stretches_with_the_comm_share():
+    spec = fabric.ClusterSpec(zones=1, spines_per_zone=1, leaves_per_spine=2, nodes_per_leaf=2)
+    jobs = (traces.Job("pair", 0, 100, 2, 8),)
+    for share, run_s in ((0.0, 100.0), (0.5, 100 * (0.5 + 0.5 * 2))):  # rho_leaf 2 halves the bandwidth
+        workload = engine.Workload(spec, costmodel.Network(rho_leaf=2), jobs, share, 1e9, 1, 0.0)
+        record = engine.run(workload, AcrossLeaves()).records[0]
+        assert record.span == fabric.SPINE and record.static_tightest == fabric.LEAF
+        assert record.run_s == pytest.approx(run_s, rel=0.01)
+
+
+# -- our core in the simulator ------------------------------------------------------------------------------
+
+def test_balanced_decides_like_consolidated():
+    """Why the benchmark runs balanced only once: the core gives it the same placement."""
+    rng = random.Random(3)
+    cluster = fabric.SimCluster(SMALL)
+    ours = policies.Ours(Strategy.CONSOLIDATED, costmodel.Network())
+    ours.reset(cluster, 0)
+    for i in range(40):
+        pods, gpus = rng.choice([(1, 1), (1, 2), (1, 4), (1, 8), (2, 8), (3, 8)])
+        job = traces.Job(f"j{i}", 0, 10, pods, gpus)
+        decisions = [place(ours.index, PlacementRequest("Job sim/x", pods, gpus, s))
+                     for s in (Strategy.CONSOLIDATED, Strategy.BALANCED)]
+        assert decisions[0].assignment == decisions[1].assignment
+        placement = ours.place(job)
+        if placement:
+            for node, ids in placement:
+                cluster.take(node, ids)
+            ours.started(job, placement)
+    assert cluster.used > 0  # the states compared were not all empty
+
+
+def test_quick_run_compares_every_policy_on_the_same_jobs(capsys):
+    assert simulate.main(["--quick", "--processes", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "## Verdict against the targets" in text
+    first_table = text[text.index("| policy | GPU allocation"):].split("\n\n")[0].splitlines()[2:]
+    assert [row.split(" | ")[0].lstrip("| ") for row in first_table] == [
+        "spread (LeastAllocated)", "best-fit (MostAllocated)", "random", "Kueue TAS BestFit",
+        "ours (consolidated)", "ours (distributed)"]
+    jobs = {row.rstrip(" |").rsplit("| ", 1)[1] for row in first_table}
+    assert len(jobs) == 1 and jobs.pop().isdigit()  # every policy ran every job, none left unstarted
