@@ -9,8 +9,8 @@ is not hidden). Client and servers share the machine's cores: figures include th
 It also times admission.review() alone in this process on the same cluster and reviews, which
 separates the decision path's cost from the server's.
 
-    /work/venv/bin/python bench/admission_bench.py            # full run (about 2 minutes)
-    /work/venv/bin/python bench/admission_bench.py --quick    # smoke run
+    .venv/bin/python bench/admission_bench.py            # full run (about 2 minutes)
+    .venv/bin/python bench/admission_bench.py --quick    # smoke run
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Live cluster view benchmark: initial sync, event throughput, memory, admission latency under churn.
 
-    /work/venv/bin/python -m bench.clusterview_bench              # 1k, 5k, 10k nodes (under 5 min)
-    /work/venv/bin/python -m bench.clusterview_bench --nodes 1000 # one size
+    .venv/bin/python -m bench.clusterview_bench              # 1k, 5k, 10k nodes (under 5 min)
+    .venv/bin/python -m bench.clusterview_bench --nodes 1000 # one size
 
 Each size runs in a fresh process (so resident memory is that size's alone) holding one
 LiveClusterView, the real `kubernetes` client and the real ClusterIndex; the fake API server

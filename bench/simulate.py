@@ -1,8 +1,8 @@
 """Placement quality benchmark: our placement core against the placements users would otherwise get.
 
-    /work/venv/bin/python bench/simulate.py            # full run: bench/RESULTS.md and bench/plots/*.png
-    /work/venv/bin/python bench/simulate.py --quick    # seconds: a small cluster, prints the tables
-    /work/venv/bin/python bench/simulate.py --trace-csv my.csv   # also replay a trace in the canonical CSV
+    .venv/bin/python bench/simulate.py            # full run: bench/RESULTS.md and bench/plots/*.png
+    .venv/bin/python bench/simulate.py --quick    # seconds: a small cluster, prints the tables
+    .venv/bin/python bench/simulate.py --trace-csv my.csv   # also replay a trace in the canonical CSV
 
 Every policy sees the same cluster, the same job stream (fixed seeds) and the same queue discipline
 (bench/engine.py). Method and caveats are written into RESULTS.md next to the numbers.
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             for scenario, key, summary in pool.imap_unordered(run_one, tasks):
                 results[scenario, key] = summary
     wall = time.perf_counter() - began
-    command = "/work/venv/bin/python bench/simulate.py" + (" --quick" if args.quick else "") + (
+    command = ".venv/bin/python bench/simulate.py" + (" --quick" if args.quick else "") + (
         f" --trace-csv {args.trace_csv}" if args.trace_csv else "")
     context = report.Context(command=command, seeds=SEEDS[:1] if args.quick else SEEDS, spec=settings.spec,
                              cap_s=settings.cap_s, horizon_s=settings.horizon_s, allreduce_bytes=ALLREDUCE_BYTES,
