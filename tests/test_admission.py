@@ -257,6 +257,33 @@ def test_a_cronjob_is_placed_without_reserving_and_its_job_is_placed_afresh(inde
     valid(patched(made, job_result))
 
 
+def deletion(obj: dict, dry_run: bool = False) -> dict:
+    """A DELETE review as the apiserver sends it: no object, the stored object as oldObject."""
+    body = admission.make_review(obj, operation="DELETE", dry_run=dry_run, uid=f"delete-{dry_run}")
+    body["request"].update(object=None, oldObject=body["request"]["object"], name=obj["metadata"]["name"],
+                           options={"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"})
+    return body
+
+
+def test_deleting_a_placed_workload_releases_its_reservation_and_is_allowed(index):
+    stored = patched(job(), run(job(), index))
+    result = run(deletion(stored, dry_run=True), index)
+    assert result.outcome == "ignored" and list(index.reservations) == ["ml/Job/train"]
+    result = run(deletion(stored), index)
+    assert result.outcome == "released" and result.review["response"]["allowed"] is True
+    assert "patch" not in result.review["response"] and index.reservations == {}
+
+
+def test_deleting_a_replicaset_keeps_its_deployments_reservation(index):
+    deployment = workload("Deployment", name="serve", replicas=2,
+                          annotations={"topology.scheduler/placement-strategy": "consolidated"})
+    stored = patched(deployment, run(deployment, index))
+    replica_set = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                   "metadata": {"name": "serve-5d8f", "namespace": "ml"}, "spec": deep(stored["spec"])}
+    result = run(deletion(replica_set), index)
+    assert result.outcome == "ignored" and list(index.reservations) == ["ml/Deployment/serve"]
+
+
 # -- denials ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("annotations, fragments", [

@@ -52,6 +52,7 @@ VALUE_SETS = {
     "three-replicas-hard-anti-affinity": {"replicas": 3, "podAntiAffinity": "hard"},
     "fail-closed": {"webhook": {"failurePolicy": "Fail"}},
     "no-match-conditions": {"webhook": {"matchConditions": {"enabled": False}}},
+    "no-release-on-delete": {"webhook": {"releaseOnDelete": False}},
     "everything-on": {
         "discovery": {"enabled": True}, "serviceMonitor": {"enabled": True},
         "webhook": {"namespaceLabels": {"topology.scheduler/enabled": "true"}},
@@ -92,9 +93,15 @@ def one(case: str, kind: str, name: str | None = None) -> dict:
     return found[0]
 
 
-def webhook_entry(case: str) -> dict:
-    (entry,) = one(case, "MutatingWebhookConfiguration")["webhooks"]
-    return entry
+PLACEMENT_WEBHOOK, RELEASE_WEBHOOK = "placement.topology.scheduler", "release.topology.scheduler"
+
+
+def webhook_entries(case: str) -> dict[str, dict]:
+    return {entry["name"]: entry for entry in one(case, "MutatingWebhookConfiguration")["webhooks"]}
+
+
+def webhook_entry(case: str, name: str = PLACEMENT_WEBHOOK) -> dict:
+    return webhook_entries(case)[name]
 
 
 def webhook_container(case: str) -> dict:
@@ -183,11 +190,12 @@ def test_every_object_passes_the_kubernetes_schema(case, version):
 @pytest.mark.parametrize("case", VALUE_SETS)
 def test_webhook_service_name_port_and_path_reach_the_server(case):
     service = one(case, "Service")
-    client = webhook_entry(case)["clientConfig"]["service"]
-    assert (client["name"], client["namespace"]) == (service["metadata"]["name"], NAMESPACE)
-    assert client["path"] == MUTATE_PATH
     (port,) = service["spec"]["ports"]
-    assert port["port"] == client["port"] == 443
+    for entry in webhook_entries(case).values():
+        client = entry["clientConfig"]["service"]
+        assert (client["name"], client["namespace"]) == (service["metadata"]["name"], NAMESPACE)
+        assert client["path"] == MUTATE_PATH
+        assert port["port"] == client["port"] == 443
     container = webhook_container(case)
     (container_port,) = container["ports"]
     assert port["targetPort"] == container_port["name"]
@@ -260,7 +268,7 @@ def generated_material(case: str = "defaults"):
     secret = one(case, "Secret", f"{FULLNAME}-tls")
     assert secret["type"] == "kubernetes.io/tls"
     decode = lambda key: base64.b64decode(secret["data"][key])  # noqa: E731
-    ca_bundle = base64.b64decode(webhook_entry(case)["clientConfig"]["caBundle"])
+    (ca_bundle,) = {base64.b64decode(e["clientConfig"]["caBundle"]) for e in webhook_entries(case).values()}
     return ca_bundle, decode("tls.crt"), decode("tls.key"), decode("ca.crt")
 
 
@@ -290,7 +298,7 @@ def test_generated_ca_is_kept_in_its_own_secret_and_not_mounted():
 def test_cert_manager_renews_the_serving_certificate_under_a_stable_ca():
     configuration = one("cert-manager", "MutatingWebhookConfiguration")
     assert configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{FULLNAME}-serving"
-    assert "caBundle" not in webhook_entry("cert-manager")["clientConfig"]
+    assert all("caBundle" not in e["clientConfig"] for e in webhook_entries("cert-manager").values())
     serving = one("cert-manager", "Certificate", f"{FULLNAME}-serving")["spec"]
     assert sorted(serving["dnsNames"]) == sorted(SERVICE_DNS_NAMES)
     assert serving["secretName"] == f"{FULLNAME}-tls"
@@ -312,7 +320,7 @@ def test_cert_manager_with_an_issuer_of_your_own_creates_no_issuer():
 
 
 def test_existing_secret_mode_passes_the_ca_bundle_through_and_creates_no_secret():
-    assert webhook_entry("existing-secret")["clientConfig"]["caBundle"] == OWN_CA_BUNDLE
+    assert {e["clientConfig"]["caBundle"] for e in webhook_entries("existing-secret").values()} == {OWN_CA_BUNDLE}
     assert not objects("existing-secret", "Secret")
     assert not objects("existing-secret", "Certificate")
 
@@ -336,14 +344,15 @@ def test_webhook_registration(case, failure_policy):
 
 @pytest.mark.parametrize("case", VALUE_SETS)
 def test_webhook_never_gates_its_own_namespace_or_the_control_plane(case):
-    (expression,) = webhook_entry(case)["namespaceSelector"]["matchExpressions"]
-    assert expression["key"] == "kubernetes.io/metadata.name" and expression["operator"] == "NotIn"
-    assert {"kube-system", "kube-node-lease", NAMESPACE} <= set(expression["values"])
+    for entry in webhook_entries(case).values():
+        (expression,) = entry["namespaceSelector"]["matchExpressions"]
+        assert expression["key"] == "kubernetes.io/metadata.name" and expression["operator"] == "NotIn"
+        assert {"kube-system", "kube-node-lease", NAMESPACE} <= set(expression["values"])
 
 
 def test_namespace_opt_in_labels_narrow_the_selector():
-    selector = webhook_entry("everything-on")["namespaceSelector"]
-    assert selector["matchLabels"] == {"topology.scheduler/enabled": "true"}
+    for entry in webhook_entries("everything-on").values():
+        assert entry["namespaceSelector"]["matchLabels"] == {"topology.scheduler/enabled": "true"}
     assert "matchLabels" not in webhook_entry("defaults")["namespaceSelector"]
 
 
@@ -351,15 +360,16 @@ class CelError(Exception):
     """What the apiserver reports when a CEL expression reads a field that is not there."""
 
 
-def evaluate_match_condition(expression: str, obj: dict) -> bool:
+def evaluate_match_condition(expression: str, obj: dict, root: str = "object") -> bool:
     """Evaluate the chart's CEL with the apiserver's semantics for the subset it uses.
 
     has(a.b.c) is true when c is present in a.b (and an error when a.b itself is missing), a field
-    read of a missing key is an error, and `&&`/`||` short-circuit. Anything outside the subset
+    read of a missing key is an error, `'key' in map` tests a key, and `&&`/`||` short-circuit.
+    `root` names the variable `obj` is bound to (`oldObject` on DELETE). Anything outside the subset
     fails the test, so a change to the expression cannot slip past this evaluator unchecked.
     """
     def walk(path: str):
-        node = {"object": obj}
+        node = {root: obj}
         for key in path.split("."):
             if not isinstance(node, dict) or key not in node:
                 raise CelError(f"no such key: {key} (in {path})")
@@ -370,10 +380,11 @@ def evaluate_match_condition(expression: str, obj: dict) -> bool:
         parent, _, key = path.rpartition(".")
         return key in walk(parent)
 
-    path = r"(object(?:\.\w+)+)"
+    path = r"((?:object|oldObject)(?:\.\w+)+)"
     python = re.sub(rf"has\({path}\)", r"has('\1')", expression)
     python = re.sub(rf"{path}\.exists\(k, k\.startsWith\('([^']*)'\)\)", r"any(k.startswith('\2') for k in walk('\1'))", python)
     python = re.sub(rf"{path} in (\[[^\]]*\])", r"walk('\1') in \2", python)
+    python = re.sub(rf"('[^']*') in {path}", r"\1 in walk('\2')", python)
     python = python.replace("&&", " and ").replace("||", " or ")
     leftover = set(re.findall(r"[A-Za-z_]\w*", re.sub(r"'[^']*'|\"[^\"]*\"", "", python)))
     assert leftover <= {"has", "walk", "any", "k", "startswith", "for", "in", "and", "or"}, leftover
@@ -418,7 +429,27 @@ def test_match_condition_uses_the_configured_scheduler_names():
 
 
 def test_match_conditions_can_be_switched_off():
-    assert "matchConditions" not in webhook_entry("no-match-conditions")
+    assert all("matchConditions" not in e for e in webhook_entries("no-match-conditions").values())
+
+
+@pytest.mark.parametrize("case", ["defaults", "fail-closed"])
+def test_release_webhook_sees_deletes_of_placed_workloads_and_never_blocks_them(case):
+    entry = webhook_entry(case, RELEASE_WEBHOOK)
+    assert entry["failurePolicy"] == "Ignore" and entry["sideEffects"] == "NoneOnDryRun"
+    registered = {(group, resource) for rule in entry["rules"] for group in rule["apiGroups"]
+                  for resource in rule["resources"]}
+    assert registered == {("batch", "jobs"), ("apps", "deployments"), ("apps", "statefulsets"), ("apps", "replicasets")}
+    assert all(rule["operations"] == ["DELETE"] for rule in entry["rules"])
+    (condition,) = entry["matchConditions"]
+    placed = pod_template({"topology.scheduler/gpu-count": "8", "topology.scheduler/reservation": "ml/Job/train"})
+    assert evaluate_match_condition(condition["expression"], workload("Job", placed), root="oldObject")
+    unplaced = pod_template({"topology.scheduler/gpu-count": "8"})
+    assert not evaluate_match_condition(condition["expression"], workload("Job", unplaced), root="oldObject")
+    assert not evaluate_match_condition(condition["expression"], workload("Job", pod_template()), root="oldObject")
+
+
+def test_release_on_delete_can_be_switched_off():
+    assert set(webhook_entries("no-release-on-delete")) == {PLACEMENT_WEBHOOK}
 
 
 # --- A safe deployment ---------------------------------------------------------------------------

@@ -188,6 +188,17 @@ def test_reservations_confirm_expire_and_never_double_book(cluster):
     assert cluster.stats().gpus_reserved == 0 and cluster.stats().gpus_used == 8
 
 
+def test_deleting_a_pending_pod_ends_its_own_reservation_but_not_its_owners(cluster):
+    place_and_reserve(cluster, request(1), "ml/Pod/solo", now=0)
+    place_and_reserve(cluster, request(2), "ml/Job/train", now=0)
+    assert cluster.stats().gpus_reserved == 24
+    cluster.upsert_pod(make_pod("train-0", None, 8, "ml", annotations={"topology.scheduler/reservation": "ml/Job/train"}))
+    cluster.delete_pod(make_pod("train-0", None, 8, "ml", annotations={"topology.scheduler/reservation": "ml/Job/train"}))
+    assert set(cluster.reservations) == {"ml/Pod/solo", "ml/Job/train"}  # the Job makes another pod
+    cluster.delete_pod(make_pod("solo", None, 8, "ml", annotations={"topology.scheduler/reservation": "ml/Pod/solo"}))
+    assert set(cluster.reservations) == {"ml/Job/train"} and cluster.stats().gpus_reserved == 16
+
+
 def test_replacing_the_same_workload_does_not_count_it_twice(cluster):
     first = place_and_reserve(cluster, request(4), "ns/Job/a", now=0)
     again = place_and_reserve(cluster, request(4), "ns/Job/a", now=0)

@@ -7,8 +7,10 @@ answer inside a 200 review (allowed, patched, warned or denied). An exception an
 reported as outcome "failed-open" for the app to count.
 
 Flow: kind and operation we handle -> object of ours -> the fields we use have their API types ->
-not a pod of a template we already placed, not bound to a node -> ready -> read the request (from the object without our earlier additions) -> an UPDATE of a
-workload we placed keeps that placement -> place and reserve -> mutate -> JSONPatch -> response.
+not a pod of a template we already placed, not bound to a node -> ready -> read the request (from
+the object without our earlier additions) -> an UPDATE of a workload we placed keeps that
+placement -> place and reserve -> mutate -> JSONPatch -> response. A DELETE of a workload we
+placed releases what its reservation still holds, and is always allowed.
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ class AdmissionResult:
     kind: str  # "Pod", "Job", ... ("" when the review had none)
     namespace: str
     name: str  # metadata.name, else generateName
-    outcome: str  # "ignored" | "placed" | "waiting" | "denied" | "failed-open" | "not-ready"
+    outcome: str  # "ignored" | "placed" | "waiting" | "denied" | "failed-open" | "not-ready" | "released"
     strategy: str | None
     decision: Decision | None
     warnings: tuple[str, ...]
@@ -155,6 +157,8 @@ def _parse(body: object) -> _Request:
 def _admit(request: _Request, index: "ClusterIndex", config: Config, now: float,
            readiness: tuple[bool, str]) -> AdmissionResult:
     kind, obj = request.kind, request.obj
+    if request.operation == "DELETE":
+        return _released(request, index)
     if (obj is None or not workload.supports(request.group, kind)
             or request.operation not in OPERATIONS[kind] or not workload.is_ours(kind, obj, config)):
         return _result(request, "ignored")
@@ -205,6 +209,20 @@ def _kept(request: _Request, config: Config, wanted: workload.Workload) -> Admis
                         "the placement made at creation is kept (recreate the workload to place it again)")
     mutated = mutation.carry_over(old, obj, kind, config)
     return _result(request, "ignored", operations=make_patch(obj, mutated), warnings=warnings)
+
+
+def _released(request: _Request, index: "ClusterIndex") -> AdmissionResult:
+    """A workload we placed is being deleted: free the GPUs its unbound pods still hold. Only the
+    workload's own key: a Job's pods and a Deployment's ReplicaSets carry their owner's key, and
+    deleting one of them does not end the owner. Dry runs release nothing."""
+    kind, old = request.kind, request.old
+    if old is None or request.dry_run or not workload.supports(request.group, kind) or kind not in _RESERVES:
+        return _result(request, "ignored")
+    key = mutation.reservation_of(old, kind)
+    if key is None or not key.startswith(f"{request.namespace}/{kind}/"):
+        return _result(request, "ignored")
+    index.release(key)
+    return _result(request, "released")
 
 
 def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str:

@@ -467,8 +467,14 @@ class ClusterIndex:
         node.pods[key] = (gpus, ids or node.pick_gpus(gpus, taken))
 
     def delete_pod(self, pod: Mapping) -> None:
+        """A pod is gone. A pod placed on its own (not from a workload's template) is its own
+        workload: its deletion ends the reservation it may still hold."""
         with self.lock:
             self._forget_pod(pod_key(pod))
+            meta = pod.get("metadata") or {}
+            reservation = str((meta.get("annotations") or {}).get(RESERVATION_ANNOTATION) or "")
+            if reservation.startswith(f"{meta.get('namespace', '')}/Pod/"):
+                self.release(reservation)
 
     def _forget_pod(self, key: str) -> None:
         node_name = self.pod_nodes.pop(key, None)

@@ -118,6 +118,13 @@ def already_placed(obj: Mapping, kind: str) -> bool:
     return pinned and preferred and spread
 
 
+def reservation_of(obj: Mapping, kind: str) -> str | None:
+    """The reservation key written on the pod template when the workload was placed."""
+    template = pod_template(kind, obj) or {}
+    key = _annotations(template.get("metadata") or {}).get(RESERVATION)
+    return str(key) if key else None
+
+
 def pins(decision: Decision, config: Config) -> bool:
     """Whether the decision becomes required node affinity rather than a preference: placed
     consolidated and distributed workloads are pinned to their domain (distributed to the scope

@@ -100,3 +100,40 @@ the schedulers the webhook stands in for.
 {{- end -}}
 {{- join "\n|| " $terms -}}
 {{- end -}}
+
+{{/*
+The release webhook's match condition: the deleted workload's pod template carries the
+reservation key the placement wrote (DELETE sends the stored object as oldObject).
+*/}}
+{{- define "topology-webhook.reservationExpression" -}}
+{{- $annotations := "oldObject.spec.template.metadata.annotations" -}}
+{{- printf "%s && 'topology.scheduler/reservation' in %s" (include "topology-webhook.celPresent" $annotations) $annotations -}}
+{{- end -}}
+
+{{/*
+Where the apiserver sends reviews, and for which namespaces; the same for both webhooks.
+Called with (list . fullname caBundle).
+*/}}
+{{- define "topology-webhook.webhookTarget" -}}
+{{- $root := index . 0 -}}
+clientConfig:
+  service:
+    name: {{ index . 1 }}
+    namespace: {{ $root.Release.Namespace }}
+    path: /mutate
+    port: {{ $root.Values.service.port }}
+  {{- with index . 2 }}
+  caBundle: {{ . }}
+  {{- end }}
+namespaceSelector:
+  matchExpressions:
+    # The release's own namespace is always excluded: the webhook never gates its own pods.
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values:
+        {{- toYaml (append $root.Values.webhook.excludeNamespaces $root.Release.Namespace | uniq) | nindent 8 }}
+  {{- with $root.Values.webhook.namespaceLabels }}
+  matchLabels:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
