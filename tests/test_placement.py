@@ -205,6 +205,16 @@ def test_replacing_the_same_workload_does_not_count_it_twice(cluster):
     assert first.nodes == again.nodes and cluster.stats().gpus_reserved == 32
 
 
+def test_a_renewed_reservation_lasts_from_its_renewal(cluster):
+    ttl = Config().reservation_ttl_seconds
+    place_and_reserve(cluster, request(1), "ns/Job/a", now=0)
+    place_and_reserve(cluster, request(1), "ns/Job/a", now=ttl / 2)  # reinvoked or retried
+    cluster.expire_reservations(now=ttl + 1)
+    assert set(cluster.reservations) == {"ns/Job/a"}
+    cluster.expire_reservations(now=ttl * 1.5)
+    assert cluster.reservations == {} and cluster.stats().gpus_reserved == 0
+
+
 def test_dry_run_reserves_nothing(cluster):
     place_and_reserve(cluster, request(4), None, now=0)
     assert cluster.stats().gpus_reserved == 0

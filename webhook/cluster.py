@@ -17,6 +17,7 @@ node's hostname, so placement never assumes they share a switch with anyone.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 import threading
 from collections import OrderedDict
@@ -238,6 +239,9 @@ class ClusterIndex:
         self.orphan_pods: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {}  # pods bound to unknown nodes
         self.pod_nodes: dict[str, str] = {}  # pod key -> node name it is counted on
         self.reservations: dict[str, Reservation] = {}
+        # (expires_at, key) of every hold made, soonest first: expiry runs before every decision
+        # and must not scan all holds. An entry whose hold was since released or renewed is skipped.
+        self.expiry: list[tuple[float, str]] = []
         # Inverted indexes over GPU nodes, to judge a request's node constraints without a scan.
         self.taint_counts: dict[tuple[str, str, str], int] = {}
         self.by_label: dict[tuple[str, str], set[str]] = {}  # (key, value) -> node names
@@ -503,6 +507,7 @@ class ClusterIndex:
             pods = sum(len(sets) for sets in held.values())
             if pods:
                 self.reservations[key] = Reservation(key, tuple(held), expires_at, pods)
+                heapq.heappush(self.expiry, (expires_at, key))
 
     def release(self, key: str) -> None:
         with self.lock:
@@ -535,8 +540,11 @@ class ClusterIndex:
 
     def expire_reservations(self, now: float) -> None:
         with self.lock:
-            for key in [k for k, r in self.reservations.items() if r.expires_at <= now]:
-                self.release(key)
+            while self.expiry and self.expiry[0][0] <= now:
+                expires_at, key = heapq.heappop(self.expiry)
+                reservation = self.reservations.get(key)
+                if reservation is not None and reservation.expires_at == expires_at:
+                    self.release(key)
 
     # -- reading -----------------------------------------------------------------------------
 

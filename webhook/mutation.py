@@ -96,9 +96,14 @@ def carry_over(old: Mapping, new: Mapping, kind: str, config: Config) -> dict:
                     config)
 
 
-def without_injection(obj: Mapping, kind: str) -> dict:
-    """A new object with our previous additions removed: the object as the user wrote it, which is
-    what a workload is read from (so a re-placement is not confined by our own old pin)."""
+def without_injection(obj: Mapping, kind: str) -> Mapping:
+    """The object with our previous additions removed: the object as the user wrote it, which is
+    what a workload is read from (so a re-placement is not confined by our own old pin). For
+    reading only: an object that carries nothing of ours is returned as it is, not copied."""
+    template = pod_template(kind, obj) or {}
+    meta = template.get("metadata")
+    if not isinstance(meta, Mapping) or not any(key in _annotations(meta) for key in OUTPUT_ANNOTATIONS):
+        return obj
     return _rewrite(obj, kind, lambda *_: Injection(), dict.fromkeys(OUTPUT_ANNOTATIONS), None)
 
 
