@@ -11,6 +11,12 @@ separates the decision path's cost from the server's.
 
     .venv/bin/python bench/admission_bench.py            # full run (about 2 minutes)
     .venv/bin/python bench/admission_bench.py --quick    # smoke run
+    .venv/bin/python bench/admission_bench.py --compare-with ../before   # review() here vs another checkout
+
+--compare-with times admission.review() in process for this checkout and another one (say a
+`git worktree` of an earlier commit) in alternating subprocesses on the same cluster and reviews,
+and prints the paired ratios: how a change moved the decision path's cost, with the machine's
+drift during the run cancelled as far as alternation can.
 """
 from __future__ import annotations
 
@@ -30,7 +36,8 @@ import threading
 import time
 import uuid
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+HERE = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(os.environ.get(TREE_ENV := "ADMISSION_BENCH_TREE") or HERE)  # whose webhook package is timed
 sys.path.insert(0, str(ROOT))
 
 from webhook import admission, certs, demo  # noqa: E402
@@ -167,15 +174,19 @@ def run_threads(target, count: int, pass_index: bool = False) -> None:
 def summary(latencies: list[float], elapsed: float) -> dict:
     ordered = sorted(latencies)
     return {"n": len(ordered), "rps": len(ordered) / elapsed,
-            "p50_ms": 1000 * statistics.median(ordered),
+            "p50_ms": 1000 * statistics.median(ordered), "mean_ms": 1000 * statistics.fmean(ordered),
             "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]}
 
 
-def in_process(nodes: list[dict], pods: list[dict], bodies: list[bytes]) -> dict:
-    """admission.review() alone on the same cluster and reviews: the decision path without HTTP/TLS."""
+def in_process(nodes: list[dict], pods: list[dict], bodies: list[bytes], warm_up: int = 0) -> dict:
+    """admission.review() alone on the same cluster and reviews: the decision path without HTTP/TLS.
+    The first `warm_up` reviews are not timed."""
     config = Config()
     index, _ = cluster_view(config, (nodes, pods))
     reviews = [json.loads(body) for body in bodies]
+    for review in reviews[:warm_up]:
+        admission.review(review, index, config, time.time())
+    reviews = reviews[warm_up:]
     latencies = []
     began = time.perf_counter()
     for review in reviews:
@@ -183,6 +194,26 @@ def in_process(nodes: list[dict], pods: list[dict], bodies: list[bytes]) -> dict
         admission.review(review, index, config, time.time())
         latencies.append(time.perf_counter() - started)
     return summary(latencies, time.perf_counter() - began)
+
+
+def compare(other: pathlib.Path, nodes: int, rounds: int) -> None:
+    """admission.review() of this checkout against `other`'s, alternating, one subprocess each."""
+    def timed(tree: pathlib.Path) -> dict:
+        output = subprocess.run([sys.executable, __file__, "--in-process", "--nodes", str(nodes)], check=True,
+                                capture_output=True, text=True, env={**os.environ, TREE_ENV: str(tree)}).stdout
+        return json.loads(output.splitlines()[-1])
+
+    print(f"machine: {machine()}; load average before: {os.getloadavg()[0]:.2f}; {nodes} nodes, {rounds} rounds")
+    print(f"\n| round | {other} p50 ms | p99 ms | {HERE} p50 ms | p99 ms | p50 ratio | mean ratio |")
+    print("|---|---|---|---|---|---|---|")
+    ratios = []
+    for round_number in range(1, rounds + 1):
+        before, after = timed(other), timed(HERE)
+        ratios.append(after["mean_ms"] / before["mean_ms"])
+        print(f"| {round_number} | {before['p50_ms']:.2f} | {before['p99_ms']:.2f} | {after['p50_ms']:.2f} | "
+              f"{after['p99_ms']:.2f} | {after['p50_ms'] / before['p50_ms']:.2f} | {ratios[-1]:.2f} |")
+    print(f"\nmedian mean-time ratio (this checkout / other): {statistics.median(ratios):.2f}; "
+          f"load average after: {os.getloadavg()[0]:.2f}")
 
 
 def serve_empty(bind: str, cert: str, key: str) -> None:
@@ -223,10 +254,21 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="per measurement (default: %(default)s)")
     parser.add_argument("--rate", type=float, default=200.0, help="open-loop rate, reviews/s (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="1,000 nodes and 2 s per measurement")
+    parser.add_argument("--compare-with", type=pathlib.Path, metavar="CHECKOUT",
+                        help="time admission.review() here and in CHECKOUT, alternating; no servers")
+    parser.add_argument("--rounds", type=int, default=5, help="with --compare-with (default: %(default)s)")
     parser.add_argument("--serve-empty", nargs=3, metavar=("BIND", "CERT", "KEY"), help=argparse.SUPPRESS)
+    parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_empty:
         serve_empty(*args.serve_empty)
+        return
+    if args.in_process:  # one side of --compare-with: a JSON line of admission.review() timings
+        nodes, pods = cluster(args.nodes)
+        print(json.dumps(in_process(nodes, pods, review_bodies(3500), warm_up=500)))
+        return
+    if args.compare_with:
+        compare(args.compare_with.resolve(), args.nodes, args.rounds)
         return
     if args.quick:
         args.nodes, args.seconds = 1000, 2.0
