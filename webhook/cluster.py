@@ -40,7 +40,8 @@ MAX_VIEWS = 32
 class Domain:
     """One topology domain and the capacity aggregates of the nodes below it."""
 
-    __slots__ = ("ref", "parent", "children", "free_hist", "cap", "ever", "free_gpus", "alloc_gpus", "nodes")
+    __slots__ = ("ref", "parent", "children", "free_hist", "cap", "ever", "free_gpus", "alloc_gpus", "nodes",
+                 "partly_used")
 
     def __init__(self, ref: DomainRef, parent: "Domain | None", width: int):
         self.ref = ref
@@ -52,6 +53,7 @@ class Domain:
         self.free_gpus = 0
         self.alloc_gpus = 0  # GPUs of eligible nodes
         self.nodes = 0
+        self.partly_used = 0  # nodes with some GPUs taken and some free: where small jobs run
 
     def slots(self, gpus: int) -> int:
         """Nodes that can take one more pod of `gpus` GPUs (distributed placement counts these)."""
@@ -315,7 +317,7 @@ class ClusterIndex:
             domain.free_hist = [0] * (width + 1)
             domain.cap = [0] * (width + 1)
             domain.ever = [0] * (width + 1)
-            domain.free_gpus = domain.alloc_gpus = domain.nodes = 0
+            domain.free_gpus = domain.alloc_gpus = domain.nodes = domain.partly_used = 0
         for node in self.nodes.values():
             self._account(node, +1)
 
@@ -328,8 +330,10 @@ class ClusterIndex:
         caps = [0] + [free // g for g in range(1, self.width + 1)]
         evers = [0] + [alloc // g for g in range(1, self.width + 1)]
         bucket = min(free, self.width)
+        partly = sign * (0 < free < alloc)
         for domain in self.ancestors(node):
             domain.free_hist[bucket] += sign
+            domain.partly_used += partly
             cap, ever = domain.cap, domain.ever
             for g in range(1, self.width + 1):
                 cap[g] += sign * caps[g]
@@ -358,9 +362,11 @@ class ClusterIndex:
         node.free = after
         deltas = [0] + [after // g - before // g for g in range(1, self.width + 1)]
         old_bucket, new_bucket = min(before, self.width), min(after, self.width)
+        partly = (0 < after < node.alloc) - (0 < before < node.alloc)
         for domain in self.ancestors(node):
             domain.free_hist[old_bucket] -= 1
             domain.free_hist[new_bucket] += 1
+            domain.partly_used += partly
             cap = domain.cap
             for g in range(1, self.width + 1):
                 cap[g] += deltas[g]

@@ -234,7 +234,8 @@ def _tightest_fit(view: ClusterIndex, scope: Member, pods: int, gpus: int) -> Me
 
 def _tightest_node(scope: Member, need: int, gpus: int) -> NodeState | None:
     """Hierarchical best fit for a single node: the smallest free count that holds `need`, found
-    from the root's histogram, then down through the fullest domains that have such a node."""
+    from the root's histogram, then down through the domains that have such a node, those with
+    the most partly used nodes first, the fullest among equals."""
     if isinstance(scope, NodeState):
         return scope if scope.free >= need else None
     hist = scope.free_hist
@@ -248,7 +249,9 @@ def _tightest_node(scope: Member, need: int, gpus: int) -> NodeState | None:
         if isinstance(kids[0], NodeState):
             # Among equally full nodes, one whose NVLink domain holds the pod whole wins.
             return min(kids, key=lambda n: (not _aligned(n, gpus), n.name))
-        member = min(kids, key=lambda d: (_cap(d, gpus), _free(d), _path(d)))
+        # Where small jobs already run, then the fullest: the gaps of a domain that a big job
+        # holds would break that domain up when the job ends (bench/RESULTS.md measures this).
+        member = min(kids, key=lambda d: (-d.partly_used, _cap(d, gpus), _free(d), _path(d)))
     return member
 
 
