@@ -89,7 +89,7 @@ def carry_over(old: Mapping, new: Mapping, kind: str, config: Config) -> dict:
     """`new` (an UPDATE) with the placement recorded on `old` put back: an update keeps the
     placement made at creation instead of dropping it (server-side apply removes fields the
     applier owns and omits) or moving running work. Items the user now has win, as always."""
-    old_annotations = _annotations((pod_template(kind, old) or {}).get("metadata") or {})
+    old_annotations = _template_annotations(old, kind)
     recorded = Injection.loads(old_annotations.get(INJECTED))
     return _rewrite(new, kind, lambda *_: recorded, {key: old_annotations.get(key) for key in OUTPUT_ANNOTATIONS},
                     config)
@@ -99,9 +99,7 @@ def without_injection(obj: Mapping, kind: str) -> Mapping:
     """The object with our previous additions removed: the object as the user wrote it, which is
     what a workload is read from (so a re-placement is not confined by our own old pin). For
     reading only: an object that carries nothing of ours is returned as it is, not copied."""
-    template = pod_template(kind, obj) or {}
-    meta = template.get("metadata")
-    if not isinstance(meta, Mapping) or not any(key in _annotations(meta) for key in OUTPUT_ANNOTATIONS):
+    if not any(key in _template_annotations(obj, kind) for key in OUTPUT_ANNOTATIONS):
         return obj
     return _rewrite(obj, kind, lambda *_: Injection(), dict.fromkeys(OUTPUT_ANNOTATIONS), None)
 
@@ -124,8 +122,7 @@ def already_placed(obj: Mapping, kind: str) -> bool:
 
 def reservation_of(obj: Mapping, kind: str) -> str | None:
     """The reservation key written on the pod template when the workload was placed."""
-    template = pod_template(kind, obj) or {}
-    key = _annotations(template.get("metadata") or {}).get(RESERVATION)
+    key = _template_annotations(obj, kind).get(RESERVATION)
     return str(key) if key else None
 
 
@@ -345,6 +342,14 @@ def _copy(node: Any) -> Any:
 
 def _containers(spec: Mapping) -> list[dict]:
     return [c for key in ("initContainers", "containers") for c in spec.get(key) or () if isinstance(c, dict)]
+
+
+def _template_annotations(obj: Mapping, kind: str) -> Mapping:
+    """The pod template's annotations; {} when absent or not a map (a DELETE's stored object is
+    not shape-checked)."""
+    meta = (pod_template(kind, obj) or {}).get("metadata")
+    annotations = _annotations(meta) if isinstance(meta, Mapping) else {}
+    return annotations if isinstance(annotations, Mapping) else {}
 
 
 def _annotations(meta: Mapping) -> Mapping:
