@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from bench import costmodel, engine, fabric, policies, simulate, traces
+from bench import costmodel, engine, fabric, policies, seed_check, simulate, traces
 from webhook.model import PlacementRequest, Strategy
 from webhook.placement import place
 
@@ -257,3 +257,21 @@ def test_quick_run_compares_every_policy_on_the_same_jobs(capsys):
         "ours (consolidated)", "ours (distributed)"]
     jobs = {row.rstrip(" |").rsplit("| ", 1)[1] for row in first_table}
     assert len(jobs) == 1 and jobs.pop().isdigit()  # every policy ran every job, none left unstarted
+
+
+def test_seed_check_compares_ours_and_kueue_on_other_seeds(capsys):
+    assert seed_check.main(["--cells", "philly:0.5", "--seeds", "1", "--processes", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"seeds {seed_check.FIRST_SEED}-{seed_check.FIRST_SEED}")
+    (row,) = [line for line in out.splitlines() if line.startswith("| philly")]
+    cells = [c.strip() for c in row.strip("| ").split("|")]
+    assert cells[:3] == ["philly", "0.5", "9-64"] and cells[-1] in ("0/1", "1/1")  # philly has no 65+ job
+    assert all(float(value) > 0 for value in cells[3:7])
+
+
+@pytest.mark.parametrize("cell, message", [("philly", "TRACE:LOAD"), ("philly:high", "TRACE:LOAD"),
+                                           ("borg:0.5", "unknown trace borg")])
+def test_seed_check_refuses_a_malformed_cell(capsys, cell, message):
+    with pytest.raises(SystemExit) as exit_:
+        seed_check.main(["--cells", cell])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
