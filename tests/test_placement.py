@@ -67,6 +67,19 @@ def test_a_small_job_opens_a_node_where_small_jobs_run_not_in_the_gap_of_a_big_o
     assert decision.nodes[0].startswith("gpu-s2-l5-")
 
 
+def test_a_multi_node_job_keeps_apart_from_where_small_jobs_run(cluster):
+    cluster.upsert_pod(make_pod("small-1", "gpu-s1-l1-n1", 7))
+    cluster.upsert_pod(make_pod("small-2", "gpu-s1-l1-n2", 7))
+    cluster.upsert_pod(make_pod("small-3", "gpu-s1-l2-n1", 4))
+    cluster.upsert_pod(make_pod("big", "gpu-s1-l2-n2", 8))
+    for leaf in range(3, 9):  # only leaf-1 and leaf-2 are left with exactly two whole nodes
+        cluster.upsert_pod(make_pod(f"big-{leaf}", f"gpu-s{1 if leaf <= 4 else 2}-l{leaf}-n1", 8))
+        cluster.upsert_pod(make_pod(f"other-{leaf}", f"gpu-s{1 if leaf <= 4 else 2}-l{leaf}-n2", 8))
+        cluster.upsert_pod(make_pod(f"third-{leaf}", f"gpu-s{1 if leaf <= 4 else 2}-l{leaf}-n3", 8))
+    # leaf-1 has fewer free GPUs (18 against 20) but two nodes where small jobs run; leaf-2 one.
+    assert leaves_of(cluster, place(cluster, request(2))) == ["leaf-2"]
+
+
 def test_second_two_node_job_reuses_the_half_used_leaf(cluster):
     first = place_and_reserve(cluster, request(2), "ns/Job/a", now=0)
     second = place_and_reserve(cluster, request(2), "ns/Job/b", now=0)

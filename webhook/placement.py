@@ -228,7 +228,9 @@ def _tightest_fit(view: ClusterIndex, scope: Member, pods: int, gpus: int) -> Me
         members = view.levels[level].values() if scope is view.root else _at_level(scope, level)
         fitting = [d for d in members if d.cap[gpus] >= pods]  # label levels hold Domains
         if fitting:
-            return min(fitting, key=lambda d: (d.cap[gpus], d.free_gpus, d.ref.path))
+            # Among equal fits, the one with fewer partly used nodes: jobs that span nodes stay
+            # apart from where small jobs run, the mirror of _tightest_node's rule.
+            return min(fitting, key=lambda d: (d.cap[gpus], d.partly_used, d.free_gpus, d.ref.path))
     return scope if _cap(scope, gpus) >= pods else None
 
 
