@@ -37,7 +37,8 @@ import time
 import uuid
 
 HERE = pathlib.Path(__file__).resolve().parents[1]
-ROOT = pathlib.Path(os.environ.get(TREE_ENV := "ADMISSION_BENCH_TREE") or HERE)  # whose webhook package is timed
+TREE_ENV = "ADMISSION_BENCH_TREE"  # --compare-with sets it: the checkout whose webhook package is timed
+ROOT = pathlib.Path(os.environ.get(TREE_ENV) or HERE)
 sys.path.insert(0, str(ROOT))
 
 from webhook import admission, certs, demo  # noqa: E402
