@@ -425,8 +425,10 @@ def test_release_webhook_sees_deletes_of_placed_workloads_and_never_blocks_them(
     assert not evaluate_match_condition(condition["expression"], old=workload("Job", pod_template()))
 
 
-def test_release_on_delete_can_be_switched_off():
-    assert set(webhook_entries("no-release-on-delete")) == {PLACEMENT_WEBHOOK}
+@pytest.mark.parametrize("case", ["no-release-on-delete", "no-match-conditions"])
+def test_release_on_delete_is_off_when_asked_or_without_match_conditions(case):
+    # Without match conditions every workload delete in the cluster would call the webhook.
+    assert set(webhook_entries(case)) == {PLACEMENT_WEBHOOK}
 
 
 # --- A safe deployment ---------------------------------------------------------------------------
