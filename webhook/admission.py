@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from . import mutation, workload
 from .config import Config
-from .model import EXCEEDS_CLUSTER, UNKNOWN_DOMAIN, Decision, Outcome
+from .model import EXCEEDS_CLUSTER, UNKNOWN_DOMAIN, Decision, Outcome, held_by, reservation_key
 from .patch import encode, make_patch
 from .placement import place_and_reserve
 
@@ -219,7 +219,7 @@ def _released(request: _Request, index: "ClusterIndex") -> AdmissionResult:
     if old is None or request.dry_run or not workload.supports(request.group, kind) or kind not in _RESERVES:
         return _result(request, "ignored")
     key = mutation.reservation_of(old, kind)
-    if key is None or not key.startswith(f"{request.namespace}/{kind}/"):
+    if key is None or not held_by(key, request.namespace, kind):
         return _result(request, "ignored")
     index.release(key)
     return _result(request, "released")
@@ -240,11 +240,11 @@ def _reservation_key(request: _Request, obj: Mapping) -> str:
     call has a new request uid), else gets generateName + request uid."""
     meta = obj.get("metadata") or {}
     if meta.get("name"):
-        return f"{request.namespace}/{request.kind}/{meta['name']}"
+        return reservation_key(request.namespace, request.kind, meta["name"])
     annotations = workload.annotations_of(request.kind, obj)
     if annotations.get(mutation.RESERVATION):
         return str(annotations[mutation.RESERVATION])
-    return f"{request.namespace}/{request.kind}/{meta.get('generateName') or ''}{request.uid}"
+    return reservation_key(request.namespace, request.kind, f"{meta.get('generateName') or ''}{request.uid}")
 
 
 def _denied(request: _Request, message: str, decision: Decision | None = None) -> AdmissionResult:

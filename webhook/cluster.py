@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from .config import HOSTNAME_LABEL, Config, HardwareProfile
 from .gpus import NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_nvlink_domains, pod_gpus, quantity_to_int
-from .model import GPU_RESOURCE, DomainRef, PlacementRequest
+from .model import GPU_RESOURCE, DomainRef, PlacementRequest, held_by
 
 BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -483,7 +483,7 @@ class ClusterIndex:
             self._forget_pod(pod_key(pod))
             meta = pod.get("metadata") or {}
             reservation = str((meta.get("annotations") or {}).get(RESERVATION_ANNOTATION) or "")
-            if reservation.startswith(f"{meta.get('namespace', '')}/Pod/"):
+            if reservation and held_by(reservation, str(meta.get("namespace") or ""), "Pod"):
                 self.release(reservation)
 
     def _forget_pod(self, key: str) -> None:
