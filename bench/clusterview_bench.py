@@ -117,7 +117,7 @@ def measure(nodes: int) -> dict:
     from webhook.config import MUTATE_PATH, Config
     from webhook.metrics import Metrics
     from webhook.model import PlacementRequest, Strategy
-    from webhook.placement import place_and_reserve
+    from webhook.placer import place_and_reserve
 
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe()
@@ -158,7 +158,7 @@ def measure(nodes: int) -> dict:
         decide, whole = [], []
         for _ in range(int(seconds * ADMISSIONS_PER_SECOND)):
             begin = time.perf_counter()
-            place_and_reserve(view.index, request, None, view.clock())
+            place_and_reserve(view.index, request, None)
             middle = time.perf_counter()
             answer = client.post(MUTATE_PATH, json=review)
             end = time.perf_counter()

@@ -16,7 +16,7 @@ from webhook.config import Config
 from webhook.demo import make_pod
 from webhook.gpus import format_gpu_set
 from webhook.model import Outcome, PlacementRequest, Strategy
-from webhook.placement import place
+from webhook.placer import place
 
 from .costmodel import Network
 from .fabric import SimCluster, SimNode, pick_gpus

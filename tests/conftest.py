@@ -34,6 +34,21 @@ K8S_VERSION = "1.30.0"
 START_TIMEOUT_SECONDS = 60
 
 
+class FakeClock:
+    """A clock tests move by hand (`clock.now += ttl`)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
 @pytest.fixture
 def config() -> Config:
     return Config()

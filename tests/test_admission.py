@@ -16,7 +16,6 @@ from webhook.config import Config
 from webhook.demo import demo_cluster, leaf_spine_nodes, make_pod
 
 CONFIG = Config()
-NOW = 1000.0
 AUDIT_KEY = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 
 
@@ -28,7 +27,7 @@ def index() -> ClusterIndex:
 def run(obj_or_review: dict, index: ClusterIndex, config: Config = CONFIG, **review_args) -> admission.AdmissionResult:
     body = obj_or_review if obj_or_review.get("kind") == "AdmissionReview" else admission.make_review(
         obj_or_review, **review_args)
-    result = admission.review(body, index, config, NOW)
+    result = admission.review(body, index, config)
     check_envelope(body, result)
     return result
 
@@ -77,7 +76,7 @@ def patched(body_or_obj: dict, result: admission.AdmissionResult) -> dict:
 ])
 def test_a_body_that_is_not_a_review_is_malformed(body, fragment, index):
     with pytest.raises(admission.MalformedReview) as err:
-        admission.review(body, index, CONFIG, NOW)
+        admission.review(body, index, CONFIG)
     assert fragment in str(err.value) and "\n" not in str(err.value)
 
 
@@ -186,11 +185,11 @@ def test_existing_affinity_spread_env_and_annotations_are_kept(index):
 
 def test_a_pod_the_job_controller_makes_from_our_template_is_not_placed_again(index):
     body = load_json("review-controller-pod.json")
-    before = dict(index.reservations)
+    before = dict(index.ledger.holds)
     result = run(body, index)
     assert result.outcome == "ignored" and "patch" not in result.review["response"]
     assert result.name == "train-" and result.namespace == "ml"
-    assert index.reservations == before
+    assert index.ledger.holds == before
 
 
 def test_a_controller_pod_whose_template_was_never_placed_is_placed(index):
@@ -202,7 +201,7 @@ def test_a_controller_pod_whose_template_was_never_placed_is_placed(index):
     pod["metadata"]["annotations"]["topology.scheduler/placement-strategy"] = "consolidated"
     result = run(body, index)
     assert result.outcome == "placed"
-    assert f"ml/Pod/train-{body['request']['uid']}" in index.reservations
+    assert f"ml/Pod/train-{body['request']['uid']}" in index.ledger.holds
 
 
 # -- reservations, dry runs, reinvocation --------------------------------------------------------------
@@ -215,13 +214,13 @@ def job(**annotations) -> dict:
 def test_a_placed_workload_is_reserved_under_its_key(index):
     result = run(job(), index)
     assert result.outcome == "placed"
-    assert set(index.reservations) == {"ml/Job/train"}
-    assert index.reservations["ml/Job/train"].nodes == result.decision.nodes
+    assert set(index.ledger.holds) == {"ml/Job/train"}
+    assert index.ledger.holds["ml/Job/train"].nodes == result.decision.nodes
 
 
 def test_dry_run_reserves_nothing_but_answers_the_same(index):
     dry = run(job(), index, dry_run=True)
-    assert index.reservations == {}
+    assert index.ledger.holds == {}
     wet = run(job(), index)
     assert dry.outcome == wet.outcome == "placed"
     assert patched(job(), dry) == patched(job(), wet)
@@ -232,7 +231,7 @@ def test_reinvocation_on_our_output_changes_nothing_and_books_once(index):
     out = patched(job(), first)
     second = run(out, index, uid="another-call")
     assert "patch" not in second.review["response"]
-    assert list(index.reservations) == ["ml/Job/train"]
+    assert list(index.ledger.holds) == ["ml/Job/train"]
 
 
 def test_a_generate_name_object_keeps_its_key_across_calls(index):
@@ -241,19 +240,19 @@ def test_a_generate_name_object_keeps_its_key_across_calls(index):
     first = run(pod, index, uid="call-1")
     second = run(patched(pod, first), index, uid="call-2")
     assert "patch" not in second.review["response"]
-    assert list(index.reservations) == ["ml/Pod/trainer-call-1"]
+    assert list(index.ledger.holds) == ["ml/Pod/trainer-call-1"]
 
 
 def test_a_cronjob_is_placed_without_reserving_and_its_job_is_placed_afresh(index):
     cron = workload("CronJob", name="nightly", annotations={"topology.scheduler/placement-strategy": "consolidated"})
     result = run(cron, index)
-    assert result.outcome == "placed" and index.reservations == {}
+    assert result.outcome == "placed" and index.ledger.holds == {}
     made = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
         "name": "nightly-29000000", "namespace": "ml", "annotations": {},
         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "uid": "c",
                              "controller": True}]}, "spec": deep(patched(cron, result)["spec"]["jobTemplate"]["spec"])}
     job_result = run(made, index)
-    assert job_result.outcome == "placed" and "ml/Job/nightly-29000000" in index.reservations
+    assert job_result.outcome == "placed" and "ml/Job/nightly-29000000" in index.ledger.holds
     valid(patched(made, job_result))
 
 
@@ -268,10 +267,10 @@ def deletion(obj: dict, dry_run: bool = False) -> dict:
 def test_deleting_a_placed_workload_releases_its_reservation_and_is_allowed(index):
     stored = patched(job(), run(job(), index))
     result = run(deletion(stored, dry_run=True), index)
-    assert result.outcome == "ignored" and list(index.reservations) == ["ml/Job/train"]
+    assert result.outcome == "ignored" and list(index.ledger.holds) == ["ml/Job/train"]
     result = run(deletion(stored), index)
     assert result.outcome == "released" and result.review["response"]["allowed"] is True
-    assert "patch" not in result.review["response"] and index.reservations == {}
+    assert "patch" not in result.review["response"] and index.ledger.holds == {}
 
 
 def test_deleting_a_replicaset_keeps_its_deployments_reservation(index):
@@ -281,7 +280,7 @@ def test_deleting_a_replicaset_keeps_its_deployments_reservation(index):
     replica_set = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
                    "metadata": {"name": "serve-5d8f", "namespace": "ml"}, "spec": deep(stored["spec"])}
     result = run(deletion(replica_set), index)
-    assert result.outcome == "ignored" and list(index.reservations) == ["ml/Deployment/serve"]
+    assert result.outcome == "ignored" and list(index.ledger.holds) == ["ml/Deployment/serve"]
 
 
 # -- denials ------------------------------------------------------------------------------------------
@@ -303,7 +302,7 @@ def test_denials_name_the_object_the_annotation_the_value_and_what_is_allowed(an
     assert message.startswith("Job ml/train")
     for fragment in fragments:
         assert fragment in message
-    assert index.reservations == {}
+    assert index.ledger.holds == {}
 
 
 def test_no_node_matching_the_selector_is_denied(index):
@@ -347,11 +346,11 @@ def test_several_pods_on_one_node_get_a_warning(index):
 # -- not ready, nothing to place, failing open ---------------------------------------------------------
 
 def test_not_ready_admits_ours_unmodified_with_the_reason(index):
-    result = admission.review(admission.make_review(job()), index, CONFIG, NOW, readiness=(False, "cluster view stale"))
+    result = admission.review(admission.make_review(job()), index, CONFIG, readiness=(False, "cluster view stale"))
     assert result.outcome == "not-ready" and result.review["response"]["allowed"] is True
     assert "patch" not in result.review["response"]
     assert "cluster view stale" in result.warnings[0]
-    other = admission.review(admission.make_review(workload("Job")), index, CONFIG, NOW, readiness=(False, "x"))
+    other = admission.review(admission.make_review(workload("Job")), index, CONFIG, readiness=(False, "x"))
     assert other.outcome == "ignored" and other.warnings == ()
 
 
@@ -380,7 +379,7 @@ def test_an_exception_inside_fails_open(index, monkeypatch, caplog):
 def test_a_pod_bound_to_a_node_is_left_alone(index):
     pod = workload("Pod", annotations={"topology.scheduler/gpu-count": "8"}, spec={"nodeName": "gpu-s1-l1-n3"})
     result = run(pod, index)
-    assert result.outcome == "ignored" and "patch" not in result.review["response"] and index.reservations == {}
+    assert result.outcome == "ignored" and "patch" not in result.review["response"] and index.ledger.holds == {}
 
 
 def test_warnings_are_one_line_and_at_most_256_characters(index):
@@ -401,7 +400,7 @@ def test_offline_review_of_an_object_without_namespace_or_uid(index):
     body = admission.make_review(obj, dry_run=True)
     assert admission.make_review(obj, dry_run=True) == body  # same manifest, same review
     result = run(body, index)
-    assert result.outcome == "placed" and result.namespace == "default" and index.reservations == {}
+    assert result.outcome == "placed" and result.namespace == "default" and index.ledger.holds == {}
     valid(patched(obj, result))
 
 
@@ -423,14 +422,14 @@ def test_an_update_that_drops_our_fields_gets_the_placement_back(index):
     stored = patched(deployment(), created)
     applied = deployment()  # the user's manifest again, new image: our fields are gone
     template_of(applied)["spec"]["containers"][0]["image"] = "nvcr.io/nvidia/pytorch:25.01-py3"
-    reservations = dict(index.reservations)
+    reservations = dict(index.ledger.holds)
     result = run(update(applied, stored), index)
     assert result.outcome == "ignored" and result.warnings == ()
     out = valid(patched(applied, result))
     expected = deep(stored)
     template_of(expected)["spec"]["containers"][0]["image"] = "nvcr.io/nvidia/pytorch:25.01-py3"
     assert out == expected
-    assert index.reservations == reservations
+    assert index.ledger.holds == reservations
 
 
 def test_an_update_of_our_own_output_changes_nothing(index):
@@ -451,7 +450,7 @@ def test_an_update_that_changes_the_inputs_keeps_the_placement_and_says_so(index
 def test_an_update_of_a_workload_never_placed_places_it(index):
     before = workload("Deployment", name="serve", replicas=2, gpus=4)
     result = run(update(deployment(), before), index)
-    assert result.outcome == "placed" and "ml/Deployment/serve" in index.reservations
+    assert result.outcome == "placed" and "ml/Deployment/serve" in index.ledger.holds
     valid(patched(deployment(), result))
 
 
@@ -472,7 +471,7 @@ _requests = st.fixed_dictionaries({"uid": st.just("u"), "operation": st.sampled_
                                                "apiVersion": st.just("admission.k8s.io/v1"), "request": _requests})))
 def test_any_body_gets_an_answer_or_a_malformed_review_error(index, body):
     try:
-        result = admission.review(body, index, CONFIG, NOW)
+        result = admission.review(body, index, CONFIG)
     except admission.MalformedReview:
         return
     check_envelope(body, result)
@@ -496,6 +495,6 @@ def test_a_corrupted_object_of_ours_is_answered_without_failing_open(index, fixt
     for key in path[:-1]:
         parent = parent[key]
     parent[path[-1]] = junk
-    result = admission.review(body, index, CONFIG, NOW)
+    result = admission.review(body, index, CONFIG)
     check_envelope(body, result)
     assert result.outcome != "failed-open", result.error

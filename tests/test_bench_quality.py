@@ -5,7 +5,7 @@ import pytest
 
 from bench import costmodel, engine, fabric, policies, seed_check, simulate, traces
 from webhook.model import PlacementRequest, Strategy
-from webhook.placement import place
+from webhook.placer import place
 
 H100 = fabric.ClusterSpec(zones=1, spines_per_zone=1, leaves_per_spine=2, nodes_per_leaf=8)
 A100_ISLANDS = fabric.ClusterSpec(zones=1, spines_per_zone=1, leaves_per_spine=1, nodes_per_leaf=2,

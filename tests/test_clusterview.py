@@ -18,18 +18,10 @@ from webhook.clusterview import Backoff, LiveClusterView, api_client_from
 from webhook.config import Config, ConfigError
 from webhook.demo import demo_cluster, make_node, make_pod
 from webhook.model import Outcome, PlacementRequest, Strategy
-from webhook.placement import place_and_reserve
+from webhook.placer import place_and_reserve
 
 LEAF = "topology.scheduler/leaf"
 LABELS = {"topology.kubernetes.io/zone": "zone-a", "topology.scheduler/spine": "spine-1", LEAF: "leaf-1"}
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def eventually(check, timeout: float = 10.0, what: str = "condition"):
@@ -48,11 +40,6 @@ def fake():
     server = FakeApiServer(bookmark_interval=0.2).start()
     yield server
     server.stop()
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
 
 
 @pytest.fixture
@@ -363,22 +350,22 @@ def test_reservations_never_share_the_last_domain_are_confirmed_by_binding_and_e
     view = make_view(fake, Config(reservation_ttl_seconds=300))
     view.start()
     assert view.wait_synced(15)
-    first = place_and_reserve(view.index, whole_node("a"), "ml/a", view.clock())
-    second = place_and_reserve(view.index, whole_node("b"), "ml/b", view.clock())
-    third = place_and_reserve(view.index, whole_node("c"), "ml/c", view.clock())
+    first = place_and_reserve(view.index, whole_node("a"), "ml/a")
+    second = place_and_reserve(view.index, whole_node("b"), "ml/b")
+    third = place_and_reserve(view.index, whole_node("c"), "ml/c")
     assert (first.outcome, second.outcome, third.outcome) == (Outcome.PLACED, Outcome.PLACED, Outcome.WAIT)
     assert {first.nodes, second.nodes} == {("n1",), ("n2",)}
     assert view.index.stats().gpus_reserved == 16
-    assert place_and_reserve(view.index, whole_node("d"), None, view.clock()).outcome is Outcome.WAIT
+    assert place_and_reserve(view.index, whole_node("d"), None).outcome is Outcome.WAIT
 
-    bound = make_pod("a-0", first.nodes[0], 8, annotations={RESERVATION_ANNOTATION: "ml/a"})
+    bound = make_pod("a-0", first.nodes[0], 8, "ml", annotations={RESERVATION_ANNOTATION: "ml/a"})
     fake.put_pod(bound)
     eventually(lambda: view.index.stats().gpus_reserved == 8, what="ml/a confirmed by its bound pod")
     assert gpus(view) == (16, 8)
 
     clock.now += 301  # ml/b's pods never came: its hold lapses and the domain is free again
     eventually(lambda: view.index.stats().gpus_reserved == 0, what="ml/b expired")
-    assert place_and_reserve(view.index, whole_node("c"), "ml/c", view.clock()).nodes == second.nodes
+    assert place_and_reserve(view.index, whole_node("c"), "ml/c").nodes == second.nodes
 
 
 # ---- through the real gunicorn server ---------------------------------------------------------

@@ -20,7 +20,7 @@ from webhook.discovery import (CLIQUE_LABEL, DOMAIN_SIZE_LABEL, LINK_LABEL, MATR
                                UNREADABLE_ANNOTATION)
 from webhook.gpus import NVLINK_DOMAINS_ANNOTATION, parse_nvlink_domains
 from webhook.model import EXCEEDS_CLUSTER, Interconnect, Outcome, PlacementRequest
-from webhook.placement import place
+from webhook.placer import place
 
 import nvml_fakes as fakes
 

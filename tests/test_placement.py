@@ -13,7 +13,7 @@ from webhook.config import Config
 from webhook.demo import leaf_spine_nodes, make_node, make_pod
 from webhook.model import (EXCEEDS_CLUSTER, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Interconnect,
                            Outcome, PlacementRequest, Strategy)
-from webhook.placement import place, place_and_reserve
+from webhook.placer import place, place_and_reserve
 
 
 def request(pods, gpus=8, strategy=Strategy.CONSOLIDATED, **kw):
@@ -21,8 +21,8 @@ def request(pods, gpus=8, strategy=Strategy.CONSOLIDATED, **kw):
 
 
 @pytest.fixture
-def cluster():
-    return ClusterIndex.from_objects(Config(), leaf_spine_nodes(), [])
+def cluster(clock):
+    return ClusterIndex.from_objects(Config(), leaf_spine_nodes(), [], clock)
 
 
 def leaves_of(index, decision):
@@ -81,8 +81,8 @@ def test_a_multi_node_job_keeps_apart_from_where_small_jobs_run(cluster):
 
 
 def test_second_two_node_job_reuses_the_half_used_leaf(cluster):
-    first = place_and_reserve(cluster, request(2), "ns/Job/a", now=0)
-    second = place_and_reserve(cluster, request(2), "ns/Job/b", now=0)
+    first = place_and_reserve(cluster, request(2), "ns/Job/a")
+    second = place_and_reserve(cluster, request(2), "ns/Job/b")
     assert leaves_of(cluster, first) == leaves_of(cluster, second) == ["leaf-1"]
     assert not set(first.nodes) & set(second.nodes)
 
@@ -198,48 +198,53 @@ def test_nodes_missing_a_level_label_are_alone_at_that_level():
     assert decision.interconnect is Interconnect.ZONE
 
 
-def test_reservations_confirm_expire_and_never_double_book(cluster):
-    decision = place_and_reserve(cluster, request(4), "ns/Job/a", now=0)
+def test_reservations_confirm_expire_and_never_double_book(cluster, clock):
+    decision = place_and_reserve(cluster, request(4), "ns/Job/a")
     assert cluster.stats().gpus_reserved == 32
-    other = place_and_reserve(cluster, request(4), "ns/Job/b", now=1)
+    clock.now += 1
+    other = place_and_reserve(cluster, request(4), "ns/Job/b")
     assert not set(decision.nodes) & set(other.nodes)
-    pod = make_pod("a-0", decision.nodes[0], 8, annotations={"topology.scheduler/reservation": "ns/Job/a"})
+    pod = make_pod("a-0", decision.nodes[0], 8, "ns", annotations={"topology.scheduler/reservation": "ns/Job/a"})
     cluster.upsert_pod(pod)
     cluster.upsert_pod(pod)  # status updates do not confirm twice
     assert cluster.stats().gpus_reserved == 56 and cluster.stats().gpus_used == 8
-    cluster.expire_reservations(now=Config().reservation_ttl_seconds + 1)
+    clock.now += Config().reservation_ttl_seconds
+    cluster.expire_reservations()
     assert cluster.stats().gpus_reserved == 0 and cluster.stats().gpus_used == 8
 
 
 def test_deleting_a_pending_pod_ends_its_own_reservation_but_not_its_owners(cluster):
-    place_and_reserve(cluster, request(1), "ml/Pod/solo", now=0)
-    place_and_reserve(cluster, request(2), "ml/Job/train", now=0)
+    place_and_reserve(cluster, request(1), "ml/Pod/solo")
+    place_and_reserve(cluster, request(2), "ml/Job/train")
     assert cluster.stats().gpus_reserved == 24
     cluster.upsert_pod(make_pod("train-0", None, 8, "ml", annotations={"topology.scheduler/reservation": "ml/Job/train"}))
     cluster.delete_pod(make_pod("train-0", None, 8, "ml", annotations={"topology.scheduler/reservation": "ml/Job/train"}))
-    assert set(cluster.reservations) == {"ml/Pod/solo", "ml/Job/train"}  # the Job makes another pod
+    assert set(cluster.ledger.holds) == {"ml/Pod/solo", "ml/Job/train"}  # the Job makes another pod
     cluster.delete_pod(make_pod("solo", None, 8, "ml", annotations={"topology.scheduler/reservation": "ml/Pod/solo"}))
-    assert set(cluster.reservations) == {"ml/Job/train"} and cluster.stats().gpus_reserved == 16
+    assert set(cluster.ledger.holds) == {"ml/Job/train"} and cluster.stats().gpus_reserved == 16
 
 
 def test_replacing_the_same_workload_does_not_count_it_twice(cluster):
-    first = place_and_reserve(cluster, request(4), "ns/Job/a", now=0)
-    again = place_and_reserve(cluster, request(4), "ns/Job/a", now=0)
+    first = place_and_reserve(cluster, request(4), "ns/Job/a")
+    again = place_and_reserve(cluster, request(4), "ns/Job/a")
     assert first.nodes == again.nodes and cluster.stats().gpus_reserved == 32
 
 
-def test_a_renewed_reservation_lasts_from_its_renewal(cluster):
+def test_a_renewed_reservation_lasts_from_its_renewal(cluster, clock):
     ttl = Config().reservation_ttl_seconds
-    place_and_reserve(cluster, request(1), "ns/Job/a", now=0)
-    place_and_reserve(cluster, request(1), "ns/Job/a", now=ttl / 2)  # reinvoked or retried
-    cluster.expire_reservations(now=ttl + 1)
-    assert set(cluster.reservations) == {"ns/Job/a"}
-    cluster.expire_reservations(now=ttl * 1.5)
-    assert cluster.reservations == {} and cluster.stats().gpus_reserved == 0
+    place_and_reserve(cluster, request(1), "ns/Job/a")
+    clock.now += ttl / 2
+    place_and_reserve(cluster, request(1), "ns/Job/a")  # reinvoked or retried
+    clock.now += ttl / 2 + 1
+    cluster.expire_reservations()
+    assert set(cluster.ledger.holds) == {"ns/Job/a"}
+    clock.now += ttl / 2
+    cluster.expire_reservations()
+    assert cluster.ledger.holds == {} and cluster.stats().gpus_reserved == 0
 
 
 def test_dry_run_reserves_nothing(cluster):
-    place_and_reserve(cluster, request(4), None, now=0)
+    place_and_reserve(cluster, request(4), None)
     assert cluster.stats().gpus_reserved == 0
 
 
@@ -273,7 +278,7 @@ def test_constrained_views_stay_exact_through_pod_events_and_reservations(cluste
     pinned = ({"matchExpressions": [{"key": "topology.scheduler/leaf", "operator": "In", "values": ["leaf-2"]}]},)
     constrained = request(2, required_node_terms=pinned)
     assert leaves_of(cluster, place(cluster, constrained)) == ["leaf-2"]
-    place_and_reserve(cluster, request(2, required_node_terms=pinned), "ns/Job/a", now=0)
+    place_and_reserve(cluster, request(2, required_node_terms=pinned), "ns/Job/a")
     cluster.upsert_pod(make_pod("x", "gpu-s1-l2-n3", 8))
     decision = place(cluster, constrained)  # leaf-2 has one free node left: it must wait
     assert decision.outcome is Outcome.WAIT

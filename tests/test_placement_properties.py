@@ -8,7 +8,7 @@ from webhook.cluster import ClusterIndex
 from webhook.config import Config
 from webhook.demo import make_node, make_pod
 from webhook.model import Outcome, PlacementRequest, Strategy
-from webhook.placement import place
+from webhook.placer import place
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")
 

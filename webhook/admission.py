@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Mapping
 
 from . import mutation, workload
 from .config import Config
-from .model import EXCEEDS_CLUSTER, UNKNOWN_DOMAIN, Decision, Outcome, held_by, reservation_key
+from .ledger import held_by, reservation_key
+from .model import EXCEEDS_CLUSTER, UNKNOWN_DOMAIN, Decision, Outcome
 from .patch import encode, make_patch
-from .placement import place_and_reserve
+from .placer import place_and_reserve
 
 if TYPE_CHECKING:
     from .cluster import ClusterIndex
@@ -84,12 +85,12 @@ class _Request:
     dry_run: bool
 
 
-def review(body: object, index: "ClusterIndex", config: Config, now: float,
+def review(body: object, index: "ClusterIndex", config: Config,
            readiness: tuple[bool, str] = (True, "")) -> AdmissionResult:
     """Raises MalformedReview for a body that is not an AdmissionReview; never anything else."""
     request = _parse(body)
     try:
-        return _admit(request, index, config, now, readiness)
+        return _admit(request, index, config, readiness)
     except Exception as err:  # fail open: a bug of ours must not block the user's workload
         error = f"{type(err).__name__}: {err}"[:300]
         log.exception("failed open on %s %s/%s (uid %s)", request.kind, request.namespace, request.name, request.uid)
@@ -154,7 +155,7 @@ def _parse(body: object) -> _Request:
         dry_run=request.get("dryRun") is True)
 
 
-def _admit(request: _Request, index: "ClusterIndex", config: Config, now: float,
+def _admit(request: _Request, index: "ClusterIndex", config: Config,
            readiness: tuple[bool, str]) -> AdmissionResult:
     kind, obj = request.kind, request.obj
     if request.operation == "DELETE":
@@ -187,7 +188,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config, now: float,
             *wanted.warnings, f"{who} requests no nvidia.com/gpu; nothing to place"])
     key = _reservation_key(request, obj)
     reserve = key if kind in _RESERVES and not request.dry_run else None
-    decision = place_and_reserve(index, wanted.request, reserve, now)
+    decision = place_and_reserve(index, wanted.request, reserve)
     if decision.outcome is Outcome.NEVER:
         return _denied(request, _never_message(who, obj, kind, decision), decision)
     mutated = mutation.mutate(obj, kind, decision, config, key)

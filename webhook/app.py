@@ -52,12 +52,11 @@ def _log_line(result: admission.AdmissionResult, seconds: float) -> str:
     return json.dumps(entry, separators=(",", ":"))
 
 
-def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metrics | None = None,
-               clock: Callable[[], float] = time.time) -> Flask:
+def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metrics | None = None) -> Flask:
     """The webhook app over one cluster view (a ClusterIndex) and its readiness check.
 
     metrics defaults to single-process metrics; the server passes multiprocess ones when it
-    runs several workers. clock gives the wall time reservations expire by.
+    runs several workers.
     """
     metrics = metrics or Metrics.create()
     metrics.watch_cluster(index.stats)
@@ -85,7 +84,7 @@ def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metric
         except RecursionError:
             return _text("request body is not JSON this server can read: nested too deeply", 400)
         try:
-            result = admission.review(body, index, config, clock(), readiness())
+            result = admission.review(body, index, config, readiness())
         except admission.MalformedReview as err:
             return _text(f"not an AdmissionReview: {err}", 400)
         except Exception as err:  # a bug of ours must not block the cluster's workloads

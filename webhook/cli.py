@@ -14,7 +14,6 @@ import re
 import shutil
 import sys
 import tempfile
-import time
 import uuid
 from typing import Sequence
 
@@ -124,7 +123,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if live:
             view = LiveClusterView(config, api_client_from(args.kubeconfig))
             view.start()
-            return create_app(config, view.index, view.readiness, metrics, clock=view.clock)
+            return create_app(config, view.index, view.readiness, metrics)
         index, readiness = cluster_view(config, cluster)
         return create_app(config, index, readiness, metrics)
 
@@ -170,7 +169,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         label = describe(obj, namespace)
         # A CREATE as the apiserver sends it; not dryRun, so later objects see this one's reservation.
         uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{PROG}/mutate/{position}/{label}"))
-        result = admission.review(admission.make_review(obj, namespace=namespace, uid=uid), index, config, time.time())
+        result = admission.review(admission.make_review(obj, namespace=namespace, uid=uid), index, config)
         response = result.review["response"]
         for warning in result.warnings:
             print(f"Warning: {warning}", file=sys.stderr)  # as kubectl prints them; they name the object

@@ -17,16 +17,17 @@ node's hostname, so placement never assumes they share a switch with anyone.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import json
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping
 
 from .config import HOSTNAME_LABEL, Config, HardwareProfile
 from .gpus import NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_nvlink_domains, pod_gpus, quantity_to_int
-from .model import GPU_RESOURCE, DomainRef, PlacementRequest, held_by
+from .ledger import ReservationLedger, held_by
+from .model import GPU_RESOURCE, DomainRef, PlacementRequest
 
 BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -78,23 +79,25 @@ class NodeState:
     parent: Domain | None = None
     free: int = 0  # GPUs a new workload may count on; refreshed whenever the node is (re)counted
     pods: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)  # pod key -> (gpus, ids)
-    reserved: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)  # reservation -> GPU sets
+    # GPU sets the ledger holds here, whoever holds them: the index copies them in place after
+    # every ledger change, so constrained subsets (which share this list) see them too.
+    held: list[tuple[int, ...]] = field(default_factory=list)
 
     @property
     def used(self) -> int:
         return sum(gpus for gpus, _ in self.pods.values())
 
     @property
-    def held(self) -> int:
-        return sum(len(ids) for sets in self.reserved.values() for ids in sets)
+    def held_gpus(self) -> int:
+        return sum(len(ids) for ids in self.held)
 
     def compute_free(self) -> int:
-        return max(0, self.alloc - self.used - self.held) if self.eligible else 0
+        return max(0, self.alloc - self.used - self.held_gpus) if self.eligible else 0
 
     @property
     def taken_ids(self) -> set[int]:
         taken = {i for _, ids in self.pods.values() for i in ids}
-        taken.update(i for sets in self.reserved.values() for ids in sets for i in ids)
+        taken.update(i for ids in self.held for i in ids)
         return taken
 
     def nvlink_groups(self) -> list[tuple[int, ...]]:
@@ -116,15 +119,6 @@ class NodeState:
             if len(chosen) == count:
                 break
         return tuple(sorted(chosen))
-
-
-@dataclass(frozen=True)
-class Reservation:
-    key: str
-    nodes: tuple[str, ...]  # where its GPU sets are held
-    expires_at: float
-    pods_left: int
-    confirmed: frozenset[str] = frozenset()  # pod keys already counted
 
 
 @dataclass(frozen=True)
@@ -226,13 +220,17 @@ def node_matches(node: NodeState, request: PlacementRequest) -> bool:
 class ClusterIndex:
     """Nodes, pods and reservations, with capacity aggregated per topology domain.
 
+    Holds are the ledger's; the index counts them against the nodes they are on. `clock` is what
+    holds expire by (the ledger's own).
+
     Thread safety: every public mutator takes `lock`; callers that read and then write (place and
     reserve) hold it across both.
     """
 
-    def __init__(self, config: Config, width: int = 8):
+    def __init__(self, config: Config, width: int = 8, clock: Callable[[], float] = time.monotonic):
         self.config = config
         self.lock = threading.RLock()
+        self.ledger = ReservationLedger(config.reservation_ttl_seconds, clock)
         self.width = width  # largest GPU count of any node seen; aggregates are sized to it
         self.root = Domain(DomainRef(-1, "cluster", ()), None, width)
         self.levels: list[dict[tuple, Domain]] = [{} for _ in config.levels]  # per level: path -> domain
@@ -240,10 +238,6 @@ class ClusterIndex:
         self.by_value: dict[str, set[tuple]] = {}  # label value / node name -> domain paths (preferred-domain)
         self.orphan_pods: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {}  # pods bound to unknown nodes
         self.pod_nodes: dict[str, str] = {}  # pod key -> node name it is counted on
-        self.reservations: dict[str, Reservation] = {}
-        # (expires_at, key) of every hold made, soonest first: expiry runs before every decision
-        # and must not scan all holds. An entry whose hold was since released or renewed is skipped.
-        self.expiry: list[tuple[float, str]] = []
         # Inverted indexes over GPU nodes, to judge a request's node constraints without a scan.
         self.taint_counts: dict[tuple[str, str, str], int] = {}
         self.by_label: dict[tuple[str, str], set[str]] = {}  # (key, value) -> node names
@@ -255,10 +249,11 @@ class ClusterIndex:
         self.views: OrderedDict[tuple, ClusterIndex] = OrderedDict()
 
     @classmethod
-    def from_objects(cls, config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = ()) -> "ClusterIndex":
+    def from_objects(cls, config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = (),
+                     clock: Callable[[], float] = time.monotonic) -> "ClusterIndex":
         nodes = list(nodes)
         width = max([8] + [parse_node(n, config).alloc for n in nodes])
-        index = cls(config, width)
+        index = cls(config, width, clock)
         for node in nodes:
             index.upsert_node(node)
         for pod in pods:
@@ -384,10 +379,11 @@ class ClusterIndex:
                 self._grow(fresh.alloc)
             old = self.nodes.get(fresh.name)
             if old is not None:
-                fresh.pods, fresh.reserved = old.pods, old.reserved
+                fresh.pods = old.pods
                 self._remove_node(old)
             else:
                 fresh.pods = self.orphan_pods.pop(fresh.name, {})
+            fresh.held = list(self.ledger.held_on(fresh.name))
             self._attach(fresh)
             self._count_labels(fresh, +1)
 
@@ -462,7 +458,8 @@ class ClusterIndex:
                 return
             self._change(node, lambda: self._bind(node, key, gpus, annotations.get(GPU_IDS_ANNOTATION)))
             if reservation:
-                self._confirm(reservation, key, node)
+                namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+                self._recount(self.ledger.confirm(reservation, key, namespace, node_name))
 
     def _bind(self, node: NodeState, key: str, gpus: int, hinted: str | None) -> None:
         taken = {i for _, ids in node.pods.values() for i in ids}
@@ -501,56 +498,26 @@ class ClusterIndex:
 
     # -- reservations ------------------------------------------------------------------------
 
-    def reserve(self, key: str, sets_per_node: Mapping[str, list[tuple[int, ...]]], expires_at: float) -> None:
+    def reserve(self, key: str, sets_per_node: Mapping[str, list[tuple[int, ...]]]) -> None:
         """Hold GPU sets on nodes for a workload until its pods are seen bound or it expires.
         Reserving a key again replaces the old hold, so re-placing a workload never double-books."""
         with self.lock:
-            self.release(key)
-            held = {name: sets for name, sets in sets_per_node.items() if name in self.nodes and sets}
-            for name, sets in held.items():
-                node = self.nodes[name]
-                self._change(node, lambda n=node, s=sets: n.reserved.__setitem__(key, list(s)))
-            pods = sum(len(sets) for sets in held.values())
-            if pods:
-                self.reservations[key] = Reservation(key, tuple(held), expires_at, pods)
-                heapq.heappush(self.expiry, (expires_at, key))
+            self._recount(self.ledger.reserve(key, {n: s for n, s in sets_per_node.items() if n in self.nodes}))
 
     def release(self, key: str) -> None:
         with self.lock:
-            reservation = self.reservations.pop(key, None)
-            if reservation is None:
-                return
-            for name in reservation.nodes:
-                node = self.nodes.get(name)
-                if node is not None and key in node.reserved:
-                    self._change(node, lambda n=node: n.reserved.pop(key))
+            self._recount(self.ledger.release(key))
 
-    def _confirm(self, key: str, pod: str, bound_to: NodeState) -> None:
-        """One pod of a reservation is bound: drop one of its held GPU sets, preferring the bound node."""
-        reservation = self.reservations.get(key)
-        if reservation is None or pod in reservation.confirmed:
-            return
-        holders = [self.nodes[n] for n in reservation.nodes if n in self.nodes and self.nodes[n].reserved.get(key)]
-        holder = bound_to if bound_to in holders else (holders[0] if holders else None)
-        if holder is not None:
-            def drop(n: NodeState = holder) -> None:
-                n.reserved[key].pop()
-                if not n.reserved[key]:
-                    del n.reserved[key]
-            self._change(holder, drop)
-        if reservation.pods_left <= 1:
-            self.release(key)
-        else:
-            self.reservations[key] = dataclasses.replace(
-                reservation, pods_left=reservation.pods_left - 1, confirmed=reservation.confirmed | {pod})
-
-    def expire_reservations(self, now: float) -> None:
+    def expire_reservations(self) -> None:
         with self.lock:
-            while self.expiry and self.expiry[0][0] <= now:
-                expires_at, key = heapq.heappop(self.expiry)
-                reservation = self.reservations.get(key)
-                if reservation is not None and reservation.expires_at == expires_at:
-                    self.release(key)
+            self._recount(self.ledger.expire())
+
+    def _recount(self, names: Iterable[str]) -> None:
+        """Copy the ledger's holds onto the nodes they changed on, with their aggregates."""
+        for name in names:
+            node = self.nodes.get(name)
+            if node is not None:
+                self._change(node, lambda n=node: n.held.__setitem__(slice(None), self.ledger.held_on(n.name)))
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -625,7 +592,7 @@ class ClusterIndex:
         with self.lock:
             total = self.root.alloc_gpus
             free = self.root.free_gpus
-            reserved = sum(n.held for n in self.nodes.values() if n.eligible)
+            reserved = sum(n.held_gpus for n in self.nodes.values() if n.eligible)
             stranded = sum(n.free for n in self.nodes.values() if 0 < n.free < n.alloc)
             utilization = tuple(
                 (self.config.levels[d.ref.level].name, d.ref.name,

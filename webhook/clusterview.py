@@ -157,8 +157,7 @@ def _describe(err: BaseException) -> str:
 class LiveClusterView:
     """Nodes and Pods from the API, applied incrementally to one `ClusterIndex`.
 
-    `clock` is what `readiness()` and reservation expiry measure time with; callers of
-    `place_and_reserve(view.index, ..., now=view.clock())` must use the same one.
+    `clock` is what `readiness()` measures time with, and the index's holds expire by.
     """
 
     def __init__(self, config: Config, api_client: k8s_client.ApiClient,
@@ -168,7 +167,7 @@ class LiveClusterView:
                  expire_interval_seconds: float = EXPIRE_INTERVAL_SECONDS) -> None:
         self.config = config
         self.clock = clock
-        self.index = ClusterIndex(config)
+        self.index = ClusterIndex(config, clock=clock)
         # The server ends each watch well inside the staleness limit, so a quiet but healthy
         # stream still shows progress (the clean end) before it would be called stale.
         self.watch_timeout_seconds = watch_timeout_seconds or max(1, min(300, int(config.stale_after_seconds / 3)))
@@ -352,4 +351,4 @@ class LiveClusterView:
     # ---- reservations ----------------------------------------------------------------------
     def _expire_loop(self) -> None:
         while not self._stop.wait(self.expire_interval_seconds):
-            self.index.expire_reservations(self.clock())
+            self.index.expire_reservations()

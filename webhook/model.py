@@ -141,13 +141,3 @@ class Decision:
     def nodes(self) -> tuple[str, ...]:
         return tuple(a.node for a in self.assignment)
 
-
-def reservation_key(namespace: str, kind: str, name: str) -> str:
-    """The key a placed workload's hold is kept under, and written on its pods: namespace/Kind/name."""
-    return f"{namespace}/{kind}/{name}"
-
-
-def held_by(key: str, namespace: str, kind: str) -> bool:
-    """Whether a reservation key belongs to an object of this kind in this namespace itself (a
-    Job's pods carry the Job's key, which a pod's deletion must not release)."""
-    return key.startswith(reservation_key(namespace, kind, ""))

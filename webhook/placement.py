@@ -29,29 +29,6 @@ from .model import (EXCEEDS_CLUSTER, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOM
 Member = Union[Domain, NodeState]  # a place in the tree: a domain or a node
 
 
-def place(index: ClusterIndex, request: PlacementRequest) -> Decision:
-    """Decide without recording anything (dry runs, explanations, benchmarks)."""
-    with index.lock:
-        return _decide(index, request)
-
-
-def place_and_reserve(index: ClusterIndex, request: PlacementRequest, key: str | None, now: float) -> Decision:
-    """Decide and hold the chosen GPUs under `key`, atomically. The workload's own earlier hold is
-    dropped first, so placing it again (reinvocation, retries) never counts it twice."""
-    with index.lock:
-        index.expire_reservations(now)
-        if key is None:
-            return _decide(index, request)
-        index.release(key)
-        decision = _decide(index, request)
-        if decision.outcome is Outcome.PLACED:
-            sets: dict[str, list[tuple[int, ...]]] = {}
-            for assigned in decision.assignment:
-                sets.setdefault(assigned.node, []).extend(assigned.gpu_ids)
-            index.reserve(key, sets, now + index.config.reservation_ttl_seconds)
-        return decision
-
-
 # -- tree helpers --------------------------------------------------------------------------------
 
 def _cap(member: Member, gpus: int) -> int:
@@ -133,33 +110,35 @@ def _child_towards(node: NodeState, scope: Domain) -> Member:
 
 # -- the decision ----------------------------------------------------------------------------------
 
-def _decide(index: ClusterIndex, request: PlacementRequest) -> Decision:
+def decide(index: ClusterIndex, request: PlacementRequest, subset: ClusterIndex) -> Decision:
+    """The decision for `request`, reading `index` and `subset` (the part of the index the request
+    may use: `index.restricted_to(request)`, which is `index` itself when nothing filters). Pure:
+    it takes no lock and writes nothing; the caller holds the index still while it runs."""
     gpus, pods = request.gpus_per_pod, request.pods
     if gpus < 1 or pods < 1:
         raise ValueError(f"a placement needs at least one pod and one GPU per pod, got {pods} x {gpus}")
-    view = index.restricted_to(request)
     shape = f"{pods} pod(s) x {gpus} GPU(s)"
-    if view.root.alloc_gpus == 0:
+    if subset.root.alloc_gpus == 0:
         return Decision(Outcome.NEVER, request, None, code=NO_MATCHING_NODES,
                         reasons=(f"no Ready, schedulable GPU node is open to {request.workload}: "
                                  + _exclusions(index, request),))
-    if _ever(view.root, gpus) < pods:
-        largest = max((n.alloc for n in view.nodes.values() if n.eligible), default=0)
+    if _ever(subset.root, gpus) < pods:
+        largest = max((n.alloc for n in subset.nodes.values() if n.eligible), default=0)
         return Decision(Outcome.NEVER, request, None, code=EXCEEDS_CLUSTER, reasons=(
             f"{request.workload} needs {shape}; even with every GPU free the nodes it may use hold "
-            f"{_ever(view.root, gpus)} such pod(s) (largest node: {largest} GPUs)",))
-    chain: list[Member] = [view.root]
+            f"{_ever(subset.root, gpus)} such pod(s) (largest node: {largest} GPUs)",))
+    chain: list[Member] = [subset.root]
     preferred: Member | None = None
     if request.preferred_domain:
-        found = _resolve(index, view, request.preferred_domain)
+        found = _resolve(index, subset, request.preferred_domain)
         if isinstance(found, str):
             return Decision(Outcome.NEVER, request, None, code=UNKNOWN_DOMAIN, reasons=(found,))
         preferred = found
         chain = _ancestry(preferred)
     if request.strategy is Strategy.DISTRIBUTED:
-        decision = _distributed(view, request, chain)
+        decision = _distributed(subset, request, chain)
     else:
-        decision = _consolidated(view, request, chain)
+        decision = _consolidated(subset, request, chain)
     if preferred is None or decision.outcome is Outcome.NEVER:
         return decision
     honoured = decision.scope is not None and _is_under(decision.scope.path, _path(preferred))
@@ -173,8 +152,8 @@ def _is_under(path: tuple, ancestor: tuple) -> bool:
     return path[: len(ancestor)] == ancestor
 
 
-def _resolve(index: ClusterIndex, view: ClusterIndex, text: str) -> Member | str:
-    """A preferred-domain value -> the member of `view` nearest to it, or an error sentence."""
+def _resolve(index: ClusterIndex, subset: ClusterIndex, text: str) -> Member | str:
+    """A preferred-domain value -> the member of `subset` nearest to it, or an error sentence."""
     level_name, _, value = text.strip().rpartition("=")
     paths = sorted(index.by_value.get(value, ()))
     if level_name:
@@ -189,43 +168,43 @@ def _resolve(index: ClusterIndex, view: ClusterIndex, text: str) -> Member | str
                 f"LEVEL=VALUE ({'; '.join(known) or 'the cluster has no labelled domains'})")
     path = paths[0]
     for depth in range(len(path), 0, -1):  # the deepest part of it the request may use
-        member = _lookup(view, path[:depth])
+        member = _lookup(subset, path[:depth])
         if member is not None:
             return member
-    return view.root
+    return subset.root
 
 
 def _level_name(index: ClusterIndex, path: tuple) -> str:
     return index.config.levels[len(path) - 1].name if len(path) <= len(index.config.levels) else "node"
 
 
-def _lookup(view: ClusterIndex, path: tuple) -> Member | None:
-    if len(path) <= len(view.levels):
-        return view.levels[len(path) - 1].get(path)
-    node = view.nodes.get(path[-1][1])
+def _lookup(subset: ClusterIndex, path: tuple) -> Member | None:
+    if len(path) <= len(subset.levels):
+        return subset.levels[len(path) - 1].get(path)
+    node = subset.nodes.get(path[-1][1])
     return node if node is not None and _path(node) == path else None
 
 
 # -- consolidated ------------------------------------------------------------------------------------
 
-def _consolidated(view: ClusterIndex, request: PlacementRequest, chain: list[Member]) -> Decision:
+def _consolidated(subset: ClusterIndex, request: PlacementRequest, chain: list[Member]) -> Decision:
     gpus, pods = request.gpus_per_pod, request.pods
     for scope in chain:
-        target = _tightest_fit(view, scope, pods, gpus)
+        target = _tightest_fit(subset, scope, pods, gpus)
         if target is not None:
-            return _placed(view, request, target, _split(target, pods, gpus))
-    return _waiting(view, request, chain)
+            return _placed(subset, request, target, _split(target, pods, gpus))
+    return _waiting(subset, request, chain)
 
 
-def _tightest_fit(view: ClusterIndex, scope: Member, pods: int, gpus: int) -> Member | None:
+def _tightest_fit(subset: ClusterIndex, scope: Member, pods: int, gpus: int) -> Member | None:
     """The deepest, then best-fitting member under `scope` that holds all pods whole."""
     node = _tightest_node(scope, pods * gpus, gpus)
     if node is not None:
         return node
     if isinstance(scope, NodeState):
         return None
-    for level in range(len(view.levels) - 1, scope.ref.level, -1):
-        members = view.levels[level].values() if scope is view.root else _at_level(scope, level)
+    for level in range(len(subset.levels) - 1, scope.ref.level, -1):
+        members = subset.levels[level].values() if scope is subset.root else _at_level(scope, level)
         fitting = [d for d in members if d.cap[gpus] >= pods]  # label levels hold Domains
         if fitting:
             # Among equal fits, the one with fewer partly used nodes: jobs that span nodes stay
@@ -328,9 +307,9 @@ def _roomiest_then_tightest(kids: list[Member], pods: int, gpus: int) -> tuple[l
 
 # -- distributed --------------------------------------------------------------------------------------
 
-def _distributed(view: ClusterIndex, request: PlacementRequest, chain: list[Member]) -> Decision:
+def _distributed(subset: ClusterIndex, request: PlacementRequest, chain: list[Member]) -> Decision:
     gpus, pods = request.gpus_per_pod, request.pods
-    depth = len(view.levels)
+    depth = len(subset.levels)
     scope: Member | None = None
     if request.latency_sensitive and depth >= 1:
         # Short hops: the tightest domain of the level above the leaves that holds every pod
@@ -343,16 +322,16 @@ def _distributed(view: ClusterIndex, request: PlacementRequest, chain: list[Memb
                     break
             if scope is not None:
                 break
-        scope = scope or (view.root if _cap(view.root, gpus) >= pods else None)
+        scope = scope or (subset.root if _cap(subset.root, gpus) >= pods else None)
     else:
         scope = next((m for m in chain if _cap(m, gpus) >= pods), None)
     if scope is None:
-        return _waiting(view, request, chain)
+        return _waiting(subset, request, chain)
     used = _spread(scope, pods, gpus, depth)
-    placed = [(view.nodes[name], n) for name, n in used.items()]
-    spread_label = view.config.levels[-1].label if depth else None
-    decision = _placed(view, request, scope, placed, spread=(HOSTNAME_LABEL,) + (
-        (spread_label,) if spread_label else ()), pin=scope is not view.root)
+    placed = [(subset.nodes[name], n) for name, n in used.items()]
+    spread_label = subset.config.levels[-1].label if depth else None
+    decision = _placed(subset, request, scope, placed, spread=(HOSTNAME_LABEL,) + (
+        (spread_label,) if spread_label else ()), pin=scope is not subset.root)
     if len(used) < pods:
         return dataclasses.replace(decision, reasons=decision.reasons + (
             f"only {len(used)} node(s) in {_label(scope)} have {gpus} free GPUs: some pods share a node",))
@@ -410,7 +389,7 @@ def _requirements(scope: Member, used_children: set[str] | None) -> tuple[NodeRe
     return tuple(NodeRequirement(k, v) for k, v in merged.items())
 
 
-def _placed(view: ClusterIndex, request: PlacementRequest, scope: Member, split: list[tuple[NodeState, int]],
+def _placed(subset: ClusterIndex, request: PlacementRequest, scope: Member, split: list[tuple[NodeState, int]],
             spread: tuple[str, ...] = (), pin: bool = True) -> Decision:
     gpus = request.gpus_per_pod
     assignment = []
@@ -423,12 +402,12 @@ def _placed(view: ClusterIndex, request: PlacementRequest, scope: Member, split:
             sets.append(ids)
         links = [_pod_link(node, ids) for ids in sets]
         assignment.append(NodeAssignment(node.name, count, tuple(sets), max(links, key=lambda lk: lk.rank)))
-    interconnect, bandwidth, profile = _estimate(view, request, assignment)
+    interconnect, bandwidth, profile = _estimate(subset, request, assignment)
     used_children = {_child_towards(node, scope).ref.name for node, _ in split
                      if isinstance(scope, Domain) and isinstance(_child_towards(node, scope), Domain)}
     domains = tuple(sorted((c.ref for c in _children(scope) if isinstance(c, Domain) and c.ref.name in used_children),
                            key=lambda r: r.path)) or (_ref(scope),)
-    reasons = [_why(view, request, scope, domains)]
+    reasons = [_why(subset, request, scope, domains)]
     if request.pods == 1 and assignment:
         ids = assignment[0].gpu_ids[0]
         reasons.append(f"GPUs {','.join(map(str, ids))} on {assignment[0].node}: "
@@ -444,7 +423,7 @@ def _placed(view: ClusterIndex, request: PlacementRequest, scope: Member, split:
                     profile=profile.name, reasons=tuple(reasons))
 
 
-def _why(view: ClusterIndex, request: PlacementRequest, scope: Member, domains: tuple[DomainRef, ...]) -> str:
+def _why(subset: ClusterIndex, request: PlacementRequest, scope: Member, domains: tuple[DomainRef, ...]) -> str:
     shape = f"{request.pods} pod(s) x {request.gpus_per_pod} GPU(s)"
     if request.strategy is Strategy.DISTRIBUTED:
         return f"{shape} spread over nodes and leaves of {_label(scope)} for failure isolation"
@@ -461,11 +440,11 @@ def _pod_link(node: NodeState, ids: tuple[int, ...]) -> Interconnect:
     return Interconnect.PCIE
 
 
-def _estimate(view: ClusterIndex, request: PlacementRequest, assignment: list[NodeAssignment]
+def _estimate(subset: ClusterIndex, request: PlacementRequest, assignment: list[NodeAssignment]
               ) -> tuple[Interconnect, float, HardwareProfile]:
     """Bottleneck all-reduce bus bandwidth (traces-and-metrics.md 3.1): the slowest pod inside,
     then the NICs of the node with the fewest job GPUs, then switch oversubscription."""
-    nodes = [view.nodes[a.node] for a in assignment]
+    nodes = [subset.nodes[a.node] for a in assignment]
     profile = min((n.profile for n in nodes), key=lambda p: p.nvlink_gbs)
     intra = min(p.nvlink_gbs if a.interconnect is Interconnect.NVLINK else p.pcie_gbs
                 for a, p in zip(assignment, (n.profile for n in nodes)))
@@ -478,14 +457,14 @@ def _estimate(view: ClusterIndex, request: PlacementRequest, assignment: list[No
         return Interconnect.NODE, min(intra, nics * node.profile.nic_gbs), profile
     common = _common_prefix([n.parent.ref.path for n in nodes])
     level = len(common) - 1
-    levels = view.config.levels
+    levels = subset.config.levels
     link = levels[level].link if level >= 0 else "cluster"
     if link == "nvlink":
         return Interconnect.NVLINK, profile.nvlink_gbs, profile
     network = min(min(a.pods * gpus, n.profile.nics_per_node) * n.profile.nic_gbs for a, n in zip(assignment, nodes))
     divisor = math.prod(lv.oversubscription for lv in levels[max(level, 0):])
     if level < 0:
-        divisor *= view.config.cluster_oversubscription
+        divisor *= subset.config.cluster_oversubscription
     return Interconnect(link), min(intra, network / divisor), profile
 
 
@@ -499,7 +478,7 @@ def _common_prefix(paths: list[tuple]) -> tuple:
 
 # -- nothing fits now, or ever ------------------------------------------------------------------------------
 
-def _waiting(view: ClusterIndex, request: PlacementRequest, chain: list[Member]) -> Decision:
+def _waiting(subset: ClusterIndex, request: PlacementRequest, chain: list[Member]) -> Decision:
     """Name the domain that will fit first: the deepest level with a domain that could ever hold
     the workload, and in it the domain closest to fitting now; say per level how much fits."""
     gpus, pods = request.gpus_per_pod, request.pods
@@ -509,7 +488,7 @@ def _waiting(view: ClusterIndex, request: PlacementRequest, chain: list[Member])
         if nodes:
             target = min(nodes, key=lambda n: (-_cap(n, gpus), -n.free, n.name))
             break
-        for level in range(len(view.levels) - 1, (scope.ref.level if isinstance(scope, Domain) else 0), -1):
+        for level in range(len(subset.levels) - 1, (scope.ref.level if isinstance(scope, Domain) else 0), -1):
             able = [d for d in _at_level(scope, level) if _ever(d, gpus) >= pods]
             if able:
                 target = min(able, key=lambda d: (-_cap(d, gpus), -_free(d), _path(d)))
@@ -519,13 +498,13 @@ def _waiting(view: ClusterIndex, request: PlacementRequest, chain: list[Member])
         if _ever(scope, gpus) >= pods:
             target = scope
             break
-    target = target or view.root
+    target = target or subset.root
     reasons = [f"no domain has room for {pods} pod(s) x {gpus} GPU(s) now; {_label(target)} will fit first "
                f"({_cap(target, gpus)} of {pods} fit now, {_ever(target, gpus)} when idle)"]
-    for level in range(len(view.levels) - 1, -1, -1):
-        ranked = sorted(view.levels[level].values(), key=lambda d: (-_cap(d, gpus), _path(d)))[:3]
+    for level in range(len(subset.levels) - 1, -1, -1):
+        ranked = sorted(subset.levels[level].values(), key=lambda d: (-_cap(d, gpus), _path(d)))[:3]
         if ranked:
-            reasons.append(f"{view.config.levels[level].name}: " + ", ".join(
+            reasons.append(f"{subset.config.levels[level].name}: " + ", ".join(
                 f"{d.ref.name} {min(_cap(d, gpus), pods)} of {pods} pods fit" for d in ranked))
     return Decision(Outcome.WAIT, request, _ref(target), domains=(_ref(target),),
                     requirements=_requirements(target, None), code=NO_ROOM_NOW, reasons=tuple(reasons))

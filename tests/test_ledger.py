@@ -1,0 +1,54 @@
+"""The reservation ledger on its own: holds, confirmation by bound pods, expiry by its own clock,
+and the namespace rule (nothing outside a hold's namespace confirms or releases it)."""
+from webhook.cluster import RESERVATION_ANNOTATION, ClusterIndex
+from webhook.config import Config
+from webhook.demo import make_node, make_pod
+from webhook.ledger import ReservationLedger
+from webhook.model import PlacementRequest, Strategy
+from webhook.placer import place_and_reserve
+
+TTL = 300.0
+
+
+def test_a_hold_is_confirmed_one_set_per_bound_pod_preferring_the_bound_node(clock):
+    ledger = ReservationLedger(TTL, clock)
+    assert ledger.reserve("ml/Job/a", {"n1": [(0, 1)], "n2": [(0, 1), (2, 3)]}) == {"n1", "n2"}
+    assert ledger.confirm("ml/Job/a", "pod-1", "ml", "n2") == {"n2"}
+    assert sorted(ledger.held_on("n2")) == [(0, 1)]
+    assert ledger.confirm("ml/Job/a", "pod-1", "ml", "n2") == set()  # the same pod counts once
+    assert ledger.confirm("ml/Job/a", "pod-2", "ml", "elsewhere") == {"n1"}  # bound off-plan: a held set goes
+    assert ledger.confirm("ml/Job/a", "pod-3", "ml", "n2") == {"n2"}
+    assert ledger.holds == {} and list(ledger.held_on("n1")) == list(ledger.held_on("n2")) == []
+
+
+def test_holds_expire_by_the_ledgers_own_clock_and_a_renewal_restarts_it(clock):
+    ledger = ReservationLedger(TTL, clock)
+    ledger.reserve("ml/Job/a", {"n1": [(0,)]})
+    clock.now += TTL - 1
+    ledger.reserve("ml/Job/a", {"n1": [(0,)]})  # placed again: the hold lasts from now
+    clock.now += 2
+    assert ledger.expire() == set() and set(ledger.holds) == {"ml/Job/a"}
+    clock.now += TTL
+    assert ledger.expire() == {"n1"} and ledger.holds == {}
+
+
+def test_a_pod_of_another_namespace_confirms_nothing(clock):
+    ledger = ReservationLedger(TTL, clock)
+    ledger.reserve("team-victim/Job/train", {"n1": [(0, 1, 2, 3)]})
+    assert ledger.confirm("team-victim/Job/train", "intruder", "attacker", "n1") == set()
+    assert ledger.confirm("team-victim/Job/train", "intruder", "team", "n1") == set()  # a prefix is not the namespace
+    assert sorted(ledger.held_on("n1")) == [(0, 1, 2, 3)]
+
+
+def test_a_bound_pod_in_another_namespace_leaves_the_hold_on_the_index(clock):
+    nodes = [make_node(f"n{i}", {"topology.scheduler/leaf": "l1"}, 8) for i in range(2)]
+    index = ClusterIndex.from_objects(Config(), nodes, [], clock)
+    decision = place_and_reserve(index, PlacementRequest("Job team-victim/train", 2, 8, Strategy.CONSOLIDATED),
+                                 "team-victim/Job/train")
+    assert index.stats().gpus_reserved == 16
+    forged = make_pod("forged", decision.nodes[0], 8, "attacker",
+                      annotations={RESERVATION_ANNOTATION: "team-victim/Job/train"})
+    index.upsert_pod(forged)
+    assert index.stats().gpus_reserved == 16 and set(index.ledger.holds) == {"team-victim/Job/train"}
+    index.delete_pod(forged)
+    assert index.stats().gpus_reserved == 16

@@ -1,0 +1,126 @@
+"""The reservation ledger: GPU sets held for workloads that are admitted but not yet bound.
+
+A hold is made when a workload is placed and lasts until its pods are seen bound (each bound pod
+confirms one held set), the workload is deleted, or its time runs out. The ledger is the only
+owner of holds, of the clock they expire by, and of the rule that says which objects may touch
+a hold (keys are `namespace/Kind/name`; only objects of that namespace confirm or release it).
+
+It knows nothing of nodes beyond their names: every change returns the names of the nodes whose
+held GPUs changed, and the cluster index recounts those.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+GpuSet = tuple[int, ...]
+
+
+def reservation_key(namespace: str, kind: str, name: str) -> str:
+    """The key a placed workload's hold is kept under, and written on its pods: namespace/Kind/name."""
+    return f"{namespace}/{kind}/{name}"
+
+
+def held_by(key: str, namespace: str, kind: str) -> bool:
+    """Whether a reservation key belongs to an object of this kind in this namespace itself (a
+    Job's pods carry the Job's key, which a pod's deletion must not release)."""
+    return key.startswith(reservation_key(namespace, kind, ""))
+
+
+def in_namespace(key: str, namespace: str) -> bool:
+    """Whether a key names a hold of `namespace`: nothing outside it may confirm or release it."""
+    return key.startswith(f"{namespace}/")
+
+
+@dataclass
+class Reservation:
+    key: str
+    sets: dict[str, list[GpuSet]]  # node name -> GPU sets still held there, one per unbound pod
+    expires_at: float
+    confirmed: set[str] = field(default_factory=set)  # pod keys already counted
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(self.sets)
+
+    @property
+    def pods_left(self) -> int:
+        return sum(len(sets) for sets in self.sets.values())
+
+
+class ReservationLedger:
+    """Holds by key, and by node for the index's recounts. Not thread safe on its own: the
+    cluster index calls it under its lock."""
+
+    def __init__(self, ttl_seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.ttl_seconds = ttl_seconds
+        self.clock = clock
+        self.holds: dict[str, Reservation] = {}
+        self._on_node: dict[str, dict[str, list[GpuSet]]] = {}  # node -> key -> sets (the same lists)
+        # (expires_at, key) of every hold made, soonest first: expiry runs before every decision
+        # and must not scan all holds. An entry whose hold was since released or renewed is skipped.
+        self._expiry: list[tuple[float, str]] = []
+
+    def held_on(self, node: str) -> Iterable[GpuSet]:
+        """Every GPU set held on a node, whoever holds it."""
+        for sets in self._on_node.get(node, {}).values():
+            yield from sets
+
+    def reserve(self, key: str, sets_per_node: Mapping[str, Iterable[GpuSet]]) -> set[str]:
+        """Hold GPU sets for `key` until now + TTL. Reserving a key again replaces its old hold,
+        so placing a workload again never books it twice. Returns the nodes whose holds changed."""
+        changed = self.release(key)
+        sets = {node: list(held) for node, held in sets_per_node.items() if held}
+        if not sets:
+            return changed
+        reservation = Reservation(key, sets, self.clock() + self.ttl_seconds)
+        self.holds[key] = reservation
+        for node, held in sets.items():
+            self._on_node.setdefault(node, {})[key] = held
+        heapq.heappush(self._expiry, (reservation.expires_at, key))
+        return changed | set(sets)
+
+    def release(self, key: str) -> set[str]:
+        reservation = self.holds.pop(key, None)
+        if reservation is None:
+            return set()
+        for node in reservation.sets:
+            self._forget(node, key)
+        return set(reservation.sets)
+
+    def confirm(self, key: str, pod: str, namespace: str, bound_to: str) -> set[str]:
+        """A pod of `namespace` carrying `key` is bound to `bound_to`: drop one of the held sets,
+        the bound node's if it holds one. A pod of another namespace confirms nothing."""
+        reservation = self.holds.get(key)
+        if reservation is None or pod in reservation.confirmed or not in_namespace(key, namespace):
+            return set()
+        node = bound_to if reservation.sets.get(bound_to) else next(iter(reservation.sets))
+        reservation.sets[node].pop()
+        if not reservation.sets[node]:
+            del reservation.sets[node]
+            self._forget(node, key)
+        if not reservation.sets:
+            del self.holds[key]
+        else:
+            reservation.confirmed.add(pod)
+        return {node}
+
+    def expire(self) -> set[str]:
+        """Release every hold whose time has run out; returns the nodes whose holds changed."""
+        now = self.clock()
+        changed: set[str] = set()
+        while self._expiry and self._expiry[0][0] <= now:
+            expires_at, key = heapq.heappop(self._expiry)
+            reservation = self.holds.get(key)
+            if reservation is not None and reservation.expires_at == expires_at:
+                changed |= self.release(key)
+        return changed
+
+    def _forget(self, node: str, key: str) -> None:
+        by_key = self._on_node.get(node)
+        if by_key is not None:
+            by_key.pop(key, None)
+            if not by_key:
+                del self._on_node[node]
