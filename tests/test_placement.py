@@ -335,3 +335,40 @@ def test_a_leaf_label_groups_nodes_even_without_zone_and_spine_labels():
     decision = place(ClusterIndex.from_objects(Config(), nodes), request(2))
     assert decision.scope.name == "rack-7" and decision.interconnect is Interconnect.LEAF
     assert [(r.key, r.values) for r in decision.requirements] == [("topology.scheduler/leaf", ("rack-7",))]
+
+
+def test_an_unchanged_node_update_changes_nothing_and_keeps_the_constrained_subsets(cluster):
+    pinned = ({"matchExpressions": [{"key": "topology.scheduler/leaf", "operator": "In", "values": ["leaf-2"]}]},)
+    subset = cluster.restricted_to(request(2, required_node_terms=pinned))
+    node = cluster.nodes["gpu-s1-l2-n1"]
+    cluster.upsert_node(make_node("gpu-s1-l2-n1", dict(node.labels)))  # a kubelet status update
+    assert cluster.nodes["gpu-s1-l2-n1"] is node
+    assert cluster.restricted_to(request(2, required_node_terms=pinned)) is subset
+
+
+def test_changed_nodes_move_in_and_out_of_constrained_subsets_which_stay_exact(cluster):
+    pool_a = request(2, node_selector={"pool": "a"})
+    moved = {name: dict(node.labels) for name, node in cluster.nodes.items() if "-l2-" in name}
+    for name, labels in moved.items():
+        cluster.upsert_node(make_node(name, {**labels, "pool": "a"}))
+    subset = cluster.restricted_to(pool_a)
+    assert sorted(subset.nodes) == sorted(moved)
+    cluster.upsert_pod(make_pod("busy", "gpu-s1-l2-n1", 8))
+    cluster.upsert_node(make_node("gpu-s1-l3-n1", {**dict(cluster.nodes["gpu-s1-l3-n1"].labels), "pool": "a"}))
+    cluster.upsert_node(make_node("gpu-s1-l2-n2", {**moved["gpu-s1-l2-n2"], "pool": "b"}))  # leaves pool a
+    cluster.upsert_node({**make_node("gpu-s1-l2-n3", {**moved["gpu-s1-l2-n3"], "pool": "a"}),
+                         "spec": {"unschedulable": True}})  # cordoned: stays, with no capacity
+    cluster.delete_node("gpu-s1-l2-n4")
+    assert cluster.restricted_to(pool_a) is subset  # kept, not rebuilt
+    rebuilt = ClusterIndex(Config())
+    for name, node in cluster.nodes.items():
+        if node.labels.get("pool") == "a":
+            rebuilt.upsert_node(make_node(name, dict(node.labels)))
+    rebuilt.upsert_pod(make_pod("busy", "gpu-s1-l2-n1", 8))
+    rebuilt.upsert_node({**make_node("gpu-s1-l2-n3", dict(cluster.nodes["gpu-s1-l2-n3"].labels)),
+                         "spec": {"unschedulable": True}})
+    aggregates = lambda d: (d.cap, d.ever, d.free_hist, d.free_gpus, d.alloc_gpus, d.nodes, d.partly_used)  # noqa: E731
+    assert sorted(subset.nodes) == sorted(rebuilt.nodes) == ["gpu-s1-l2-n1", "gpu-s1-l2-n3", "gpu-s1-l3-n1"]
+    assert aggregates(subset.root) == aggregates(rebuilt.root)
+    assert {p: aggregates(d) for p, d in subset.levels[2].items()} == {
+        p: aggregates(d) for p, d in rebuilt.levels[2].items()}

@@ -35,7 +35,7 @@ RESERVATION_ANNOTATION = "topology.scheduler/reservation"
 GPU_IDS_ANNOTATION = "topology.scheduler/gpu-ids"
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 _FINISHED_PHASES = ("Succeeded", "Failed")
-MAX_VIEWS = 32
+MAX_SUBSETS = 32
 
 
 class Domain:
@@ -163,6 +163,12 @@ def parse_node(node: Mapping, config: Config) -> NodeState:
                      taints=taints, alloc=alloc, nvlink_domains=domains, profile=profile, bandwidth_gbps=bandwidth)
 
 
+def _placement_fields(node: NodeState) -> tuple:
+    """What placement reads of a node: an update that changes none of it changes nothing."""
+    return (node.labels, node.eligible, node.taints, node.alloc, node.nvlink_domains, node.profile,
+            node.bandwidth_gbps)
+
+
 def pod_key(pod: Mapping) -> str:
     meta = pod.get("metadata") or {}
     return meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}"
@@ -244,9 +250,10 @@ class ClusterIndex:
         self.key_counts: dict[str, int] = {}
         self.bandwidth_counts: dict[float, int] = {}  # advertised Gb/s (0 = none) -> nodes
         self.gpu_nodes = 0
-        # Views for constrained requests, by constraint signature; kept exact on pod events and
-        # dropped on node changes (which may move nodes in or out of them).
-        self.views: OrderedDict[tuple, ClusterIndex] = OrderedDict()
+        # Constrained subsets: for a request whose node constraints leave nodes out, a tree of just
+        # the nodes it may use, by the request's constraints. Kept exact on every event: pod and
+        # hold changes shift their aggregates, a changed node moves in or out of each one.
+        self.subsets: OrderedDict[tuple, tuple[PlacementRequest, ClusterIndex]] = OrderedDict()
 
     @classmethod
     def from_objects(cls, config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = (),
@@ -308,6 +315,7 @@ class ClusterIndex:
     def _grow(self, width: int) -> None:
         """A node with more GPUs than any before: widen every aggregate and recount (rare)."""
         self.width = width
+        self.subsets.clear()  # built for the old width; rebuilt on next use
         for domain in [self.root, *(d for level in self.levels for d in level.values())]:
             domain.free_hist = [0] * (width + 1)
             domain.cap = [0] * (width + 1)
@@ -339,17 +347,17 @@ class ClusterIndex:
 
     def _change(self, node: NodeState, mutate: Callable[[], None]) -> None:
         """Apply `mutate` (pods or holds, never labels or allocatable) to a node, with its
-        aggregates, and those of views holding it, kept exact."""
+        aggregates, and those of subsets holding it, kept exact."""
         before = node.free
         mutate()
         after = node.compute_free()
         if after == before:
             return
         self._shift_free(node, before, after)
-        for view in self.views.values():
-            copy = view.nodes.get(node.name)
+        for _, subset in self.subsets.values():
+            copy = subset.nodes.get(node.name)
             if copy is not None:
-                view._shift_free(copy, before, after)
+                subset._shift_free(copy, before, after)
 
     def _shift_free(self, node: NodeState, before: int, after: int) -> None:
         """Move a node's free GPUs from `before` to `after` in every aggregate above it: only what
@@ -374,18 +382,25 @@ class ClusterIndex:
             fresh = parse_node(obj, self.config)
             if not fresh.name:
                 return
-            self.views.clear()
+            old = self.nodes.get(fresh.name)
+            if old is not None and _placement_fields(old) == _placement_fields(fresh):
+                return  # kubelet's status updates: nothing placement reads has changed
             if fresh.alloc > self.width:
                 self._grow(fresh.alloc)
-            old = self.nodes.get(fresh.name)
             if old is not None:
                 fresh.pods = old.pods
-                self._remove_node(old)
+                self._count_labels(old, -1)
+                self._detach(old)
             else:
                 fresh.pods = self.orphan_pods.pop(fresh.name, {})
             fresh.held = list(self.ledger.held_on(fresh.name))
             self._attach(fresh)
             self._count_labels(fresh, +1)
+            for request, subset in self.subsets.values():  # move the node in or out of each subset
+                if fresh.name in subset.nodes:
+                    subset._detach(subset.nodes[fresh.name])
+                if node_matches(fresh, request):
+                    subset._attach(dataclasses.replace(fresh, parent=None))  # shares pods and holds
 
     def _attach(self, node: NodeState) -> None:
         node.parent = self._domain_for(self.node_path(node))
@@ -398,14 +413,17 @@ class ClusterIndex:
         with self.lock:
             node = self.nodes.get(name)
             if node is not None:
-                self.views.clear()
-                self._remove_node(node)
+                for _, subset in self.subsets.values():
+                    if name in subset.nodes:
+                        subset._detach(subset.nodes[name])
+                self._count_labels(node, -1)
+                self._detach(node)
                 if node.pods:  # its pods may still be deleted later; keep them until then
                     self.orphan_pods[name] = node.pods
 
-    def _remove_node(self, node: NodeState) -> None:
+    def _detach(self, node: NodeState) -> None:
+        """Take a node out of the tree (the inverse of _attach)."""
         self._account(node, -1)
-        self._count_labels(node, -1)
         del self.nodes[node.name]
         del node.parent.children[node.name]
         paths = self.by_value[node.name]
@@ -569,24 +587,24 @@ class ClusterIndex:
         return [self.nodes[name] for name in sorted(set.intersection(*narrowed)) if name in self.nodes]
 
     def restricted_to(self, request: PlacementRequest) -> "ClusterIndex":
-        """This index, or a view holding only the nodes the request may use. Views are cached by
-        the request's constraints (at most `MAX_VIEWS`), so repeated selectors cost one build."""
+        """This index, or the constrained subset holding only the nodes the request may use.
+        Subsets are cached by the request's constraints (at most `MAX_SUBSETS`), so repeated
+        selectors cost one build."""
         if self.filters_nothing(request):
             return self
-        tolerated = tuple(sorted(t for t in self.taint_counts if tolerates(request.tolerations, t)))
-        signature = (tuple(sorted(request.node_selector.items())), tolerated, request.min_bandwidth_gbps,
-                     json.dumps(request.required_node_terms, sort_keys=True))
-        view = self.views.get(signature)
-        if view is None:
-            view = ClusterIndex(self.config, self.width)
+        signature = (tuple(sorted(request.node_selector.items())), request.min_bandwidth_gbps,
+                     json.dumps([request.required_node_terms, request.tolerations], sort_keys=True))
+        cached = self.subsets.get(signature)
+        if cached is None:
+            subset = ClusterIndex(self.config, self.width)
             for node in self._candidates(request):
                 if node_matches(node, request):
-                    view._attach(dataclasses.replace(node, parent=None))  # shares pods and holds
-            self.views[signature] = view
-            if len(self.views) > MAX_VIEWS:
-                self.views.popitem(last=False)
-        self.views.move_to_end(signature)
-        return view
+                    subset._attach(dataclasses.replace(node, parent=None))  # shares pods and holds
+            cached = self.subsets[signature] = (request, subset)
+            if len(self.subsets) > MAX_SUBSETS:
+                self.subsets.popitem(last=False)
+        self.subsets.move_to_end(signature)
+        return cached[1]
 
     def stats(self) -> ClusterStats:
         with self.lock:
