@@ -22,6 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Callable, Iterable, Iterator, Mapping
 
 from .config import HOSTNAME_LABEL, Config, HardwareProfile
@@ -38,8 +39,15 @@ _FINISHED_PHASES = ("Succeeded", "Failed")
 MAX_SUBSETS = 32
 
 
+_NO_CHILDREN: Mapping[str, "Domain | NodeState"] = MappingProxyType({})
+
+
 class Domain:
-    """One topology domain and the capacity aggregates of the nodes below it."""
+    """One topology domain and the capacity aggregates of the nodes below it.
+
+    Domains and nodes answer the same read-only questions (fits, fits_idle, free_gpus, slots,
+    has_free, partly_used, path, ref, label, children), so placement walks the tree without asking
+    which one it holds; a node is the tree's leaf, with no children."""
 
     __slots__ = ("ref", "parent", "children", "free_hist", "cap", "ever", "free_gpus", "alloc_gpus", "nodes",
                  "partly_used")
@@ -56,9 +64,29 @@ class Domain:
         self.nodes = 0
         self.partly_used = 0  # nodes with some GPUs taken and some free: where small jobs run
 
+    def fits(self, gpus: int) -> int:
+        """Pods of `gpus` GPUs that fit whole now."""
+        return self.cap[gpus] if gpus < len(self.cap) else 0
+
+    def fits_idle(self, gpus: int) -> int:
+        """Pods of `gpus` GPUs that would fit with every running pod gone."""
+        return self.ever[gpus] if gpus < len(self.ever) else 0
+
     def slots(self, gpus: int) -> int:
         """Nodes that can take one more pod of `gpus` GPUs (distributed placement counts these)."""
         return sum(self.free_hist[gpus:]) if gpus < len(self.free_hist) else 0
+
+    def has_free(self, count: int) -> bool:
+        """Whether some node below has exactly `count` free GPUs."""
+        return count < len(self.free_hist) and self.free_hist[count] > 0
+
+    @property
+    def path(self) -> tuple[tuple[str, str], ...]:
+        return self.ref.path
+
+    @property
+    def label(self) -> str:
+        return str(self.ref)
 
     def __repr__(self) -> str:
         return f"Domain({self.ref}, free={self.free_gpus})"
@@ -83,6 +111,42 @@ class NodeState:
     # every ledger change, so constrained subsets (which share this list) see them too.
     held: list[tuple[int, ...]] = field(default_factory=list)
 
+    # -- the read-only interface shared with Domain -------------------------------------------
+    children = _NO_CHILDREN
+
+    def fits(self, gpus: int) -> int:
+        return self.free // gpus
+
+    def fits_idle(self, gpus: int) -> int:
+        return (self.alloc if self.eligible else 0) // gpus
+
+    @property
+    def free_gpus(self) -> int:
+        return self.free
+
+    def slots(self, gpus: int) -> int:
+        return 1 if self.free >= gpus else 0
+
+    def has_free(self, count: int) -> bool:
+        return self.free == count
+
+    @property
+    def partly_used(self) -> int:
+        return 1 if 0 < self.free < self.alloc else 0
+
+    @property
+    def path(self) -> tuple[tuple[str, str], ...]:
+        return self.parent.ref.path + ((HOSTNAME_LABEL, self.name),)
+
+    @property
+    def ref(self) -> DomainRef:
+        return DomainRef(self.parent.ref.level + 1, "node", self.path)
+
+    @property
+    def label(self) -> str:
+        return f"node {self.name}"
+
+    # -- accounting ------------------------------------------------------------------------------
     @property
     def used(self) -> int:
         return sum(gpus for gpus, _ in self.pods.values())

@@ -31,64 +31,21 @@ Member = Union[Domain, NodeState]  # a place in the tree: a domain or a node
 
 # -- tree helpers --------------------------------------------------------------------------------
 
-def _cap(member: Member, gpus: int) -> int:
-    if isinstance(member, NodeState):
-        return member.free // gpus
-    return member.cap[gpus] if gpus < len(member.cap) else 0
-
-
-def _ever(member: Member, gpus: int) -> int:
-    if isinstance(member, NodeState):
-        return (member.alloc if member.eligible else 0) // gpus
-    return member.ever[gpus] if gpus < len(member.ever) else 0
-
-
-def _free(member: Member) -> int:
-    return member.free if isinstance(member, NodeState) else member.free_gpus
-
-
-def _slots(member: Member, gpus: int) -> int:
-    if isinstance(member, NodeState):
-        return 1 if member.free >= gpus else 0
-    return member.slots(gpus)
-
-
-def _path(member: Member) -> tuple:
-    if isinstance(member, NodeState):
-        return member.parent.ref.path + ((HOSTNAME_LABEL, member.name),)
-    return member.ref.path
-
-
-def _ref(member: Member) -> DomainRef:
-    if isinstance(member, NodeState):
-        return DomainRef(member.parent.ref.level + 1, "node", _path(member))
-    return member.ref
-
-
-def _label(member: Member) -> str:
-    return f"node {member.name}" if isinstance(member, NodeState) else str(member.ref)
-
-
-def _children(member: Member) -> Iterable[Member]:
-    return () if isinstance(member, NodeState) else member.children.values()
-
-
 def _at_level(scope: Member, level: int) -> Iterator[Member]:
     """Members of `scope`'s subtree at a level (len(levels) = nodes)."""
-    if isinstance(scope, NodeState):
+    children = scope.children.values()
+    if children and scope.ref.level + 1 == level:
+        yield from children
         return
-    if scope.ref.level + 1 == level:
-        yield from scope.children.values()
-        return
-    for child in scope.children.values():
+    for child in children:
         yield from _at_level(child, level)
 
 
 def _members_at(anchor: Member, level: int) -> list[Member]:
     """`anchor`'s domains at `level`: its descendants there, or its ancestor there."""
-    if isinstance(anchor, Domain) and anchor.ref.level < level:
+    if anchor.ref.level < level:
         return list(_at_level(anchor, level))
-    return [m for m in _ancestry(anchor) if isinstance(m, Domain) and m.ref.level == level]
+    return [m for m in _ancestry(anchor) if m.ref.level == level]
 
 
 def _ancestry(member: Member) -> list[Member]:
@@ -122,11 +79,11 @@ def decide(index: ClusterIndex, request: PlacementRequest, subset: ClusterIndex)
         return Decision(Outcome.NEVER, request, None, code=NO_MATCHING_NODES,
                         reasons=(f"no Ready, schedulable GPU node is open to {request.workload}: "
                                  + _exclusions(index, request),))
-    if _ever(subset.root, gpus) < pods:
+    if subset.root.fits_idle(gpus) < pods:
         largest = max((n.alloc for n in subset.nodes.values() if n.eligible), default=0)
         return Decision(Outcome.NEVER, request, None, code=EXCEEDS_CLUSTER, reasons=(
             f"{request.workload} needs {shape}; even with every GPU free the nodes it may use hold "
-            f"{_ever(subset.root, gpus)} such pod(s) (largest node: {largest} GPUs)",))
+            f"{subset.root.fits_idle(gpus)} such pod(s) (largest node: {largest} GPUs)",))
     chain: list[Member] = [subset.root]
     preferred: Member | None = None
     if request.preferred_domain:
@@ -141,9 +98,9 @@ def decide(index: ClusterIndex, request: PlacementRequest, subset: ClusterIndex)
         decision = _consolidated(subset, request, chain)
     if preferred is None or decision.outcome is Outcome.NEVER:
         return decision
-    honoured = decision.scope is not None and _is_under(decision.scope.path, _path(preferred))
-    note = (f"preferred {_label(preferred)} honoured" if honoured else
-            f"preferred {_label(preferred)} cannot hold {shape} now ({_cap(preferred, gpus)} fit); "
+    honoured = decision.scope is not None and _is_under(decision.scope.path, preferred.path)
+    note = (f"preferred {preferred.label} honoured" if honoured else
+            f"preferred {preferred.label} cannot hold {shape} now ({preferred.fits(gpus)} fit); "
             f"nearest domain with room by topology: {decision.scope}")
     return dataclasses.replace(decision, preferred_honoured=honoured, reasons=(note,) + decision.reasons)
 
@@ -182,7 +139,7 @@ def _lookup(subset: ClusterIndex, path: tuple) -> Member | None:
     if len(path) <= len(subset.levels):
         return subset.levels[len(path) - 1].get(path)
     node = subset.nodes.get(path[-1][1])
-    return node if node is not None and _path(node) == path else None
+    return node if node is not None and node.path == path else None
 
 
 # -- consolidated ------------------------------------------------------------------------------------
@@ -198,41 +155,35 @@ def _consolidated(subset: ClusterIndex, request: PlacementRequest, chain: list[M
 
 def _tightest_fit(subset: ClusterIndex, scope: Member, pods: int, gpus: int) -> Member | None:
     """The deepest, then best-fitting member under `scope` that holds all pods whole."""
-    node = _tightest_node(scope, pods * gpus, gpus)
+    node = _tightest_node(subset, scope, pods * gpus, gpus)
     if node is not None:
         return node
-    if isinstance(scope, NodeState):
-        return None
     for level in range(len(subset.levels) - 1, scope.ref.level, -1):
         members = subset.levels[level].values() if scope is subset.root else _at_level(scope, level)
-        fitting = [d for d in members if d.cap[gpus] >= pods]  # label levels hold Domains
+        fitting = [d for d in members if d.fits(gpus) >= pods]
         if fitting:
             # Among equal fits, the one with fewer partly used nodes: jobs that span nodes stay
             # apart from where small jobs run, the mirror of _tightest_node's rule.
-            return min(fitting, key=lambda d: (d.cap[gpus], d.partly_used, d.free_gpus, d.ref.path))
-    return scope if _cap(scope, gpus) >= pods else None
+            return min(fitting, key=lambda d: (d.fits(gpus), d.partly_used, d.free_gpus, d.path))
+    return scope if scope.fits(gpus) >= pods else None
 
 
-def _tightest_node(scope: Member, need: int, gpus: int) -> NodeState | None:
+def _tightest_node(subset: ClusterIndex, scope: Member, need: int, gpus: int) -> NodeState | None:
     """Hierarchical best fit for a single node: the smallest free count that holds `need`, found
-    from the root's histogram, then down through the domains that have such a node, those with
+    from the scope's histogram, then down through the domains that have such a node, those with
     the most partly used nodes first, the fullest among equals."""
-    if isinstance(scope, NodeState):
-        return scope if scope.free >= need else None
-    hist = scope.free_hist
-    best = next((f for f in range(need, len(hist)) if hist[f] > 0), None)
+    best = next((f for f in range(need, subset.width + 1) if scope.has_free(f)), None)
     if best is None:
         return None
     member: Member = scope
-    while isinstance(member, Domain):
-        kids = [c for c in member.children.values()
-                if (c.free == best if isinstance(c, NodeState) else c.free_hist[best] > 0)]
-        if isinstance(kids[0], NodeState):
+    while member.children:
+        kids = [c for c in member.children.values() if c.has_free(best)]
+        if not kids[0].children:  # nodes, the tree's leaves
             # Among equally full nodes, one whose NVLink domain holds the pod whole wins.
             return min(kids, key=lambda n: (not _aligned(n, gpus), n.name))
         # Where small jobs already run, then the fullest: the gaps of a domain that a big job
         # holds would break that domain up when the job ends (bench/RESULTS.md measures this).
-        member = min(kids, key=lambda d: (-d.partly_used, _cap(d, gpus), _free(d), _path(d)))
+        member = min(kids, key=lambda d: (-d.partly_used, d.fits(gpus), d.free_gpus, d.path))
     return member
 
 
@@ -249,11 +200,11 @@ def _split(member: Member, pods: int, gpus: int) -> list[tuple[NodeState, int]]:
     (every node brings its own NICs; crossing costs the same), so there the roomiest children are
     filled first and the remainder goes to the tightest child that holds it, which leaves the
     fewest partly used leaves behind (Kueue's BestFit does the same)."""
-    if isinstance(member, NodeState):
+    if not member.children:
         return [(member, pods)]
-    kids = sorted((c for c in _children(member) if _cap(c, gpus) > 0),
-                  key=lambda c: (-_cap(c, gpus), _free(c), _path(c)))
-    if isinstance(kids[0], NodeState):
+    kids = sorted((c for c in member.children.values() if c.fits(gpus) > 0),
+                  key=lambda c: (-c.fits(gpus), c.free_gpus, c.path))
+    if not kids[0].children:  # across nodes
         chosen, shares = _balanced(kids, pods, gpus)
     else:
         chosen, shares = _roomiest_then_tightest(kids, pods, gpus)
@@ -268,7 +219,7 @@ def _fewest(kids: list[Member], pods: int, gpus: int) -> int:
     """How many of `kids` (roomiest first) it takes to hold the pods."""
     total = 0
     for count, kid in enumerate(kids, start=1):
-        total += _cap(kid, gpus)
+        total += kid.fits(gpus)
         if total >= pods:
             return count
     return len(kids)
@@ -277,15 +228,15 @@ def _fewest(kids: list[Member], pods: int, gpus: int) -> int:
 def _balanced(kids: list[Member], pods: int, gpus: int) -> tuple[list[Member], list[int]]:
     count = _fewest(kids, pods, gpus)
     share = math.ceil(pods / count)
-    even = [c for c in kids if _cap(c, gpus) >= share]
+    even = [c for c in kids if c.fits(gpus) >= share]
     if len(even) >= count:  # best fit among the children that can take an even share
-        chosen = sorted(even, key=lambda c: (_cap(c, gpus), _free(c), _path(c)))[:count]
+        chosen = sorted(even, key=lambda c: (c.fits(gpus), c.free_gpus, c.path))[:count]
         return chosen, [pods // count + (1 if i < pods % count else 0) for i in range(count)]
     # Uneven capacities: water-fill from the smallest so the minimum share is as large as possible.
-    chosen = sorted(kids[:count], key=lambda c: (_cap(c, gpus), _path(c)))
+    chosen = sorted(kids[:count], key=lambda c: (c.fits(gpus), c.path))
     shares, left = [], pods
     for i, kid in enumerate(chosen):
-        give = min(_cap(kid, gpus), math.ceil(left / (count - i)))
+        give = min(kid.fits(gpus), math.ceil(left / (count - i)))
         shares.append(give)
         left -= give
     return chosen, shares
@@ -296,12 +247,12 @@ def _roomiest_then_tightest(kids: list[Member], pods: int, gpus: int) -> tuple[l
     shares: list[int] = []
     left = pods
     for i, kid in enumerate(kids):
-        if _cap(kid, gpus) >= left:  # the rest fits in one child: the tightest that holds it
-            last = min(kids[i:], key=lambda c: (_cap(c, gpus) < left, _cap(c, gpus), _free(c), _path(c)))
+        if kid.fits(gpus) >= left:  # the rest fits in one child: the tightest that holds it
+            last = min(kids[i:], key=lambda c: (c.fits(gpus) < left, c.fits(gpus), c.free_gpus, c.path))
             return chosen + [last], shares + [left]
         chosen.append(kid)
-        shares.append(_cap(kid, gpus))
-        left -= _cap(kid, gpus)
+        shares.append(kid.fits(gpus))
+        left -= kid.fits(gpus)
     return chosen, shares
 
 
@@ -316,15 +267,15 @@ def _distributed(subset: ClusterIndex, request: PlacementRequest, chain: list[Me
         # (one per node if it can), nearest the preferred domain; wider levels only if none does.
         for anchor in chain:
             for level in range(max(0, depth - 2), -1, -1):
-                fitting = [d for d in _members_at(anchor, level) if _cap(d, gpus) >= pods]
+                fitting = [d for d in _members_at(anchor, level) if d.fits(gpus) >= pods]
                 if fitting:
-                    scope = min(fitting, key=lambda d: (_slots(d, gpus) < pods, _slots(d, gpus), _free(d), _path(d)))
+                    scope = min(fitting, key=lambda d: (d.slots(gpus) < pods, d.slots(gpus), d.free_gpus, d.path))
                     break
             if scope is not None:
                 break
-        scope = scope or (subset.root if _cap(subset.root, gpus) >= pods else None)
+        scope = scope or (subset.root if subset.root.fits(gpus) >= pods else None)
     else:
-        scope = next((m for m in chain if _cap(m, gpus) >= pods), None)
+        scope = next((m for m in chain if m.fits(gpus) >= pods), None)
     if scope is None:
         return _waiting(subset, request, chain)
     used = _spread(scope, pods, gpus, depth)
@@ -334,14 +285,14 @@ def _distributed(subset: ClusterIndex, request: PlacementRequest, chain: list[Me
         (spread_label,) if spread_label else ()), pin=scope is not subset.root)
     if len(used) < pods:
         return dataclasses.replace(decision, reasons=decision.reasons + (
-            f"only {len(used)} node(s) in {_label(scope)} have {gpus} free GPUs: some pods share a node",))
+            f"only {len(used)} node(s) in {scope.label} have {gpus} free GPUs: some pods share a node",))
     return decision
 
 
 def _spread(scope: Member, pods: int, gpus: int, depth: int) -> dict[str, int]:
     """Pods per node name: round-robin over the leaves with the most open nodes, the tightest
     open node of a leaf first; a node takes a second pod only when no open node is left."""
-    if isinstance(scope, Domain) and scope.ref.level < depth - 1:
+    if scope.ref.level < depth - 1:
         open_leaves = [(d.slots(gpus), d) for d in _at_level(scope, depth - 1)]
         roomiest = heapq.nsmallest(pods, ((-n, d.ref.path, d) for n, d in open_leaves if n), key=lambda x: x[:2])
         groups = [leaf for _, _, leaf in roomiest]
@@ -367,7 +318,7 @@ def _spread(scope: Member, pods: int, gpus: int, depth: int) -> dict[str, int]:
 
 
 def _nodes_under(member: Member) -> Iterator[NodeState]:
-    if isinstance(member, NodeState):
+    if not member.children:
         yield member
         return
     for child in member.children.values():
@@ -379,11 +330,11 @@ def _nodes_under(member: Member) -> Iterator[NodeState]:
 def _requirements(scope: Member, used_children: set[str] | None) -> tuple[NodeRequirement, ...]:
     """Node affinity that confines pods to `scope` (and to the children used, below a label level)."""
     merged: dict[str, tuple[str, ...]] = {}
-    for key, value in _path(scope):
+    for key, value in scope.path:
         if value:  # an unnamed domain (label missing above a deeper one) is pinned by the deeper labels
             merged[key] = (value,)
-    if used_children and not isinstance(scope, NodeState):
-        kids = [c for c in _children(scope) if isinstance(c, Domain) and c.ref.name in used_children]
+    if used_children:
+        kids = [c for c in scope.children.values() if c.children and c.ref.name in used_children]
         if kids and len(kids) < len(scope.children):
             merged[kids[0].ref.path[-1][0]] = tuple(sorted(used_children))
     return tuple(NodeRequirement(k, v) for k, v in merged.items())
@@ -403,10 +354,11 @@ def _placed(subset: ClusterIndex, request: PlacementRequest, scope: Member, spli
         links = [_pod_link(node, ids) for ids in sets]
         assignment.append(NodeAssignment(node.name, count, tuple(sets), max(links, key=lambda lk: lk.rank)))
     interconnect, bandwidth, profile = _estimate(subset, request, assignment)
+    # The switches used below the scope (its children that are domains, not nodes).
     used_children = {_child_towards(node, scope).ref.name for node, _ in split
-                     if isinstance(scope, Domain) and isinstance(_child_towards(node, scope), Domain)}
-    domains = tuple(sorted((c.ref for c in _children(scope) if isinstance(c, Domain) and c.ref.name in used_children),
-                           key=lambda r: r.path)) or (_ref(scope),)
+                     if scope.children and _child_towards(node, scope).children}
+    domains = tuple(sorted((c.ref for c in scope.children.values() if c.children and c.ref.name in used_children),
+                           key=lambda r: r.path)) or (scope.ref,)
     reasons = [_why(subset, request, scope, domains)]
     if request.pods == 1 and assignment:
         ids = assignment[0].gpu_ids[0]
@@ -417,7 +369,7 @@ def _placed(subset: ClusterIndex, request: PlacementRequest, scope: Member, spli
                    f"{bandwidth:.0f} GB/s ({profile.name}{', estimate' if profile.estimate else ''})")
     # Distributed pins only its scope: below it the spread constraints do the work.
     confine = used_children if request.strategy is not Strategy.DISTRIBUTED else None
-    return Decision(Outcome.PLACED, request, _ref(scope), domains=domains, assignment=tuple(assignment),
+    return Decision(Outcome.PLACED, request, scope.ref, domains=domains, assignment=tuple(assignment),
                     requirements=_requirements(scope, confine) if pin else (),
                     spread_keys=spread, interconnect=interconnect, bus_bandwidth_gbs=round(bandwidth, 1),
                     profile=profile.name, reasons=tuple(reasons))
@@ -426,12 +378,12 @@ def _placed(subset: ClusterIndex, request: PlacementRequest, scope: Member, spli
 def _why(subset: ClusterIndex, request: PlacementRequest, scope: Member, domains: tuple[DomainRef, ...]) -> str:
     shape = f"{request.pods} pod(s) x {request.gpus_per_pod} GPU(s)"
     if request.strategy is Strategy.DISTRIBUTED:
-        return f"{shape} spread over nodes and leaves of {_label(scope)} for failure isolation"
+        return f"{shape} spread over nodes and leaves of {scope.label} for failure isolation"
     if len(domains) > 1:
-        return (f"{shape} in {_label(scope)} across {', '.join(d.name for d in domains)}: "
+        return (f"{shape} in {scope.label} across {', '.join(d.name for d in domains)}: "
                 f"no single {domains[0].level_name} holds them; fewest {domains[0].level_name}s, balanced")
-    return (f"{shape} in {_label(scope)}: the tightest {_ref(scope).level_name} that holds them "
-            f"({_cap(scope, request.gpus_per_pod)} such pod(s) fit there)")
+    return (f"{shape} in {scope.label}: the tightest {scope.ref.level_name} that holds them "
+            f"({scope.fits(request.gpus_per_pod)} such pod(s) fit there)")
 
 
 def _pod_link(node: NodeState, ids: tuple[int, ...]) -> Interconnect:
@@ -484,29 +436,29 @@ def _waiting(subset: ClusterIndex, request: PlacementRequest, chain: list[Member
     gpus, pods = request.gpus_per_pod, request.pods
     target: Member | None = None
     for scope in chain:
-        nodes = [n for n in _nodes_under(scope) if _ever(n, gpus) >= pods]
+        nodes = [n for n in _nodes_under(scope) if n.fits_idle(gpus) >= pods]
         if nodes:
-            target = min(nodes, key=lambda n: (-_cap(n, gpus), -n.free, n.name))
+            target = min(nodes, key=lambda n: (-n.fits(gpus), -n.free, n.name))
             break
-        for level in range(len(subset.levels) - 1, (scope.ref.level if isinstance(scope, Domain) else 0), -1):
-            able = [d for d in _at_level(scope, level) if _ever(d, gpus) >= pods]
+        for level in range(len(subset.levels) - 1, scope.ref.level, -1):
+            able = [d for d in _at_level(scope, level) if d.fits_idle(gpus) >= pods]
             if able:
-                target = min(able, key=lambda d: (-_cap(d, gpus), -_free(d), _path(d)))
+                target = min(able, key=lambda d: (-d.fits(gpus), -d.free_gpus, d.path))
                 break
         if target is not None:
             break
-        if _ever(scope, gpus) >= pods:
+        if scope.fits_idle(gpus) >= pods:
             target = scope
             break
     target = target or subset.root
-    reasons = [f"no domain has room for {pods} pod(s) x {gpus} GPU(s) now; {_label(target)} will fit first "
-               f"({_cap(target, gpus)} of {pods} fit now, {_ever(target, gpus)} when idle)"]
+    reasons = [f"no domain has room for {pods} pod(s) x {gpus} GPU(s) now; {target.label} will fit first "
+               f"({target.fits(gpus)} of {pods} fit now, {target.fits_idle(gpus)} when idle)"]
     for level in range(len(subset.levels) - 1, -1, -1):
-        ranked = sorted(subset.levels[level].values(), key=lambda d: (-_cap(d, gpus), _path(d)))[:3]
+        ranked = sorted(subset.levels[level].values(), key=lambda d: (-d.fits(gpus), d.path))[:3]
         if ranked:
             reasons.append(f"{subset.config.levels[level].name}: " + ", ".join(
-                f"{d.ref.name} {min(_cap(d, gpus), pods)} of {pods} pods fit" for d in ranked))
-    return Decision(Outcome.WAIT, request, _ref(target), domains=(_ref(target),),
+                f"{d.ref.name} {min(d.fits(gpus), pods)} of {pods} pods fit" for d in ranked))
+    return Decision(Outcome.WAIT, request, target.ref, domains=(target.ref,),
                     requirements=_requirements(target, None), code=NO_ROOM_NOW, reasons=tuple(reasons))
 
 
