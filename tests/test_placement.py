@@ -12,7 +12,7 @@ from webhook.cluster import ClusterIndex
 from webhook.config import Config
 from webhook.demo import leaf_spine_nodes, make_node, make_pod
 from webhook.model import (EXCEEDS_CLUSTER, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Interconnect,
-                           Outcome, PlacementRequest, Strategy)
+                           NodeRequirement, Outcome, PlacementRequest, Strategy)
 from webhook.placer import place, place_and_reserve
 
 
@@ -372,3 +372,30 @@ def test_changed_nodes_move_in_and_out_of_constrained_subsets_which_stay_exact(c
     assert aggregates(subset.root) == aggregates(rebuilt.root)
     assert {p: aggregates(d) for p, d in subset.levels[2].items()} == {
         p: aggregates(d) for p, d in rebuilt.levels[2].items()}
+
+
+def test_a_node_pin_uses_the_hostname_label_where_kubelet_set_it_apart_from_the_name():
+    node = make_node("ip-10-0-0-7.ec2.internal", {"topology.scheduler/leaf": "l1"})
+    node["metadata"]["labels"]["kubernetes.io/hostname"] = "ip-10-0-0-7"
+    index = ClusterIndex.from_objects(Config(), [node, make_node("other", {"topology.scheduler/leaf": "l1"})],
+                                      [make_pod("busy", "other", 8)])
+    decision = place(index, request(1))
+    assert decision.nodes == ("ip-10-0-0-7.ec2.internal",)
+    assert NodeRequirement("kubernetes.io/hostname", ("ip-10-0-0-7",)) in decision.requirements
+
+
+def test_a_split_over_racks_of_two_spines_is_pinned_to_those_racks_not_the_whole_zone():
+    # zone z: spine s1 (racks r1, r2), spine s2 (racks r3, r4); 2 free nodes per rack except r4.
+    nodes, pods = [], []
+    for spine, racks in (("s1", ("r1", "r2")), ("s2", ("r3", "r4"))):
+        for rack in racks:
+            for n in range(2):
+                name = f"{rack}-n{n}"
+                nodes.append(make_node(name, {"topology.kubernetes.io/zone": "z", "topology.scheduler/spine": spine,
+                                              "topology.scheduler/leaf": rack}))
+                if rack == "r4":
+                    pods.append(make_pod(f"busy-{name}", name, 8))
+    index = ClusterIndex.from_objects(Config(), nodes, pods)
+    decision = place(index, request(6))
+    assert decision.outcome is Outcome.PLACED and decision.scope.level_name == "zone"
+    assert NodeRequirement("topology.scheduler/leaf", ("r1", "r2", "r3")) in decision.requirements

@@ -4,7 +4,9 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from webhook.cluster import ClusterIndex
+from conftest import gpu_job
+from webhook import mutation, workload
+from webhook.cluster import ClusterIndex, node_matches
 from webhook.config import Config
 from webhook.demo import make_node, make_pod
 from webhook.model import Outcome, PlacementRequest, Strategy
@@ -87,6 +89,34 @@ def test_consolidated_matches_the_oracle(nodes, shape):
         used_children = {(tuple(p for p in path) + (a.node,))[: deepest + 2]
                          for a in decision.assignment for name, path, _, _ in nodes if name == a.node}
         assert len(used_children) == needed
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(), requests, st.sets(st.integers(0, 40)), st.sets(st.integers(0, 40)))
+def test_the_emitted_pod_spec_allows_exactly_the_lowest_domains_a_consolidated_decision_uses(
+        nodes, shape, rackless, renamed):
+    """Nodes may lack their rack label (alone there) or have a hostname label unlike their name."""
+    pods, gpus = shape
+    objs = []
+    for i, (name, path, total, _) in enumerate(nodes):
+        labels = dict(zip(LEVELS, path[:2] if i in rackless else path))
+        if i in renamed:
+            labels["kubernetes.io/hostname"] = f"host-{name}"
+        objs.append(make_node(name, labels, total))
+    index = ClusterIndex.from_objects(Config(), objs, [make_pod(f"use-{n}", n, u) for n, _, _, u in nodes if u])
+    decision = place(index, PlacementRequest("Job ml/x", pods, gpus, Strategy.CONSOLIDATED))
+    if decision.outcome is not Outcome.PLACED:
+        return
+    job = gpu_job("x", pods, gpus, gpu_count=str(gpus), placement_strategy="consolidated")
+    emitted = workload.read("Job", mutation.mutate(job, "Job", decision, Config(), "ml/Job/x"), "ml").request
+    allowed = {n.name for n in index.nodes.values() if node_matches(n, emitted)}
+
+    def lowest(node):  # its rack, or the node itself where it has none
+        return node.labels.get(LEVELS[2]) or node.name
+
+    used = {index.nodes[name] for name in decision.nodes}
+    assert set(decision.nodes) <= allowed
+    assert allowed <= {n.name for n in index.nodes.values() if lowest(n) in {lowest(u) for u in used}}
 
 
 @settings(max_examples=100, deadline=None)

@@ -327,17 +327,30 @@ def _nodes_under(member: Member) -> Iterator[NodeState]:
 
 # -- building the decision ------------------------------------------------------------------------------
 
-def _requirements(scope: Member, used_children: set[str] | None) -> tuple[NodeRequirement, ...]:
-    """Node affinity that confines pods to `scope` (and to the children used, below a label level)."""
+def _requirements(subset: ClusterIndex, scope: Member, used: Iterable[NodeState] = ()) -> tuple[NodeRequirement, ...]:
+    """Node affinity that says exactly what was decided: `scope`'s labels, and, for the nodes a
+    decision uses, `In` over the lowest-level domains they are in (their racks, or the nodes
+    themselves where no rack label groups them). Never looser than the decision, never excluding a
+    node it uses. A node is named by its `kubernetes.io/hostname` label, which kubelet may set apart
+    from the node's name."""
+    def value(key: str, value: str) -> str:
+        return _hostname(subset.nodes[value]) if key == HOSTNAME_LABEL else value
+
     merged: dict[str, tuple[str, ...]] = {}
-    for key, value in scope.path:
-        if value:  # an unnamed domain (label missing above a deeper one) is pinned by the deeper labels
-            merged[key] = (value,)
-    if used_children:
-        kids = [c for c in scope.children.values() if c.children and c.ref.name in used_children]
-        if kids and len(kids) < len(scope.children):
-            merged[kids[0].ref.path[-1][0]] = tuple(sorted(used_children))
+    for key, name in scope.path:
+        if name:  # an unnamed domain (label missing above a deeper one) is pinned by the deeper labels
+            merged[key] = (value(key, name),)
+    lowest = {node.parent.path[-1] for node in used}
+    if len({key for key, _ in lowest}) == 1:
+        key = next(iter(lowest))[0]
+        merged[key] = tuple(sorted({value(key, name) for _, name in lowest}))
+    elif lowest:  # racks for some nodes, none for others: only the nodes themselves say it exactly
+        merged[HOSTNAME_LABEL] = tuple(sorted({_hostname(node) for node in used}))
     return tuple(NodeRequirement(k, v) for k, v in merged.items())
+
+
+def _hostname(node: NodeState) -> str:
+    return node.labels.get(HOSTNAME_LABEL) or node.name
 
 
 def _placed(subset: ClusterIndex, request: PlacementRequest, scope: Member, split: list[tuple[NodeState, int]],
@@ -368,9 +381,9 @@ def _placed(subset: ClusterIndex, request: PlacementRequest, scope: Member, spli
     reasons.append(f"traffic crosses {interconnect.value}; estimated all-reduce bus bandwidth "
                    f"{bandwidth:.0f} GB/s ({profile.name}{', estimate' if profile.estimate else ''})")
     # Distributed pins only its scope: below it the spread constraints do the work.
-    confine = used_children if request.strategy is not Strategy.DISTRIBUTED else None
+    confine = [node for node, _ in split] if request.strategy is not Strategy.DISTRIBUTED else []
     return Decision(Outcome.PLACED, request, scope.ref, domains=domains, assignment=tuple(assignment),
-                    requirements=_requirements(scope, confine) if pin else (),
+                    requirements=_requirements(subset, scope, confine) if pin else (),
                     spread_keys=spread, interconnect=interconnect, bus_bandwidth_gbs=round(bandwidth, 1),
                     profile=profile.name, reasons=tuple(reasons))
 
@@ -459,7 +472,7 @@ def _waiting(subset: ClusterIndex, request: PlacementRequest, chain: list[Member
             reasons.append(f"{subset.config.levels[level].name}: " + ", ".join(
                 f"{d.ref.name} {min(d.fits(gpus), pods)} of {pods} pods fit" for d in ranked))
     return Decision(Outcome.WAIT, request, target.ref, domains=(target.ref,),
-                    requirements=_requirements(target, None), code=NO_ROOM_NOW, reasons=tuple(reasons))
+                    requirements=_requirements(subset, target), code=NO_ROOM_NOW, reasons=tuple(reasons))
 
 
 def _exclusions(index: ClusterIndex, request: PlacementRequest) -> str:
