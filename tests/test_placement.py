@@ -169,15 +169,49 @@ def test_distributed_latency_sensitive_stays_in_one_spine(cluster):
     assert {r.key: r.values for r in decision.requirements}["topology.scheduler/spine"] == ("spine-2",)
 
 
-def test_cordoned_notready_and_tainted_nodes_hold_nothing():
+def test_cordoned_and_notready_nodes_hold_nothing_now_but_make_a_wait_not_a_denial():
     nodes = [make_node("cordoned", {}, unschedulable=True), make_node("down", {}, ready=False),
              make_node("tainted", {}, taints=[{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}])]
     index = ClusterIndex.from_objects(Config(), nodes)
     decision = place(index, request(1))
-    assert (decision.outcome, decision.code) == (Outcome.NEVER, NO_MATCHING_NODES)
-    assert "NotReady or cordoned: 2" in decision.reasons[0] and "untolerated taint: 1" in decision.reasons[0]
+    assert (decision.outcome, decision.code) == (Outcome.WAIT, NO_ROOM_NOW)
+    assert "2 GPU node(s) out of service for now may return: cordoned (cordoned), down (NotReady)" in decision.reasons
     tolerant = request(1, tolerations=({"key": "dedicated", "operator": "Exists"},))
     assert place(index, tolerant).nodes == ("tainted",)
+    only_tainted = ClusterIndex.from_objects(Config(), nodes[2:])
+    decision = place(only_tainted, request(1))
+    assert (decision.outcome, decision.code) == (Outcome.NEVER, NO_MATCHING_NODES)
+    assert "untolerated taint: 1" in decision.reasons[0]
+
+
+def test_a_drained_node_makes_a_job_wait_and_uncordoning_places_it_there():
+    nodes = [make_node("a", {"topology.scheduler/leaf": "l1"}),
+             make_node("b", {"topology.scheduler/leaf": "l1"}, unschedulable=True)]
+    index = ClusterIndex.from_objects(Config(), nodes)
+    decision = place(index, request(2))
+    assert (decision.outcome, decision.code) == (Outcome.WAIT, NO_ROOM_NOW)
+    assert any("b (cordoned)" in reason for reason in decision.reasons)
+    unreachable = make_node("b", {"topology.scheduler/leaf": "l1"},
+                            taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}])
+    index.upsert_node(unreachable)
+    assert place(index, request(2)).outcome is Outcome.WAIT
+    index.upsert_node(make_node("b", {"topology.scheduler/leaf": "l1"}))  # uncordoned and reachable
+    decision = place(index, request(2))
+    assert decision.outcome is Outcome.PLACED and sorted(decision.nodes) == ["a", "b"]
+
+
+def test_a_node_whose_pods_are_terminating_is_the_wait_target():
+    nodes = [make_node(name, {"topology.scheduler/leaf": "l1"}) for name in ("busy", "ending")]
+    ending = make_pod("old-train", "ending", 8)
+    ending["metadata"]["deletionTimestamp"] = "2026-11-24T04:00:00Z"
+    index = ClusterIndex.from_objects(Config(), nodes, [make_pod("serve", "busy", 8), make_pod("old-train", "ending", 8)])
+    assert place(index, request(1)).nodes == () and place(index, request(1)).scope.name == "busy"  # by name
+    index.upsert_pod(ending)  # the same pod, now being deleted
+    decision = place(index, request(1))
+    assert decision.outcome is Outcome.WAIT and decision.scope.name == "ending"
+    assert "8 GPU(s) there being freed by terminating pods" in decision.reasons[0]
+    index.delete_pod(ending)
+    assert place(index, request(1)).nodes == ("ending",)
 
 
 def test_node_selector_affinity_and_bandwidth_filter_before_counting(cluster):
@@ -354,6 +388,9 @@ def test_changed_nodes_move_in_and_out_of_constrained_subsets_which_stay_exact(c
     subset = cluster.restricted_to(pool_a)
     assert sorted(subset.nodes) == sorted(moved)
     cluster.upsert_pod(make_pod("busy", "gpu-s1-l2-n1", 8))
+    ending = make_pod("ending", "gpu-s1-l3-n1", 4)
+    ending["metadata"]["deletionTimestamp"] = "2026-11-24T04:00:00Z"
+    cluster.upsert_pod(ending)
     cluster.upsert_node(make_node("gpu-s1-l3-n1", {**dict(cluster.nodes["gpu-s1-l3-n1"].labels), "pool": "a"}))
     cluster.upsert_node(make_node("gpu-s1-l2-n2", {**moved["gpu-s1-l2-n2"], "pool": "b"}))  # leaves pool a
     cluster.upsert_node({**make_node("gpu-s1-l2-n3", {**moved["gpu-s1-l2-n3"], "pool": "a"}),
@@ -365,9 +402,12 @@ def test_changed_nodes_move_in_and_out_of_constrained_subsets_which_stay_exact(c
         if node.labels.get("pool") == "a":
             rebuilt.upsert_node(make_node(name, dict(node.labels)))
     rebuilt.upsert_pod(make_pod("busy", "gpu-s1-l2-n1", 8))
+    rebuilt.upsert_pod(ending)
     rebuilt.upsert_node({**make_node("gpu-s1-l2-n3", dict(cluster.nodes["gpu-s1-l2-n3"].labels)),
                          "spec": {"unschedulable": True}})
-    aggregates = lambda d: (d.cap, d.ever, d.free_hist, d.free_gpus, d.alloc_gpus, d.nodes, d.partly_used)  # noqa: E731
+    aggregates = lambda d: (d.cap, d.ever, d.free_hist, d.free_gpus, d.alloc_gpus, d.nodes, d.partly_used,  # noqa: E731
+                            d.freeing)
+    assert subset.root.freeing == 4
     assert sorted(subset.nodes) == sorted(rebuilt.nodes) == ["gpu-s1-l2-n1", "gpu-s1-l2-n3", "gpu-s1-l3-n1"]
     assert aggregates(subset.root) == aggregates(rebuilt.root)
     assert {p: aggregates(d) for p, d in subset.levels[2].items()} == {

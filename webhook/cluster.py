@@ -35,6 +35,9 @@ PRODUCT_LABEL = "nvidia.com/gpu.product"
 RESERVATION_ANNOTATION = "topology.scheduler/reservation"
 GPU_IDS_ANNOTATION = "topology.scheduler/gpu-ids"
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+# Taints the node lifecycle controller sets from conditions (not-ready, unreachable, pressure...):
+# they pass, so they make a node out of service for now, not a filter on who may use it.
+_LIFECYCLE_TAINT_PREFIX = "node.kubernetes.io/"
 _FINISHED_PHASES = ("Succeeded", "Failed")
 MAX_SUBSETS = 32
 
@@ -49,7 +52,7 @@ class Domain:
     has_free, partly_used, path, ref, label, children), so placement walks the tree without asking
     which one it holds; a node is the tree's leaf, with no children."""
 
-    __slots__ = ("ref", "parent", "children", "free_hist", "cap", "ever", "free_gpus", "alloc_gpus", "nodes",
+    __slots__ = ("ref", "parent", "children", "free_hist", "cap", "ever", "free_gpus", "alloc_gpus", "nodes", "freeing",
                  "partly_used")
 
     def __init__(self, ref: DomainRef, parent: "Domain | None", width: int):
@@ -58,9 +61,10 @@ class Domain:
         self.children: dict[str, "Domain | NodeState"] = {}  # keyed by the child's label value / node name
         self.free_hist = [0] * (width + 1)  # nodes by free GPUs
         self.cap = [0] * (width + 1)  # cap[g]: pods of g GPUs that fit whole now
-        self.ever = [0] * (width + 1)  # ever[g]: the same on an idle cluster
+        self.ever = [0] * (width + 1)  # ever[g]: the same on an idle cluster with every node in service
         self.free_gpus = 0
-        self.alloc_gpus = 0  # GPUs of eligible nodes
+        self.alloc_gpus = 0  # GPUs of nodes in service
+        self.freeing = 0  # GPUs of terminating pods: free once they are gone
         self.nodes = 0
         self.partly_used = 0  # nodes with some GPUs taken and some free: where small jobs run
 
@@ -69,7 +73,8 @@ class Domain:
         return self.cap[gpus] if gpus < len(self.cap) else 0
 
     def fits_idle(self, gpus: int) -> int:
-        """Pods of `gpus` GPUs that would fit with every running pod gone."""
+        """Pods of `gpus` GPUs that would fit with every running pod gone and every node back in
+        service: what no amount of waiting can exceed."""
         return self.ever[gpus] if gpus < len(self.ever) else 0
 
     def slots(self, gpus: int) -> int:
@@ -98,7 +103,7 @@ class NodeState:
 
     name: str
     labels: Mapping[str, str]
-    eligible: bool  # Ready and not cordoned
+    out: str  # why it is out of service for now ("cordoned", "NotReady", a lifecycle taint); "" in service
     taints: tuple[tuple[str, str, str], ...]  # (key, value, effect) with NoSchedule/NoExecute
     alloc: int  # allocatable nvidia.com/gpu
     nvlink_domains: tuple[tuple[int, ...], ...]
@@ -107,6 +112,7 @@ class NodeState:
     parent: Domain | None = None
     free: int = 0  # GPUs a new workload may count on; refreshed whenever the node is (re)counted
     pods: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)  # pod key -> (gpus, ids)
+    terminating: set[str] = field(default_factory=set)  # keys of its pods being deleted
     # GPU sets the ledger holds here, whoever holds them: the index copies them in place after
     # every ledger change, so constrained subsets (which share this list) see them too.
     held: list[tuple[int, ...]] = field(default_factory=list)
@@ -118,7 +124,7 @@ class NodeState:
         return self.free // gpus
 
     def fits_idle(self, gpus: int) -> int:
-        return (self.alloc if self.eligible else 0) // gpus
+        return self.alloc // gpus
 
     @property
     def free_gpus(self) -> int:
@@ -147,6 +153,14 @@ class NodeState:
         return f"node {self.name}"
 
     # -- accounting ------------------------------------------------------------------------------
+    @property
+    def eligible(self) -> bool:
+        return not self.out
+
+    @property
+    def freeing(self) -> int:
+        return sum(self.pods[key][0] for key in self.terminating)
+
     @property
     def used(self) -> int:
         return sum(gpus for gpus, _ in self.pods.values())
@@ -211,8 +225,12 @@ def parse_node(node: Mapping, config: Config) -> NodeState:
     except ValueError:
         alloc = 0
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
-    taints = tuple((t.get("key", ""), t.get("value", "") or "", t.get("effect", ""))
-                   for t in spec.get("taints") or () if t.get("effect") in _BLOCKING_EFFECTS)
+    blocking = [(t.get("key", ""), t.get("value", "") or "", t.get("effect", ""))
+                for t in spec.get("taints") or () if t.get("effect") in _BLOCKING_EFFECTS]
+    lifecycle = sorted(t[0] for t in blocking if t[0].startswith(_LIFECYCLE_TAINT_PREFIX))
+    taints = tuple(t for t in blocking if not t[0].startswith(_LIFECYCLE_TAINT_PREFIX))
+    out = ("cordoned" if spec.get("unschedulable") else "NotReady" if not ready
+           else f"tainted {lifecycle[0]}" if lifecycle else "")
     profile = _node_profile(labels, config)
     try:
         domains = parse_nvlink_domains(annotations[NVLINK_DOMAINS_ANNOTATION])
@@ -223,13 +241,13 @@ def parse_node(node: Mapping, config: Config) -> NodeState:
         bandwidth = parse_bandwidth_gbps(labels[BANDWIDTH_LABEL])
     except (KeyError, ValueError):
         bandwidth = None
-    return NodeState(name=meta.get("name", ""), labels=labels, eligible=ready and not spec.get("unschedulable"),
+    return NodeState(name=meta.get("name", ""), labels=labels, out=out,
                      taints=taints, alloc=alloc, nvlink_domains=domains, profile=profile, bandwidth_gbps=bandwidth)
 
 
 def _placement_fields(node: NodeState) -> tuple:
     """What placement reads of a node: an update that changes none of it changes nothing."""
-    return (node.labels, node.eligible, node.taints, node.alloc, node.nvlink_domains, node.profile,
+    return (node.labels, node.out, node.taints, node.alloc, node.nvlink_domains, node.profile,
             node.bandwidth_gbps)
 
 
@@ -308,6 +326,7 @@ class ClusterIndex:
         self.by_value: dict[str, set[tuple]] = {}  # label value / node name -> domain paths (preferred-domain)
         self.orphan_pods: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {}  # pods bound to unknown nodes
         self.pod_nodes: dict[str, str] = {}  # pod key -> node name it is counted on
+        self.out_of_service: dict[str, str] = {}  # GPU node -> why it is out for now (it may return)
         # Inverted indexes over GPU nodes, to judge a request's node constraints without a scan.
         self.taint_counts: dict[tuple[str, str, str], int] = {}
         self.by_label: dict[tuple[str, str], set[str]] = {}  # (key, value) -> node names
@@ -384,7 +403,7 @@ class ClusterIndex:
             domain.free_hist = [0] * (width + 1)
             domain.cap = [0] * (width + 1)
             domain.ever = [0] * (width + 1)
-            domain.free_gpus = domain.alloc_gpus = domain.nodes = domain.partly_used = 0
+            domain.free_gpus = domain.alloc_gpus = domain.nodes = domain.partly_used = domain.freeing = 0
         for node in self.nodes.values():
             self._account(node, +1)
 
@@ -395,10 +414,12 @@ class ClusterIndex:
         free = node.free
         alloc = node.alloc if node.eligible else 0
         caps = [0] + [free // g for g in range(1, self.width + 1)]
-        evers = [0] + [alloc // g for g in range(1, self.width + 1)]
+        evers = [0] + [node.alloc // g for g in range(1, self.width + 1)]  # out of service may return
         bucket = min(free, self.width)
         partly = sign * (0 < free < alloc)
+        freeing = sign * node.freeing
         for domain in self.ancestors(node):
+            domain.freeing += freeing
             domain.free_hist[bucket] += sign
             domain.partly_used += partly
             cap, ever = domain.cap, domain.ever
@@ -452,7 +473,7 @@ class ClusterIndex:
             if fresh.alloc > self.width:
                 self._grow(fresh.alloc)
             if old is not None:
-                fresh.pods = old.pods
+                fresh.pods, fresh.terminating = old.pods, old.terminating
                 self._count_labels(old, -1)
                 self._detach(old)
             else:
@@ -467,6 +488,8 @@ class ClusterIndex:
                     subset._attach(dataclasses.replace(fresh, parent=None))  # shares pods and holds
 
     def _attach(self, node: NodeState) -> None:
+        if node.out and node.alloc > 0:
+            self.out_of_service[node.name] = node.out
         node.parent = self._domain_for(self.node_path(node))
         node.parent.children[node.name] = node
         self.nodes[node.name] = node
@@ -487,6 +510,7 @@ class ClusterIndex:
 
     def _detach(self, node: NodeState) -> None:
         """Take a node out of the tree (the inverse of _attach)."""
+        self.out_of_service.pop(node.name, None)
         self._account(node, -1)
         del self.nodes[node.name]
         del node.parent.children[node.name]
@@ -527,9 +551,12 @@ class ClusterIndex:
             if not node_name or phase in _FINISHED_PHASES or gpus <= 0:
                 self._forget_pod(key)
                 return
+            terminating = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
             counted = self.nodes.get(node_name)
             if self.pod_nodes.get(key) == node_name and counted is not None and counted.pods[key][0] == gpus:
-                return  # status updates of a counted pod change nothing we count
+                if terminating and key not in counted.terminating:
+                    self._mark_terminating(counted, key)
+                return  # other status updates of a counted pod change nothing we count
             self._forget_pod(key)
             annotations = (pod.get("metadata") or {}).get("annotations") or {}
             node = self.nodes.get(node_name)
@@ -539,9 +566,22 @@ class ClusterIndex:
                 self.orphan_pods.setdefault(node_name, {})[key] = (gpus, ())
                 return
             self._change(node, lambda: self._bind(node, key, gpus, annotations.get(GPU_IDS_ANNOTATION)))
+            if terminating:
+                self._mark_terminating(node, key)
             if reservation:
                 namespace = str((pod.get("metadata") or {}).get("namespace") or "")
                 self._recount(self.ledger.confirm(reservation, key, namespace, node_name))
+
+    def _mark_terminating(self, node: NodeState, key: str) -> None:
+        """A counted pod is being deleted: its GPUs are still taken, and free soon."""
+        node.terminating.add(key)
+        self._shift_freeing(node, node.pods[key][0])
+
+    def _shift_freeing(self, node: NodeState, delta: int) -> None:
+        for tree, member in [(self, node), *((s, s.nodes.get(node.name)) for _, s in self.subsets.values())]:
+            if member is not None:
+                for domain in tree.ancestors(member):
+                    domain.freeing += delta
 
     def _bind(self, node: NodeState, key: str, gpus: int, hinted: str | None) -> None:
         taken = {i for _, ids in node.pods.values() for i in ids}
@@ -571,6 +611,9 @@ class ClusterIndex:
             return
         node = self.nodes.get(node_name)
         if node is not None:
+            if key in node.terminating:
+                self._shift_freeing(node, -node.pods[key][0])
+                node.terminating.discard(key)
             self._change(node, lambda: node.pods.pop(key, None))
         else:
             orphans = self.orphan_pods.get(node_name, {})

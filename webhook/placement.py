@@ -75,12 +75,11 @@ def decide(index: ClusterIndex, request: PlacementRequest, subset: ClusterIndex)
     if gpus < 1 or pods < 1:
         raise ValueError(f"a placement needs at least one pod and one GPU per pod, got {pods} x {gpus}")
     shape = f"{pods} pod(s) x {gpus} GPU(s)"
-    if subset.root.alloc_gpus == 0:
+    if subset.root.fits_idle(1) == 0:
         return Decision(Outcome.NEVER, request, None, code=NO_MATCHING_NODES,
-                        reasons=(f"no Ready, schedulable GPU node is open to {request.workload}: "
-                                 + _exclusions(index, request),))
+                        reasons=(f"no GPU node is open to {request.workload}: " + _exclusions(index, request),))
     if subset.root.fits_idle(gpus) < pods:
-        largest = max((n.alloc for n in subset.nodes.values() if n.eligible), default=0)
+        largest = max((n.alloc for n in subset.nodes.values()), default=0)
         return Decision(Outcome.NEVER, request, None, code=EXCEEDS_CLUSTER, reasons=(
             f"{request.workload} needs {shape}; even with every GPU free the nodes it may use hold "
             f"{subset.root.fits_idle(gpus)} such pod(s) (largest node: {largest} GPUs)",))
@@ -451,12 +450,13 @@ def _waiting(subset: ClusterIndex, request: PlacementRequest, chain: list[Member
     for scope in chain:
         nodes = [n for n in _nodes_under(scope) if n.fits_idle(gpus) >= pods]
         if nodes:
-            target = min(nodes, key=lambda n: (-n.fits(gpus), -n.free, n.name))
+            # Closest to fitting now, then where terminating pods free the most soon.
+            target = min(nodes, key=lambda n: (-n.fits(gpus), -((n.free + n.freeing) // gpus), -n.free, n.name))
             break
         for level in range(len(subset.levels) - 1, scope.ref.level, -1):
             able = [d for d in _at_level(scope, level) if d.fits_idle(gpus) >= pods]
             if able:
-                target = min(able, key=lambda d: (-d.fits(gpus), -d.free_gpus, d.path))
+                target = min(able, key=lambda d: (-d.fits(gpus), -d.freeing, -d.free_gpus, d.path))
                 break
         if target is not None:
             break
@@ -464,8 +464,13 @@ def _waiting(subset: ClusterIndex, request: PlacementRequest, chain: list[Member
             target = scope
             break
     target = target or subset.root
+    freeing = f", {target.freeing} GPU(s) there being freed by terminating pods" if target.freeing else ""
     reasons = [f"no domain has room for {pods} pod(s) x {gpus} GPU(s) now; {target.label} will fit first "
-               f"({target.fits(gpus)} of {pods} fit now, {target.fits_idle(gpus)} when idle)"]
+               f"({target.fits(gpus)} of {pods} fit now, {target.fits_idle(gpus)} when idle{freeing})"]
+    if subset.out_of_service:
+        out = sorted(subset.out_of_service.items())
+        reasons.append(f"{len(out)} GPU node(s) out of service for now may return: " + ", ".join(
+            f"{name} ({why})" for name, why in out[:5]) + (", ..." if len(out) > 5 else ""))
     for level in range(len(subset.levels) - 1, -1, -1):
         ranked = sorted(subset.levels[level].values(), key=lambda d: (-d.fits(gpus), d.path))[:3]
         if ranked:
@@ -481,8 +486,6 @@ def _exclusions(index: ClusterIndex, request: PlacementRequest) -> str:
     for node in index.nodes.values():
         if node.alloc <= 0:
             cause = "no GPUs"
-        elif not node.eligible:
-            cause = "NotReady or cordoned"
         elif any(not tolerates(request.tolerations, t) for t in node.taints):
             cause = "untolerated taint"
         elif not node_matches(node, request):
