@@ -17,6 +17,7 @@ node's hostname, so placement never assumes they share a switch with anyone.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 import threading
 import time
@@ -29,6 +30,7 @@ from .config import HOSTNAME_LABEL, Config, HardwareProfile
 from .gpus import NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_nvlink_domains, pod_gpus, quantity_to_int
 from .ledger import ReservationLedger, held_by
 from .model import GPU_RESOURCE, DomainRef, PlacementRequest
+from .resources import node_allocatable, pod_requests
 
 BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -109,6 +111,7 @@ class NodeState:
     nvlink_domains: tuple[tuple[int, ...], ...]
     profile: HardwareProfile
     bandwidth_gbps: float | None
+    allocatable: Mapping[str, int] = field(default_factory=dict)  # every resource but GPUs (resources.py)
     parent: Domain | None = None
     free: int = 0  # GPUs a new workload may count on; refreshed whenever the node is (re)counted
     pods: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)  # pod key -> (gpus, ids)
@@ -116,6 +119,8 @@ class NodeState:
     # GPU sets the ledger holds here, whoever holds them: the index copies them in place after
     # every ledger change, so constrained subsets (which share this list) see them too.
     held: list[tuple[int, ...]] = field(default_factory=list)
+    # Requests of every pod bound here (GPU pods or not), the index's own dict for this node name.
+    requested: dict[str, int] = field(default_factory=dict)
 
     # -- the read-only interface shared with Domain -------------------------------------------
     children = _NO_CHILDREN
@@ -156,6 +161,13 @@ class NodeState:
     @property
     def eligible(self) -> bool:
         return not self.out
+
+    def headroom(self, resource: str) -> int:
+        return self.allocatable.get(resource, 0) - self.requested.get(resource, 0)
+
+    def pods_fitting(self, wanted: tuple[tuple[str, int], ...]) -> int:
+        """How many more pods of this per-pod request (GPUs aside) the node takes now."""
+        return min((self.headroom(name) // amount for name, amount in wanted if amount > 0), default=1 << 30)
 
     @property
     def freeing(self) -> int:
@@ -241,14 +253,15 @@ def parse_node(node: Mapping, config: Config) -> NodeState:
         bandwidth = parse_bandwidth_gbps(labels[BANDWIDTH_LABEL])
     except (KeyError, ValueError):
         bandwidth = None
-    return NodeState(name=meta.get("name", ""), labels=labels, out=out,
-                     taints=taints, alloc=alloc, nvlink_domains=domains, profile=profile, bandwidth_gbps=bandwidth)
+    return NodeState(name=meta.get("name", ""), labels=labels, out=out, taints=taints, alloc=alloc,
+                     nvlink_domains=domains, profile=profile, bandwidth_gbps=bandwidth,
+                     allocatable=node_allocatable(status))
 
 
 def _placement_fields(node: NodeState) -> tuple:
     """What placement reads of a node: an update that changes none of it changes nothing."""
     return (node.labels, node.out, node.taints, node.alloc, node.nvlink_domains, node.profile,
-            node.bandwidth_gbps)
+            node.bandwidth_gbps, node.allocatable)
 
 
 def pod_key(pod: Mapping) -> str:
@@ -302,7 +315,8 @@ def node_matches(node: NodeState, request: PlacementRequest) -> bool:
         return False
     if request.min_bandwidth_gbps and (node.bandwidth_gbps or 0) < request.min_bandwidth_gbps:
         return False
-    return True
+    # A pod the node cannot hold even when idle; one that does not fit now only has to wait.
+    return all(node.allocatable.get(name, 0) >= amount for name, amount in request.resources)
 
 
 class ClusterIndex:
@@ -315,8 +329,12 @@ class ClusterIndex:
     reserve) hold it across both.
     """
 
-    def __init__(self, config: Config, width: int = 8, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: Config, width: int = 8, clock: Callable[[], float] = time.monotonic,
+                 fit: PlacementRequest | None = None):
         self.config = config
+        # A constrained subset counts, per node, only the GPUs its request's pods can use with the
+        # node's other resources: min(free, pods that fit by cpu, memory, pods... x GPUs per pod).
+        self.fit = fit
         self.lock = threading.RLock()
         self.ledger = ReservationLedger(config.reservation_ttl_seconds, clock)
         self.width = width  # largest GPU count of any node seen; aggregates are sized to it
@@ -327,6 +345,14 @@ class ClusterIndex:
         self.orphan_pods: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {}  # pods bound to unknown nodes
         self.pod_nodes: dict[str, str] = {}  # pod key -> node name it is counted on
         self.out_of_service: dict[str, str] = {}  # GPU node -> why it is out for now (it may return)
+        self.usage: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}  # pod key -> (node, its requests)
+        self.usage_on: dict[str, dict[str, int]] = {}  # node name -> summed requests (NodeState.requested)
+        # Per resource, (headroom / free GPUs, node) of nodes with free GPUs, lowest first, entries
+        # checked against the node when read: whether any node's other resources run out before
+        # its GPUs, answered without visiting nodes. `resource_nodes`: GPU nodes declaring it.
+        self.headroom_per_gpu: dict[str, list[tuple[float, str]]] = {}
+        self.headroom_changed: set[str] = set()  # nodes to note in those heaps before the next read
+        self.resource_nodes: dict[str, int] = {}
         # Inverted indexes over GPU nodes, to judge a request's node constraints without a scan.
         self.taint_counts: dict[tuple[str, str, str], int] = {}
         self.by_label: dict[tuple[str, str], set[str]] = {}  # (key, value) -> node names
@@ -407,10 +433,18 @@ class ClusterIndex:
         for node in self.nodes.values():
             self._account(node, +1)
 
+    def _usable_free(self, node: NodeState) -> int:
+        """Free GPUs as this tree counts them: all of them, or in a constrained subset only what
+        its request's pods can use alongside the node's other resources."""
+        free = node.compute_free()
+        if self.fit is None or not self.fit.resources:
+            return free
+        return min(free, node.pods_fitting(self.fit.resources) * self.fit.gpus_per_pod)
+
     def _account(self, node: NodeState, sign: int) -> None:
         """Add (sign=+1) or remove (-1) a node's contribution along its chain of domains."""
         if sign > 0:
-            node.free = node.compute_free()
+            node.free = self._usable_free(node)
         free = node.free
         alloc = node.alloc if node.eligible else 0
         caps = [0] + [free // g for g in range(1, self.width + 1)]
@@ -436,13 +470,38 @@ class ClusterIndex:
         before = node.free
         mutate()
         after = node.compute_free()
-        if after == before:
-            return
-        self._shift_free(node, before, after)
+        if after != before:
+            self._shift_free(node, before, after)
+        self.headroom_changed.add(node.name)
         for _, subset in self.subsets.values():
             copy = subset.nodes.get(node.name)
-            if copy is not None:
-                subset._shift_free(copy, before, after)
+            if copy is not None and copy.free != subset._usable_free(copy):
+                subset._shift_free(copy, copy.free, subset._usable_free(copy))
+
+    def _note_headroom(self, node: NodeState) -> None:
+        for name in node.allocatable:
+            heap = self.headroom_per_gpu.setdefault(name, [])
+            heapq.heappush(heap, (node.headroom(name) / node.free, node.name))
+            if len(heap) > 4 * len(self.nodes) + 1024:  # mostly stale entries: keep the current ones
+                heap[:] = [(n.headroom(name) / n.free, n.name) for n in self.nodes.values()
+                           if n.free > 0 and name in n.allocatable]
+                heapq.heapify(heap)
+
+    def _least_headroom_per_gpu(self, resource: str) -> float | None:
+        """The lowest headroom per free GPU of `resource` over nodes with free GPUs (None: none)."""
+        for changed in self.headroom_changed:  # noted here, not on every pod event
+            node = self.nodes.get(changed)
+            if node is not None and node.free > 0 and node.alloc > 0:
+                self._note_headroom(node)
+        self.headroom_changed.clear()
+        heap = self.headroom_per_gpu.get(resource, [])
+        while heap:
+            ratio, name = heap[0]
+            node = self.nodes.get(name)
+            if node is not None and node.free > 0 and node.headroom(resource) / node.free == ratio:
+                return ratio
+            heapq.heappop(heap)
+        return None
 
     def _shift_free(self, node: NodeState, before: int, after: int) -> None:
         """Move a node's free GPUs from `before` to `after` in every aggregate above it: only what
@@ -479,8 +538,10 @@ class ClusterIndex:
             else:
                 fresh.pods = self.orphan_pods.pop(fresh.name, {})
             fresh.held = list(self.ledger.held_on(fresh.name))
+            fresh.requested = self.usage_on.setdefault(fresh.name, {})
             self._attach(fresh)
             self._count_labels(fresh, +1)
+            self.headroom_changed.add(fresh.name)
             for request, subset in self.subsets.values():  # move the node in or out of each subset
                 if fresh.name in subset.nodes:
                     subset._detach(subset.nodes[fresh.name])
@@ -535,6 +596,8 @@ class ClusterIndex:
             self.taint_counts[taint] = self.taint_counts.get(taint, 0) + sign
         bandwidth = node.bandwidth_gbps or 0.0
         self.bandwidth_counts[bandwidth] = self.bandwidth_counts.get(bandwidth, 0) + sign
+        for name in node.allocatable:
+            self.resource_nodes[name] = self.resource_nodes.get(name, 0) + sign
 
     # -- pods --------------------------------------------------------------------------------
 
@@ -548,8 +611,12 @@ class ClusterIndex:
                 gpus = pod_gpus(spec)
             except ValueError:
                 gpus = 0
-            if not node_name or phase in _FINISHED_PHASES or gpus <= 0:
+            if not node_name or phase in _FINISHED_PHASES:
                 self._forget_pod(key)
+                return
+            self._use(key, node_name, tuple(sorted(pod_requests(spec).items())))
+            if gpus <= 0:
+                self._forget_gpus(key)
                 return
             terminating = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
             counted = self.nodes.get(node_name)
@@ -557,7 +624,7 @@ class ClusterIndex:
                 if terminating and key not in counted.terminating:
                     self._mark_terminating(counted, key)
                 return  # other status updates of a counted pod change nothing we count
-            self._forget_pod(key)
+            self._forget_gpus(key)
             annotations = (pod.get("metadata") or {}).get("annotations") or {}
             node = self.nodes.get(node_name)
             self.pod_nodes[key] = node_name
@@ -606,6 +673,38 @@ class ClusterIndex:
                 self.release(reservation)
 
     def _forget_pod(self, key: str) -> None:
+        self._forget_gpus(key)
+        self._use(key, None, ())
+
+    def _use(self, key: str, node_name: str | None, requests: tuple[tuple[str, int], ...]) -> None:
+        """Count a pod's requests of other resources on the node it is bound to (None: nowhere)."""
+        old = self.usage.get(key)
+        if old == (node_name, requests):
+            return  # status updates
+        if old is not None:
+            self._add_usage(*old, -1)
+            del self.usage[key]
+        if node_name is not None:
+            self.usage[key] = (node_name, requests)
+            self._add_usage(node_name, requests, +1)
+
+    def _add_usage(self, node_name: str, requests: tuple[tuple[str, int], ...], sign: int) -> None:
+        summed = self.usage_on.setdefault(node_name, {})
+
+        def shift() -> None:
+            for name, amount in requests:
+                summed[name] = summed.get(name, 0) + sign * amount
+        node = self.nodes.get(node_name)
+        if node is None:
+            shift()
+        else:
+            self._change(node, shift)
+
+    def counted_pods(self) -> set[str]:
+        """Keys of every pod the index counts (a relist forgets the others)."""
+        return set(self.pod_nodes) | set(self.usage)
+
+    def _forget_gpus(self, key: str) -> None:
         node_name = self.pod_nodes.pop(key, None)
         if node_name is None:
             return
@@ -674,7 +773,16 @@ class ClusterIndex:
                 for term in request.required_node_terms):
             return False
         wanted = request.min_bandwidth_gbps or 0
-        return all(bw >= wanted for bw, n in self.bandwidth_counts.items() if n > 0)
+        if any(bw < wanted for bw, n in self.bandwidth_counts.items() if n > 0):
+            return False
+        # Other resources never run out before GPUs on any node with free GPUs: GPUs alone decide.
+        for name, amount in request.resources:
+            if self.resource_nodes.get(name, 0) < self.gpu_nodes:
+                return False
+            least = self._least_headroom_per_gpu(name)
+            if least is not None and least * request.gpus_per_pod < amount:
+                return False
+        return True
 
     def _candidates(self, request: PlacementRequest) -> Iterable[NodeState]:
         """Nodes worth testing against the request: narrowed by nodeSelector and `In` terms."""
@@ -700,10 +808,11 @@ class ClusterIndex:
         if self.filters_nothing(request):
             return self
         signature = (tuple(sorted(request.node_selector.items())), request.min_bandwidth_gbps,
-                     json.dumps([request.required_node_terms, request.tolerations], sort_keys=True))
+                     json.dumps([request.required_node_terms, request.tolerations], sort_keys=True),
+                     request.resources, request.gpus_per_pod if request.resources else 0)
         cached = self.subsets.get(signature)
         if cached is None:
-            subset = ClusterIndex(self.config, self.width)
+            subset = ClusterIndex(self.config, self.width, fit=request)
             for node in self._candidates(request):
                 if node_matches(node, request):
                     subset._attach(dataclasses.replace(node, parent=None))  # shares pods and holds

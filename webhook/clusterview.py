@@ -183,7 +183,7 @@ class LiveClusterView:
                     index.upsert_node, lambda node: index.delete_node(node["metadata"]["name"]),
                     lambda: set(index.nodes), index.delete_node),
             _Stream("pods", core.list_pod_for_all_namespaces, pod_key, index.upsert_pod, index.delete_pod,
-                    lambda: set(index.pod_nodes), lambda key: index.delete_pod({"metadata": {"uid": key}})),
+                    index.counted_pods, lambda key: index.delete_pod({"metadata": {"uid": key}})),
         )
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

@@ -66,6 +66,9 @@ class PlacementRequest:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     required_node_terms: tuple[Mapping, ...] = ()  # nodeSelectorTerms, ORed, as in the pod spec
     tolerations: tuple[Mapping, ...] = ()
+    # What each pod takes of the node's other resources, sorted (name, amount): cpu in
+    # millicores, memory in bytes, pods 1... (resources.py). Empty: GPUs only.
+    resources: tuple[tuple[str, int], ...] = ()
 
     @property
     def total_gpus(self) -> int:

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 from .config import Config
 from .gpus import parse_bandwidth_gbps, pod_gpus
 from .model import ANNOTATION_PREFIX, PlacementRequest, Strategy
+from .resources import pod_requests
 
 GPU_COUNT = ANNOTATION_PREFIX + "gpu-count"
 STRATEGY = ANNOTATION_PREFIX + "placement-strategy"
@@ -169,6 +170,7 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
         node_selector={str(k): str(v) for k, v in _mapping(spec.get("nodeSelector")).items()},
         required_node_terms=_required_terms(spec),
         tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, Mapping)),
+        resources=tuple(sorted(pod_requests(spec).items())),
     )
     return Workload(request, tuple(warnings))
 
