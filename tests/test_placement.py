@@ -439,3 +439,22 @@ def test_a_split_over_racks_of_two_spines_is_pinned_to_those_racks_not_the_whole
     decision = place(index, request(6))
     assert decision.outcome is Outcome.PLACED and decision.scope.level_name == "zone"
     assert NodeRequirement("topology.scheduler/leaf", ("r1", "r2", "r3")) in decision.requirements
+
+
+def test_best_fit_orders_follow_nodes_that_move_between_leaves_and_leaves_that_go(cluster):
+    for g in (2, 8):
+        cluster.catch_up(g)
+    leaf1 = [name for name, node in cluster.nodes.items() if node.labels["topology.scheduler/leaf"] == "leaf-1"]
+    for name in leaf1[:-1]:
+        cluster.delete_node(name)
+    last = dict(cluster.nodes[leaf1[-1]].labels)
+    cluster.upsert_node(make_node(leaf1[-1], {**last, "topology.scheduler/leaf": "leaf-9"}))  # leaf-1 is gone
+    cluster.upsert_pod(make_pod("half", leaf1[-1], 4))
+    for g in (2, 8):
+        cluster.catch_up(g)
+        for pods in (1, 2, 4, 5):
+            leaves = cluster.levels[2].values()
+            scanned = min((d for d in leaves if d.fits(g) >= pods),
+                          key=lambda d: (d.fits(g), d.partly_used, d.free_gpus, d.path), default=None)
+            assert cluster.orders[2].best_fit(g, pods) is scanned
+    assert all(d.ref.name != "leaf-1" for d in cluster.levels[2].values())

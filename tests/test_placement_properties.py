@@ -142,7 +142,11 @@ def test_incremental_index_equals_a_rebuild(nodes, events):
     index = build(nodes)
     names = [n[0] for n in nodes]
     live = {}
+    for g in (1, 2, 8):
+        index.catch_up(g)  # sorted now, so the events below are caught up incrementally
     for i, (which, gpus, bind) in enumerate(events):
+        if i % 7 == 3:
+            index.catch_up(2)
         name = names[which % len(names)]
         pod = make_pod(f"ev{which % 5}", name if bind else None, gpus)
         if gpus == 0:
@@ -159,3 +163,10 @@ def test_incremental_index_equals_a_rebuild(nodes, events):
         assert {p: (d.cap, d.partly_used) for p, d in domains.items()} == {
             p: (d.cap, d.partly_used) for p, d in rebuilt.levels[level].items()}
     assert math.isclose(index.stats().allocation_ratio, rebuilt.stats().allocation_ratio)
+    for g in (1, 2, 4, 8):  # best fit from the level orders equals a scan of the level
+        index.catch_up(g)
+        for level, domains in enumerate(index.levels):
+            for pods in (1, 2, 5):
+                fitting = [d for d in domains.values() if d.fits(g) >= pods]
+                scanned = min(fitting, key=lambda d: (d.fits(g), d.partly_used, d.free_gpus, d.path), default=None)
+                assert index.orders[level].best_fit(g, pods) is scanned

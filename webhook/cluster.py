@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Iterable, Iterator, Mapping
 
+from .bestfit import LevelOrders
 from .config import HOSTNAME_LABEL, Config, HardwareProfile
 from .gpus import NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_nvlink_domains, pod_gpus, quantity_to_int
 from .ledger import ReservationLedger, held_by
@@ -340,6 +341,7 @@ class ClusterIndex:
         self.width = width  # largest GPU count of any node seen; aggregates are sized to it
         self.root = Domain(DomainRef(-1, "cluster", ()), None, width)
         self.levels: list[dict[tuple, Domain]] = [{} for _ in config.levels]  # per level: path -> domain
+        self.orders = [LevelOrders(lambda i=i: self.levels[i]) for i in range(len(config.levels))]  # best fit
         self.nodes: dict[str, NodeState] = {}
         self.by_value: dict[str, set[tuple]] = {}  # label value / node name -> domain paths (preferred-domain)
         self.orphan_pods: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {}  # pods bound to unknown nodes
@@ -425,6 +427,8 @@ class ClusterIndex:
         """A node with more GPUs than any before: widen every aggregate and recount (rare)."""
         self.width = width
         self.subsets.clear()  # built for the old width; rebuilt on next use
+        for orders in self.orders:
+            orders.reset()
         for domain in [self.root, *(d for level in self.levels for d in level.values())]:
             domain.free_hist = [0] * (width + 1)
             domain.cap = [0] * (width + 1)
@@ -453,6 +457,8 @@ class ClusterIndex:
         partly = sign * (0 < free < alloc)
         freeing = sign * node.freeing
         for domain in self.ancestors(node):
+            if domain.parent is not None:
+                self.orders[domain.ref.level].touch(domain)
             domain.freeing += freeing
             domain.free_hist[bucket] += sign
             domain.partly_used += partly
@@ -511,6 +517,8 @@ class ClusterIndex:
         old_bucket, new_bucket = min(before, self.width), min(after, self.width)
         partly = (0 < after < node.alloc) - (0 < before < node.alloc)
         for domain in self.ancestors(node):
+            if domain.parent is not None:
+                self.orders[domain.ref.level].touch(domain)
             domain.free_hist[old_bucket] -= 1
             domain.free_hist[new_bucket] += 1
             domain.partly_used += partly
@@ -800,6 +808,11 @@ class ClusterIndex:
         if not narrowed:
             return self.nodes.values()
         return [self.nodes[name] for name in sorted(set.intersection(*narrowed)) if name in self.nodes]
+
+    def catch_up(self, gpus: int) -> None:
+        """Bring the best-fit orders for pods of `gpus` GPUs up to date (before a decision)."""
+        for orders in self.orders:
+            orders.catch_up(gpus)
 
     def restricted_to(self, request: PlacementRequest) -> "ClusterIndex":
         """This index, or the constrained subset holding only the nodes the request may use.

@@ -158,8 +158,12 @@ def _tightest_fit(subset: ClusterIndex, scope: Member, pods: int, gpus: int) -> 
     if node is not None:
         return node
     for level in range(len(subset.levels) - 1, scope.ref.level, -1):
-        members = subset.levels[level].values() if scope is subset.root else _at_level(scope, level)
-        fitting = [d for d in members if d.fits(gpus) >= pods]
+        if scope is subset.root:  # the whole level: its sorted order answers (bestfit.py)
+            best = subset.orders[level].best_fit(gpus, pods)
+            if best is not None:
+                return best
+            continue
+        fitting = [d for d in _at_level(scope, level) if d.fits(gpus) >= pods]
         if fitting:
             # Among equal fits, the one with fewer partly used nodes: jobs that span nodes stay
             # apart from where small jobs run, the mirror of _tightest_node's rule.

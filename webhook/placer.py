@@ -13,7 +13,14 @@ from .placement import decide
 def place(index: ClusterIndex, request: PlacementRequest) -> Decision:
     """Decide without holding anything (dry runs, explanations, benchmarks)."""
     with index.lock:
-        return decide(index, request, index.restricted_to(request))
+        return decide(index, request, _prepared(index, request))
+
+
+def _prepared(index: ClusterIndex, request: PlacementRequest) -> ClusterIndex:
+    """The part of the index the request may use, with its best-fit orders current."""
+    subset = index.restricted_to(request)
+    subset.catch_up(request.gpus_per_pod)
+    return subset
 
 
 def place_and_reserve(index: ClusterIndex, request: PlacementRequest, key: str | None) -> Decision:
@@ -23,9 +30,9 @@ def place_and_reserve(index: ClusterIndex, request: PlacementRequest, key: str |
     with index.lock:
         index.expire_reservations()
         if key is None:
-            return decide(index, request, index.restricted_to(request))
+            return decide(index, request, _prepared(index, request))
         index.release(key)
-        decision = decide(index, request, index.restricted_to(request))
+        decision = decide(index, request, _prepared(index, request))
         if decision.outcome is Outcome.PLACED:
             sets: dict[str, list[tuple[int, ...]]] = {}
             for assigned in decision.assignment:
