@@ -304,8 +304,9 @@ def test_deterministic(cluster):
 
 def test_constraints_that_admit_every_node_take_the_fast_path(cluster):
     everywhere = ({"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a"]}]},)
-    assert cluster.filters_nothing(request(2, required_node_terms=everywhere, min_bandwidth_gbps=200))
-    assert not cluster.filters_nothing(request(2, min_bandwidth_gbps=800))
+    filters = cluster.filters
+    assert filters.filters_nothing(request(2, required_node_terms=everywhere, min_bandwidth_gbps=200), cluster.nodes)
+    assert not filters.filters_nothing(request(2, min_bandwidth_gbps=800), cluster.nodes)
 
 
 def test_constrained_views_stay_exact_through_pod_events_and_reservations(cluster):
@@ -443,7 +444,7 @@ def test_a_split_over_racks_of_two_spines_is_pinned_to_those_racks_not_the_whole
 
 def test_best_fit_orders_follow_nodes_that_move_between_leaves_and_leaves_that_go(cluster):
     for g in (2, 8):
-        cluster.catch_up(g)
+        cluster.tree.catch_up(g)
     leaf1 = [name for name, node in cluster.nodes.items() if node.labels["topology.scheduler/leaf"] == "leaf-1"]
     for name in leaf1[:-1]:
         cluster.delete_node(name)
@@ -451,10 +452,10 @@ def test_best_fit_orders_follow_nodes_that_move_between_leaves_and_leaves_that_g
     cluster.upsert_node(make_node(leaf1[-1], {**last, "topology.scheduler/leaf": "leaf-9"}))  # leaf-1 is gone
     cluster.upsert_pod(make_pod("half", leaf1[-1], 4))
     for g in (2, 8):
-        cluster.catch_up(g)
+        cluster.tree.catch_up(g)
         for pods in (1, 2, 4, 5):
             leaves = cluster.levels[2].values()
             scanned = min((d for d in leaves if d.fits(g) >= pods),
                           key=lambda d: (d.fits(g), d.partly_used, d.free_gpus, d.path), default=None)
-            assert cluster.orders[2].best_fit(g, pods) is scanned
+            assert cluster.tree.orders[2].best_fit(g, pods) is scanned
     assert all(d.ref.name != "leaf-1" for d in cluster.levels[2].values())

@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 from conftest import gpu_job
 from webhook import mutation, workload
-from webhook.cluster import ClusterIndex, node_matches
+from webhook.cluster import ClusterIndex
+from webhook.filters import node_matches
 from webhook.config import Config
 from webhook.demo import make_node, make_pod
 from webhook.model import Outcome, PlacementRequest, Strategy
@@ -143,10 +144,10 @@ def test_incremental_index_equals_a_rebuild(nodes, events):
     names = [n[0] for n in nodes]
     live = {}
     for g in (1, 2, 8):
-        index.catch_up(g)  # sorted now, so the events below are caught up incrementally
+        index.tree.catch_up(g)  # sorted now, so the events below are caught up incrementally
     for i, (which, gpus, bind) in enumerate(events):
         if i % 7 == 3:
-            index.catch_up(2)
+            index.tree.catch_up(2)
         name = names[which % len(names)]
         pod = make_pod(f"ev{which % 5}", name if bind else None, gpus)
         if gpus == 0:
@@ -164,9 +165,9 @@ def test_incremental_index_equals_a_rebuild(nodes, events):
             p: (d.cap, d.partly_used) for p, d in rebuilt.levels[level].items()}
     assert math.isclose(index.stats().allocation_ratio, rebuilt.stats().allocation_ratio)
     for g in (1, 2, 4, 8):  # best fit from the level orders equals a scan of the level
-        index.catch_up(g)
+        index.tree.catch_up(g)
         for level, domains in enumerate(index.levels):
             for pods in (1, 2, 5):
                 fitting = [d for d in domains.values() if d.fits(g) >= pods]
                 scanned = min(fitting, key=lambda d: (d.fits(g), d.partly_used, d.free_gpus, d.path), default=None)
-                assert index.orders[level].best_fit(g, pods) is scanned
+                assert index.tree.orders[level].best_fit(g, pods) is scanned

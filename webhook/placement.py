@@ -21,10 +21,11 @@ import heapq
 import math
 from typing import Iterable, Iterator, Union
 
-from .cluster import ClusterIndex, Domain, NodeState, node_matches, tolerates
 from .config import HOSTNAME_LABEL, HardwareProfile
+from .filters import node_matches, tolerates
 from .model import (EXCEEDS_CLUSTER, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Decision, DomainRef,
                     Interconnect, NodeAssignment, NodeRequirement, Outcome, PlacementRequest, Strategy)
+from .topology import Domain, NodeState, TopologyTree
 
 Member = Union[Domain, NodeState]  # a place in the tree: a domain or a node
 
@@ -67,10 +68,11 @@ def _child_towards(node: NodeState, scope: Domain) -> Member:
 
 # -- the decision ----------------------------------------------------------------------------------
 
-def decide(index: ClusterIndex, request: PlacementRequest, subset: ClusterIndex) -> Decision:
-    """The decision for `request`, reading `index` and `subset` (the part of the index the request
-    may use: `index.restricted_to(request)`, which is `index` itself when nothing filters). Pure:
-    it takes no lock and writes nothing; the caller holds the index still while it runs."""
+def decide(index: TopologyTree, request: PlacementRequest, subset: TopologyTree) -> Decision:
+    """The decision for `request`, reading the whole tree `index` and `subset`, the part of it the
+    request may use (`ClusterIndex.restricted_to`: the whole tree when nothing filters), with its
+    best-fit orders caught up for the request's pod size. Pure: it takes no lock and writes
+    nothing; the caller holds the index still while it runs."""
     gpus, pods = request.gpus_per_pod, request.pods
     if gpus < 1 or pods < 1:
         raise ValueError(f"a placement needs at least one pod and one GPU per pod, got {pods} x {gpus}")
@@ -108,7 +110,7 @@ def _is_under(path: tuple, ancestor: tuple) -> bool:
     return path[: len(ancestor)] == ancestor
 
 
-def _resolve(index: ClusterIndex, subset: ClusterIndex, text: str) -> Member | str:
+def _resolve(index: TopologyTree, subset: TopologyTree, text: str) -> Member | str:
     """A preferred-domain value -> the member of `subset` nearest to it, or an error sentence."""
     level_name, _, value = text.strip().rpartition("=")
     paths = sorted(index.by_value.get(value, ()))
@@ -130,11 +132,11 @@ def _resolve(index: ClusterIndex, subset: ClusterIndex, text: str) -> Member | s
     return subset.root
 
 
-def _level_name(index: ClusterIndex, path: tuple) -> str:
+def _level_name(index: TopologyTree, path: tuple) -> str:
     return index.config.levels[len(path) - 1].name if len(path) <= len(index.config.levels) else "node"
 
 
-def _lookup(subset: ClusterIndex, path: tuple) -> Member | None:
+def _lookup(subset: TopologyTree, path: tuple) -> Member | None:
     if len(path) <= len(subset.levels):
         return subset.levels[len(path) - 1].get(path)
     node = subset.nodes.get(path[-1][1])
@@ -143,7 +145,7 @@ def _lookup(subset: ClusterIndex, path: tuple) -> Member | None:
 
 # -- consolidated ------------------------------------------------------------------------------------
 
-def _consolidated(subset: ClusterIndex, request: PlacementRequest, chain: list[Member]) -> Decision:
+def _consolidated(subset: TopologyTree, request: PlacementRequest, chain: list[Member]) -> Decision:
     gpus, pods = request.gpus_per_pod, request.pods
     for scope in chain:
         target = _tightest_fit(subset, scope, pods, gpus)
@@ -152,7 +154,7 @@ def _consolidated(subset: ClusterIndex, request: PlacementRequest, chain: list[M
     return _waiting(subset, request, chain)
 
 
-def _tightest_fit(subset: ClusterIndex, scope: Member, pods: int, gpus: int) -> Member | None:
+def _tightest_fit(subset: TopologyTree, scope: Member, pods: int, gpus: int) -> Member | None:
     """The deepest, then best-fitting member under `scope` that holds all pods whole."""
     node = _tightest_node(subset, scope, pods * gpus, gpus)
     if node is not None:
@@ -171,7 +173,7 @@ def _tightest_fit(subset: ClusterIndex, scope: Member, pods: int, gpus: int) -> 
     return scope if scope.fits(gpus) >= pods else None
 
 
-def _tightest_node(subset: ClusterIndex, scope: Member, need: int, gpus: int) -> NodeState | None:
+def _tightest_node(subset: TopologyTree, scope: Member, need: int, gpus: int) -> NodeState | None:
     """Hierarchical best fit for a single node: the smallest free count that holds `need`, found
     from the scope's histogram, then down through the domains that have such a node, those with
     the most partly used nodes first, the fullest among equals."""
@@ -261,7 +263,7 @@ def _roomiest_then_tightest(kids: list[Member], pods: int, gpus: int) -> tuple[l
 
 # -- distributed --------------------------------------------------------------------------------------
 
-def _distributed(subset: ClusterIndex, request: PlacementRequest, chain: list[Member]) -> Decision:
+def _distributed(subset: TopologyTree, request: PlacementRequest, chain: list[Member]) -> Decision:
     gpus, pods = request.gpus_per_pod, request.pods
     depth = len(subset.levels)
     scope: Member | None = None
@@ -330,7 +332,7 @@ def _nodes_under(member: Member) -> Iterator[NodeState]:
 
 # -- building the decision ------------------------------------------------------------------------------
 
-def _requirements(subset: ClusterIndex, scope: Member, used: Iterable[NodeState] = ()) -> tuple[NodeRequirement, ...]:
+def _requirements(subset: TopologyTree, scope: Member, used: Iterable[NodeState] = ()) -> tuple[NodeRequirement, ...]:
     """Node affinity that says exactly what was decided: `scope`'s labels, and, for the nodes a
     decision uses, `In` over the lowest-level domains they are in (their racks, or the nodes
     themselves where no rack label groups them). Never looser than the decision, never excluding a
@@ -356,7 +358,7 @@ def _hostname(node: NodeState) -> str:
     return node.labels.get(HOSTNAME_LABEL) or node.name
 
 
-def _placed(subset: ClusterIndex, request: PlacementRequest, scope: Member, split: list[tuple[NodeState, int]],
+def _placed(subset: TopologyTree, request: PlacementRequest, scope: Member, split: list[tuple[NodeState, int]],
             spread: tuple[str, ...] = (), pin: bool = True) -> Decision:
     gpus = request.gpus_per_pod
     assignment = []
@@ -391,7 +393,7 @@ def _placed(subset: ClusterIndex, request: PlacementRequest, scope: Member, spli
                     profile=profile.name, reasons=tuple(reasons))
 
 
-def _why(subset: ClusterIndex, request: PlacementRequest, scope: Member, domains: tuple[DomainRef, ...]) -> str:
+def _why(subset: TopologyTree, request: PlacementRequest, scope: Member, domains: tuple[DomainRef, ...]) -> str:
     shape = f"{request.pods} pod(s) x {request.gpus_per_pod} GPU(s)"
     if request.strategy is Strategy.DISTRIBUTED:
         return f"{shape} spread over nodes and leaves of {scope.label} for failure isolation"
@@ -408,7 +410,7 @@ def _pod_link(node: NodeState, ids: tuple[int, ...]) -> Interconnect:
     return Interconnect.PCIE
 
 
-def _estimate(subset: ClusterIndex, request: PlacementRequest, assignment: list[NodeAssignment]
+def _estimate(subset: TopologyTree, request: PlacementRequest, assignment: list[NodeAssignment]
               ) -> tuple[Interconnect, float, HardwareProfile]:
     """Bottleneck all-reduce bus bandwidth (traces-and-metrics.md 3.1): the slowest pod inside,
     then the NICs of the node with the fewest job GPUs, then switch oversubscription."""
@@ -446,7 +448,7 @@ def _common_prefix(paths: list[tuple]) -> tuple:
 
 # -- nothing fits now, or ever ------------------------------------------------------------------------------
 
-def _waiting(subset: ClusterIndex, request: PlacementRequest, chain: list[Member]) -> Decision:
+def _waiting(subset: TopologyTree, request: PlacementRequest, chain: list[Member]) -> Decision:
     """Name the domain that will fit first: the deepest level with a domain that could ever hold
     the workload, and in it the domain closest to fitting now; say per level how much fits."""
     gpus, pods = request.gpus_per_pod, request.pods
@@ -484,7 +486,7 @@ def _waiting(subset: ClusterIndex, request: PlacementRequest, chain: list[Member
                     requirements=_requirements(subset, target), code=NO_ROOM_NOW, reasons=tuple(reasons))
 
 
-def _exclusions(index: ClusterIndex, request: PlacementRequest) -> str:
+def _exclusions(index: TopologyTree, request: PlacementRequest) -> str:
     """Why nodes were left out, counted per cause in a stable order (the slow path only)."""
     causes: dict[str, int] = {}
     for node in index.nodes.values():

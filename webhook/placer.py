@@ -8,15 +8,16 @@ from __future__ import annotations
 from .cluster import ClusterIndex
 from .model import Decision, Outcome, PlacementRequest
 from .placement import decide
+from .topology import TopologyTree
 
 
 def place(index: ClusterIndex, request: PlacementRequest) -> Decision:
     """Decide without holding anything (dry runs, explanations, benchmarks)."""
     with index.lock:
-        return decide(index, request, _prepared(index, request))
+        return decide(index.tree, request, _prepared(index, request))
 
 
-def _prepared(index: ClusterIndex, request: PlacementRequest) -> ClusterIndex:
+def _prepared(index: ClusterIndex, request: PlacementRequest) -> TopologyTree:
     """The part of the index the request may use, with its best-fit orders current."""
     subset = index.restricted_to(request)
     subset.catch_up(request.gpus_per_pod)
@@ -30,9 +31,9 @@ def place_and_reserve(index: ClusterIndex, request: PlacementRequest, key: str |
     with index.lock:
         index.expire_reservations()
         if key is None:
-            return decide(index, request, _prepared(index, request))
+            return decide(index.tree, request, _prepared(index, request))
         index.release(key)
-        decision = decide(index, request, _prepared(index, request))
+        decision = decide(index.tree, request, _prepared(index, request))
         if decision.outcome is Outcome.PLACED:
             sets: dict[str, list[tuple[int, ...]]] = {}
             for assigned in decision.assignment:
