@@ -21,6 +21,7 @@ class Ranked(Protocol):
     partly_used: int
     free_gpus: int
     path: tuple
+    touched: int  # the epoch of its last entry in `changed`
 
 
 def _key(domain: Ranked, gpus: int) -> tuple:
@@ -37,8 +38,14 @@ class LevelOrders:
         self._orders: dict[int, tuple[list[tuple], dict[tuple, tuple]]] = {}  # g -> (sorted keys, key by path)
         self._seen: dict[int, int] = {}  # g -> how far into `changed` its order is current
         self._limit = 1024  # changes past which sorting afresh is cheaper than catching up
+        # One entry per domain between two catch-ups is enough: an order reads the domain as it
+        # is when it catches up. Every catch-up starts a new epoch.
+        self.epoch = 0
 
     def touch(self, domain: Ranked) -> None:
+        if domain.touched == self.epoch:
+            return
+        domain.touched = self.epoch
         self.changed.append(domain)
         if len(self.changed) > self._limit:
             self.reset()
@@ -65,6 +72,7 @@ class LevelOrders:
                     keyed[path] = new = _key(domain, gpus)
                     insort(keys, new)
         self._seen[gpus] = len(self.changed)
+        self.epoch += 1
         self._limit = 4 * len(domains) + 1024
         done = min(self._seen.values())
         if done > len(self.changed) // 2:  # every order is past these: forget them

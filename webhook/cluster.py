@@ -225,15 +225,11 @@ class ClusterIndex:
 
     def _add_usage(self, node_name: str, requests: tuple[tuple[str, int], ...], sign: int) -> None:
         summed = self.usage_on.setdefault(node_name, {})
-
-        def shift() -> None:
-            for name, amount in requests:
-                summed[name] = summed.get(name, 0) + sign * amount
-        node = self.tree.nodes.get(node_name)
-        if node is None:
-            shift()
-        else:
-            self._change(node, shift)
+        for name, amount in requests:
+            summed[name] = summed.get(name, 0) + sign * amount
+        if node_name in self.tree.nodes:  # its free GPUs are as they were; what uses them may not be
+            self.filters.headroom_changed.add(node_name)
+            self.subsets.recount(node_name)
 
     def counted_pods(self) -> set[str]:
         """Keys of every pod the index counts (a relist forgets the others)."""

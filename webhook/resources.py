@@ -7,6 +7,7 @@ Quantities are whole numbers in the resource's base unit, cpu in millicores.
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from decimal import Decimal, InvalidOperation
@@ -22,6 +23,7 @@ _SUFFIXES = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "
 _QUANTITY = re.compile(r"([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 
 
+@functools.lru_cache(maxsize=4096)  # pods repeat the same few quantities; parsing is the cost of an event
 def quantity(value: object, resource: str) -> int:
     """A Kubernetes quantity in the resource's base unit (millicores for cpu), rounded up as the
     API rounds. Raises ValueError for text that is not a quantity."""

@@ -45,7 +45,7 @@ class Domain:
     which one it holds; a node is the tree's leaf, with no children."""
 
     __slots__ = ("ref", "parent", "children", "free_hist", "cap", "ever", "free_gpus", "alloc_gpus", "nodes", "freeing",
-                 "partly_used")
+                 "partly_used", "touched")
 
     def __init__(self, ref: DomainRef, parent: "Domain | None", width: int):
         self.ref = ref
@@ -59,6 +59,7 @@ class Domain:
         self.freeing = 0  # GPUs of terminating pods: free once they are gone
         self.nodes = 0
         self.partly_used = 0  # nodes with some GPUs taken and some free: where small jobs run
+        self.touched = -1  # bestfit.LevelOrders bookkeeping
 
     def fits(self, gpus: int) -> int:
         """Pods of `gpus` GPUs that fit whole now."""
@@ -357,7 +358,9 @@ class TopologyTree:
         partly = (0 < after < node.alloc) - (0 < before < node.alloc)
         for domain in self.ancestors(node):
             if domain.parent is not None:
-                self.orders[domain.ref.level].touch(domain)
+                orders = self.orders[domain.ref.level]
+                if domain.touched != orders.epoch:
+                    orders.touch(domain)
             domain.free_hist[old_bucket] -= 1
             domain.free_hist[new_bucket] += 1
             domain.partly_used += partly
