@@ -24,7 +24,7 @@ _QUANTITY = re.compile(r"([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|
 
 
 @functools.lru_cache(maxsize=4096)  # pods repeat the same few quantities; parsing is the cost of an event
-def quantity(value: object, resource: str) -> int:
+def quantity(value: str, resource: str) -> int:
     """A Kubernetes quantity in the resource's base unit (millicores for cpu), rounded up as the
     API rounds. Raises ValueError for text that is not a quantity."""
     match = _QUANTITY.fullmatch(str(value).strip())
@@ -47,7 +47,7 @@ def _vector(entries: Mapping | None) -> Vector:
         if name == GPU_RESOURCE:
             continue
         try:
-            out[str(name)] = quantity(value, str(name))
+            out[str(name)] = quantity(str(value), str(name))
         except ValueError:
             continue
     return out
