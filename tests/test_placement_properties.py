@@ -144,10 +144,10 @@ def test_incremental_index_equals_a_rebuild(nodes, events):
     names = [n[0] for n in nodes]
     live = {}
     for g in (1, 2, 8):
-        index.tree.catch_up(g)  # sorted now, so the events below are caught up incrementally
+        index.tree.catch_up(g, spread=True)  # sorted now, so the events below are caught up incrementally
     for i, (which, gpus, bind) in enumerate(events):
         if i % 7 == 3:
-            index.tree.catch_up(2)
+            index.tree.catch_up(2, spread=True)
         name = names[which % len(names)]
         pod = make_pod(f"ev{which % 5}", name if bind else None, gpus)
         if gpus == 0:
@@ -164,10 +164,12 @@ def test_incremental_index_equals_a_rebuild(nodes, events):
         assert {p: (d.cap, d.partly_used) for p, d in domains.items()} == {
             p: (d.cap, d.partly_used) for p, d in rebuilt.levels[level].items()}
     assert math.isclose(index.stats().allocation_ratio, rebuilt.stats().allocation_ratio)
-    for g in (1, 2, 4, 8):  # best fit from the level orders equals a scan of the level
-        index.tree.catch_up(g)
+    for g in (1, 2, 4, 8):  # best fit and roomiest from the level orders equal a scan of the level
+        index.tree.catch_up(g, spread=True)
         for level, domains in enumerate(index.levels):
             for pods in (1, 2, 5):
                 fitting = [d for d in domains.values() if d.fits(g) >= pods]
                 scanned = min(fitting, key=lambda d: (d.fits(g), d.partly_used, d.free_gpus, d.path), default=None)
                 assert index.tree.orders[level].best_fit(g, pods) is scanned
+                roomiest = sorted((d for d in domains.values() if d.slots(g)), key=lambda d: (-d.slots(g), d.path))
+                assert index.tree.orders[level].roomiest(g, pods) == roomiest[:pods]

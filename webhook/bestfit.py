@@ -1,9 +1,11 @@
-"""Best fit at one level of the tree without visiting every domain of that level.
+"""Best fit and roomiest at one level of the tree without visiting every domain of that level.
 
 The consolidated rule takes, at a level, the domain with the least room that still holds the
-workload: the smallest (cap[g], partly used nodes, free GPUs, path) with cap[g] >= pods. Scanning a
-level costs its number of domains (3,125 leaves at 100,000 nodes); this keeps, per level and pod
-size g, the level's domains sorted by that key, so the answer is one binary search.
+workload: the smallest (cap[g], partly used nodes, free GPUs, path) with cap[g] >= pods. The
+distributed rule spreads over the leaves with the most nodes open to one more pod: the smallest
+(-slots(g), path). Scanning a level costs its number of domains (3,125 leaves at 100,000 nodes);
+this keeps, per level, rule and pod size g, the level's domains sorted by that key, so an answer is
+one binary search or the first few entries.
 
 Events must stay cheap, and every pod event moves the free GPUs (part of the key) of every domain
 above its node, for every g. So events only append the domains they touch to the level's change
@@ -23,20 +25,31 @@ class Ranked(Protocol):
     path: tuple
     touched: int  # the epoch of its last entry in `changed`
 
+    def slots(self, gpus: int) -> int: ...
 
-def _key(domain: Ranked, gpus: int) -> tuple:
+
+def _fit_key(domain: Ranked, gpus: int) -> tuple:
     cap = domain.cap[gpus] if gpus < len(domain.cap) else 0
     return cap, domain.partly_used, domain.free_gpus, domain.path
 
 
+def _open_key(domain: Ranked, gpus: int) -> tuple:
+    return -domain.slots(gpus), domain.path
+
+
+FIT, OPEN = "fit", "open"
+_KEYS = {FIT: _fit_key, OPEN: _open_key}
+
+
 class LevelOrders:
-    """Sorted orders of one level's domains, one per pod size asked for, kept lazily."""
+    """Sorted orders of one level's domains, one per rule and pod size asked for, kept lazily."""
 
     def __init__(self, domains: Callable[[], Mapping[tuple, Ranked]]):
         self._domains = domains  # the level's current domains by path
         self.changed: list[Ranked] = []  # domains touched since the oldest order last caught up
-        self._orders: dict[int, tuple[list[tuple], dict[tuple, tuple]]] = {}  # g -> (sorted keys, key by path)
-        self._seen: dict[int, int] = {}  # g -> how far into `changed` its order is current
+        # (rule, g) -> (sorted keys, key by path), and how far into `changed` that order is current
+        self._orders: dict[tuple[str, int], tuple[list[tuple], dict[tuple, tuple]]] = {}
+        self._seen: dict[tuple[str, int], int] = {}
         self._limit = 1024  # changes past which sorting afresh is cheaper than catching up
         # One entry per domain between two catch-ups is enough: an order reads the domain as it
         # is when it catches up. Every catch-up starts a new epoch.
@@ -55,23 +68,24 @@ class LevelOrders:
         self._orders.clear()
         self._seen.clear()
 
-    def catch_up(self, gpus: int) -> None:
-        """Bring the order for pods of `gpus` GPUs up to date (before decisions read it)."""
+    def catch_up(self, rule: str, gpus: int) -> None:
+        """Bring the order of `rule` for pods of `gpus` GPUs up to date (before decisions read it)."""
         domains = self._domains()
-        if gpus not in self._orders:
-            keyed = {path: _key(d, gpus) for path, d in domains.items()}
-            self._orders[gpus] = (sorted(keyed.values()), keyed)
+        key, which = _KEYS[rule], (rule, gpus)
+        if which not in self._orders:
+            keyed = {path: key(d, gpus) for path, d in domains.items()}
+            self._orders[which] = (sorted(keyed.values()), keyed)
         else:
-            keys, keyed = self._orders[gpus]
-            for domain in {id(d): d for d in self.changed[self._seen[gpus]:]}.values():
+            keys, keyed = self._orders[which]
+            for domain in {id(d): d for d in self.changed[self._seen[which]:]}.values():
                 path = domain.path
                 old = keyed.pop(path, None)
                 if old is not None:
                     del keys[bisect_left(keys, old)]
                 if domains.get(path) is domain:  # not pruned since
-                    keyed[path] = new = _key(domain, gpus)
+                    keyed[path] = new = key(domain, gpus)
                     insort(keys, new)
-        self._seen[gpus] = len(self.changed)
+        self._seen[which] = len(self.changed)
         self.epoch += 1
         self._limit = 4 * len(domains) + 1024
         done = min(self._seen.values())
@@ -81,6 +95,13 @@ class LevelOrders:
 
     def best_fit(self, gpus: int, pods: int) -> Ranked | None:
         """The domain with the least room that holds `pods` pods of `gpus` GPUs (caught up first)."""
-        keys, _ = self._orders[gpus]
+        keys, _ = self._orders[FIT, gpus]
         i = bisect_left(keys, (pods,))
         return self._domains()[keys[i][3]] if i < len(keys) else None
+
+    def roomiest(self, gpus: int, count: int) -> list[Ranked]:
+        """Up to `count` domains with the most nodes open to a pod of `gpus` GPUs, none without
+        one (caught up first)."""
+        keys, _ = self._orders[OPEN, gpus]
+        domains = self._domains()
+        return [domains[path] for slots, path in keys[:count] if slots < 0]

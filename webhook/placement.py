@@ -283,7 +283,7 @@ def _distributed(subset: TopologyTree, request: PlacementRequest, chain: list[Me
         scope = next((m for m in chain if m.fits(gpus) >= pods), None)
     if scope is None:
         return _waiting(subset, request, chain)
-    used = _spread(scope, pods, gpus, depth)
+    used = _spread(subset, scope, pods, gpus, depth)
     placed = [(subset.nodes[name], n) for name, n in used.items()]
     spread_label = subset.config.levels[-1].label if depth else None
     decision = _placed(subset, request, scope, placed, spread=(HOSTNAME_LABEL,) + (
@@ -294,10 +294,12 @@ def _distributed(subset: TopologyTree, request: PlacementRequest, chain: list[Me
     return decision
 
 
-def _spread(scope: Member, pods: int, gpus: int, depth: int) -> dict[str, int]:
+def _spread(subset: TopologyTree, scope: Member, pods: int, gpus: int, depth: int) -> dict[str, int]:
     """Pods per node name: round-robin over the leaves with the most open nodes, the tightest
     open node of a leaf first; a node takes a second pod only when no open node is left."""
-    if scope.ref.level < depth - 1:
+    if scope is subset.root and depth:  # the level's roomiest order answers (bestfit.py)
+        groups = subset.orders[depth - 1].roomiest(gpus, pods)
+    elif scope.ref.level < depth - 1:
         open_leaves = [(d.slots(gpus), d) for d in _at_level(scope, depth - 1)]
         roomiest = heapq.nsmallest(pods, ((-n, d.ref.path, d) for n, d in open_leaves if n), key=lambda x: x[:2])
         groups = [leaf for _, _, leaf in roomiest]

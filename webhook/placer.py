@@ -6,7 +6,7 @@ other requests and the watch threads change, so it is the one place that takes t
 from __future__ import annotations
 
 from .cluster import ClusterIndex
-from .model import Decision, Outcome, PlacementRequest
+from .model import Decision, Outcome, PlacementRequest, Strategy
 from .placement import decide
 from .topology import TopologyTree
 
@@ -20,7 +20,7 @@ def place(index: ClusterIndex, request: PlacementRequest) -> Decision:
 def _prepared(index: ClusterIndex, request: PlacementRequest) -> TopologyTree:
     """The part of the index the request may use, with its best-fit orders current."""
     subset = index.restricted_to(request)
-    subset.catch_up(request.gpus_per_pod)
+    subset.catch_up(request.gpus_per_pod, spread=request.strategy is Strategy.DISTRIBUTED)
     return subset
 
 

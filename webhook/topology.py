@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Iterator, Mapping
 
-from .bestfit import LevelOrders
+from .bestfit import FIT, OPEN, LevelOrders
 from .config import HOSTNAME_LABEL, Config, HardwareProfile
 from .gpus import NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_nvlink_domains, quantity_to_int
 from .model import GPU_RESOURCE, DomainRef, PlacementRequest
@@ -395,7 +395,10 @@ class TopologyTree:
         for domain in self.ancestors(node):
             domain.freeing += delta
 
-    def catch_up(self, gpus: int) -> None:
-        """Bring the best-fit orders for pods of `gpus` GPUs up to date (before a decision)."""
+    def catch_up(self, gpus: int, spread: bool = False) -> None:
+        """Bring the level orders a decision for pods of `gpus` GPUs reads up to date: best fit,
+        and for a spread the roomiest too."""
         for orders in self.orders:
-            orders.catch_up(gpus)
+            orders.catch_up(FIT, gpus)
+            if spread:
+                orders.catch_up(OPEN, gpus)
