@@ -40,7 +40,8 @@ ADMISSIONS_PER_SECOND = 50
 
 def shape(nodes: int) -> tuple[int, int, int]:
     """(spines, leaves per spine, nodes per leaf) for a leaf-spine cluster of `nodes` nodes."""
-    return {1000: (5, 10, 20), 5000: (10, 25, 20), 10000: (10, 25, 40)}.get(nodes, (1, 1, nodes))
+    return {1000: (5, 10, 20), 5000: (10, 25, 20), 10000: (10, 25, 40), 50000: (25, 50, 40),
+            100000: (50, 50, 40)}.get(nodes, (1, 1, nodes))
 
 
 def rss_mib() -> float:

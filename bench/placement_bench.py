@@ -64,6 +64,13 @@ def run(size: int, repeat: int) -> dict[str, float]:
     index = ClusterIndex.from_objects(Config(), nodes, pods)
     build = time.perf_counter() - started
     flat = [(n.name, tuple(n.labels[k] for k in LEVELS), n.free) for n in index.nodes.values()]
+    # The first decision for a pod size sorts each level once (bestfit.py); later ones catch up on
+    # what changed. Timed apart, so the percentiles below are the steady state.
+    cold = []
+    for pods_, gpus in SHAPES:
+        t0 = time.perf_counter()
+        place(index, PlacementRequest("bench", pods_, gpus, Strategy.CONSOLIDATED))
+        cold.append(time.perf_counter() - t0)
     ours, naive = [], []
     for i in range(repeat):
         pods_, gpus = SHAPES[i % len(SHAPES)]
@@ -88,6 +95,7 @@ def run(size: int, repeat: int) -> dict[str, float]:
         constrained.append(time.perf_counter() - t0)
     # Distributed over the whole cluster: 16 pods, one per node, round-robin over the roomiest leaves.
     spread = PlacementRequest("bench", 16, 8, Strategy.DISTRIBUTED)
+    place(index, spread)  # its first sorts the roomiest order
     distributed = []
     for _ in range(repeat // 3):
         t0 = time.perf_counter()
@@ -115,7 +123,7 @@ def run(size: int, repeat: int) -> dict[str, float]:
     return {"nodes": size, "build_s": build, "p50_ms": percentile(ours, .5) * 1e3, "p99_ms": percentile(ours, .99) * 1e3,
             "naive_p50_ms": percentile(naive, .5) * 1e3, "naive_p99_ms": percentile(naive, .99) * 1e3,
             "speedup_p50": statistics.median(naive) / statistics.median(ours), "event_us": per_event * 1e6,
-            "first_constrained_ms": first_constrained * 1e3, "constrained_p99_ms": percentile(constrained, .99) * 1e3,
+            "first_constrained_ms": first_constrained * 1e3, "cold_ms": max(cold) * 1e3, "constrained_p99_ms": percentile(constrained, .99) * 1e3,
             "after_update_p99_ms": percentile(after_update, .99) * 1e3,
             "distributed_p50_ms": percentile(distributed, .5) * 1e3, "distributed_p99_ms": percentile(distributed, .99) * 1e3,
             "node_update_us": statistics.median(node_updates) * 1e6}
@@ -128,13 +136,13 @@ def main() -> None:
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}, "
           f"{platform.processor() or 'cpu'}; shapes {SHAPES} consolidated, {args.repeat} decisions per size")
-    print("| nodes | index build (s) | decision p50 (ms) | p99 (ms) | full scan p50 (ms) | p99 (ms) "
+    print("| nodes | index build (s) | first decision per pod size, max (ms) | decision p50 (ms) | p99 (ms) | full scan p50 (ms) | p99 (ms) "
           "| speed-up (p50) | update per pod event (us) | nodeSelector: first (ms) | then p99 (ms) "
           "| after an unchanged node update p99 (ms) | unchanged node update (us) | distributed 16x8 p50 (ms) | p99 (ms) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size in args.sizes:
         r = run(size, args.repeat)
-        print(f"| {r['nodes']} | {r['build_s']:.2f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['naive_p50_ms']:.2f} "
+        print(f"| {r['nodes']} | {r['build_s']:.2f} | {r['cold_ms']:.1f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['naive_p50_ms']:.2f} "
               f"| {r['naive_p99_ms']:.2f} | {r['speedup_p50']:.0f}x | {r['event_us']:.1f} "
               f"| {r['first_constrained_ms']:.0f} | {r['constrained_p99_ms']:.3f} "
               f"| {r['after_update_p99_ms']:.3f} | {r['node_update_us']:.1f} "
