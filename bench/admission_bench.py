@@ -186,13 +186,13 @@ def in_process(nodes: list[dict], pods: list[dict], bodies: list[bytes], warm_up
     index, _ = cluster_view(config, (nodes, pods))
     reviews = [json.loads(body) for body in bodies]
     for review in reviews[:warm_up]:
-        admission.review(review, index, config, time.time())
+        admission.review(review, index, config)
     reviews = reviews[warm_up:]
     latencies = []
     began = time.perf_counter()
     for review in reviews:
         started = time.perf_counter()
-        admission.review(review, index, config, time.time())
+        admission.review(review, index, config)
         latencies.append(time.perf_counter() - started)
     return summary(latencies, time.perf_counter() - began)
 

@@ -152,7 +152,7 @@ def measure(nodes: int) -> dict:
     # Admissions: the decision alone, and the whole review through the Flask app (parse, read the
     # workload, place, mutate, JSONPatch, answer) without TLS and gunicorn, in this process.
     request = PlacementRequest(workload="Job bench/train", pods=2, gpus_per_pod=2, strategy=Strategy.CONSOLIDATED)
-    client = create_app(view.config, view.index, view.readiness, Metrics.create(), clock=view.clock).test_client()
+    client = create_app(view.config, view.index, view.readiness, Metrics.create()).test_client()
     review = make_review(bench_job(), dry_run=True)  # dry run: nothing reserved, the cluster does not fill up
 
     def latencies(seconds: float) -> tuple[list[float], list[float]]:
