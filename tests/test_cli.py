@@ -2,6 +2,7 @@
 import base64
 import io
 import json
+import socket
 import subprocess
 import sys
 
@@ -141,6 +142,17 @@ def test_certs_writes_the_pair_and_prints_the_ca_bundle(tmp_path, capsys):
     assert (tmp_path / "tls.crt").exists() and (tmp_path / "tls.key").exists()
 
 
+def test_certs_refuses_to_replace_an_existing_ca_without_force(tmp_path, capsys):
+    argv = ("certs", "--service", "topology-webhook", "--namespace", "gpu-system", "--out", str(tmp_path))
+    assert run(capsys, *argv)[0] == 0
+    first = (tmp_path / "ca.crt").read_bytes()
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and "ca.crt exists" in err and "--force" in err and len(err.splitlines()) == 1
+    assert (tmp_path / "ca.crt").read_bytes() == first
+    assert run(capsys, *argv, "--force")[0] == 0
+    assert (tmp_path / "ca.crt").read_bytes() != first
+
+
 def test_certs_refuses_a_service_name_that_is_not_a_dns_label(tmp_path, capsys):
     code, _, err = run(capsys, "certs", "--service", "Topology_Webhook", "--namespace", "x", "--out", str(tmp_path))
     assert code == 2 and "--service 'Topology_Webhook' is not a DNS label" in err
@@ -150,17 +162,23 @@ def test_certs_refuses_a_service_name_that_is_not_a_dns_label(tmp_path, capsys):
     (["--bind", "8443"], "--bind '8443' is not HOST:PORT"),
     (["--bind", "0.0.0.0:99999"], "--bind '0.0.0.0:99999' is not HOST:PORT"),
     (["--cert", "tls.crt"], "--cert and --key go together"),
-    (["--workers", "0"], "--workers 0 must be at least 1"),
+    (["--workers", "0"], "--workers 0: serve runs exactly 1 worker process"),
+    (["--workers", "2"], "--workers 2: serve runs exactly 1 worker process"),  # the demo cluster
+    (["--nodes", "nodes.yaml", "--workers", "4"], "a second would book the same GPUs again"),
+    (["--metrics-bind", "9090"], "--metrics-bind '9090' is not HOST:PORT"),
+    (["--client-ca", "missing-ca.crt"], "--client-ca missing-ca.crt: no such file"),
+    (["--cert", "missing.crt", "--key", "missing.key"], "certificate file missing.crt: not found"),
     (["--pods", "pods.yaml"], "--pods needs --nodes"),
     (["--kubeconfig", "kubeconfig", "--nodes", "nodes.yaml"], "give one or the other"),
     (["--kubeconfig", "missing.yaml"], "kubeconfig missing.yaml"),
-    (["--kubeconfig", "kubeconfig", "--workers", "2"], "would give each process its own reservations"),
+    (["--kubeconfig", "kubeconfig", "--workers", "2"], "a second would book the same GPUs again"),
 ])
 def test_serve_refuses_bad_arguments_before_starting(capsys, tmp_path, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     code, _, err = run(capsys, "serve", *argv)
     assert code == 2 and message in err
+    assert len(err.splitlines()) == 1 and "serving" not in err  # one line, and nothing started
 
 
 def test_serve_in_a_pod_without_files_watches_the_api_and_says_when_it_cannot(capsys, tmp_path, monkeypatch):
@@ -171,12 +189,25 @@ def test_serve_in_a_pod_without_files_watches_the_api_and_says_when_it_cannot(ca
     assert code == 2 and "in-cluster config" in err and len(err.strip().splitlines()) <= 2
 
 
-def test_serve_help_says_reservations_are_per_process_with_several_workers():
+@pytest.mark.parametrize("flag", ["--bind", "--metrics-bind"])
+def test_serve_on_a_port_in_use_says_so_in_one_line(capsys, tmp_path, monkeypatch, flag):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = run(capsys, "serve", flag, f"127.0.0.1:{port}")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"{flag} 127.0.0.1:{port}: cannot listen there" in err and f"choose another with {flag}" in err
+
+
+def test_serve_help_says_one_worker_and_why():
     # Through `python -m webhook`, as users and the Helm chart start it.
     result = subprocess.run([sys.executable, "-m", "webhook", "serve", "--help"], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0
-    assert "each process has its own cluster view and reservations" in " ".join(result.stdout.split())
+    assert "only 1 is allowed" in " ".join(result.stdout.split())
 
 
 SEED_WORKLOADS = ["002-gpu-job.yaml", "002-multi-gpu-job.yaml", "002-multi-node-training.yaml",

@@ -1,4 +1,5 @@
-"""The Flask app: /mutate for the apiserver, /healthz, /readyz and /metrics.
+"""The Flask app: /mutate for the apiserver, /healthz and /readyz (/metrics has its own port:
+see server.start_metrics_server).
 
 Two error channels, decided here: a call that is not an AdmissionReview gets an HTTP 4xx with a
 one-line reason; anything that goes wrong inside us while handling a real review is answered
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from typing import Any, Callable
 
@@ -17,7 +17,8 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from . import admission
-from .config import HEALTHZ_PATH, METRICS_PATH, MUTATE_PATH, READYZ_PATH, Config
+from .config import HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH, Config
+from .logs import FIELDS
 from .metrics import Metrics
 
 Readiness = Callable[[], "tuple[bool, str]"]
@@ -38,18 +39,18 @@ def _allowed_unmodified(body: Any, warning: str) -> dict | None:
             "response": {"uid": uid, "allowed": True, "warnings": [warning]}}
 
 
-def _log_line(result: admission.AdmissionResult, seconds: float) -> str:
-    """One JSON line naming the object and the decision; never the object (env carries secrets)."""
+def _log_fields(result: admission.AdmissionResult, seconds: float) -> dict:
+    """What one admission's log line says: the object and the decision, never the object itself
+    (env carries secrets). The formatter escapes the values: a name cannot break the line."""
     decision = result.decision
     entry = {"uid": result.uid, "kind": result.kind, "namespace": result.namespace, "name": result.name,
-             "pid": os.getpid(),  # which worker: each has its own reservations
              "outcome": result.outcome, "strategy": result.strategy,
              "domain": str(decision.scope) if decision is not None and decision.scope is not None else None,
              "code": decision.code if decision is not None else None,
              "warnings": len(result.warnings), "duration_ms": round(seconds * 1000, 3)}
     if result.error:
         entry["error"] = result.error
-    return json.dumps(entry, separators=(",", ":"))
+    return entry
 
 
 def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metrics | None = None,
@@ -99,7 +100,7 @@ def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metric
             return Response(json.dumps(answer), mimetype="application/json")
         seconds = time.perf_counter() - started
         metrics.record_admission(result.kind, result.strategy, result.outcome, seconds)
-        log.info(_log_line(result, seconds))
+        log.info("admission %s", result.outcome, extra={FIELDS: _log_fields(result, seconds)})
         return Response(json.dumps(result.review, separators=(",", ":")), mimetype="application/json")
 
     @app.get(HEALTHZ_PATH)
@@ -110,10 +111,5 @@ def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metric
     def readyz() -> Response:
         ready, reason = readiness()
         return _text("ok" if ready else f"not ready: {reason}", 200 if ready else 503)
-
-    @app.get(METRICS_PATH)
-    def metrics_page() -> Response:
-        payload, content_type = metrics.render()
-        return Response(payload, content_type=content_type)
 
     return app
