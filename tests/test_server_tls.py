@@ -225,3 +225,30 @@ def test_with_client_ca_only_clients_with_a_certificate_it_signed_are_served(tmp
         assert not handshake(server.port, server.paths.ca, client=stranger)
     finally:
         stop_server(server)
+
+
+# ----- reservations are namespaced ----------------------------------------------------------------
+
+def reserved_gpus(server) -> float:
+    line = next(line for line in server.metrics().splitlines()
+                if line.startswith('topology_cluster_gpus{state="reserved"}'))
+    return float(line.split()[-1])
+
+
+def test_a_pod_of_another_namespace_cannot_replace_or_release_a_reservation(tls_server, apiserver):
+    victim = gpu_job("victim-train", 2, 8, namespace="team-victim", placement_strategy="consolidated")
+    assert "topology.scheduler/reservation" in json.dumps(apiserver.admit(review_of(victim)))
+    held = reserved_gpus(tls_server)
+    crafted = gpu_pod("x", 1, namespace="attacker",
+                      reservation="team-victim/Job/victim-train", placement_strategy="consolidated")
+    crafted["metadata"] = {**crafted["metadata"], "generateName": "x-"}
+    del crafted["metadata"]["name"]
+    mutated = apiserver.admit(review_of(crafted))
+    assert mutated["metadata"]["annotations"]["topology.scheduler/reservation"].startswith("attacker/Pod/x-")
+    assert reserved_gpus(tls_server) == held + 1  # its own hold, next to the victim's
+    # Nor can a DELETE carrying the victim's key from another namespace release it.
+    deletion = review_of(gpu_job("victim-train", 2, 8, namespace="attacker",
+                                 reservation="team-victim/Job/victim-train"))
+    deletion["request"].update(operation="DELETE", oldObject=deletion["request"]["object"], object=None)
+    answer = apiserver.post(deletion).json()["response"]
+    assert answer["allowed"] and reserved_gpus(tls_server) == held + 1

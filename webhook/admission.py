@@ -237,14 +237,23 @@ def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str
 
 def _reservation_key(request: _Request, obj: Mapping) -> str:
     """namespace/kind/name; a generateName object keeps the key already written on it (a second
-    call has a new request uid), else gets generateName + request uid."""
+    call has a new request uid) when that key can be its own, else gets generateName + request uid.
+
+    The annotation is client input: a key of another namespace, kind or owner would let this
+    object replace (and so release) someone else's hold. Only these are taken: this object's own
+    key (namespace/kind/generateName...), or the key of a workload that controls it in its
+    namespace (a Job's pods carry the Job's key)."""
     meta = obj.get("metadata") or {}
     if meta.get("name"):
         return reservation_key(request.namespace, request.kind, meta["name"])
-    annotations = workload.annotations_of(request.kind, obj)
-    if annotations.get(mutation.RESERVATION):
-        return str(annotations[mutation.RESERVATION])
-    return reservation_key(request.namespace, request.kind, f"{meta.get('generateName') or ''}{request.uid}")
+    generate_name = str(meta.get("generateName") or "")
+    written = str(workload.annotations_of(request.kind, obj).get(mutation.RESERVATION) or "")
+    owners = [reservation_key(request.namespace, str(o.get("kind")), str(o.get("name")))
+              for o in meta.get("ownerReferences") or () if isinstance(o, Mapping) and o.get("controller") is True]
+    if written and (written.startswith(reservation_key(request.namespace, request.kind, generate_name))
+                    or written in owners):
+        return written
+    return reservation_key(request.namespace, request.kind, f"{generate_name}{request.uid}")
 
 
 def _denied(request: _Request, message: str, decision: Decision | None = None) -> AdmissionResult:
