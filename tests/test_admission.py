@@ -130,7 +130,7 @@ def test_every_seed_manifest(name, obj, index):
     assert template_of(out)["spec"]["schedulerName"] == "default-scheduler"
     assert mutation.PLACEMENT in template_of(out)["metadata"]["annotations"]
     again = run(out, index)  # reinvocation: our own output comes back
-    assert again.outcome == "placed" and "patch" not in again.review["response"]
+    assert again.outcome == "ignored" and "patch" not in again.review["response"]  # not placed again
 
 
 def test_seed_preferred_leaf_is_honoured(index):

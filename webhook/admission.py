@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
-from . import mutation, workload
+from . import injection, mutation, workload
 from .config import Config
 from .model import EXCEEDS_CLUSTER, UNKNOWN_DOMAIN, Decision, Outcome, held_by, reservation_key
 from .patch import encode, make_patch
@@ -166,10 +166,15 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config, now: float,
         workload.check_shape(kind, obj, request.namespace)
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
-    if kind in _PLACED_BY_OWNER and workload.controller_owned(obj) and mutation.already_placed(obj, kind):
+    if kind in _PLACED_BY_OWNER and workload.controller_owned(obj) and _placed(kind, obj):
         return _result(request, "ignored")
     if workload.bound(kind, obj):
         return _result(request, "ignored")  # the scheduler is bypassed: affinity could only get it rejected
+    if (request.operation == "CREATE" and _placed(kind, obj)
+            and injection.reservation_of(workload.pod_template(kind, obj)) == _reservation_key(request, obj)):
+        # Our own output, whole and for this very object (reinvocation): placing it again could only
+        # move it. A copy of another object's output carries that object's key and is placed afresh.
+        return _result(request, "ignored")
     who = workload.display_name(kind, obj, request.namespace)
     ready, why = readiness
     if not ready:
@@ -179,7 +184,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config, now: float,
         wanted = workload.read(kind, mutation.without_injection(obj, kind), request.namespace)
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
-    if request.old is not None and mutation.already_placed(request.old, kind):
+    if request.old is not None and _placed(kind, request.old):
         return _kept(request, config, wanted)
     if wanted.request is None:
         mutated = mutation.mutate(obj, kind, None, config)
@@ -218,11 +223,15 @@ def _released(request: _Request, index: "ClusterIndex") -> AdmissionResult:
     kind, old = request.kind, request.old
     if old is None or request.dry_run or not workload.supports(request.group, kind) or kind not in _RESERVES:
         return _result(request, "ignored")
-    key = mutation.reservation_of(old, kind)
+    key = injection.reservation_of(workload.pod_template(kind, old))
     if key is None or not held_by(key, request.namespace, kind):
         return _result(request, "ignored")
     index.release(key)
     return _result(request, "released")
+
+
+def _placed(kind: str, obj: Mapping) -> bool:
+    return injection.already_placed(workload.pod_template(kind, obj))
 
 
 def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str:

@@ -167,7 +167,7 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
         preferred_domain=_preferred_domain(who, annotations.get(PREFERRED_DOMAIN)),
         min_bandwidth_gbps=_bandwidth(who, annotations.get(NETWORK_BANDWIDTH)),
         node_selector={str(k): str(v) for k, v in _mapping(spec.get("nodeSelector")).items()},
-        required_node_terms=_required_terms(spec),
+        required_node_terms=_required_terms(who, spec),
         tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, Mapping)),
     )
     return Workload(request, tuple(warnings))
@@ -264,10 +264,18 @@ def _bandwidth(who: str, value: object) -> float | None:
     return gbps
 
 
-def _required_terms(spec: Mapping) -> tuple[Mapping, ...]:
+def _required_terms(who: str, spec: Mapping) -> tuple[Mapping, ...]:
+    """The required nodeSelectorTerms that can match a node. Kubernetes reads an empty term `{}`
+    as matching no node, so it adds nothing to the ORed terms; when every term is empty the pod
+    can never be scheduled, which is denied here rather than placed."""
     node_affinity = _mapping(_mapping(spec.get("affinity")).get("nodeAffinity"))
     required = _mapping(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
-    return tuple(t for t in required.get("nodeSelectorTerms") or () if isinstance(t, Mapping))
+    terms = [t for t in required.get("nodeSelectorTerms") or () if isinstance(t, Mapping)]
+    matching = tuple(t for t in terms if t.get("matchExpressions") or t.get("matchFields"))
+    if terms and not matching:
+        raise InvalidWorkload(f"{who}: every required nodeSelectorTerm is empty, and an empty term matches no "
+                              "node, so no node can run it; allowed: terms with matchExpressions or matchFields")
+    return matching
 
 
 def _check(value: Any, shape: Any, path: str, who: str, item: bool = False) -> None:
