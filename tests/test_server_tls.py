@@ -252,3 +252,19 @@ def test_a_pod_of_another_namespace_cannot_replace_or_release_a_reservation(tls_
     deletion["request"].update(operation="DELETE", oldObject=deletion["request"]["object"], object=None)
     answer = apiserver.post(deletion).json()["response"]
     assert answer["allowed"] and reserved_gpus(tls_server) == held + 1
+
+
+def test_an_oversized_chunked_body_is_refused_with_413(tls_server):
+    context = ssl.create_default_context(cafile=tls_server.paths.ca)
+    chunk = b"x" * 65536
+    with socket.create_connection(("127.0.0.1", tls_server.port), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="localhost") as tls:
+            tls.sendall(b"POST /mutate?timeout=5s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n")
+            try:
+                for _ in range(64):  # 4 MiB, past the 3 MiB limit
+                    tls.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+                tls.sendall(b"0\r\n\r\n")
+            except OSError:
+                pass  # the server may answer and close before the whole body is sent
+            assert tls.recv(4096).startswith(b"HTTP/1.1 413 ")

@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 
 REVIEW_API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 WARNING_MAX_CHARS = 256  # the apiserver truncates longer warnings once its budget is spent
+# Objects of the kinds we handle nest about 20 levels at most (managedFields included); far deeper
+# would exhaust Python's recursion in copying and diffing, so it is denied up front.
+MAX_DEPTH = 100
+QUOTED_MAX_CHARS = 60  # a client's kind or apiVersion quoted in a 400 answer
 DENIED_CODE = 403
 # Pods are immutable after CREATE and a Job's template too, so an UPDATE patch would be rejected.
 # On UPDATE the others keep the placement made at creation (see mutation.carry_over).
@@ -124,10 +128,10 @@ def _parse(body: object) -> _Request:
     if not isinstance(body, Mapping):
         raise MalformedReview(f"body is a JSON {type(body).__name__}, not an AdmissionReview object")
     if body.get("kind") != "AdmissionReview":
-        raise MalformedReview(f"kind is {body.get('kind')!r}, expected 'AdmissionReview'")
+        raise MalformedReview(f"kind is {_quoted(body.get('kind'))}, expected 'AdmissionReview'")
     api_version = body.get("apiVersion")
     if api_version not in REVIEW_API_VERSIONS:
-        raise MalformedReview(f"apiVersion {api_version!r} is not one of {', '.join(REVIEW_API_VERSIONS)}")
+        raise MalformedReview(f"apiVersion {_quoted(api_version)} is not one of {', '.join(REVIEW_API_VERSIONS)}")
     request = body.get("request")
     if not isinstance(request, Mapping):
         raise MalformedReview("request is missing or not an object")
@@ -162,6 +166,9 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config, now: float,
     if (obj is None or not workload.supports(request.group, kind)
             or request.operation not in OPERATIONS[kind] or not workload.is_ours(kind, obj, config)):
         return _result(request, "ignored")
+    if _deeper_than(obj, MAX_DEPTH):
+        return _denied(request, f"{workload.display_name(kind, obj, request.namespace)}: the object is nested more "
+                                f"than {MAX_DEPTH} levels deep; allowed: at most {MAX_DEPTH} levels")
     try:
         workload.check_shape(kind, obj, request.namespace)
     except workload.InvalidWorkload as err:
@@ -189,7 +196,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config, now: float,
     if wanted.request is None:
         mutated = mutation.mutate(obj, kind, None, config)
         return _result(request, "ignored", operations=make_patch(obj, mutated), warnings=[
-            *wanted.warnings, f"{who} requests no nvidia.com/gpu; nothing to place"])
+            *wanted.warnings, f"{who} {wanted.idle}"])
     key = _reservation_key(request, obj)
     reserve = key if kind in _RESERVES and not request.dry_run else None
     decision = place_and_reserve(index, wanted.request, reserve, now)
@@ -230,6 +237,19 @@ def _released(request: _Request, index: "ClusterIndex") -> AdmissionResult:
     return _result(request, "released")
 
 
+def _deeper_than(obj: object, limit: int) -> bool:
+    """Whether any value in `obj` sits more than `limit` containers deep (iteratively: the check
+    must not itself recurse)."""
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
 def _placed(kind: str, obj: Mapping) -> bool:
     return injection.already_placed(workload.pod_template(kind, obj))
 
@@ -240,7 +260,7 @@ def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str
     annotations = workload.annotations_of(kind, obj)
     culprit = {UNKNOWN_DOMAIN: workload.PREFERRED_DOMAIN, EXCEEDS_CLUSTER: workload.GPU_COUNT}.get(decision.code or "")
     if culprit in annotations:
-        return f"{who}: annotation {culprit}={annotations[culprit]!r}: {reason}"
+        return f"{who}: annotation {culprit}={_quoted(annotations[culprit])}: {reason}"
     return reason if who in reason else f"{who}: {reason}"
 
 
@@ -307,6 +327,12 @@ def _audit(outcome: str, decision: Decision | None) -> dict[str, str]:
         if decision.code:
             audit["reason"] = decision.code
     return audit
+
+
+def _quoted(value: object) -> str:
+    """A client's value in our answer: repr, cut to a bounded length."""
+    text = repr(value)
+    return text if len(text) <= QUOTED_MAX_CHARS else text[:QUOTED_MAX_CHARS - 3] + "..."
 
 
 def _one_line(text: str) -> str:

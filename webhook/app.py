@@ -53,6 +53,14 @@ def _log_fields(result: admission.AdmissionResult, seconds: float) -> dict:
     return entry
 
 
+def _body(limit: int) -> bytes | None:
+    """The request body, or None when a chunked one runs past `limit` bytes."""
+    if request.content_length is not None:
+        return request.get_data()
+    data = request.environ["wsgi.input"].read(limit + 1)  # the server ends the stream at the last chunk
+    return None if len(data) > limit else data
+
+
 def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metrics | None = None,
                clock: Callable[[], float] = time.time) -> Flask:
     """The webhook app over one cluster view (a ClusterIndex) and its readiness check.
@@ -63,7 +71,8 @@ def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metric
     metrics = metrics or Metrics.create()
     metrics.watch_cluster(index.stats)
     app = Flask(__name__)
-    # Werkzeug refuses longer bodies with 413 before reading them (also when sent chunked).
+    # Werkzeug refuses a longer declared Content-Length with 413 before reading the body; a chunked
+    # body it silently cuts at the limit, so mutate() reads that one itself (see _body).
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
 
     @app.errorhandler(HTTPException)
@@ -78,9 +87,12 @@ def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metric
             return _text(f"request body of {request.content_length} bytes exceeds the limit of "
                          f"{config.max_body_bytes} bytes", 413)
         if request.mimetype != "application/json":
-            return _text(f"Content-Type must be application/json, got {request.mimetype or 'none'!r}", 415)
+            return _text(f"Content-Type must be application/json, got {request.mimetype[:60] or 'none'!r}", 415)
+        data = _body(config.max_body_bytes)
+        if data is None:
+            return _text(f"chunked request body exceeds the limit of {config.max_body_bytes} bytes", 413)
         try:
-            body = json.loads(request.get_data())
+            body = json.loads(data)
         except ValueError as err:  # includes UnicodeDecodeError
             return _text(f"request body is not JSON: {err}", 400)
         except RecursionError:

@@ -118,6 +118,9 @@ def warnings(decision: Decision, config: Config) -> tuple[str, ...]:
         else:
             out.append(f"{who}: no room now for {request.total_gpus} GPUs in one domain; only preferring {where}, "
                        "so pods may start scattered over slower links")
+    if decision.preferred_honoured is False:  # placement's first reason says where instead, and why
+        out.append(f"{who}: {decision.reasons[0]}" if decision.reasons else
+                   f"{who}: preferred domain {request.preferred_domain} not honoured")
     crowded = [a for a in decision.assignment if a.pods > 1]
     if request.pods > 1 and crowded:
         out.append(f"{who}: {crowded[0].pods} pods share node {crowded[0].node}; ranks in different pods do not "
