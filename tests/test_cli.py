@@ -57,15 +57,43 @@ def test_mutate_prints_every_object_mutated_or_unchanged_as_yaml(tmp_path, capsy
     assert service == SERVICE
 
 
-def test_mutate_patch_output_names_each_object_and_its_patch_gives_the_json_output(tmp_path, capsys, cluster_files):
-    job = gpu_job("allreduce", 2, 8, placement_strategy="consolidated")
-    manifest = write(tmp_path, "job.yaml", job)
+def test_mutate_patch_output_is_one_kubectl_json_patch_per_line_giving_the_json_output(tmp_path, capsys,
+                                                                                      cluster_files):
+    job, pod = gpu_job("allreduce", 2, 8, placement_strategy="consolidated"), gpu_pod("single", 1)
+    manifest = write(tmp_path, "job.yaml", job, pod)
     code, out, _ = run(capsys, "mutate", "-f", manifest, "-o", "patch", *cluster_files)
     assert code == 0
-    [entry] = json.loads(out)
-    assert (entry["kind"], entry["namespace"], entry["name"]) == ("Job", "ml", "allreduce")
+    lines = out.splitlines()
+    assert len(lines) == 2
+    patches = [json.loads(line) for line in lines]
+    assert all(isinstance(p, list) and all({"op", "path"} <= set(op) for op in p) for p in patches)
     code, out, _ = run(capsys, "mutate", "-f", manifest, "-o", "json", *cluster_files)
-    assert jsonpatch.apply_patch(job, entry["patch"]) == json.loads(out)
+    assert [jsonpatch.apply_patch(obj, p) for obj, p in zip((job, pod), patches)] == json.loads(out)["items"]
+
+
+def test_mutate_reads_a_directory_as_kubectl_does(tmp_path, capsys, cluster_files):
+    folder = tmp_path / "manifests"
+    (folder / "nested").mkdir(parents=True)
+    write(folder, "b.yaml", gpu_pod("second", 1))
+    write(folder, "a.json", gpu_pod("first", 1))
+    write(folder, "notes.txt", gpu_pod("not-a-manifest", 1))
+    write(folder / "nested", "c.yaml", gpu_pod("nested", 1))
+    code, out, err = run(capsys, "mutate", "-f", str(folder), "-o", "json", *cluster_files)
+    assert code == 0, err
+    assert [p["metadata"]["name"] for p in json.loads(out)["items"]] == ["first", "second"]
+
+
+def test_mutate_reads_yaml_documents_from_stdin(capsys, cluster_files, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(yaml.safe_dump_all([gpu_pod("a", 1), SERVICE])))
+    code, out, _ = run(capsys, "mutate", "-f", "-", *cluster_files)
+    assert code == 0 and [o["metadata"]["name"] for o in yaml.safe_load_all(out)] == ["a", "web"]
+
+
+@pytest.mark.parametrize("content", ["", "---\n", "# only a comment\n"])
+def test_mutate_of_an_empty_file_says_no_objects_were_passed(tmp_path, capsys, cluster_files, content):
+    (tmp_path / "empty.yaml").write_text(content)
+    code, out, err = run(capsys, "mutate", "-f", str(tmp_path / "empty.yaml"), *cluster_files)
+    assert code == 2 and out == "" and "no objects passed to mutate" in err and len(err.splitlines()) == 1
 
 
 def test_mutate_reads_a_json_list_from_stdin(capsys, cluster_files, monkeypatch):

@@ -170,10 +170,31 @@ def explain(label: str, result: admission.AdmissionResult) -> list[str]:
     return lines
 
 
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def manifest_paths(paths: Sequence[str]) -> list[str]:
+    """As kubectl -f takes them: a directory stands for its .yaml/.yml/.json files (not its
+    subdirectories), in name order; `-` is stdin."""
+    out = []
+    for path in paths:
+        if path != "-" and os.path.isdir(path):
+            found = sorted(os.path.join(path, name) for name in os.listdir(path)
+                           if name.endswith(MANIFEST_SUFFIXES) and os.path.isfile(os.path.join(path, name)))
+            if not found:
+                raise UsageError(f"-f {path}: the directory holds no .yaml, .yml or .json files")
+            out.extend(found)
+        else:
+            out.append(path)
+    return out
+
+
 def cmd_mutate(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     index, _ = cluster_view(config, read_cluster(args))
-    objects = [obj for path in args.filename for obj in read_objects(path)]
+    objects = [obj for path in manifest_paths(args.filename) for obj in read_objects(path)]
+    if not objects:
+        raise UsageError(f"no objects passed to mutate: {', '.join(args.filename)} hold(s) no Kubernetes object")
     mutated, patches, denied = [], [], 0
     for position, obj in enumerate(objects):
         namespace = (obj.get("metadata") or {}).get("namespace") or "default"
@@ -193,12 +214,11 @@ def cmd_mutate(args: argparse.Namespace) -> int:
             print(f"Error: {label} denied: {message.removeprefix(label + ': ')}", file=sys.stderr)
             continue
         patch = response_patch(response)
-        meta = obj.get("metadata") or {}
-        patches.append({"kind": obj.get("kind"), "namespace": namespace,
-                        "name": meta.get("name") or meta.get("generateName"), "patch": patch})
+        patches.append(patch)
         mutated.append(jsonpatch.apply_patch(obj, patch))
-    if args.output == "patch":
-        print(json.dumps(patches, indent=2))
+    if args.output == "patch":  # one line per admitted object, each what `kubectl patch --type=json -p` takes
+        for patch in patches:
+            print(json.dumps(patch, separators=(",", ":")))
     elif args.output == "json":
         single = mutated[0] if len(mutated) == 1 else {"apiVersion": "v1", "kind": "List", "items": mutated}
         print(json.dumps(single, indent=2))
@@ -261,12 +281,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Place and mutate the workloads in the files, in order (each sees the reservations of the "
                     "ones before). Exit 0 when all are admitted, 1 when any is denied, 2 on bad input.")
     mutate.add_argument("-f", "--filename", metavar="FILE", action="append", required=True,
-                        help="YAML or JSON manifests, '-' for stdin; repeatable")
+                        help="YAML or JSON manifests, a directory of them, '-' for stdin; repeatable")
     mutate.add_argument("--nodes", metavar="FILE", required=True, help="Node objects (kubectl get nodes -o yaml)")
     mutate.add_argument("--pods", metavar="FILE", help="Pod objects (kubectl get pods -A -o yaml)")
     mutate.add_argument("--config", metavar="FILE", help="settings file (YAML)")
     mutate.add_argument("-o", "--output", choices=("yaml", "json", "patch"), default="yaml",
-                        help="mutated objects as YAML or JSON, or one JSON Patch per object (default: yaml)")
+                        help="mutated objects as YAML or JSON, or per admitted object one line holding its JSON "
+                             "Patch, as `kubectl patch --type=json -p` takes it (default: yaml)")
     mutate.add_argument("--explain", action="store_true", help="print each decision and its reasons on stderr")
     mutate.set_defaults(func=cmd_mutate)
 
