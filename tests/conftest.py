@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import pathlib
 import socket
@@ -32,6 +33,16 @@ from webhook.metrics import Metrics
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 K8S_VERSION = "1.30.0"
 START_TIMEOUT_SECONDS = 60
+
+
+@pytest.fixture(autouse=True)
+def restore_logging():
+    """`main()` configures the root logger as the process would; each test starts from pytest's."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture

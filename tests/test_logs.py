@@ -2,19 +2,8 @@
 import json
 import logging
 
-import pytest
-
 from webhook import logs
 from webhook.cli import main
-
-
-@pytest.fixture(autouse=True)
-def restore_logging():
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def test_a_forged_name_stays_inside_its_one_json_line(capsys):

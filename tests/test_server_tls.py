@@ -223,6 +223,11 @@ def test_with_client_ca_only_clients_with_a_certificate_it_signed_are_served(tmp
         assert handshake(server.port, server.paths.ca, client=trusted)
         assert not handshake(server.port, server.paths.ca)
         assert not handshake(server.port, server.paths.ca, client=stranger)
+        # kubelet's probes carry no client certificate: they use the plain metrics port
+        probes = f"http://127.0.0.1:{server.metrics_port}"
+        assert requests.get(f"{probes}/readyz", timeout=5).text == "ok\n"
+        assert requests.get(f"{probes}/healthz", timeout=5).status_code == 200
+        assert requests.post(f"{probes}/mutate", json={}, timeout=5).status_code == 404
     finally:
         stop_server(server)
 

@@ -132,13 +132,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     def build_app():  # runs in the worker, after the fork, so the watch threads start there
         metrics = Metrics.create(options.multiprocess_dir)
-        start_metrics_server(metrics_bind, metrics.registry)
         if live:
             view = LiveClusterView(config, api_client_from(args.kubeconfig))
             view.start()
-            return create_app(config, view.index, view.readiness, metrics, clock=view.clock)
-        index, readiness = cluster_view(config, cluster)
-        return create_app(config, index, readiness, metrics)
+            app = create_app(config, view.index, view.readiness, metrics, clock=view.clock)
+        else:
+            index, readiness = cluster_view(config, cluster)
+            app = create_app(config, index, readiness, metrics)
+        start_metrics_server(metrics_bind, metrics.registry, app)
+        return app
 
     server = WebhookServer(build_app, options)  # loads the certificate: a bad one stops us here
     source = (f"the cluster of {args.kubeconfig}" if args.kubeconfig else "this cluster (in-cluster config)") \

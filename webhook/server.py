@@ -21,20 +21,25 @@ import errno
 import logging
 import re
 import selectors
+import socket
 import ssl
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from gunicorn import http
 from gunicorn import sock as gunicorn_sock
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers.gthread import TConn, ThreadWorker
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from .certs import ReloadingContext
+from .config import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
 from .logs import GunicornLogger
 from .metrics import mark_worker_dead
 
@@ -162,10 +167,31 @@ class GuardedThreadWorker(ThreadWorker):
             self._drop(self.arriving[0])
 
 
-def start_metrics_server(address: tuple[str, int], registry: CollectorRegistry) -> None:
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, *_args: Any) -> None:  # a scrape or probe is not worth a log line
+        pass
+
+
+def start_metrics_server(address: tuple[str, int], registry: CollectorRegistry, webhook_app: Any) -> None:
     """/metrics over plain HTTP on its own port, in a daemon thread of the worker: scrapers reach
-    this port and the apiserver the TLS one, so a NetworkPolicy can tell them apart."""
-    start_http_server(address[1], addr=address[0], registry=registry)
+    this port and the apiserver the TLS one, so a NetworkPolicy can tell them apart. /healthz and
+    /readyz answer here too (from the webhook app): with --client-ca, kubelet's probes carry no
+    client certificate, so they are pointed at this port. /mutate is never served here."""
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict, start_response: Callable) -> Any:
+        path = environ.get("PATH_INFO")
+        if path == METRICS_PATH:
+            return metrics_app(environ, start_response)
+        if path in (HEALTHZ_PATH, READYZ_PATH):
+            return webhook_app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found: this port serves /metrics, /healthz and /readyz\n"]
+
+    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
+    httpd = make_server(address[0], address[1], app, server_class, handler_class=_QuietHandler)
+    threading.Thread(target=httpd.serve_forever, name="metrics-server", daemon=True).start()
 
 
 class WebhookServer(BaseApplication):
