@@ -97,11 +97,21 @@ def test_a_plain_http_client_on_the_tls_port_is_dropped_without_holding_anything
 
 
 def test_every_log_line_under_load_is_a_json_object_with_time_and_level(server):
-    session = requests.Session()
     url = f"https://localhost:{server.port}/mutate?timeout=5s"
     hostile = gpu_pod("line\nbreak\"}{forged", 1)
-    for number in range(40):
-        session.post(url, json=review_of(gpu_pod(f"logged-{number}", 2)), verify=server.paths.ca, timeout=5)
+
+    def load(sender: int) -> None:  # four kept-alive connections at once
+        session = requests.Session()
+        for number in range(10):
+            session.post(url, json=review_of(gpu_pod(f"logged-{sender}-{number}", 2)), verify=server.paths.ca,
+                         timeout=5)
+
+    senders = [threading.Thread(target=load, args=(i,)) for i in range(4)]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join(timeout=60)
+    session = requests.Session()
     session.post(url, json=review_of(hostile), verify=server.paths.ca, timeout=5)
     session.post(url, data=b"not json", headers={"Content-Type": "application/json"}, verify=server.paths.ca,
                  timeout=5)
@@ -120,6 +130,7 @@ def test_every_log_line_under_load_is_a_json_object_with_time_and_level(server):
         entry = json.loads(line)
         assert isinstance(entry, dict) and entry["time"].endswith("Z") and entry["level"] in (
             "debug", "info", "warning", "error", "critical")
+    assert {"webhook.cli", "gunicorn.error", "webhook.admission"} <= {json.loads(line)["logger"] for line in lines}
     names = [json.loads(line).get("name") for line in lines]
     assert hostile["metadata"]["name"] in names  # escaped inside its line, not a line of its own
     assert len(lines) < 200  # the deep object wrote a bounded number of lines
