@@ -550,3 +550,23 @@ def test_a_malformed_review_is_quoted_back_within_bounds(field):
     with pytest.raises(admission.MalformedReview) as caught:
         admission.review(body, None, CONFIG, NOW)
     assert len(str(caught.value)) < 200 and "..." in str(caught.value)
+
+
+@pytest.mark.parametrize("written, owner, kept", [
+    ("ml/Pod/trainer-abc", None, True),  # its own key from an earlier call
+    ("ml/Job/train", {"kind": "Job", "name": "train", "controller": True}, True),  # its controller's
+    ("ml/Job/train", None, False),  # a Job it does not belong to
+    ("other/Pod/trainer-abc", None, False),  # another namespace
+    ("other/Job/train", {"kind": "Job", "name": "train", "controller": True}, False),
+])
+def test_a_generate_name_pod_keeps_a_written_reservation_key_only_if_it_is_its_own(index, written, owner, kept):
+    pod = make_pod("x", None, 1, namespace="ml", annotations={"topology.scheduler/placement-strategy": "balanced",
+                                                              "topology.scheduler/reservation": written})
+    del pod["metadata"]["name"], pod["status"], pod["metadata"]["uid"]
+    pod["metadata"]["generateName"] = "trainer-"
+    if owner:
+        pod["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "uid": "u", **owner}]
+    result = run(pod, index)
+    key = patched(pod, result)["metadata"]["annotations"]["topology.scheduler/reservation"]
+    assert (key == written) is kept
+    assert key.startswith("ml/")
