@@ -46,7 +46,7 @@ from .metrics import mark_worker_dead
 THREADS_PER_WORKER = 8
 # The apiserver keeps connections to webhooks open and idles them out after 90 s.
 KEEPALIVE_SECONDS = 75
-# From a connection's first byte (or a kept-alive connection's next one) to a complete request:
+# From accepting a connection (or a kept-alive connection's next byte) to a complete request:
 # the apiserver sends a review in one go, well inside its own 10 s default timeout.
 REQUEST_SECONDS = 10.0
 # Any one blocking socket call of a thread (reading what was already received, writing the answer).
