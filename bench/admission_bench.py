@@ -12,6 +12,12 @@ separates the decision path's cost from the server's.
     .venv/bin/python bench/admission_bench.py            # full run (about 2 minutes)
     .venv/bin/python bench/admission_bench.py --quick    # smoke run
     .venv/bin/python bench/admission_bench.py --compare-with ../before   # review() here vs another checkout
+    .venv/bin/python bench/admission_bench.py --held 500  # p99 with 500 slow or silent connections open
+
+--held N starts only the webhook and measures the open loop twice in one run: alone, then with
+N connections held open by hostile clients (half complete the TLS handshake and say nothing,
+half trickle header bytes that never end, re-opened when the server drops them at its request
+deadline); the ratio of the two p99s is what the held connections cost.
 
 --compare-with times admission.review() in process for this checkout and another one (say a
 `git worktree` of an earlier commit) in alternating subprocesses on the same cluster and reviews,
@@ -243,6 +249,66 @@ def serve_empty(bind: str, cert: str, key: str) -> None:
     WebhookServer(build_app, ServeOptions(bind=bind, cert=cert, key=key)).run()
 
 
+class HeldConnections:
+    """`count` connections that hold on without ever completing a request (see --held)."""
+
+    def __init__(self, port: int, ca: str, count: int) -> None:
+        self.port, self.count = port, count
+        self.context = ssl.create_default_context(cafile=ca)
+        self.stop = threading.Event()
+        self.open: list[ssl.SSLSocket] = []
+        self.thread = threading.Thread(target=self._hold)
+
+    def _connect(self, trickle: bool) -> ssl.SSLSocket:
+        raw = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        conn = self.context.wrap_socket(raw, server_hostname="localhost")
+        if trickle:
+            conn.sendall(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\n")
+        conn.trickle = trickle
+        return conn
+
+    def _hold(self) -> None:
+        while not self.stop.wait(0.2):  # bounded by the measurement: stop is set when it ends
+            for position, conn in enumerate(self.open):
+                try:
+                    if conn.trickle:
+                        conn.sendall(b"x")
+                except OSError:  # dropped at the server's deadline: hold another one
+                    conn.close()
+                    self.open[position] = self._connect(conn.trickle)
+
+    def __enter__(self) -> "HeldConnections":
+        self.open = [self._connect(trickle=i % 2 == 1) for i in range(self.count)]
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        for conn in self.open:
+            conn.close()
+
+
+def held_connections(args: argparse.Namespace, workdir: pathlib.Path, paths, bodies: list[bytes],
+                     command: list[str], port: int) -> None:
+    """--held: the open loop alone, then with args.held connections held; one table row."""
+    process = start(command, port, paths.ca, workdir / "webhook.log")
+    try:
+        driver = Driver(port, paths.ca, bodies)
+        driver.closed_loop(4, min(2.0, args.seconds))  # warm-up
+        alone = driver.open_loop(args.rate, args.seconds)
+        with HeldConnections(port, paths.ca, args.held):
+            held = driver.open_loop(args.rate, args.seconds)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    print(f"\n| load | alone p50 ms | alone p99 ms | with {args.held} held p50 ms | with {args.held} held p99 ms "
+          "| p99 ratio |")
+    print("|---|---|---|---|---|---|")
+    print(f"| {args.rate:g}/s | {alone['p50_ms']:.2f} | {alone['p99_ms']:.2f} | {held['p50_ms']:.2f} | "
+          f"{held['p99_ms']:.2f} | {held['p99_ms'] / alone['p99_ms']:.2f} |")
+
+
 def machine() -> str:
     model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                  platform.processor())
@@ -258,6 +324,7 @@ def main() -> None:
     parser.add_argument("--compare-with", type=pathlib.Path, metavar="CHECKOUT",
                         help="time admission.review() here and in CHECKOUT, alternating; no servers")
     parser.add_argument("--rounds", type=int, default=5, help="with --compare-with (default: %(default)s)")
+    parser.add_argument("--held", type=int, metavar="N", help="p99 alone and with N slow or silent connections held")
     parser.add_argument("--serve-empty", nargs=3, metavar=("BIND", "CERT", "KEY"), help=argparse.SUPPRESS)
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -284,7 +351,8 @@ def main() -> None:
         ours_port, empty_port = free_port(), free_port()
         servers = {
             "webhook": (ours_port, [sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{ours_port}",
-                                    "--cert", paths.cert, "--key", paths.key,
+                                    "--metrics-bind", f"127.0.0.1:{free_port()}", "--cert", paths.cert,
+                                    "--key", paths.key,
                                     "--nodes", str(workdir / "nodes.json"), "--pods", str(workdir / "pods.json")]),
             "empty": (empty_port, [sys.executable, __file__, "--serve-empty", f"127.0.0.1:{empty_port}",
                                    paths.cert, paths.key]),
@@ -292,6 +360,9 @@ def main() -> None:
         print(f"machine: {machine()}; load average before: {os.getloadavg()[0]:.2f}")
         print(f"cluster: {len(nodes)} nodes, {8 * len(nodes)} GPUs, {len(pods)} running pods; "
               f"{args.seconds:g} s per measurement")
+        if args.held:
+            held_connections(args, workdir, paths, bodies, servers["webhook"][1], ours_port)
+            return
         alone = in_process(nodes, pods, bodies)
         print(f"admission.review() in process, no HTTP: p50 {alone['p50_ms']:.2f} ms, p99 {alone['p99_ms']:.2f} ms, "
               f"{alone['rps']:.0f} reviews/s on one core")

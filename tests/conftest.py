@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import pathlib
 import socket
@@ -49,6 +50,16 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+@pytest.fixture(autouse=True)
+def restore_logging():
+    """`main()` configures the root logger as the process would; each test starts from pytest's."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 @pytest.fixture
 def config() -> Config:
     return Config()
@@ -61,8 +72,13 @@ def index(config):
 
 
 @pytest.fixture
-def app(config, index):
-    return create_app(config, index, lambda: (True, ""), Metrics.create())
+def metrics() -> Metrics:
+    return Metrics.create()
+
+
+@pytest.fixture
+def app(config, index, metrics):
+    return create_app(config, index, lambda: (True, ""), metrics)
 
 
 @pytest.fixture
@@ -145,28 +161,35 @@ class RunningServer:
     port: int
     paths: certs.CertPaths
     log: pathlib.Path
+    metrics_port: int
+    client_cert: tuple[str, str] | None = None  # presented when the server requires one (--client-ca)
 
     def client(self) -> ApiServer:
-        return ApiServer(f"https://localhost:{self.port}", self.paths.ca, requests.Session())
+        session = requests.Session()
+        session.cert = self.client_cert
+        return ApiServer(f"https://localhost:{self.port}", self.paths.ca, session)
+
+    def metrics(self) -> str:
+        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
 
 
 def start_server(workdir: pathlib.Path, *extra: str, cert: str | None = None, key: str | None = None,
-                 ca: str | None = None) -> RunningServer:
+                 ca: str | None = None, client_cert: tuple[str, str] | None = None) -> RunningServer:
     """`python -m webhook serve` on a free port, with the given certificate or fresh ones;
     returns once /healthz answers."""
     if cert and key and ca:
         paths = certs.CertPaths(ca, cert, key)
     else:
         paths = certs.write_certs(str(workdir / "tls"), "topology-webhook", "default")
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     log = workdir / "server.log"
     command = [sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{port}",
-               "--cert", paths.cert, "--key", paths.key, *extra]
+               "--metrics-bind", f"127.0.0.1:{metrics_port}", "--cert", paths.cert, "--key", paths.key, *extra]
     full_env = {**os.environ, "PYTHONPATH": str(ROOT)}
     full_env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # the server picks its own
     with open(log, "wb") as out:
         process = subprocess.Popen(command, cwd=workdir, env=full_env, stdout=out, stderr=subprocess.STDOUT)
-    server = RunningServer(process, port, paths, log)
+    server = RunningServer(process, port, paths, log, metrics_port, client_cert)
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:

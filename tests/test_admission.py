@@ -129,7 +129,7 @@ def test_every_seed_manifest(name, obj, index):
     assert template_of(out)["spec"]["schedulerName"] == "default-scheduler"
     assert mutation.PLACEMENT in template_of(out)["metadata"]["annotations"]
     again = run(out, index)  # reinvocation: our own output comes back
-    assert again.outcome == "placed" and "patch" not in again.review["response"]
+    assert again.outcome == "ignored" and "patch" not in again.review["response"]  # not placed again
 
 
 def test_seed_preferred_leaf_is_honoured(index):
@@ -498,3 +498,74 @@ def test_a_corrupted_object_of_ours_is_answered_without_failing_open(index, fixt
     result = admission.review(body, index, CONFIG)
     check_envelope(body, result)
     assert result.outcome != "failed-open", result.error
+
+
+def test_a_mistyped_annotation_key_warns_with_did_you_mean(index):
+    obj = workload("Job", gpus=8, annotations={"topology.scheduler/gpu-cout": "8",
+                                               "topology.scheduler/placement-strategy": "consolidated"})
+    result = run(obj, index)
+    assert result.outcome == "placed"
+    assert any("annotation topology.scheduler/gpu-cout is not one of ours and is ignored; "
+               "did you mean topology.scheduler/gpu-count?" in w for w in result.warnings)
+
+
+def test_a_deployment_with_zero_replicas_is_explained_as_running_no_pods(index):
+    obj = workload("Deployment", gpus=8, replicas=0, annotations={"topology.scheduler/placement-strategy": "balanced"})
+    result = run(obj, index)
+    assert result.outcome == "ignored"
+    assert result.warnings == ("Deployment ml/train runs no pods now (spec.replicas: 0), so nothing to place until "
+                               "it is scaled up",)
+
+
+def test_a_gpu_count_of_thousands_of_digits_is_denied_clearly(index):
+    result = run(workload("Job", annotations={"topology.scheduler/gpu-count": "9" * 5000}), index)
+    message = result.review["response"]["status"]["message"]
+    assert result.outcome == "denied" and "(5000 digits) is not allowed" in message and len(message) < 300
+
+
+def test_a_preferred_domain_that_cannot_hold_the_job_is_warned_about(index):
+    obj = workload("Job", gpus=8, replicas=4, annotations={"topology.scheduler/preferred-domain": "leaf-1",
+                                                           "topology.scheduler/placement-strategy": "consolidated"})
+    result = run(obj, index)
+    assert result.outcome == "placed" and result.decision.preferred_honoured is False
+    assert any(w.startswith("Job ml/train: preferred leaf leaf-1 cannot hold") for w in result.warnings), result.warnings
+
+
+def test_an_object_nested_500_levels_deep_is_denied_clearly_not_failed_open(index):
+    obj = workload("Job", annotations={"topology.scheduler/placement-strategy": "consolidated"})
+    node = template_of(obj)["spec"]
+    for _ in range(500):
+        node["x"] = {}
+        node = node["x"]
+    result = run(obj, index)
+    assert result.outcome == "denied"
+    assert result.review["response"]["status"]["message"] == (
+        "Job ml/train: the object is nested more than 100 levels deep; allowed: at most 100 levels")
+
+
+@pytest.mark.parametrize("field", ["kind", "apiVersion"])
+def test_a_malformed_review_is_quoted_back_within_bounds(field):
+    body = {"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", field: "x" * 100_000}
+    with pytest.raises(admission.MalformedReview) as caught:
+        admission.review(body, None, CONFIG)
+    assert len(str(caught.value)) < 200 and "..." in str(caught.value)
+
+
+@pytest.mark.parametrize("written, owner, kept", [
+    ("ml/Pod/trainer-abc", None, True),  # its own key from an earlier call
+    ("ml/Job/train", {"kind": "Job", "name": "train", "controller": True}, True),  # its controller's
+    ("ml/Job/train", None, False),  # a Job it does not belong to
+    ("other/Pod/trainer-abc", None, False),  # another namespace
+    ("other/Job/train", {"kind": "Job", "name": "train", "controller": True}, False),
+])
+def test_a_generate_name_pod_keeps_a_written_reservation_key_only_if_it_is_its_own(index, written, owner, kept):
+    pod = make_pod("x", None, 1, namespace="ml", annotations={"topology.scheduler/placement-strategy": "balanced",
+                                                              "topology.scheduler/reservation": written})
+    del pod["metadata"]["name"], pod["status"], pod["metadata"]["uid"]
+    pod["metadata"]["generateName"] = "trainer-"
+    if owner:
+        pod["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "uid": "u", **owner}]
+    result = run(pod, index)
+    key = patched(pod, result)["metadata"]["annotations"]["topology.scheduler/reservation"]
+    assert (key == written) is kept
+    assert key.startswith("ml/")

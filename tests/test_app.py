@@ -7,6 +7,7 @@ import pytest
 from webhook import admission
 from webhook.app import create_app
 from webhook.config import Config
+from webhook.logs import JsonFormatter
 from webhook.metrics import Metrics
 
 from conftest import assert_valid_kubernetes_object, gpu_pod, patched_object, review_of
@@ -80,7 +81,7 @@ def test_unknown_path_and_method_get_one_line_answers(client):
     one_line(response)
 
 
-def test_an_internal_error_allows_unmodified_with_a_warning_and_is_counted(client, monkeypatch):
+def test_an_internal_error_allows_unmodified_with_a_warning_and_is_counted(client, metrics, monkeypatch):
     def broken(*_args, **_kwargs):
         raise KeyError("boom")
 
@@ -92,7 +93,7 @@ def test_an_internal_error_allows_unmodified_with_a_warning_and_is_counted(clien
     assert answer["response"]["uid"] == review["request"]["uid"] and answer["response"]["allowed"]
     assert "patch" not in answer["response"]
     assert answer["response"]["warnings"] == ["topology-webhook: internal error (KeyError); admitted without placement"]
-    assert "topology_admission_fail_open_total 1.0" in client.get("/metrics").get_data(as_text=True)
+    assert "topology_admission_fail_open_total 1.0" in metrics.render()[0].decode()
 
 
 def test_each_admission_logs_one_json_line_without_the_object(client, caplog):
@@ -101,20 +102,20 @@ def test_each_admission_logs_one_json_line_without_the_object(client, caplog):
     review = review_of(pod)
     with caplog.at_level(logging.INFO, logger="webhook.admission"):
         post(client, review)
-    lines = [r.getMessage() for r in caplog.records if r.name == "webhook.admission"]
-    assert len(lines) == 1
-    entry = json.loads(lines[0])
+    records = [r for r in caplog.records if r.name == "webhook.admission"]
+    assert len(records) == 1
+    entry = json.loads(JsonFormatter().format(records[0]))
+    assert entry["level"] == "info" and entry["time"].endswith("Z")
     assert entry["uid"] == review["request"]["uid"]
     assert (entry["kind"], entry["namespace"], entry["name"]) == ("Pod", "ml", "trainer")
     assert entry["duration_ms"] >= 0 and entry["outcome"]
     assert "s3cr3t-token" not in caplog.text
 
 
-def test_metrics_page_counts_decisions_and_shows_cluster_gauges(client):
+def test_metrics_count_decisions_and_show_cluster_gauges(client, metrics):
     post(client, review_of(gpu_pod("trainer", 4, placement_strategy="consolidated")))
-    page = client.get("/metrics")
-    assert page.status_code == 200 and page.content_type.startswith("text/plain")
-    text = page.get_data(as_text=True)
+    assert client.get("/metrics").status_code == 404  # its own port: server.start_metrics_server
+    text = metrics.render()[0].decode()
     assert 'topology_placement_decisions_total{kind="Pod"' in text
     assert "topology_scheduler_latency_seconds_count 1.0" in text
     for gauge in ("topology_gpu_allocation_ratio", "topology_scheduler_domain_fragmentation_ratio",

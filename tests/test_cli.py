@@ -2,6 +2,7 @@
 import base64
 import io
 import json
+import socket
 import subprocess
 import sys
 
@@ -56,15 +57,43 @@ def test_mutate_prints_every_object_mutated_or_unchanged_as_yaml(tmp_path, capsy
     assert service == SERVICE
 
 
-def test_mutate_patch_output_names_each_object_and_its_patch_gives_the_json_output(tmp_path, capsys, cluster_files):
-    job = gpu_job("allreduce", 2, 8, placement_strategy="consolidated")
-    manifest = write(tmp_path, "job.yaml", job)
+def test_mutate_patch_output_is_one_kubectl_json_patch_per_line_giving_the_json_output(tmp_path, capsys,
+                                                                                      cluster_files):
+    job, pod = gpu_job("allreduce", 2, 8, placement_strategy="consolidated"), gpu_pod("single", 1)
+    manifest = write(tmp_path, "job.yaml", job, pod)
     code, out, _ = run(capsys, "mutate", "-f", manifest, "-o", "patch", *cluster_files)
     assert code == 0
-    [entry] = json.loads(out)
-    assert (entry["kind"], entry["namespace"], entry["name"]) == ("Job", "ml", "allreduce")
+    lines = out.splitlines()
+    assert len(lines) == 2
+    patches = [json.loads(line) for line in lines]
+    assert all(isinstance(p, list) and all({"op", "path"} <= set(op) for op in p) for p in patches)
     code, out, _ = run(capsys, "mutate", "-f", manifest, "-o", "json", *cluster_files)
-    assert jsonpatch.apply_patch(job, entry["patch"]) == json.loads(out)
+    assert [jsonpatch.apply_patch(obj, p) for obj, p in zip((job, pod), patches)] == json.loads(out)["items"]
+
+
+def test_mutate_reads_a_directory_as_kubectl_does(tmp_path, capsys, cluster_files):
+    folder = tmp_path / "manifests"
+    (folder / "nested").mkdir(parents=True)
+    write(folder, "b.yaml", gpu_pod("second", 1))
+    write(folder, "a.json", gpu_pod("first", 1))
+    write(folder, "notes.txt", gpu_pod("not-a-manifest", 1))
+    write(folder / "nested", "c.yaml", gpu_pod("nested", 1))
+    code, out, err = run(capsys, "mutate", "-f", str(folder), "-o", "json", *cluster_files)
+    assert code == 0, err
+    assert [p["metadata"]["name"] for p in json.loads(out)["items"]] == ["first", "second"]
+
+
+def test_mutate_reads_yaml_documents_from_stdin(capsys, cluster_files, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(yaml.safe_dump_all([gpu_pod("a", 1), SERVICE])))
+    code, out, _ = run(capsys, "mutate", "-f", "-", *cluster_files)
+    assert code == 0 and [o["metadata"]["name"] for o in yaml.safe_load_all(out)] == ["a", "web"]
+
+
+@pytest.mark.parametrize("content", ["", "---\n", "# only a comment\n"])
+def test_mutate_of_an_empty_file_says_no_objects_were_passed(tmp_path, capsys, cluster_files, content):
+    (tmp_path / "empty.yaml").write_text(content)
+    code, out, err = run(capsys, "mutate", "-f", str(tmp_path / "empty.yaml"), *cluster_files)
+    assert code == 2 and out == "" and "no objects passed to mutate" in err and len(err.splitlines()) == 1
 
 
 def test_mutate_reads_a_json_list_from_stdin(capsys, cluster_files, monkeypatch):
@@ -141,6 +170,17 @@ def test_certs_writes_the_pair_and_prints_the_ca_bundle(tmp_path, capsys):
     assert (tmp_path / "tls.crt").exists() and (tmp_path / "tls.key").exists()
 
 
+def test_certs_refuses_to_replace_an_existing_ca_without_force(tmp_path, capsys):
+    argv = ("certs", "--service", "topology-webhook", "--namespace", "gpu-system", "--out", str(tmp_path))
+    assert run(capsys, *argv)[0] == 0
+    first = (tmp_path / "ca.crt").read_bytes()
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and "ca.crt exists" in err and "--force" in err and len(err.splitlines()) == 1
+    assert (tmp_path / "ca.crt").read_bytes() == first
+    assert run(capsys, *argv, "--force")[0] == 0
+    assert (tmp_path / "ca.crt").read_bytes() != first
+
+
 def test_certs_refuses_a_service_name_that_is_not_a_dns_label(tmp_path, capsys):
     code, _, err = run(capsys, "certs", "--service", "Topology_Webhook", "--namespace", "x", "--out", str(tmp_path))
     assert code == 2 and "--service 'Topology_Webhook' is not a DNS label" in err
@@ -150,17 +190,23 @@ def test_certs_refuses_a_service_name_that_is_not_a_dns_label(tmp_path, capsys):
     (["--bind", "8443"], "--bind '8443' is not HOST:PORT"),
     (["--bind", "0.0.0.0:99999"], "--bind '0.0.0.0:99999' is not HOST:PORT"),
     (["--cert", "tls.crt"], "--cert and --key go together"),
-    (["--workers", "0"], "--workers 0 must be at least 1"),
+    (["--workers", "0"], "--workers 0: serve runs exactly 1 worker process"),
+    (["--workers", "2"], "--workers 2: serve runs exactly 1 worker process"),  # the demo cluster
+    (["--nodes", "nodes.yaml", "--workers", "4"], "a second would book the same GPUs again"),
+    (["--metrics-bind", "9090"], "--metrics-bind '9090' is not HOST:PORT"),
+    (["--client-ca", "missing-ca.crt"], "--client-ca missing-ca.crt: no such file"),
+    (["--cert", "missing.crt", "--key", "missing.key"], "certificate file missing.crt: not found"),
     (["--pods", "pods.yaml"], "--pods needs --nodes"),
     (["--kubeconfig", "kubeconfig", "--nodes", "nodes.yaml"], "give one or the other"),
     (["--kubeconfig", "missing.yaml"], "kubeconfig missing.yaml"),
-    (["--kubeconfig", "kubeconfig", "--workers", "2"], "would give each process its own reservations"),
+    (["--kubeconfig", "kubeconfig", "--workers", "2"], "a second would book the same GPUs again"),
 ])
 def test_serve_refuses_bad_arguments_before_starting(capsys, tmp_path, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     code, _, err = run(capsys, "serve", *argv)
     assert code == 2 and message in err
+    assert len(err.splitlines()) == 1 and "serving" not in err  # one line, and nothing started
 
 
 def test_serve_in_a_pod_without_files_watches_the_api_and_says_when_it_cannot(capsys, tmp_path, monkeypatch):
@@ -171,12 +217,25 @@ def test_serve_in_a_pod_without_files_watches_the_api_and_says_when_it_cannot(ca
     assert code == 2 and "in-cluster config" in err and len(err.strip().splitlines()) <= 2
 
 
-def test_serve_help_says_reservations_are_per_process_with_several_workers():
+@pytest.mark.parametrize("flag", ["--bind", "--metrics-bind"])
+def test_serve_on_a_port_in_use_says_so_in_one_line(capsys, tmp_path, monkeypatch, flag):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = run(capsys, "serve", flag, f"127.0.0.1:{port}")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"{flag} 127.0.0.1:{port}: cannot listen there" in err and f"choose another with {flag}" in err
+
+
+def test_serve_help_says_one_worker_and_why():
     # Through `python -m webhook`, as users and the Helm chart start it.
     result = subprocess.run([sys.executable, "-m", "webhook", "serve", "--help"], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0
-    assert "each process has its own cluster view and reservations" in " ".join(result.stdout.split())
+    assert "only 1 is allowed" in " ".join(result.stdout.split())
 
 
 SEED_WORKLOADS = ["002-gpu-job.yaml", "002-multi-gpu-job.yaml", "002-multi-node-training.yaml",

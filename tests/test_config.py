@@ -1,6 +1,11 @@
+import pathlib
+
 import pytest
 
+from webhook.cli import main
 from webhook.config import PRESETS, Config, ConfigError, config_from_mapping, levels_from, load_config
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 
 
 def test_default_levels_are_zone_spine_leaf():
@@ -56,3 +61,52 @@ def test_profile_for_product(product, profile):
 def test_mapping_rejects_bad_profile():
     with pytest.raises(ConfigError, match="profiles"):
         config_from_mapping({"profiles": [{"name": "x"}]})
+
+
+@pytest.mark.parametrize("text, fragment", [
+    # wrong type
+    ("reservation_ttl_seconds: abc\n", "reservation_ttl_seconds: 'abc' is not a number; allowed: a number from 1 to 86400"),
+    ("max_body_bytes: 100\n", "max_body_bytes: 100 is out of range; allowed: 1024 to 3145728"),
+    ("max_body_bytes: 2048.5\n", "max_body_bytes: 2048.5 is not a whole number"),
+    ("pin_when_waiting: maybe\n", "pin_when_waiting: 'maybe' is not allowed; allowed: true, false"),
+    ("stale_after_seconds: true\n", "stale_after_seconds: True is not a number"),
+    ("scheduler_names: my-scheduler\n", "scheduler_names: 'my-scheduler' is not a list"),
+    ("nccl_profiles: {leaf: {NCCL_CROSS_NIC: [1]}}\n", "nccl_profiles.leaf.NCCL_CROSS_NIC: [1] is not allowed"),
+    ("profiles: [{name: x, match: '(', nvlink_gbs: 1, pcie_gbs: 1, nic_gbs: 1, nics_per_node: 1}]\n",
+     "profiles[0].match: '(' is not a regular expression"),
+    # out of range
+    ("reservation_ttl_seconds: -3\n", "reservation_ttl_seconds: -3 is out of range; allowed: 1 to 86400"),
+    ("reservation_ttl_seconds: 0\n", "reservation_ttl_seconds: 0 is out of range"),
+    ("cluster_oversubscription: 0.5\n", "cluster_oversubscription: 0.5 is out of range; allowed: 1 to 1000"),
+    ("levels: [{label: a/b, oversubscription: -1}]\n", "levels[0].oversubscription: -1 is out of range"),
+    ("profiles: [{name: x, match: x, nvlink_gbs: 0, pcie_gbs: 1, nic_gbs: 1, nics_per_node: 1}]\n",
+     "profiles[0].nvlink_gbs: 0 is out of range"),
+    # unknown key
+    ("reservation_ttl: 5\n", "unknown setting(s) reservation_ttl; allowed: "),
+    ("nccl_profiles: {nvswitch: {NCCL_P2P_LEVEL: NVL}}\n", "nccl_profiles: unknown key(s) nvswitch; allowed: "),
+    ("levels: [{label: a/b, speed: 3}]\n", "levels[0]: unknown key(s) speed; allowed: label, link, name, oversubscription"),
+])
+@pytest.mark.parametrize("command", ["serve", "mutate"])
+def test_a_bad_setting_refuses_to_start_with_one_line_naming_key_value_and_allowed(
+        tmp_path, capsys, monkeypatch, command, text, fragment):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    (tmp_path / "config.yaml").write_text(text)
+    (tmp_path / "job.yaml").write_text("{}")
+    argv = {"serve": ["serve", "--bind", "127.0.0.1:1", "--metrics-bind", "127.0.0.1:2"],
+            "mutate": ["mutate", "-f", "job.yaml", "--nodes", str(FIXTURES / "demo-nodes.yaml")]}[command]
+    code = main([*argv, "--config", "config.yaml"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.splitlines()) == 1 and fragment in err, err
+    assert "serving" not in err
+
+
+def test_good_settings_load_as_typed_values(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("reservation_ttl_seconds: 60\nmax_body_bytes: 1048576\npin_when_waiting: false\n"
+                    "scheduler_names: [a, b]\nnccl_profiles: {leaf: {NCCL_CROSS_NIC: 1}}\n")
+    config = load_config(str(path))
+    assert (config.reservation_ttl_seconds, config.max_body_bytes, config.pin_when_waiting) == (60.0, 1048576, False)
+    assert isinstance(config.reservation_ttl_seconds, float) and config.scheduler_names == ("a", "b")
+    assert config.nccl_profiles["leaf"] == {"NCCL_CROSS_NIC": "1"}

@@ -4,9 +4,10 @@ import pytest
 
 from tests.fixtures.builders import (DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep, request,
                                      template_of, valid, workload)
-from webhook import mutation
+from webhook import injection, mutation
 from webhook.config import Config
 from webhook.model import Interconnect, Outcome, Strategy
+from webhook.workload import pod_template
 
 CONFIG = Config()
 
@@ -151,7 +152,7 @@ def test_annotations_summary_reservation_and_record():
     notes = annotations(out)
     assert notes[mutation.PLACEMENT].startswith("consolidated in leaf leaf-3: 8 GPU(s) as 1 pod(s) x 8")
     assert notes[mutation.RESERVATION] == "ml/Job/train"
-    assert json.loads(notes[mutation.INJECTED])["required"] == [PIN]
+    assert json.loads(notes[mutation.INJECTED])["required_terms"] == [[PIN]]  # per term
     assert "\n" not in notes[mutation.PLACEMENT]
 
 
@@ -235,15 +236,15 @@ def test_nothing_to_place_removes_ours_and_resets_the_scheduler():
 def test_every_kind_mutates_into_a_valid_object(kind):
     out = mutation.mutate(workload(kind), kind, DECISIONS["distributed"], CONFIG, "k")
     valid(out)
-    assert mutation.already_placed(out, kind)
+    assert injection.already_placed(pod_template(kind, out))
 
 
 def test_already_placed_needs_our_affinity_still_there():
     placed = mutation.mutate(workload("Job"), "Job", decision(), CONFIG, "k")
-    assert mutation.already_placed(placed, "Job")
+    assert injection.already_placed(pod_template("Job", placed))
     del template_of(placed)["spec"]["affinity"]
-    assert not mutation.already_placed(placed, "Job")
-    assert not mutation.already_placed(workload("Job"), "Job")
+    assert not injection.already_placed(pod_template("Job", placed))
+    assert not injection.already_placed(pod_template("Job", workload("Job")))
 
 
 def test_an_unreadable_record_owns_nothing():
@@ -252,3 +253,40 @@ def test_an_unreadable_record_owns_nothing():
     out = mutation.mutate(obj, "Job", decision(), CONFIG)
     assert env_of(out, "trainer")["NCCL_P2P_LEVEL"] == "PIX"
     assert mutation.Injection.loads("[1, 2]") == mutation.Injection()
+
+
+def required_of(obj: dict) -> list:
+    return pod_template("Job", obj)["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+
+
+def test_a_users_expression_identical_to_ours_in_another_term_stays_theirs():
+    # Issue 14: the user's own PIN in term 2 was recorded as ours and removed on the next pass.
+    terms = [{"matchExpressions": [USER_TERM]}, {"matchExpressions": [PIN]}]
+    original = workload("Job", spec={"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}})
+    placed = mutation.mutate(original, "Job", decision(), CONFIG, "k")
+    assert required_of(placed) == [{"matchExpressions": [USER_TERM, PIN]}, {"matchExpressions": [PIN]}]
+    assert mutation.mutate(placed, "Job", decision(), CONFIG, "k") == placed
+    assert required_of(mutation.without_injection(placed, "Job")) == terms
+
+
+def test_an_empty_term_matches_no_node_and_is_left_empty():
+    terms = [{}, {"matchExpressions": [USER_TERM]}]
+    original = workload("Job", spec={"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}})
+    placed = mutation.mutate(original, "Job", decision(), CONFIG, "k")
+    assert required_of(placed) == [{}, {"matchExpressions": [USER_TERM, PIN]}]
+
+
+def test_a_one_gpu_workload_gets_no_nccl_profile():
+    one = decision(request(pods=1, gpus=1), interconnect=Interconnect.NVLINK)
+    env = {e["name"]: e["value"] for e in pod_template("Job", mutation.mutate(
+        workload("Job", gpus=1), "Job", one, CONFIG, "k"))["spec"]["containers"][0]["env"]}
+    assert env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def test_a_one_gpu_workload_is_not_described_as_crossing_nvlink():
+    one = decision(request(pods=1, gpus=1), interconnect=Interconnect.NVLINK)
+    text = mutation.summary(one)
+    assert "nvlink" not in text.lower() and "GB/s" not in text

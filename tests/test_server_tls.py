@@ -54,10 +54,11 @@ def test_oversized_body_is_refused_with_413_before_it_is_sent(tls_server):
             assert tls.recv(4096).startswith(b"HTTP/1.1 413 ")
 
 
-def test_readyz_and_metrics(apiserver):
+def test_readyz_and_metrics_on_their_own_port(tls_server, apiserver):
     assert apiserver.get("/readyz").text == "ok\n"
     apiserver.admit(review_of(gpu_pod("counted", 1)))
-    text = apiserver.get("/metrics").text
+    assert apiserver.get("/metrics").status_code == 404  # not on the port the apiserver reaches
+    text = tls_server.metrics()
     for name in ("topology_scheduler_latency_seconds_bucket", "topology_placement_decisions_total",
                  "topology_gpu_allocation_ratio", "topology_domain_utilization_ratio",
                  "topology_scheduler_domain_fragmentation_ratio", "topology_admission_fail_open_total"):
@@ -69,7 +70,7 @@ def test_a_client_that_does_not_trust_our_ca_is_refused(tls_server):
         requests.get(f"https://localhost:{tls_server.port}/healthz", timeout=5)  # system roots only
 
 
-# ----- two workers, certificate rotation -----------------------------------------------------------
+# ----- a server on files, certificate rotation ---------------------------------------------------
 
 def kubelet_secret_dir(root: pathlib.Path, ca_cert: bytes, ca_key: bytes, generation: int) -> None:
     """Write a serving pair the way kubelet updates a mounted Secret: a new timestamped directory,
@@ -95,8 +96,8 @@ def served_serial(port: int, ca: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def two_workers(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("two-workers")
+def rotating(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("rotating")
     secret = workdir / "secret"
     secret.mkdir()
     ca_cert, ca_key = certs.make_ca("rotation test CA")
@@ -107,7 +108,7 @@ def two_workers(tmp_path_factory):
     pods = [demo.make_pod("busy", nodes[0]["metadata"]["name"], 8)]
     for name, items in (("nodes.yaml", nodes), ("pods.yaml", pods)):
         (workdir / name).write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
-    server = start_server(workdir, "--workers", "2", "--nodes", str(workdir / "nodes.yaml"),
+    server = start_server(workdir, "--nodes", str(workdir / "nodes.yaml"),
                           "--pods", str(workdir / "pods.yaml"), cert=str(secret / "tls.crt"),
                           key=str(secret / "tls.key"), ca=str(workdir / "ca.crt"))
     server.rotate = lambda generation: kubelet_secret_dir(secret, ca_cert, ca_key, generation)
@@ -115,16 +116,16 @@ def two_workers(tmp_path_factory):
     stop_server(server)
 
 
-def test_serve_places_on_the_cluster_from_the_nodes_and_pods_files(two_workers):
-    mutated = two_workers.client().admit(review_of(gpu_pod("trainer", 8, placement_strategy="consolidated")))
+def test_serve_places_on_the_cluster_from_the_nodes_and_pods_files(rotating):
+    mutated = rotating.client().admit(review_of(gpu_pod("trainer", 8, placement_strategy="consolidated")))
     placement = mutated["metadata"]["annotations"]["topology.scheduler/placement"]
     assert "gpu-s1-l" in placement and "gpu-s1-l1-n1" not in placement  # that node is full (pods.yaml)
     assert "zone-from-file" in json.dumps(mutated["spec"]["affinity"])
 
 
-def test_rotated_certificate_is_served_to_new_connections_without_failing_a_request(two_workers):
-    client = two_workers.client()
-    before = served_serial(two_workers.port, client.ca)
+def test_rotated_certificate_is_served_to_new_connections_without_failing_a_request(rotating):
+    client = rotating.client()
+    before = served_serial(rotating.port, client.ca)
     failures, sent, stop = [], [0], threading.Event()
 
     def keep_sending():  # one kept-alive connection, as the apiserver holds them
@@ -146,10 +147,10 @@ def test_rotated_certificate_is_served_to_new_connections_without_failing_a_requ
     sender.start()
     try:
         time.sleep(0.5)
-        two_workers.rotate(2)
+        rotating.rotate(2)
         deadline, seen_new = time.monotonic() + 15, 0
-        while time.monotonic() < deadline and seen_new < 6:  # both workers hand out the new one
-            seen_new = seen_new + 1 if served_serial(two_workers.port, client.ca) != before else 0
+        while time.monotonic() < deadline and seen_new < 6:  # and keeps handing it out
+            seen_new = seen_new + 1 if served_serial(rotating.port, client.ca) != before else 0
             time.sleep(0.1)
     finally:
         stop.set()
@@ -158,24 +159,117 @@ def test_rotated_certificate_is_served_to_new_connections_without_failing_a_requ
     assert sent[0] > 20 and failures == []
 
 
-def test_metrics_are_summed_over_both_workers(two_workers, tmp_path):
-    client = two_workers.client()
-    pids = set()
-    for _ in range(10):  # concurrent fresh connections reach both workers sooner or later
-        threads = [threading.Thread(target=lambda: requests.post(
-            f"{client.base_url}/mutate?timeout=5s", json=review_of(gpu_pod("spread", 1)), verify=client.ca,
-            timeout=5, headers={"Connection": "close"})) for _ in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=30)
-        pids = {json.loads(line)["pid"] for line in two_workers.log.read_text().splitlines() if line.startswith("{")}
-        if len(pids) == 2:
-            break
-    assert len(pids) == 2, "all requests went to one worker"
-    logged = sum(1 for line in two_workers.log.read_text().splitlines() if line.startswith("{"))
-    for _ in range(4):  # whichever worker answers the scrape reports every worker's admissions
-        text = requests.get(f"{client.base_url}/metrics", verify=client.ca, timeout=5,
-                            headers={"Connection": "close"}).text
-        count = next(line for line in text.splitlines() if line.startswith("topology_scheduler_latency_seconds_count"))
-        assert float(count.split()[-1]) == logged
+
+
+# ----- TLS settings: no CBC suites, optional client certificates -----------------------------------
+
+def handshake(port: int, ca: str, ciphers: str | None = None, client: tuple[str, str] | None = None) -> bool:
+    context = ssl.create_default_context(cafile=ca)
+    if ciphers:
+        context.maximum_version = ssl.TLSVersion.TLSv1_2
+        context.set_ciphers(ciphers)
+    if client:
+        context.load_cert_chain(*client)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            with context.wrap_socket(raw, server_hostname="localhost") as tls:
+                tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                return tls.recv(100).startswith(b"HTTP/1.1 200")  # TLS 1.3 verifies the client here
+    except (ssl.SSLError, ConnectionResetError):
+        return False
+
+
+def test_tls12_offers_aead_suites_only(tls_server):
+    assert handshake(tls_server.port, tls_server.paths.ca, "ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES128-GCM-SHA256")
+    assert not handshake(tls_server.port, tls_server.paths.ca, "ECDHE-RSA-AES128-SHA:ECDHE-RSA-AES256-SHA:"
+                                                                "ECDHE-ECDSA-AES128-SHA:ECDHE-ECDSA-AES256-SHA:"
+                                                                "AES128-SHA:AES256-SHA")
+
+
+def client_certificate(directory: pathlib.Path, ca_cert: bytes, ca_key: bytes) -> tuple[str, str]:
+    """A client certificate (clientAuth) signed by the CA, as the apiserver's kubeconfig holds one."""
+    import datetime
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    issuer = x509.load_pem_x509_certificate(ca_cert)
+    signer = serialization.load_pem_private_key(ca_key, password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "apiserver")]))
+            .issuer_name(issuer.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=1)).not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(signer, hashes.SHA256()))
+    paths = (str(directory / "client.crt"), str(directory / "client.key"))
+    pathlib.Path(paths[0]).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pathlib.Path(paths[1]).write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                         serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    return paths
+
+
+def test_with_client_ca_only_clients_with_a_certificate_it_signed_are_served(tmp_path):
+    ca_cert, ca_key = certs.make_ca("apiserver client CA")
+    (tmp_path / "client-ca.crt").write_bytes(ca_cert)
+    trusted = client_certificate(tmp_path, ca_cert, ca_key)
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    stranger = client_certificate(other_dir, *certs.make_ca("someone else"))
+    server = start_server(tmp_path, "--client-ca", str(tmp_path / "client-ca.crt"), client_cert=trusted)
+    try:
+        assert handshake(server.port, server.paths.ca, client=trusted)
+        assert not handshake(server.port, server.paths.ca)
+        assert not handshake(server.port, server.paths.ca, client=stranger)
+        # kubelet's probes carry no client certificate: they use the plain metrics port
+        probes = f"http://127.0.0.1:{server.metrics_port}"
+        assert requests.get(f"{probes}/readyz", timeout=5).text == "ok\n"
+        assert requests.get(f"{probes}/healthz", timeout=5).status_code == 200
+        assert requests.post(f"{probes}/mutate", json={}, timeout=5).status_code == 404
+    finally:
+        stop_server(server)
+
+
+# ----- reservations are namespaced ----------------------------------------------------------------
+
+def reserved_gpus(server) -> float:
+    line = next(line for line in server.metrics().splitlines()
+                if line.startswith('topology_cluster_gpus{state="reserved"}'))
+    return float(line.split()[-1])
+
+
+def test_a_pod_of_another_namespace_cannot_replace_or_release_a_reservation(tls_server, apiserver):
+    victim = gpu_job("victim-train", 2, 8, namespace="team-victim", placement_strategy="consolidated")
+    assert "topology.scheduler/reservation" in json.dumps(apiserver.admit(review_of(victim)))
+    held = reserved_gpus(tls_server)
+    crafted = gpu_pod("x", 1, namespace="attacker",
+                      reservation="team-victim/Job/victim-train", placement_strategy="consolidated")
+    crafted["metadata"] = {**crafted["metadata"], "generateName": "x-"}
+    del crafted["metadata"]["name"]
+    mutated = apiserver.admit(review_of(crafted))
+    assert mutated["metadata"]["annotations"]["topology.scheduler/reservation"].startswith("attacker/Pod/x-")
+    assert reserved_gpus(tls_server) == held + 1  # its own hold, next to the victim's
+    # Nor can a DELETE carrying the victim's key from another namespace release it.
+    deletion = review_of(gpu_job("victim-train", 2, 8, namespace="attacker",
+                                 reservation="team-victim/Job/victim-train"))
+    deletion["request"].update(operation="DELETE", oldObject=deletion["request"]["object"], object=None)
+    answer = apiserver.post(deletion).json()["response"]
+    assert answer["allowed"] and reserved_gpus(tls_server) == held + 1
+
+
+def test_an_oversized_chunked_body_is_refused_with_413(tls_server):
+    context = ssl.create_default_context(cafile=tls_server.paths.ca)
+    chunk = b"x" * 65536
+    with socket.create_connection(("127.0.0.1", tls_server.port), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="localhost") as tls:
+            tls.sendall(b"POST /mutate?timeout=5s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n")
+            try:
+                for _ in range(64):  # 4 MiB, past the 3 MiB limit
+                    tls.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+                tls.sendall(b"0\r\n\r\n")
+            except OSError:
+                pass  # the server may answer and close before the whole body is sent
+            assert tls.recv(4096).startswith(b"HTTP/1.1 413 ")

@@ -207,3 +207,17 @@ def test_fields_we_use_must_have_their_api_type(kind, path, value, message):
     with pytest.raises(wl.InvalidWorkload) as err:
         wl.check_shape(kind, obj, "ml")
     assert str(err.value).startswith(f"{kind} ml/train: ") and str(err.value).endswith(message)
+
+
+def test_only_empty_required_terms_match_no_node_and_are_denied():
+    obj = workload("Job", spec={"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}, {}]}}}})
+    with pytest.raises(wl.InvalidWorkload, match="an empty term matches no node"):
+        wl.read("Job", obj, "ml")
+
+
+def test_an_empty_term_beside_others_adds_nothing_to_the_request():
+    term = {"matchExpressions": [{"key": "a", "operator": "Exists"}]}
+    obj = workload("Job", spec={"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}, term]}}}})
+    assert wl.read("Job", obj, "ml").request.required_node_terms == (term,)

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
-from . import mutation, workload
+from . import injection, mutation, workload
 from .config import Config
 from .ledger import held_by, reservation_key
 from .model import EXCEEDS_CLUSTER, UNKNOWN_DOMAIN, Decision, Outcome
@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 
 REVIEW_API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 WARNING_MAX_CHARS = 256  # the apiserver truncates longer warnings once its budget is spent
+# Objects of the kinds we handle nest about 20 levels at most (managedFields included); far deeper
+# would exhaust Python's recursion in copying and diffing, so it is denied up front.
+MAX_DEPTH = 100
+QUOTED_MAX_CHARS = 60  # a client's kind or apiVersion quoted in a 400 answer
 DENIED_CODE = 403
 # Pods are immutable after CREATE and a Job's template too, so an UPDATE patch would be rejected.
 # On UPDATE the others keep the placement made at creation (see mutation.carry_over).
@@ -125,10 +129,10 @@ def _parse(body: object) -> _Request:
     if not isinstance(body, Mapping):
         raise MalformedReview(f"body is a JSON {type(body).__name__}, not an AdmissionReview object")
     if body.get("kind") != "AdmissionReview":
-        raise MalformedReview(f"kind is {body.get('kind')!r}, expected 'AdmissionReview'")
+        raise MalformedReview(f"kind is {_quoted(body.get('kind'))}, expected 'AdmissionReview'")
     api_version = body.get("apiVersion")
     if api_version not in REVIEW_API_VERSIONS:
-        raise MalformedReview(f"apiVersion {api_version!r} is not one of {', '.join(REVIEW_API_VERSIONS)}")
+        raise MalformedReview(f"apiVersion {_quoted(api_version)} is not one of {', '.join(REVIEW_API_VERSIONS)}")
     request = body.get("request")
     if not isinstance(request, Mapping):
         raise MalformedReview("request is missing or not an object")
@@ -163,14 +167,22 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     if (obj is None or not workload.supports(request.group, kind)
             or request.operation not in OPERATIONS[kind] or not workload.is_ours(kind, obj, config)):
         return _result(request, "ignored")
+    if _deeper_than(obj, MAX_DEPTH):
+        return _denied(request, f"{workload.display_name(kind, obj, request.namespace)}: the object is nested more "
+                                f"than {MAX_DEPTH} levels deep; allowed: at most {MAX_DEPTH} levels")
     try:
         workload.check_shape(kind, obj, request.namespace)
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
-    if kind in _PLACED_BY_OWNER and workload.controller_owned(obj) and mutation.already_placed(obj, kind):
+    if kind in _PLACED_BY_OWNER and workload.controller_owned(obj) and _placed(kind, obj):
         return _result(request, "ignored")
     if workload.bound(kind, obj):
         return _result(request, "ignored")  # the scheduler is bypassed: affinity could only get it rejected
+    if (request.operation == "CREATE" and _placed(kind, obj)
+            and injection.reservation_of(workload.pod_template(kind, obj)) == _reservation_key(request, obj)):
+        # Our own output, whole and for this very object (reinvocation): placing it again could only
+        # move it. A copy of another object's output carries that object's key and is placed afresh.
+        return _result(request, "ignored")
     who = workload.display_name(kind, obj, request.namespace)
     ready, why = readiness
     if not ready:
@@ -180,12 +192,12 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
         wanted = workload.read(kind, mutation.without_injection(obj, kind), request.namespace)
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
-    if request.old is not None and mutation.already_placed(request.old, kind):
+    if request.old is not None and _placed(kind, request.old):
         return _kept(request, config, wanted)
     if wanted.request is None:
         mutated = mutation.mutate(obj, kind, None, config)
         return _result(request, "ignored", operations=make_patch(obj, mutated), warnings=[
-            *wanted.warnings, f"{who} requests no nvidia.com/gpu; nothing to place"])
+            *wanted.warnings, f"{who} {wanted.idle}"])
     key = _reservation_key(request, obj)
     reserve = key if kind in _RESERVES and not request.dry_run else None
     decision = place_and_reserve(index, wanted.request, reserve)
@@ -219,11 +231,28 @@ def _released(request: _Request, index: "ClusterIndex") -> AdmissionResult:
     kind, old = request.kind, request.old
     if old is None or request.dry_run or not workload.supports(request.group, kind) or kind not in _RESERVES:
         return _result(request, "ignored")
-    key = mutation.reservation_of(old, kind)
+    key = injection.reservation_of(workload.pod_template(kind, old))
     if key is None or not held_by(key, request.namespace, kind):
         return _result(request, "ignored")
     index.release(key)
     return _result(request, "released")
+
+
+def _deeper_than(obj: object, limit: int) -> bool:
+    """Whether any value in `obj` sits more than `limit` containers deep (iteratively: the check
+    must not itself recurse)."""
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def _placed(kind: str, obj: Mapping) -> bool:
+    return injection.already_placed(workload.pod_template(kind, obj))
 
 
 def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str:
@@ -232,20 +261,29 @@ def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str
     annotations = workload.annotations_of(kind, obj)
     culprit = {UNKNOWN_DOMAIN: workload.PREFERRED_DOMAIN, EXCEEDS_CLUSTER: workload.GPU_COUNT}.get(decision.code or "")
     if culprit in annotations:
-        return f"{who}: annotation {culprit}={annotations[culprit]!r}: {reason}"
+        return f"{who}: annotation {culprit}={_quoted(annotations[culprit])}: {reason}"
     return reason if who in reason else f"{who}: {reason}"
 
 
 def _reservation_key(request: _Request, obj: Mapping) -> str:
     """namespace/kind/name; a generateName object keeps the key already written on it (a second
-    call has a new request uid), else gets generateName + request uid."""
+    call has a new request uid) when that key can be its own, else gets generateName + request uid.
+
+    The annotation is client input: a key of another namespace, kind or owner would let this
+    object replace (and so release) someone else's hold. Only these are taken: this object's own
+    key (namespace/kind/generateName...), or the key of a workload that controls it in its
+    namespace (a Job's pods carry the Job's key)."""
     meta = obj.get("metadata") or {}
     if meta.get("name"):
         return reservation_key(request.namespace, request.kind, meta["name"])
-    annotations = workload.annotations_of(request.kind, obj)
-    if annotations.get(mutation.RESERVATION):
-        return str(annotations[mutation.RESERVATION])
-    return reservation_key(request.namespace, request.kind, f"{meta.get('generateName') or ''}{request.uid}")
+    generate_name = str(meta.get("generateName") or "")
+    written = str(workload.annotations_of(request.kind, obj).get(mutation.RESERVATION) or "")
+    owners = [reservation_key(request.namespace, str(o.get("kind")), str(o.get("name")))
+              for o in meta.get("ownerReferences") or () if isinstance(o, Mapping) and o.get("controller") is True]
+    if written and (written.startswith(reservation_key(request.namespace, request.kind, generate_name))
+                    or written in owners):
+        return written
+    return reservation_key(request.namespace, request.kind, f"{generate_name}{request.uid}")
 
 
 def _denied(request: _Request, message: str, decision: Decision | None = None) -> AdmissionResult:
@@ -290,6 +328,12 @@ def _audit(outcome: str, decision: Decision | None) -> dict[str, str]:
         if decision.code:
             audit["reason"] = decision.code
     return audit
+
+
+def _quoted(value: object) -> str:
+    """A client's value in our answer: repr, cut to a bounded length."""
+    text = repr(value)
+    return text if len(text) <= QUOTED_MAX_CHARS else text[:QUOTED_MAX_CHARS - 3] + "..."
 
 
 def _one_line(text: str) -> str:

@@ -1,4 +1,5 @@
-"""The Flask app: /mutate for the apiserver, /healthz, /readyz and /metrics.
+"""The Flask app: /mutate for the apiserver, /healthz and /readyz (/metrics has its own port:
+see server.start_metrics_server).
 
 Two error channels, decided here: a call that is not an AdmissionReview gets an HTTP 4xx with a
 one-line reason; anything that goes wrong inside us while handling a real review is answered
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from typing import Any, Callable
 
@@ -17,7 +17,8 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from . import admission
-from .config import HEALTHZ_PATH, METRICS_PATH, MUTATE_PATH, READYZ_PATH, Config
+from .config import HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH, Config
+from .logs import FIELDS
 from .metrics import Metrics
 
 Readiness = Callable[[], "tuple[bool, str]"]
@@ -38,18 +39,26 @@ def _allowed_unmodified(body: Any, warning: str) -> dict | None:
             "response": {"uid": uid, "allowed": True, "warnings": [warning]}}
 
 
-def _log_line(result: admission.AdmissionResult, seconds: float) -> str:
-    """One JSON line naming the object and the decision; never the object (env carries secrets)."""
+def _log_fields(result: admission.AdmissionResult, seconds: float) -> dict:
+    """What one admission's log line says: the object and the decision, never the object itself
+    (env carries secrets). The formatter escapes the values: a name cannot break the line."""
     decision = result.decision
     entry = {"uid": result.uid, "kind": result.kind, "namespace": result.namespace, "name": result.name,
-             "pid": os.getpid(),  # which worker: each has its own reservations
              "outcome": result.outcome, "strategy": result.strategy,
              "domain": str(decision.scope) if decision is not None and decision.scope is not None else None,
              "code": decision.code if decision is not None else None,
              "warnings": len(result.warnings), "duration_ms": round(seconds * 1000, 3)}
     if result.error:
         entry["error"] = result.error
-    return json.dumps(entry, separators=(",", ":"))
+    return entry
+
+
+def _body(limit: int) -> bytes | None:
+    """The request body, or None when a chunked one runs past `limit` bytes."""
+    if request.content_length is not None:
+        return request.get_data()
+    data = request.environ["wsgi.input"].read(limit + 1)  # the server ends the stream at the last chunk
+    return None if len(data) > limit else data
 
 
 def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metrics | None = None) -> Flask:
@@ -61,7 +70,8 @@ def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metric
     metrics = metrics or Metrics.create()
     metrics.watch_cluster(index.stats)
     app = Flask(__name__)
-    # Werkzeug refuses longer bodies with 413 before reading them (also when sent chunked).
+    # Werkzeug refuses a longer declared Content-Length with 413 before reading the body; a chunked
+    # body it silently cuts at the limit, so mutate() reads that one itself (see _body).
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
 
     @app.errorhandler(HTTPException)
@@ -76,9 +86,12 @@ def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metric
             return _text(f"request body of {request.content_length} bytes exceeds the limit of "
                          f"{config.max_body_bytes} bytes", 413)
         if request.mimetype != "application/json":
-            return _text(f"Content-Type must be application/json, got {request.mimetype or 'none'!r}", 415)
+            return _text(f"Content-Type must be application/json, got {request.mimetype[:60] or 'none'!r}", 415)
+        data = _body(config.max_body_bytes)
+        if data is None:
+            return _text(f"chunked request body exceeds the limit of {config.max_body_bytes} bytes", 413)
         try:
-            body = json.loads(request.get_data())
+            body = json.loads(data)
         except ValueError as err:  # includes UnicodeDecodeError
             return _text(f"request body is not JSON: {err}", 400)
         except RecursionError:
@@ -98,7 +111,7 @@ def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metric
             return Response(json.dumps(answer), mimetype="application/json")
         seconds = time.perf_counter() - started
         metrics.record_admission(result.kind, result.strategy, result.outcome, seconds)
-        log.info(_log_line(result, seconds))
+        log.info("admission %s", result.outcome, extra={FIELDS: _log_fields(result, seconds)})
         return Response(json.dumps(result.review, separators=(",", ":")), mimetype="application/json")
 
     @app.get(HEALTHZ_PATH)
@@ -109,10 +122,5 @@ def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metric
     def readyz() -> Response:
         ready, reason = readiness()
         return _text("ok" if ready else f"not ready: {reason}", 200 if ready else 503)
-
-    @app.get(METRICS_PATH)
-    def metrics_page() -> Response:
-        payload, content_type = metrics.render()
-        return Response(payload, content_type=content_type)
 
     return app

@@ -150,12 +150,21 @@ def ca_bundle(ca_path: str) -> str:
         raise CertError(f"CA file {ca_path}: {err.strerror}") from None
 
 
-def server_context(cert_path: str, key_path: str) -> ssl.SSLContext:
-    """A server-side context, TLS 1.2 or newer, serving the certificate chain in cert_path."""
+# TLS 1.2 suites: forward-secret AEAD only (no CBC); TLS 1.3 suites are all AEAD and not set here.
+TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+
+
+def server_context(cert_path: str, key_path: str, client_ca: str | None = None) -> ssl.SSLContext:
+    """A server-side context, TLS 1.2 or newer, serving the certificate chain in cert_path; with
+    client_ca, clients must present a certificate that CA signed (mutual TLS)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers(TLS12_CIPHERS)
     try:
         context.load_cert_chain(cert_path, key_path)
+        if client_ca:
+            context.load_verify_locations(cafile=client_ca)
+            context.verify_mode = ssl.CERT_REQUIRED
     except FileNotFoundError as err:
         raise CertError(f"certificate file {err.filename or cert_path}: not found") from None
     except (ssl.SSLError, OSError) as err:
@@ -174,13 +183,13 @@ class ReloadingContext:
     """The current server SSLContext for a certificate/key pair that may be replaced on disk."""
 
     def __init__(self, cert_path: str, key_path: str, check_interval: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.cert_path, self.key_path = cert_path, key_path
+                 clock: Callable[[], float] = time.monotonic, client_ca: str | None = None) -> None:
+        self.cert_path, self.key_path, self.client_ca = cert_path, key_path, client_ca
         self.check_interval = check_interval
         self._clock = clock
         self._lock = threading.Lock()
         self._seen = self._identities()
-        self._context = server_context(cert_path, key_path)  # raises CertError: fail at start-up
+        self._context = server_context(cert_path, key_path, client_ca)  # raises CertError: fail at start-up
         self._next_check = clock() + check_interval
 
     def _identities(self) -> tuple:
@@ -199,7 +208,7 @@ class ReloadingContext:
                 seen = self._identities()
                 if seen is not None and seen != self._seen:
                     try:
-                        self._context = server_context(self.cert_path, self.key_path)
+                        self._context = server_context(self.cert_path, self.key_path, self.client_ca)
                         self._seen = seen
                         log.info("reloaded TLS certificate %s", self.cert_path)
                     except CertError as err:

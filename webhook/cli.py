@@ -11,26 +11,27 @@ import json
 import logging
 import os
 import re
-import shutil
+import socket
 import sys
-import tempfile
 import uuid
 from typing import Sequence
 
 import jsonpatch
 import yaml
 
-from . import __version__, admission, certs, demo, discovery
+from . import __version__, admission, certs, demo, discovery, logs
 from .app import Readiness, create_app
 from .cluster import ClusterIndex
 from .clusterview import LiveClusterView, api_client_from
 from .config import DEFAULT_PORT, ConfigError, Config, load_config
 from .manifests import ManifestError, read_objects
 from .metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
-from .server import THREADS_PER_WORKER, ServeOptions, WebhookServer
+from .server import THREADS_PER_WORKER, ServeOptions, WebhookServer, start_metrics_server
 
 PROG = "topology-webhook"
 DEV_CERT_DIR = "certs"
+DEFAULT_METRICS_BIND = "0.0.0.0:9090"
+log = logging.getLogger("webhook.cli")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
@@ -62,20 +63,29 @@ def live_source(args: argparse.Namespace) -> bool:
     """Whether serve watches the API: with --kubeconfig, or inside a pod when no --nodes is given."""
     if args.kubeconfig and (args.nodes or args.pods):
         raise UsageError("--kubeconfig watches the cluster; --nodes/--pods read files: give one or the other")
-    live = bool(args.kubeconfig) or (not args.nodes and bool(os.environ.get("KUBERNETES_SERVICE_HOST")))
-    if live and args.workers > 1:
-        raise UsageError(f"--workers {args.workers} with a live cluster view would give each process its own "
-                         "reservations (double-booking between them); run one worker, and replicas for more")
-    return live
+    return bool(args.kubeconfig) or (not args.nodes and bool(os.environ.get("KUBERNETES_SERVICE_HOST")))
 
 
 # ----- serve --------------------------------------------------------------------------------------
 
-def parse_bind(text: str) -> str:
+def parse_bind(text: str, flag: str = "--bind", example_port: int = DEFAULT_PORT) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"--bind {text!r} is not HOST:PORT (for example 0.0.0.0:{DEFAULT_PORT} or [::]:{DEFAULT_PORT})")
-    return text
+        raise UsageError(f"{flag} {text!r} is not HOST:PORT (for example 0.0.0.0:{example_port} or "
+                         f"[::]:{example_port})")
+    return host.strip("[]"), int(port)
+
+
+def check_free(flag: str, text: str, address: tuple[str, int]) -> None:
+    """One clear line now rather than gunicorn's five retries: the address is taken or not ours."""
+    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
+        try:
+            probe.bind(address)
+        except OSError as err:
+            raise UsageError(f"{flag} {text}: cannot listen there ({err.strerror}); another server may hold "
+                             f"the port: choose another with {flag} HOST:PORT") from None
 
 
 def serving_certs(args: argparse.Namespace) -> tuple[str, str]:
@@ -85,56 +95,58 @@ def serving_certs(args: argparse.Namespace) -> tuple[str, str]:
     if args.cert:
         return args.cert, args.key
     paths = certs.ensure_dev_certs(DEV_CERT_DIR)
-    print(f"{PROG}: development certificate {paths.cert} (CA {paths.ca}; caBundle: base64 -w0 {paths.ca})",
-          file=sys.stderr)
+    log.info("development certificate %s (CA %s; caBundle: base64 -w0 %s)", paths.cert, paths.ca, paths.ca)
     return paths.cert, paths.key
 
 
-def metrics_dir(workers: int) -> tuple[str | None, bool]:
-    """The shared metrics directory, PROMETHEUS_MULTIPROC_DIR if set or a fresh one for several
-    workers, and whether it was created here (and is removed at exit)."""
+def metrics_dir() -> str | None:
+    """PROMETHEUS_MULTIPROC_DIR if set: counters there outlive a restarted worker."""
     path = os.environ.get(MULTIPROC_ENV)
-    created = not path and workers > 1
-    if created:
-        path = tempfile.mkdtemp(prefix="topology-webhook-metrics-")
     if path:
         if not os.path.isdir(path):
             raise UsageError(f"{MULTIPROC_ENV}={path!r} is not a directory")
-        os.environ[MULTIPROC_ENV] = path  # the workers' metric files go there (inherited at fork)
         reset_multiprocess_dir(path)
-    return path, created
+    return path
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    if args.workers < 1:
-        raise UsageError(f"--workers {args.workers} must be at least 1")
+    if args.workers != 1:
+        raise UsageError(f"--workers {args.workers}: serve runs exactly 1 worker process, because the cluster "
+                         "view and its reservations live in it and a second would book the same GPUs again; "
+                         "add replicas instead")
     config = load_config(args.config)
     bind = parse_bind(args.bind)
-    cert, key = serving_certs(args)
+    metrics_bind = parse_bind(args.metrics_bind, "--metrics-bind", 9090)
+    for flag, text, address in (("--bind", args.bind, bind), ("--metrics-bind", args.metrics_bind, metrics_bind)):
+        check_free(flag, text, address)
+    if args.client_ca and not os.path.isfile(args.client_ca):
+        raise UsageError(f"--client-ca {args.client_ca}: no such file")
     live = live_source(args)
     if live:
         api_client_from(args.kubeconfig)  # a bad kubeconfig stops start-up here, in one line
     cluster = None if live else read_cluster(args)
-    shared_dir, created = metrics_dir(args.workers)
-    options = ServeOptions(bind=bind, cert=cert, key=key, workers=args.workers, multiprocess_dir=shared_dir)
+    cert, key = serving_certs(args)
+    options = ServeOptions(bind=args.bind, cert=cert, key=key, client_ca=args.client_ca,
+                           max_body_bytes=config.max_body_bytes, multiprocess_dir=metrics_dir())
 
-    def build_app():  # runs in each worker, after the fork, so the watch threads start there
+    def build_app():  # runs in the worker, after the fork, so the watch threads start there
         metrics = Metrics.create(options.multiprocess_dir)
         if live:
             view = LiveClusterView(config, api_client_from(args.kubeconfig))
             view.start()
-            return create_app(config, view.index, view.readiness, metrics)
-        index, readiness = cluster_view(config, cluster)
-        return create_app(config, index, readiness, metrics)
+            app = create_app(config, view.index, view.readiness, metrics)
+        else:
+            index, readiness = cluster_view(config, cluster)
+            app = create_app(config, index, readiness, metrics)
+        start_metrics_server(metrics_bind, metrics.registry, app)
+        return app
 
+    server = WebhookServer(build_app, options)  # loads the certificate: a bad one stops us here
     source = (f"the cluster of {args.kubeconfig}" if args.kubeconfig else "this cluster (in-cluster config)") \
         if live else args.nodes or "the built-in demo cluster"
-    print(f"{PROG}: serving https://{bind}/mutate with {source}, {args.workers} worker(s)", file=sys.stderr)
-    try:
-        WebhookServer(build_app, options).run()
-    finally:
-        if created:
-            shutil.rmtree(shared_dir, ignore_errors=True)
+    log.info("serving https://%s/mutate with %s; metrics on http://%s/metrics%s", args.bind, source,
+             args.metrics_bind, "; client certificates required" if args.client_ca else "")
+    server.run()
     return 0
 
 
@@ -159,10 +171,31 @@ def explain(label: str, result: admission.AdmissionResult) -> list[str]:
     return lines
 
 
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def manifest_paths(paths: Sequence[str]) -> list[str]:
+    """As kubectl -f takes them: a directory stands for its .yaml/.yml/.json files (not its
+    subdirectories), in name order; `-` is stdin."""
+    out = []
+    for path in paths:
+        if path != "-" and os.path.isdir(path):
+            found = sorted(os.path.join(path, name) for name in os.listdir(path)
+                           if name.endswith(MANIFEST_SUFFIXES) and os.path.isfile(os.path.join(path, name)))
+            if not found:
+                raise UsageError(f"-f {path}: the directory holds no .yaml, .yml or .json files")
+            out.extend(found)
+        else:
+            out.append(path)
+    return out
+
+
 def cmd_mutate(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     index, _ = cluster_view(config, read_cluster(args))
-    objects = [obj for path in args.filename for obj in read_objects(path)]
+    objects = [obj for path in manifest_paths(args.filename) for obj in read_objects(path)]
+    if not objects:
+        raise UsageError(f"no objects passed to mutate: {', '.join(args.filename)} hold(s) no Kubernetes object")
     mutated, patches, denied = [], [], 0
     for position, obj in enumerate(objects):
         namespace = (obj.get("metadata") or {}).get("namespace") or "default"
@@ -182,12 +215,11 @@ def cmd_mutate(args: argparse.Namespace) -> int:
             print(f"Error: {label} denied: {message.removeprefix(label + ': ')}", file=sys.stderr)
             continue
         patch = response_patch(response)
-        meta = obj.get("metadata") or {}
-        patches.append({"kind": obj.get("kind"), "namespace": namespace,
-                        "name": meta.get("name") or meta.get("generateName"), "patch": patch})
+        patches.append(patch)
         mutated.append(jsonpatch.apply_patch(obj, patch))
-    if args.output == "patch":
-        print(json.dumps(patches, indent=2))
+    if args.output == "patch":  # one line per admitted object, each what `kubectl patch --type=json -p` takes
+        for patch in patches:
+            print(json.dumps(patch, separators=(",", ":")))
     elif args.output == "json":
         single = mutated[0] if len(mutated) == 1 else {"apiVersion": "v1", "kind": "List", "items": mutated}
         print(json.dumps(single, indent=2))
@@ -203,6 +235,10 @@ def cmd_certs(args: argparse.Namespace) -> int:
         if not _DNS_LABEL.fullmatch(value):
             raise UsageError(f"{flag} {value!r} is not a DNS label (lowercase letters, digits and '-', "
                              f"at most 63 characters)")
+    existing = os.path.join(args.out, certs.CA_FILE)
+    if os.path.exists(existing) and not args.force:
+        raise UsageError(f"{existing} exists: a new CA would break every caBundle made from it; "
+                         "give --force to replace it")
     paths = certs.write_certs(args.out, args.service, args.namespace)
     print(f"{PROG}: wrote {paths.ca}, {paths.cert}, {paths.key}; caBundle follows", file=sys.stderr)
     print(certs.ca_bundle(paths.ca))
@@ -233,9 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cert", metavar="FILE", help="serving certificate (PEM); reloaded when the file changes")
     serve.add_argument("--key", metavar="FILE", help="its private key (PEM)")
     serve.add_argument("--workers", metavar="N", type=int, default=1,
-                       help=f"worker processes, {THREADS_PER_WORKER} threads each (default: 1). With N > 1 each "
-                            "process has its own cluster view and reservations, so two workloads admitted by "
-                            "different processes at the same moment can be placed on the same free GPUs")
+                       help=f"worker processes: only 1 is allowed, with {THREADS_PER_WORKER} threads (its cluster "
+                            "view and reservations are in that process; a second would book the same GPUs again)")
+    serve.add_argument("--metrics-bind", metavar="HOST:PORT", default=DEFAULT_METRICS_BIND,
+                       help="plain-HTTP listen address of /metrics (default: %(default)s)")
+    serve.add_argument("--client-ca", metavar="FILE",
+                       help="require client certificates signed by this CA (mutual TLS with the apiserver)")
     serve.set_defaults(func=cmd_serve)
 
     mutate = subparsers.add_parser(
@@ -243,12 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Place and mutate the workloads in the files, in order (each sees the reservations of the "
                     "ones before). Exit 0 when all are admitted, 1 when any is denied, 2 on bad input.")
     mutate.add_argument("-f", "--filename", metavar="FILE", action="append", required=True,
-                        help="YAML or JSON manifests, '-' for stdin; repeatable")
+                        help="YAML or JSON manifests, a directory of them, '-' for stdin; repeatable")
     mutate.add_argument("--nodes", metavar="FILE", required=True, help="Node objects (kubectl get nodes -o yaml)")
     mutate.add_argument("--pods", metavar="FILE", help="Pod objects (kubectl get pods -A -o yaml)")
     mutate.add_argument("--config", metavar="FILE", help="settings file (YAML)")
     mutate.add_argument("-o", "--output", choices=("yaml", "json", "patch"), default="yaml",
-                        help="mutated objects as YAML or JSON, or one JSON Patch per object (default: yaml)")
+                        help="mutated objects as YAML or JSON, or per admitted object one line holding its JSON "
+                             "Patch, as `kubectl patch --type=json -p` takes it (default: yaml)")
     mutate.add_argument("--explain", action="store_true", help="print each decision and its reasons on stderr")
     mutate.set_defaults(func=cmd_mutate)
 
@@ -259,16 +299,29 @@ def build_parser() -> argparse.ArgumentParser:
     certs_cmd.add_argument("--service", metavar="NAME", required=True)
     certs_cmd.add_argument("--namespace", metavar="NS", required=True)
     certs_cmd.add_argument("--out", metavar="DIR", required=True)
+    certs_cmd.add_argument("--force", action="store_true", help="replace a CA already in DIR")
     certs_cmd.set_defaults(func=cmd_certs)
     discovery.register(subparsers)
+    parser.add_argument("--log-level", choices=logs.LEVELS, default="info", help="(default: %(default)s)")
+    parser.add_argument("--log-format", choices=logs.FORMATS,
+                        help="log lines as JSON objects or text (default: json for serve, text otherwise)")
+    for command in subparsers.choices.values():  # also after the command; there they override
+        command.add_argument("--log-level", choices=logs.LEVELS, default=argparse.SUPPRESS,
+                             help="least severe level logged (default: info)")
+        command.add_argument("--log-format", choices=logs.FORMATS, default=argparse.SUPPRESS,
+                             help="log lines as JSON objects or text (default: json for serve, text otherwise)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    log_format = args.log_format or ("json" if args.func is cmd_serve else "text")
+    logs.configure(log_format, args.log_level)
     try:
         return args.func(args)
     except (UsageError, ConfigError, ManifestError, certs.CertError) as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        if log_format == "json":
+            log.error("%s: error: %s", PROG, err)
+        else:
+            print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2

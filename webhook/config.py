@@ -149,34 +149,138 @@ def levels_from(spec: Any) -> tuple[Level, ...]:
         link = entry.get("link", defaults[depth])
         if link not in LINK_CLASSES:
             raise ConfigError(f"levels: link {link!r} of {label} is not one of {', '.join(LINK_CLASSES)}")
-        name = entry.get("name", label.rsplit("/", 1)[-1])
-        levels.append(Level(label, str(name), link, float(entry.get("oversubscription", 1.0))))
+        where = f"levels[{len(entries) - 1 - depth}]"
+        _no_unknown(where, entry, {f.name for f in dataclasses.fields(Level)})
+        name = _text(f"{where}.name", entry.get("name", label.rsplit("/", 1)[-1]))
+        oversubscription = _number(f"{where}.oversubscription", entry.get("oversubscription", 1.0), float, 1.0, 1000.0)
+        levels.append(Level(label, name, link, oversubscription))
     labels = [lv.label for lv in levels]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"levels: label keys must be unique, got {list(reversed(labels))}")
     return tuple(reversed(levels))
 
 
+# Bounds of the scalar settings: (type, least, most). Outside them a setting is a mistake (a TTL of
+# 0 s would drop every hold at once; a body limit above the apiserver's own 3 MiB is never used).
+_SCALARS: Mapping[str, tuple[type, float, float]] = {
+    "cluster_oversubscription": (float, 1.0, 1000.0),
+    "reservation_ttl_seconds": (float, 1.0, 86400.0),
+    "stale_after_seconds": (float, 5.0, 86400.0),
+    "max_body_bytes": (int, 1024, 3 * 1024 * 1024),
+}
+_PROFILE_NUMBERS: Mapping[str, tuple[type, float, float]] = {
+    "nvlink_gbs": (float, 0.001, 100000.0), "pcie_gbs": (float, 0.001, 100000.0), "nic_gbs": (float, 0.001, 100000.0),
+    "nics_per_node": (int, 1, 64), "nvlink_domain_size": (int, 0, 1024),
+}
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def _show(value: Any) -> str:
+    """The offending value, short enough for one line."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _plain(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
+
+
+def _no_unknown(where: str, entry: Any, known: set[str]) -> None:
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{where}: {_show(entry)} is not a mapping; allowed keys: {', '.join(sorted(known))}")
+    unknown = sorted(str(k) for k in set(entry) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+
+
+def _number(key: str, value: Any, kind: type, least: float, most: float) -> Any:
+    """`value` as `kind` within [least, most]; YAML's `true` or `"5"` is not a number."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not whole):
+        noun = "a whole number" if kind is int else "a number"
+        raise ConfigError(f"{key}: {_show(value)} is not {noun}; allowed: {noun} from {_plain(least)} to {_plain(most)}")
+    if not least <= value <= most:
+        raise ConfigError(f"{key}: {_show(value)} is out of range; allowed: {_plain(least)} to {_plain(most)}")
+    return kind(value)
+
+
+def _text(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{key}: {_show(value)} is not allowed; allowed: a non-empty string")
+    return value
+
+
+def _flag(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}: {_show(value)} is not allowed; allowed: true, false")
+    return value
+
+
+def _profile(where: str, entry: Any) -> HardwareProfile:
+    fields = {f.name for f in dataclasses.fields(HardwareProfile)}
+    _no_unknown(where, entry, fields)
+    missing = sorted(f for f in ("name", "match", "nvlink_gbs", "pcie_gbs", "nic_gbs", "nics_per_node")
+                     if f not in entry)
+    if missing:
+        raise ConfigError(f"{where}: missing {', '.join(missing)}")
+    values: dict[str, Any] = {"name": _text(f"{where}.name", entry["name"])}
+    values["match"] = entry["match"] if isinstance(entry["match"], str) else _text(f"{where}.match", entry["match"])
+    try:
+        re.compile(values["match"])
+    except re.error as err:
+        raise ConfigError(f"{where}.match: {_show(values['match'])} is not a regular expression ({err})") from None
+    for key, bounds in _PROFILE_NUMBERS.items():
+        if key in entry:
+            values[key] = _number(f"{where}.{key}", entry[key], *bounds)
+    if "estimate" in entry:
+        values["estimate"] = _flag(f"{where}.estimate", entry["estimate"])
+    return HardwareProfile(**values)
+
+
+def _nccl_profiles(value: Any) -> Mapping[str, Mapping[str, str]]:
+    _no_unknown("nccl_profiles", value, set(DEFAULT_NCCL_PROFILES))
+    merged = dict(DEFAULT_NCCL_PROFILES)
+    for link, variables in value.items():
+        where = f"nccl_profiles.{link}"
+        if not isinstance(variables, Mapping):
+            raise ConfigError(f"{where}: {_show(variables)} is not a mapping of NCCL variables to values")
+        for name, setting in variables.items():
+            if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+                raise ConfigError(f"{where}: {_show(name)} is not an environment variable name")
+            if isinstance(setting, bool) or not isinstance(setting, (str, int, float)):
+                raise ConfigError(f"{where}.{name}: {_show(setting)} is not allowed; allowed: a string or number")
+        merged[link] = {name: str(setting) for name, setting in variables.items()}
+    return merged
+
+
 def config_from_mapping(data: Mapping[str, Any]) -> Config:
-    """A Config from parsed YAML; unknown keys are errors so typos do not pass silently."""
+    """A Config from parsed YAML, every setting checked for its type and bounds; unknown keys are
+    errors so typos do not pass silently. Raises ConfigError naming the key, the value and what is
+    allowed: a bad file stops start-up instead of failing every admission later."""
     known = {f.name for f in dataclasses.fields(Config)}
-    unknown = sorted(set(data) - known)
+    unknown = sorted(str(k) for k in set(data) - known)
     if unknown:
         raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
-    values: dict[str, Any] = dict(data)
-    if "levels" in values:
-        values["levels"] = levels_from(values["levels"])
-    if "profiles" in values:
-        try:
-            values["profiles"] = tuple(HardwareProfile(**p) for p in values["profiles"]) + (DEFAULT_PROFILES[-1],)
-        except TypeError as err:
-            raise ConfigError(f"profiles: {err}") from None
-    if "nccl_profiles" in values:
-        merged = dict(DEFAULT_NCCL_PROFILES)
-        merged.update({k: {str(a): str(b) for a, b in v.items()} for k, v in values["nccl_profiles"].items()})
-        values["nccl_profiles"] = merged
-    if "scheduler_names" in values:
-        values["scheduler_names"] = tuple(values["scheduler_names"])
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _SCALARS:
+            values[key] = _number(key, value, *_SCALARS[key])
+        elif key == "levels":
+            values[key] = levels_from(value)
+        elif key == "profiles":
+            if not isinstance(value, list):
+                raise ConfigError(f"profiles: {_show(value)} is not a list of hardware profiles")
+            values[key] = tuple(_profile(f"profiles[{i}]", p) for i, p in enumerate(value)) + (DEFAULT_PROFILES[-1],)
+        elif key == "nccl_profiles":
+            values[key] = _nccl_profiles(value)
+        elif key == "scheduler_names":
+            if not isinstance(value, list):
+                raise ConfigError(f"scheduler_names: {_show(value)} is not a list of scheduler names")
+            values[key] = tuple(_text(f"scheduler_names[{i}]", name) for i, name in enumerate(value))
+        elif key == "default_scheduler":
+            values[key] = _text(key, value)
+        elif key == "pin_when_waiting":
+            values[key] = _flag(key, value)
     return Config(**values)
 
 

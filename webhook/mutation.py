@@ -1,21 +1,22 @@
 """Turn a placement decision into a new object: affinity, spread, NCCL env and annotations.
 
 Pure: returns a new object and never changes the one it was given. Everything we add to a pod
-template is recorded in the template annotation `topology.scheduler/injected`, so a later pass
-(apiserver reinvocation, a controller copying the template, an UPDATE) can tell our items from
-the user's: ours are replaced in place or removed, the user's are never touched (an item of theirs
-identical to one of ours counts as ours), and applying the same decision to our own output
-changes nothing.
+template is recorded where we put it (webhook/injection.py), so a later pass (apiserver
+reinvocation, a controller copying the template, an UPDATE) can tell our items from the user's:
+ours are replaced in place or removed, the user's are never touched, even when identical to one
+of ours, and applying the same decision to our own output changes nothing.
 
 What goes where:
 - Placed `consolidated` and `distributed` workloads are pinned (required nodeAffinity, the
-  expressions added to every existing nodeSelectorTerm because terms are ORed); so is a waiting
-  `consolidated` one when `pin_when_waiting` is on. Everything else only prefers the domain.
+  expressions added to every existing nodeSelectorTerm because terms are ORed; an empty term `{}`
+  matches no node in Kubernetes and is left as it is); so is a waiting `consolidated` one when
+  `pin_when_waiting` is on. Everything else only prefers the domain.
 - `distributed` adds topologySpreadConstraints on the decision's spread keys, selecting the pods
   by the template label `topology.scheduler/workload`; a (topologyKey, whenUnsatisfiable) pair
   the user already has is left alone (the API rejects duplicates).
 - Containers that request GPUs (app, sidecar or init) get the NCCL profile of the interconnect
-  the job crosses and CUDA_DEVICE_ORDER=PCI_BUS_ID; a variable the user set is never overridden.
+  the job crosses (none for a 1-GPU workload: it talks to no one) and CUDA_DEVICE_ORDER=PCI_BUS_ID;
+  a variable the user set is never overridden.
 - Annotations on the template: `placement` (summary), `gpu-ids` (NVLink-aligned host GPU set of a
   single-pod workload, a hint for device plugins and DRA drivers: the container renumbers its
   GPUs from 0, so host indices never go into CUDA_VISIBLE_DEVICES), `reservation` (the key the
@@ -26,51 +27,21 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .config import HOSTNAME_LABEL, Config
 from .gpus import container_gpus, format_gpu_set
-from .model import ANNOTATION_PREFIX, Decision, Outcome, Strategy
+from .injection import GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, RESERVATION, WORKLOAD_LABEL, Injection
+from .injection import annotations as injection_annotations
+from .injection import recorded
+from .model import Decision, Outcome, Strategy
 from .workload import pod_template
 
-PLACEMENT = ANNOTATION_PREFIX + "placement"
-GPU_IDS = ANNOTATION_PREFIX + "gpu-ids"
-RESERVATION = ANNOTATION_PREFIX + "reservation"
-INJECTED = ANNOTATION_PREFIX + "injected"
-WORKLOAD_LABEL = ANNOTATION_PREFIX + "workload"
-OUTPUT_ANNOTATIONS = (PLACEMENT, GPU_IDS, RESERVATION, INJECTED)
+__all__ = ["GPU_IDS", "INJECTED", "PLACEMENT", "RESERVATION", "WORKLOAD_LABEL", "Injection"]  # for callers
 PREFERRED_WEIGHT = 100  # the scheduler's maximum: our domain outweighs incidental preferences
 CUDA_DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA numbering = nvidia-smi/NVML numbering
 _REQUIRED = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
 _PREFERRED = ("affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
-
-
-@dataclass(frozen=True)
-class Injection:
-    """What we own in a pod template: compared by equality, so a user's edit makes it theirs."""
-
-    required: tuple[dict, ...] = ()  # matchExpressions added to every required nodeSelectorTerm
-    preferred: dict | None = None  # one preferredDuringScheduling entry
-    spread: tuple[dict, ...] = ()  # topologySpreadConstraints
-    env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # container -> {name: value}
-    label: str | None = None  # value of WORKLOAD_LABEL, when we added it
-
-    def dumps(self) -> str:
-        data = {"required": list(self.required), "preferred": self.preferred, "spread": list(self.spread),
-                "env": {c: dict(v) for c, v in self.env.items() if v}, "label": self.label}
-        return json.dumps({k: v for k, v in data.items() if v}, sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def loads(cls, text: object) -> "Injection":
-        """The record of a template; anything unreadable means we own nothing there."""
-        try:
-            data = json.loads(text) if isinstance(text, str) else {}
-            env = {str(c): {str(k): str(v) for k, v in names.items()} for c, names in data.get("env", {}).items()}
-            return cls(tuple(data.get("required", ())), data.get("preferred"), tuple(data.get("spread", ())),
-                       env, data.get("label"))
-        except (ValueError, TypeError, AttributeError):
-            return cls()
 
 
 def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
@@ -89,9 +60,10 @@ def carry_over(old: Mapping, new: Mapping, kind: str, config: Config) -> dict:
     """`new` (an UPDATE) with the placement recorded on `old` put back: an update keeps the
     placement made at creation instead of dropping it (server-side apply removes fields the
     applier owns and omits) or moving running work. Items the user now has win, as always."""
-    old_annotations = _template_annotations(old, kind)
-    recorded = Injection.loads(old_annotations.get(INJECTED))
-    return _rewrite(new, kind, lambda *_: recorded, {key: old_annotations.get(key) for key in OUTPUT_ANNOTATIONS},
+    old_template = pod_template(kind, old)
+    old_annotations = injection_annotations(old_template)
+    ours = recorded(old_template)
+    return _rewrite(new, kind, lambda *_: ours, {key: old_annotations.get(key) for key in OUTPUT_ANNOTATIONS},
                     config)
 
 
@@ -99,31 +71,9 @@ def without_injection(obj: Mapping, kind: str) -> Mapping:
     """The object with our previous additions removed: the object as the user wrote it, which is
     what a workload is read from (so a re-placement is not confined by our own old pin). For
     reading only: an object that carries nothing of ours is returned as it is, not copied."""
-    if not any(key in _template_annotations(obj, kind) for key in OUTPUT_ANNOTATIONS):
+    if not any(key in injection_annotations(pod_template(kind, obj)) for key in OUTPUT_ANNOTATIONS):
         return obj
     return _rewrite(obj, kind, lambda *_: Injection(), dict.fromkeys(OUTPUT_ANNOTATIONS), None)
-
-
-def already_placed(obj: Mapping, kind: str) -> bool:
-    """The template carries our placement summary and every affinity and spread item we recorded."""
-    template = pod_template(kind, obj) or {}
-    annotations = _annotations(template.get("metadata") or {})
-    if PLACEMENT not in annotations:
-        return False
-    record = Injection.loads(annotations.get(INJECTED))
-    spec = template.get("spec") or {}
-    terms = _get(spec, _REQUIRED + ("nodeSelectorTerms",)) or []
-    pinned = all(isinstance(t, dict) and all(e in (t.get("matchExpressions") or []) for e in record.required)
-                 for t in terms) and (bool(terms) or not record.required)
-    preferred = record.preferred is None or record.preferred in (_get(spec, _PREFERRED) or [])
-    spread = all(c in (spec.get("topologySpreadConstraints") or []) for c in record.spread)
-    return pinned and preferred and spread
-
-
-def reservation_of(obj: Mapping, kind: str) -> str | None:
-    """The reservation key written on the pod template when the workload was placed."""
-    key = _template_annotations(obj, kind).get(RESERVATION)
-    return str(key) if key else None
 
 
 def pins(decision: Decision, config: Config) -> bool:
@@ -145,6 +95,8 @@ def summary(decision: Decision) -> str:
     if decision.outcome is Outcome.WAIT:
         return f"waiting ({request.strategy.value}) for {where}: {size}; no room now"
     text = f"{request.strategy.value} in {where}: {size} on {len(decision.assignment)} node(s)"
+    if request.total_gpus == 1:
+        return text  # one GPU talks to no one: no link or bus bandwidth to speak of
     if decision.interconnect is not None:
         text += f", over {decision.interconnect.value}"
     if decision.bus_bandwidth_gbs is not None:
@@ -166,6 +118,9 @@ def warnings(decision: Decision, config: Config) -> tuple[str, ...]:
         else:
             out.append(f"{who}: no room now for {request.total_gpus} GPUs in one domain; only preferring {where}, "
                        "so pods may start scattered over slower links")
+    if decision.preferred_honoured is False:  # placement's first reason says where instead, and why
+        out.append(f"{who}: {decision.reasons[0]}" if decision.reasons else
+                   f"{who}: preferred domain {request.preferred_domain} not honoured")
     crowded = [a for a in decision.assignment if a.pods > 1]
     if request.pods > 1 and crowded:
         out.append(f"{who}: {crowded[0].pods} pods share node {crowded[0].node}; ranks in different pods do not "
@@ -189,10 +144,10 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
     if decision is None or decision.outcome is Outcome.NEVER:
         return Injection()
     expressions = tuple({"key": r.key, "operator": "In", "values": list(r.values)} for r in decision.requirements)
-    required: tuple[dict, ...] = ()
+    required: tuple[tuple[dict, ...], ...] = ()
     preferred = None
     if expressions and pins(decision, config):
-        required = expressions
+        required = (expressions,)  # the same expressions for every term: _apply_required spreads them
     elif expressions:
         preferred = {"weight": PREFERRED_WEIGHT, "preference": {"matchExpressions": list(expressions)}}
     label = None
@@ -210,7 +165,8 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
                         else "ScheduleAnyway",
                         "labelSelector": {"matchLabels": {WORKLOAD_LABEL: value}}}
                        for key in decision.spread_keys)
-    profile = dict(config.nccl_profiles.get(decision.interconnect.value, {})) if decision.interconnect else {}
+    talks = decision.interconnect is not None and decision.request.total_gpus > 1
+    profile = dict(config.nccl_profiles.get(decision.interconnect.value, {})) if talks else {}
     profile.update(CUDA_DEVICE_ORDER)
     profile = dict(sorted(profile.items()))  # the record keeps names sorted: so does the container
     env = {c["name"]: profile for c in _containers(spec) if container_gpus(c) > 0}
@@ -240,28 +196,34 @@ def _apply(meta: dict, spec: dict, previous: Injection, desired: Injection) -> I
     return Injection(required, preferred_owned[0] if preferred_owned else None, tuple(spread_owned), env, label)
 
 
-def _apply_required(spec: dict, previous: tuple[dict, ...], desired: tuple[dict, ...]) -> tuple[dict, ...]:
+def _apply_required(spec: dict, previous: tuple[tuple[dict, ...], ...],
+                    desired: tuple[tuple[dict, ...], ...]) -> tuple[tuple[dict, ...], ...]:
+    """Our expressions in every nodeSelectorTerm (terms are ORed), reconciled term by term with
+    what the record says we put in that very term. An empty term `{}` matches no node, so it
+    stays empty. Returns, per term, the expressions we now own there."""
+    want = desired[0] if desired else ()
     terms = _get(spec, _REQUIRED + ("nodeSelectorTerms",))
     if not terms:
-        if not desired:
+        if not want:
             return ()
-        _put(spec, _REQUIRED + ("nodeSelectorTerms",), [{"matchExpressions": _copy(list(desired))}])
-        return desired
-    owned: list[dict] = []
+        _put(spec, _REQUIRED + ("nodeSelectorTerms",), [{"matchExpressions": _copy(list(want))}])
+        return (want,)
+    owned: list[tuple[dict, ...]] = []
     kept = []
-    for term in terms:
-        if not isinstance(term, dict):
-            kept.append(term)
+    for position, term in enumerate(terms):
+        ours = previous[position] if position < len(previous) else ()
+        if not isinstance(term, dict) or not (term.get("matchExpressions") or term.get("matchFields")):
+            kept.append(term)  # matches no node: adding to it would make it match ours
+            owned.append(())
             continue
-        items, mine = _reconcile(term.get("matchExpressions") or [], list(previous), list(desired), _canonical)
-        owned.extend(e for e in mine if e not in owned)
-        emptied = not items and not term.get("matchFields") and term.get("matchExpressions")
-        if emptied:
+        items, mine = _reconcile(term.get("matchExpressions") or [], list(ours), list(want), _canonical)
+        if not items and not term.get("matchFields"):
             continue  # a term that held only our expressions was ours
         _put(term, ("matchExpressions",), items)
         kept.append(term)
+        owned.append(tuple(mine))
     _put(spec, _REQUIRED + ("nodeSelectorTerms",), kept)
-    return tuple(e for e in desired if e in owned)
+    return tuple(owned) if any(owned) else ()
 
 
 def _apply_label(meta: dict, previous: str | None, desired: str | None) -> str | None:
@@ -342,14 +304,6 @@ def _copy(node: Any) -> Any:
 
 def _containers(spec: Mapping) -> list[dict]:
     return [c for key in ("initContainers", "containers") for c in spec.get(key) or () if isinstance(c, dict)]
-
-
-def _template_annotations(obj: Mapping, kind: str) -> Mapping:
-    """The pod template's annotations; {} when absent or not a map (a DELETE's stored object is
-    not shape-checked)."""
-    meta = (pod_template(kind, obj) or {}).get("metadata")
-    annotations = _annotations(meta) if isinstance(meta, Mapping) else {}
-    return annotations if isinstance(annotations, Mapping) else {}
 
 
 def _annotations(meta: Mapping) -> Mapping:

@@ -15,6 +15,7 @@ Pure: takes the object as the API sends it and returns values. How many GPUs a w
 """
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any, Mapping
 
 from .config import Config
 from .gpus import parse_bandwidth_gbps, pod_gpus
+from .injection import OUTPUT_ANNOTATIONS
 from .model import ANNOTATION_PREFIX, PlacementRequest, Strategy
 from .resources import pod_requests
 
@@ -30,6 +32,8 @@ STRATEGY = ANNOTATION_PREFIX + "placement-strategy"
 LATENCY_SENSITIVE = ANNOTATION_PREFIX + "latency-sensitive"
 PREFERRED_DOMAIN = ANNOTATION_PREFIX + "preferred-domain"
 NETWORK_BANDWIDTH = ANNOTATION_PREFIX + "network-bandwidth"
+INPUT_ANNOTATIONS = (GPU_COUNT, STRATEGY, LATENCY_SENSITIVE, PREFERRED_DOMAIN, NETWORK_BANDWIDTH)
+MAX_GPU_COUNT_DIGITS = 7  # ten million GPUs: beyond any cluster, and far below Python's int parsing limit
 
 # Kinds we read, by API group, and where each keeps its pod template (() is the Pod itself).
 TEMPLATE_PATHS: Mapping[str, tuple[str, ...]] = {
@@ -75,10 +79,12 @@ class InvalidAnnotation(InvalidWorkload):
 
 @dataclass(frozen=True)
 class Workload:
-    """What one object asks for. `request` is None when it asks for no GPUs (nothing to place)."""
+    """What one object asks for. `request` is None when there is nothing to place, and `idle`
+    says why ("runs no pods now (spec.replicas: 0)", "requests no nvidia.com/gpu")."""
 
     request: PlacementRequest | None
     warnings: tuple[str, ...] = ()
+    idle: str = ""
 
 
 def supports(group: str, kind: str) -> bool:
@@ -156,9 +162,13 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
         per_pod = pod_gpus(spec)
     except ValueError as err:
         raise InvalidWorkload(f"{who}: nvidia.com/gpu request {err}; allowed: a whole number of GPUs") from None
-    pods, gpus_per_pod, warnings = _size(kind, who, per_pod, _running(kind, obj, who), annotations.get(GPU_COUNT))
+    running = _running(kind, obj, who)
+    pods, gpus_per_pod, warnings = _size(kind, who, per_pod, running, annotations.get(GPU_COUNT))
+    warnings = _unknown_annotations(who, annotations) + warnings
     if pods == 0 or gpus_per_pod == 0:
-        return Workload(None, tuple(warnings))
+        idle = (f"runs no pods now ({_COUNT_FIELDS.get(kind, 'spec.replicas')}: 0), so nothing to place until it "
+                "is scaled up" if running == 0 else "requests no nvidia.com/gpu; nothing to place")
+        return Workload(None, tuple(warnings), idle)
     request = PlacementRequest(
         workload=who,
         pods=pods,
@@ -168,11 +178,27 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
         preferred_domain=_preferred_domain(who, annotations.get(PREFERRED_DOMAIN)),
         min_bandwidth_gbps=_bandwidth(who, annotations.get(NETWORK_BANDWIDTH)),
         node_selector={str(k): str(v) for k, v in _mapping(spec.get("nodeSelector")).items()},
-        required_node_terms=_required_terms(spec),
+        required_node_terms=_required_terms(who, spec),
         tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, Mapping)),
         resources=tuple(sorted(pod_requests(spec).items())),
     )
     return Workload(request, tuple(warnings))
+
+
+_COUNT_FIELDS = {"Job": "spec.parallelism", "CronJob": "spec.jobTemplate.spec.parallelism"}
+
+
+def _unknown_annotations(who: str, annotations: Mapping) -> list[str]:
+    """A warning for each topology.scheduler/ key we neither read nor write: a typo is otherwise
+    silently ignored."""
+    known = INPUT_ANNOTATIONS + OUTPUT_ANNOTATIONS
+    warnings = []
+    for key in sorted(str(k) for k in annotations if str(k).startswith(ANNOTATION_PREFIX) and k not in known):
+        guess = difflib.get_close_matches(key, INPUT_ANNOTATIONS, n=1, cutoff=0.8)
+        hint = f"did you mean {guess[0]}?" if guess else \
+            f"known: {', '.join(k.removeprefix(ANNOTATION_PREFIX) for k in INPUT_ANNOTATIONS)}"
+        warnings.append(f"{who}: annotation {_quote(key)[1:-1]} is not one of ours and is ignored; {hint}")
+    return warnings
 
 
 def _running(kind: str, obj: Mapping, who: str) -> int:
@@ -218,6 +244,9 @@ def _size(kind: str, who: str, per_pod: int, running: int, gpu_count: object) ->
 
 def _positive(who: str, value: object) -> int:
     text = str(value).strip()
+    if re.fullmatch(r"\d+", text) and len(text.lstrip("0")) > MAX_GPU_COUNT_DIGITS:
+        raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={_quote(value)} ({len(text)} digits) is not allowed; "
+                                f"allowed: a whole number of GPUs from 1 to {10 ** MAX_GPU_COUNT_DIGITS - 1}")
     if not re.fullmatch(r"\d+", text) or int(text) <= 0:
         raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={_quote(value)} is not allowed; "
                                 "allowed: a whole number of GPUs greater than 0, e.g. \"8\"")
@@ -266,10 +295,18 @@ def _bandwidth(who: str, value: object) -> float | None:
     return gbps
 
 
-def _required_terms(spec: Mapping) -> tuple[Mapping, ...]:
+def _required_terms(who: str, spec: Mapping) -> tuple[Mapping, ...]:
+    """The required nodeSelectorTerms that can match a node. Kubernetes reads an empty term `{}`
+    as matching no node, so it adds nothing to the ORed terms; when every term is empty the pod
+    can never be scheduled, which is denied here rather than placed."""
     node_affinity = _mapping(_mapping(spec.get("affinity")).get("nodeAffinity"))
     required = _mapping(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
-    return tuple(t for t in required.get("nodeSelectorTerms") or () if isinstance(t, Mapping))
+    terms = [t for t in required.get("nodeSelectorTerms") or () if isinstance(t, Mapping)]
+    matching = tuple(t for t in terms if t.get("matchExpressions") or t.get("matchFields"))
+    if terms and not matching:
+        raise InvalidWorkload(f"{who}: every required nodeSelectorTerm is empty, and an empty term matches no "
+                              "node, so no node can run it; allowed: terms with matchExpressions or matchFields")
+    return matching
 
 
 def _check(value: Any, shape: Any, path: str, who: str, item: bool = False) -> None:

@@ -1,0 +1,114 @@
+"""Reinvocation as a property: over generated workloads with arbitrary existing node affinity,
+spread constraints and env, applying the webhook to its own output changes nothing, what we
+added comes off exactly, and the nodes the pod may run on after mutation are a subset of the
+nodes the user's own rules allow (evaluated with Kubernetes' semantics on the demo cluster)."""
+import uuid
+
+import jsonpatch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from webhook import admission, demo, mutation
+from webhook.admission import make_review
+from webhook.cli import cluster_view, response_patch
+from webhook.config import Config
+
+
+
+CONFIG = Config()
+NODES, PODS = demo.demo_cluster()
+LABELS = {n["metadata"]["name"]: {**n["metadata"]["labels"], "kubernetes.io/hostname": n["metadata"]["name"]}
+          for n in NODES}
+KEYS = sorted({"topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf",
+               "kubernetes.io/hostname", "example.com/absent"})
+VALUES = sorted({v for labels in LABELS.values() for k, v in labels.items() if k in KEYS})
+
+
+# ----- Kubernetes' node selection, as kube-scheduler evaluates it --------------------------------
+
+def expression_matches(expr: dict, labels: dict) -> bool:
+    key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+    if op == "In":
+        return key in labels and labels[key] in values
+    if op == "NotIn":
+        return key not in labels or labels[key] not in values
+    if op == "Exists":
+        return key in labels
+    return key not in labels  # DoesNotExist
+
+
+def term_matches(term: dict, labels: dict) -> bool:
+    """An empty term (no expressions, no fields) matches no node."""
+    expressions = term.get("matchExpressions") or []
+    return bool(expressions or term.get("matchFields")) and all(expression_matches(e, labels) for e in expressions)
+
+
+def allowed_nodes(pod: dict) -> set[str]:
+    spec = pod["spec"]
+    terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms")
+    selector = spec.get("nodeSelector") or {}
+    return {name for name, labels in LABELS.items()
+            if all(labels.get(k) == v for k, v in selector.items())
+            and (terms is None or any(term_matches(t, labels) for t in terms))}
+
+
+# ----- generated workloads ------------------------------------------------------------------------
+
+expression = st.builds(
+    lambda key, op, values: {"key": key, "operator": op, **({"values": values} if op in ("In", "NotIn") else {})},
+    st.sampled_from(KEYS), st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist"]),
+    st.lists(st.sampled_from(VALUES), min_size=1, max_size=3, unique=True))
+term = st.one_of(st.just({}), st.builds(lambda e: {"matchExpressions": e}, st.lists(expression, min_size=1, max_size=3)))
+spread = st.builds(lambda key, when: {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": when,
+                                      "labelSelector": {"matchLabels": {"app": "x"}}},
+                   st.sampled_from(KEYS[:4]), st.sampled_from(["DoNotSchedule", "ScheduleAnyway"]))
+env = st.lists(st.builds(lambda name, value: {"name": name, "value": value},
+                         st.sampled_from(["NCCL_P2P_LEVEL", "CUDA_DEVICE_ORDER", "NCCL_IB_DISABLE", "OTHER"]),
+                         st.sampled_from(["NVL", "SYS", "0", "PCI_BUS_ID"])),
+               max_size=3, unique_by=lambda e: e["name"])
+
+
+@st.composite
+def workloads(draw) -> dict:
+    gpus = draw(st.sampled_from([1, 2, 4, 8]))
+    annotations = {"topology.scheduler/placement-strategy": draw(st.sampled_from(["consolidated", "distributed",
+                                                                                  "balanced"]))}
+    if draw(st.booleans()):
+        annotations["topology.scheduler/latency-sensitive"] = "true"
+    pod = demo.make_pod(draw(st.sampled_from(["a", "b"])), None, gpus, namespace="ml", annotations=annotations)
+    del pod["status"], pod["metadata"]["uid"]
+    spec = pod["spec"]
+    node_affinity = {}
+    terms = draw(st.lists(term, max_size=3))
+    if terms:
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": terms}
+    preferred = draw(st.lists(st.builds(lambda e: {"weight": 10, "preference": {"matchExpressions": e}},
+                                        st.lists(expression, min_size=1, max_size=2)), max_size=2))
+    if preferred:
+        node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
+    if node_affinity:
+        spec["affinity"] = {"nodeAffinity": node_affinity}
+    constraints = draw(st.lists(spread, max_size=2, unique_by=lambda c: (c["topologyKey"], c["whenUnsatisfiable"])))
+    if constraints:
+        spec["topologySpreadConstraints"] = constraints
+    variables = draw(env)
+    if variables:
+        spec["containers"][0]["env"] = variables
+    return pod
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_the_second_application_is_a_no_op_and_never_widens_where_the_pod_may_run(pod):
+    index, _ = cluster_view(CONFIG, (NODES, PODS))
+    first = admission.review(make_review(pod, uid=str(uuid.uuid4())), index, CONFIG)
+    assert first.outcome != "failed-open", first.error
+    response = first.review["response"]
+    if not response["allowed"]:
+        return
+    mutated = jsonpatch.apply_patch(pod, response_patch(response))
+    assert allowed_nodes(mutated) <= allowed_nodes(pod)
+    assert mutation.without_injection(mutated, "Pod") == pod  # what we added comes off exactly
+    second = admission.review(make_review(mutated, uid=str(uuid.uuid4())), index, CONFIG)
+    assert second.review["response"]["allowed"] and response_patch(second.review["response"]) == []

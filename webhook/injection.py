@@ -1,0 +1,93 @@
+"""What is ours in a pod template: the record of what the webhook added, and the names it writes.
+
+Every item we add to a pod template is recorded in the template annotation
+`topology.scheduler/injected`, per place: the required node-affinity expressions per
+nodeSelectorTerm (by position), the one preferred term, the spread constraints, the env per
+container, the workload label. Only what is recorded is ever changed or removed by a later pass,
+so a user's item is never taken for ours, even when it is identical to one we add elsewhere (the
+same expression in another ORed term, say). Both the reading side (workload: which annotations
+are ours) and the writing side (mutation) use this module; it holds no logic of either.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .model import ANNOTATION_PREFIX
+
+PLACEMENT = ANNOTATION_PREFIX + "placement"
+GPU_IDS = ANNOTATION_PREFIX + "gpu-ids"
+RESERVATION = ANNOTATION_PREFIX + "reservation"
+INJECTED = ANNOTATION_PREFIX + "injected"
+WORKLOAD_LABEL = ANNOTATION_PREFIX + "workload"
+OUTPUT_ANNOTATIONS = (PLACEMENT, GPU_IDS, RESERVATION, INJECTED)
+_REQUIRED_TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
+_PREFERRED = ("affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
+
+
+@dataclass(frozen=True)
+class Injection:
+    """What we own in a pod template: compared by equality, so a user's edit makes it theirs."""
+
+    required: tuple[tuple[dict, ...], ...] = ()  # per nodeSelectorTerm, by position: expressions we added
+    preferred: dict | None = None  # one preferredDuringScheduling entry
+    spread: tuple[dict, ...] = ()  # topologySpreadConstraints
+    env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # container -> {name: value}
+    label: str | None = None  # value of WORKLOAD_LABEL, when we added it
+
+    def dumps(self) -> str:
+        required = [list(term) for term in self.required] if any(self.required) else None
+        data = {"required_terms": required, "preferred": self.preferred, "spread": list(self.spread),
+                "env": {c: dict(v) for c, v in self.env.items() if v}, "label": self.label}
+        return json.dumps({k: v for k, v in data.items() if v}, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def loads(cls, text: object) -> "Injection":
+        """The record of a template; anything unreadable means we own nothing there."""
+        try:
+            data = json.loads(text) if isinstance(text, str) else {}
+            env = {str(c): {str(k): str(v) for k, v in names.items()} for c, names in data.get("env", {}).items()}
+            required = tuple(tuple(e for e in term if isinstance(e, dict)) for term in data.get("required_terms", ()))
+            return cls(required, data.get("preferred"), tuple(data.get("spread", ())), env, data.get("label"))
+        except (ValueError, TypeError, AttributeError):
+            return cls()
+
+
+def annotations(template: Mapping | None) -> Mapping:
+    """The template's annotations; {} when absent or not a map (a DELETE's stored object is not
+    shape-checked)."""
+    meta = (template or {}).get("metadata")
+    found = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return found if isinstance(found, Mapping) else {}
+
+
+def recorded(template: Mapping | None) -> Injection:
+    return Injection.loads(annotations(template).get(INJECTED))
+
+
+def reservation_of(template: Mapping | None) -> str | None:
+    """The reservation key written on the pod template when the workload was placed."""
+    key = annotations(template).get(RESERVATION)
+    return str(key) if key else None
+
+
+def already_placed(template: Mapping | None) -> bool:
+    """The template carries our placement summary and every item we recorded, where we put it."""
+    if PLACEMENT not in annotations(template):
+        return False
+    record = recorded(template)
+    spec = (template or {}).get("spec") or {}
+    terms = _get(spec, _REQUIRED_TERMS) or []
+    pinned = len(record.required) <= len(terms) and all(
+        isinstance(term, dict) and all(e in (term.get("matchExpressions") or []) for e in ours)
+        for term, ours in zip(terms, record.required))
+    preferred = record.preferred is None or record.preferred in (_get(spec, _PREFERRED) or [])
+    spread = all(c in (spec.get("topologySpreadConstraints") or []) for c in record.spread)
+    return pinned and preferred and spread
+
+
+def _get(node: object, path: tuple[str, ...]) -> object:
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
