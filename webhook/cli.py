@@ -23,6 +23,7 @@ import yaml
 from . import __version__, admission, certs, demo, discovery
 from .app import Readiness, create_app
 from .cluster import ClusterIndex
+from .claims import DEFAULT_BUDGET_SECONDS
 from .clusterview import LiveClusterView, api_client_from
 from .config import DEFAULT_PORT, ConfigError, Config, load_config
 from .manifests import ManifestError, read_objects
@@ -112,6 +113,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     bind = parse_bind(args.bind)
     cert, key = serving_certs(args)
     live = live_source(args)
+    if args.claims_namespace and not live:
+        raise UsageError("--claims-namespace shares holds through the API: it needs the live cluster view")
+    if not args.claims_budget > 0:
+        raise UsageError(f"--claims-budget {args.claims_budget} must be a positive number of seconds")
     if live:
         api_client_from(args.kubeconfig)  # a bad kubeconfig stops start-up here, in one line
     cluster = None if live else read_cluster(args)
@@ -121,7 +126,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def build_app():  # runs in each worker, after the fork, so the watch threads start there
         metrics = Metrics.create(options.multiprocess_dir)
         if live:
-            view = LiveClusterView(config, api_client_from(args.kubeconfig))
+            view = LiveClusterView(config, api_client_from(args.kubeconfig), claims_namespace=args.claims_namespace,
+                                   claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc)
             view.start()
             return create_app(config, view.index, view.readiness, metrics)
         index, readiness = cluster_view(config, cluster)
@@ -236,6 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"worker processes, {THREADS_PER_WORKER} threads each (default: 1). With N > 1 each "
                             "process has its own cluster view and reservations, so two workloads admitted by "
                             "different processes at the same moment can be placed on the same free GPUs")
+    serve.add_argument("--claims-namespace", metavar="NS",
+                       help="share pending holds with the other replicas through a Lease in NS (the release "
+                            "namespace), so two replicas never place on the same free GPUs; live view only")
+    serve.add_argument("--claims-budget", metavar="SECONDS", type=float, default=DEFAULT_BUDGET_SECONDS,
+                       help="how long an admission may spend agreeing with the other replicas before it decides "
+                            "alone, with a warning (default: %(default)s)")
     serve.set_defaults(func=cmd_serve)
 
     mutate = subparsers.add_parser(

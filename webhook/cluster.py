@@ -263,6 +263,7 @@ class ClusterIndex:
         self.config = config
         self.lock = threading.RLock()
         self.ledger = ReservationLedger(config.reservation_ttl_seconds, clock)
+        self.claims = None  # placer.SharedClaims when replicas share their holds (set by the live view)
         self.width = width  # largest GPU count of any node seen; aggregates are sized to it
         self.root = Domain(DomainRef(-1, "cluster", ()), None, width)
         self.levels: list[dict[tuple, Domain]] = [{} for _ in config.levels]  # per level: path -> domain

@@ -16,7 +16,9 @@ Per kind (nodes, pods) one daemon thread runs the reflector loop:
    after a capped exponential backoff with jitter; `410 Gone` (an HTTP 410, or an ERROR event
    with code 410) means that resourceVersion is compacted away: relist (step 1) at once.
 
-A third thread expires reservations whose time-to-live has passed.
+A third thread expires reservations whose time-to-live has passed. When replicas share their
+claims (`claims_namespace`), a third stream lists and watches the claims Lease in that namespace
+the same way and applies each version to the ledger (webhook/claims.py).
 
 Objects are handled as the plain dicts the API sends (the shape `ClusterIndex` reads): watch
 events are not turned into client model objects, which would cost far more than the index
@@ -24,6 +26,7 @@ update itself. Nothing happens at import time.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -38,6 +41,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims
 from .cluster import ClusterIndex, pod_key
 from .config import Config, ConfigError
 
@@ -87,7 +91,7 @@ class Backoff:
 class StreamStatus:
     """One kind's list+watch state, for readiness, metrics and logs."""
 
-    kind: str  # "nodes" or "pods"
+    kind: str  # "nodes", "pods" or "leases"
     synced: bool  # a full list has been applied at least once
     resource_version: str | None  # where the next watch starts; None means a relist is due
     seconds_since_progress: float | None  # None before the first successful list
@@ -164,7 +168,9 @@ class LiveClusterView:
                  clock: Callable[[], float] = time.monotonic, *, backoff_base: float = 0.5,
                  backoff_cap: float = 30.0, rng: random.Random | None = None,
                  watch_timeout_seconds: int | None = None, page_size: int = LIST_PAGE_SIZE,
-                 expire_interval_seconds: float = EXPIRE_INTERVAL_SECONDS) -> None:
+                 expire_interval_seconds: float = EXPIRE_INTERVAL_SECONDS, claims_namespace: str | None = None,
+                 claims_budget_seconds: float = DEFAULT_BUDGET_SECONDS,
+                 on_alone: Callable[[], None] = lambda: None) -> None:
         self.config = config
         self.clock = clock
         self.index = ClusterIndex(config, clock=clock)
@@ -175,7 +181,7 @@ class LiveClusterView:
         self.expire_interval_seconds = expire_interval_seconds
         rng = rng or random.Random()
         self._backoff = {kind: Backoff(backoff_base, backoff_cap, random.Random(rng.random()))
-                         for kind in ("nodes", "pods")}
+                         for kind in ("nodes", "pods", "leases")}
         core = k8s_client.CoreV1Api(api_client)
         index = self.index
         self._streams = (
@@ -185,6 +191,15 @@ class LiveClusterView:
             _Stream("pods", core.list_pod_for_all_namespaces, pod_key, index.upsert_pod, index.delete_pod,
                     lambda: set(index.pod_nodes), lambda key: index.delete_pod({"metadata": {"uid": key}})),
         )
+        if claims_namespace:
+            claims = index.claims = ApiClaims(index, api_client, claims_namespace, claims_budget_seconds,
+                                              on_alone=on_alone)
+            # Only the claims Lease: other Leases of the namespace (leader elections) are none of ours.
+            leases = functools.partial(k8s_client.CoordinationV1Api(api_client).list_namespaced_lease,
+                                       claims_namespace, field_selector=f"metadata.name={LEASE_NAME}")
+            self._streams += (_Stream(
+                "leases", leases, lambda lease: (lease.get("metadata") or {}).get("name", ""), claims.apply,
+                claims.deleted, claims.names, claims.forget),)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -209,7 +224,7 @@ class LiveClusterView:
         return not any(thread.is_alive() for thread in self._threads)
 
     def wait_synced(self, timeout: float) -> bool:
-        """Block until both kinds have been listed once, or `timeout` seconds pass."""
+        """Block until every kind has been listed once, or `timeout` seconds pass."""
         deadline = time.monotonic() + timeout
         while not all(s.synced for s in self._streams):
             if time.monotonic() >= deadline or self._stop.wait(0.02):
@@ -218,7 +233,7 @@ class LiveClusterView:
 
     # ---- what callers read -----------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
-        """(ready, why): not ready until both kinds are listed, or once either makes no progress."""
+        """(ready, why): not ready until every kind is listed, or once any makes no progress."""
         for stream in self._streams:
             if not stream.synced:
                 detail = f"last error: {stream.last_error}" if stream.last_error else "list in progress"

@@ -1,0 +1,242 @@
+"""Claims shared by replicas through the Kubernetes API: one Lease, written with compare-and-swap.
+
+Between admitting a workload and its controller creating pods, the only record of its GPUs is
+the hold in the replica that placed it. To make every replica count it, the placing replica
+writes it into one `coordination.k8s.io/v1` Lease in the release namespace (annotation
+`topology.scheduler/claims`: reservation key -> node -> GPU sets, and when the claim lapses),
+replacing the Lease at the resourceVersion its decision was made against. A 409 means another
+replica wrote first: read the Lease, decide again. Every replica watches the Lease (the view's
+third stream), so reading it costs nothing on the admission path, and applies each new version
+to its ledger: a claim it has not seen becomes a hold (for what is left of its time), a claim it
+had seen that is gone is released (deleted through another replica, or done there).
+
+A writer keeps the claims of the version it replaces, less those its own ledger no longer holds
+(pods bound, expired, released): so the Lease carries only what is still in the gap, and one
+write per placed workload is all it costs. Pods carry the placement afterwards (holds from the
+pod watch), so a claim need not outlive its pods' creation by much.
+
+Why one Lease for every claim, not one per workload or per domain: a compare-and-swap on one
+object is what makes "no two claims share a GPU" hold with one write; one Lease per workload
+excludes nothing, and one per domain needs several writes for a workload that spans domains.
+The price: claims are serialized through one object (one apiserver write each), and the
+annotation limit (256 KiB) bounds the claims pending at once to about two thousand.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Callable
+
+from kubernetes import client as k8s_client
+from kubernetes.client.exceptions import ApiException
+
+from .cluster import ClusterIndex
+from .gpus import format_gpu_set, parse_nvlink_domains
+from .placer import CONFLICT
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "topology-webhook-claims"
+CLAIMS_ANNOTATION = "topology.scheduler/claims"
+DEFAULT_BUDGET_SECONDS = 2.0
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, ApiException):
+        return f"HTTP {err.status} {str(err.reason or '').strip()}".strip()
+    cause = getattr(err, "reason", None)  # urllib3 wraps the failure that counts
+    return type(cause if isinstance(cause, BaseException) else err).__name__
+
+
+def read_claims(lease: dict | None) -> dict[str, dict]:
+    """The claims a Lease carries: key -> {"expires": unix seconds, "sets": {node: ["0-7", ...]}}.
+    A claim that cannot be read is left out (logged): it must not stop the others."""
+    text = (((lease or {}).get("metadata") or {}).get("annotations") or {}).get(CLAIMS_ANNOTATION)
+    if not text:
+        return {}
+    try:
+        claims = json.loads(text)
+    except ValueError:
+        log.warning("lease %s: annotation %s is not JSON; ignoring its claims", LEASE_NAME, CLAIMS_ANNOTATION)
+        return {}
+    readable = {}
+    for key, claim in claims.items() if isinstance(claims, dict) else ():
+        try:
+            _sets_of(claim)
+            if not isinstance(claim["expires"], (int, float)):
+                raise TypeError("expires is not a number")
+            readable[key] = claim
+        except (ValueError, TypeError, KeyError, AttributeError):
+            log.warning("lease %s: claim %s cannot be read; ignoring it", LEASE_NAME, key)
+    return readable
+
+
+def _sets_of(claim: dict) -> dict[str, list[tuple[int, ...]]]:
+    """node -> GPU sets of a claim; raises on anything else."""
+    return {str(node): [tuple(i for d in parse_nvlink_domains(text) for i in d) for text in sets]
+            for node, sets in claim["sets"].items()}
+
+
+class ApiClaims:
+    """This replica's side of the shared claims, over one index.
+
+    `lock` lets one admission of this replica claim at a time (its writes would otherwise
+    conflict with each other); what was last applied is read and changed under the index's lock.
+    """
+
+    def __init__(self, index: ClusterIndex, api_client: k8s_client.ApiClient, namespace: str,
+                 budget_seconds: float = DEFAULT_BUDGET_SECONDS, wall: Callable[[], float] = time.time,
+                 on_alone: Callable[[], None] = lambda: None) -> None:
+        self.index = index
+        self.api = k8s_client.CoordinationV1Api(api_client)
+        self.namespace = namespace
+        self.budget_seconds = budget_seconds
+        self.identity = f"{socket.gethostname()}-{os.getpid()}"
+        self.wall = wall
+        self.on_alone = on_alone
+        self.lock = threading.Lock()
+        self._lease: dict | None = None  # the newest version applied; None while there is none
+        self._version = 0  # its resourceVersion
+        self._applied: dict[str, dict] = {}  # claims of that version, as applied to the ledger
+
+    # ---- what the placer calls (placer.SharedClaims) ----------------------------------------
+    def turn(self, deadline: float) -> bool:
+        return self.lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+
+    def done(self) -> None:
+        self.lock.release()
+
+    def alone(self, what: str, why: str) -> str:
+        self.on_alone()
+        log.warning("claims: %s decided alone: not agreed with other replicas within %.1fs (%s)", what,
+                    self.budget_seconds, why)
+        return (f"topology-webhook: {what} decided without the other replicas ({why} within "
+                f"{self.budget_seconds:g}s); another replica may place work on the same GPUs")
+
+    # ---- reading: watch events, own writes, reads after a conflict ---------------------------
+    def apply(self, lease: dict | None, version: str | None = None) -> None:
+        """Make the ledger agree with a version of the Lease (None: it was deleted at `version`).
+        Older versions than one already applied are ignored (a watch event behind our write)."""
+        meta = (lease or {}).get("metadata") or {}
+        if lease is not None and meta.get("name") != LEASE_NAME:
+            return
+        number = int(version or meta.get("resourceVersion") or 0)
+        with self.index.lock:
+            if number and number <= self._version:
+                return
+            self._version = number or self._version
+            self._lease = lease
+            claims = read_claims(lease)
+            now = self.wall()
+            for key, claim in claims.items():
+                if self._applied.get(key) != claim and claim["expires"] > now:
+                    self.index.reserve(key, _sets_of(claim), ttl=claim["expires"] - now)
+            for key in self._applied.keys() - claims.keys():
+                self.index.release(key)
+            self._applied = claims
+
+    def deleted(self, lease: dict) -> None:
+        """A watch's DELETED event."""
+        meta = lease.get("metadata") or {}
+        if meta.get("name") == LEASE_NAME:
+            self.apply(None, meta.get("resourceVersion"))
+
+    def forget(self, _name: str = LEASE_NAME) -> None:
+        """The Lease is gone (a relist without it)."""
+        self.apply(None)
+
+    def names(self) -> set[str]:
+        return {LEASE_NAME} if self._lease is not None else set()
+
+    def basis(self) -> int:
+        """The version a decision is made against (read under the index lock)."""
+        return self._version
+
+    def _refresh(self, deadline: float) -> None:
+        try:
+            response = self.api.read_namespaced_lease(LEASE_NAME, self.namespace, _preload_content=False,
+                                                      _request_timeout=max(0.05, deadline - time.monotonic()))
+            self.apply(json.loads(response.data))
+        except ApiException as err:
+            if err.status == 404:
+                with self.index.lock:
+                    found = self._lease is not None
+                if found:
+                    self.apply(None)
+                return
+            log.warning("claims: reading lease %s/%s failed (%s)", self.namespace, LEASE_NAME, _describe(err))
+        except Exception as err:  # noqa: BLE001 - transport failures: the caller's deadline decides
+            log.warning("claims: reading lease %s/%s failed (%s)", self.namespace, LEASE_NAME, _describe(err))
+
+    # ---- writing -----------------------------------------------------------------------------
+    def claim(self, key: str, basis: int, deadline: float) -> str | None:
+        """Share the ledger's hold of `key`, decided at version `basis`. None when written;
+        CONFLICT when another replica wrote first (the Lease is read again: decide again);
+        otherwise why it could not be written."""
+        with self.index.lock:
+            if basis != self._version:
+                return CONFLICT  # a newer version arrived while deciding: no write can win
+            hold = self.index.ledger.holds.get(key)
+            claims = self._kept()
+            if hold is not None:
+                claims[key] = {"expires": round(hold.expires_at - self.index.ledger.clock() + self.wall(), 3),
+                               "sets": {node: [format_gpu_set(s) for s in sets] for node, sets in hold.sets.items()}}
+            body = self._body(claims)
+        return self._write(body, deadline)
+
+    def unclaim(self, key: str, deadline: float) -> str | None:
+        """Take `key`'s claim out of the Lease (its workload was deleted here), retrying on 409
+        until `deadline`. None when done or when there was nothing to take out."""
+        while True:
+            with self.index.lock:
+                if key not in self._applied:
+                    return None
+                claims = self._kept()
+                claims.pop(key, None)
+                body = self._body(claims)
+            problem = self._write(body, deadline)
+            if problem != CONFLICT or time.monotonic() >= deadline:
+                return problem
+
+    def _kept(self) -> dict[str, dict]:
+        """The applied claims this ledger still holds and whose time has not run out."""
+        now = self.wall()
+        return {key: claim for key, claim in self._applied.items()
+                if key in self.index.ledger.holds and claim["expires"] > now}
+
+    def _body(self, claims: dict[str, dict]) -> dict:
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        metadata: dict = {"name": LEASE_NAME, "namespace": self.namespace,
+                          "labels": {"app.kubernetes.io/managed-by": "topology-webhook"},
+                          "annotations": {CLAIMS_ANNOTATION: json.dumps(claims, sort_keys=True, separators=(",", ":"))}}
+        if self._lease is not None:
+            metadata["resourceVersion"] = self._lease["metadata"]["resourceVersion"]
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
+                "spec": {"holderIdentity": self.identity, "renewTime": now,
+                         "leaseDurationSeconds": int(self.index.ledger.ttl_seconds)}}
+
+    def _write(self, body: dict, deadline: float) -> str | None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return "no time left"
+        try:
+            if "resourceVersion" in body["metadata"]:
+                response = self.api.replace_namespaced_lease(LEASE_NAME, self.namespace, body,
+                                                             _preload_content=False, _request_timeout=left)
+            else:
+                response = self.api.create_namespaced_lease(self.namespace, body, _preload_content=False,
+                                                            _request_timeout=left)
+        except ApiException as err:
+            if err.status == 409:
+                self._refresh(deadline)
+                return CONFLICT
+            return _describe(err)
+        except Exception as err:  # noqa: BLE001 - timeouts and refused connections: decide alone
+            return _describe(err)
+        self.apply(json.loads(response.data))
+        return None
