@@ -23,6 +23,7 @@ annotation limit (256 KiB) bounds the claims pending at once to about two thousa
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import logging
@@ -93,7 +94,11 @@ class ApiClaims:
                  budget_seconds: float = DEFAULT_BUDGET_SECONDS, wall: Callable[[], float] = time.time,
                  on_alone: Callable[[], None] = lambda: None) -> None:
         self.index = index
-        self.api = k8s_client.CoordinationV1Api(api_client)
+        # A client of its own: no retries (urllib3 would repeat a timed-out PUT three times, past
+        # the budget) and no waiting behind the watches for a pooled connection.
+        configuration = copy.deepcopy(api_client.configuration)
+        configuration.retries = False
+        self.api = k8s_client.CoordinationV1Api(k8s_client.ApiClient(configuration))
         self.namespace = namespace
         self.budget_seconds = budget_seconds
         self.identity = f"{socket.gethostname()}-{os.getpid()}"
