@@ -31,7 +31,7 @@ import os
 import socket
 import threading
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
@@ -54,9 +54,10 @@ def _describe(err: BaseException) -> str:
     return type(cause if isinstance(cause, BaseException) else err).__name__
 
 
-def read_claims(lease: dict | None) -> dict[str, dict]:
+def read_claims(lease: dict | None, known: Mapping[str, dict] | None = None) -> dict[str, dict]:
     """The claims a Lease carries: key -> {"expires": unix seconds, "sets": {node: ["0-7", ...]}}.
-    A claim that cannot be read is left out (logged): it must not stop the others."""
+    A claim that cannot be read is left out (logged): it must not stop the others. Claims equal
+    to one in `known` (read before) are not checked again: a write changes one claim of many."""
     text = (((lease or {}).get("metadata") or {}).get("annotations") or {}).get(CLAIMS_ANNOTATION)
     if not text:
         return {}
@@ -66,7 +67,11 @@ def read_claims(lease: dict | None) -> dict[str, dict]:
         log.warning("lease %s: annotation %s is not JSON; ignoring its claims", LEASE_NAME, CLAIMS_ANNOTATION)
         return {}
     readable = {}
+    known = known or {}
     for key, claim in claims.items() if isinstance(claims, dict) else ():
+        if known.get(key) == claim:
+            readable[key] = claim
+            continue
         try:
             _sets_of(claim)
             if not isinstance(claim["expires"], (int, float)):
@@ -131,12 +136,14 @@ class ApiClaims:
         if lease is not None and meta.get("name") != LEASE_NAME:
             return
         number = int(version or meta.get("resourceVersion") or 0)
+        if number and number <= self._version:
+            return  # read again under the lock below; this spares parsing a version already applied
+        claims = read_claims(lease, self._applied)
         with self.index.lock:
             if number and number <= self._version:
                 return
             self._version = number or self._version
             self._lease = lease
-            claims = read_claims(lease)
             now = self.wall()
             for key, claim in claims.items():
                 if self._applied.get(key) != claim and claim["expires"] > now:
