@@ -47,11 +47,15 @@ CLAIMS_ANNOTATION = "topology.scheduler/claims"
 DEFAULT_BUDGET_SECONDS = 2.0
 
 
-def _describe(err: BaseException) -> str:
+def describe(err: BaseException) -> str:
+    """One line for people: the API's status and reason, or the connection failure."""
     if isinstance(err, ApiException):
         return f"HTTP {err.status} {str(err.reason or '').strip()}".strip()
-    cause = getattr(err, "reason", None)  # urllib3 wraps the failure that counts
-    return type(cause if isinstance(cause, BaseException) else err).__name__
+    cause = getattr(err, "reason", None)  # urllib3's MaxRetryError wraps the failure that counts
+    if isinstance(cause, BaseException):
+        err = cause
+    first = str(err.args[0]) if err.args else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
 def read_claims(lease: dict | None, known: Mapping[str, dict] | None = None) -> dict[str, dict]:
@@ -170,20 +174,16 @@ class ApiClaims:
         return self._version
 
     def _refresh(self, deadline: float) -> None:
+        """Read the Lease now (after a 409: the watch may not have brought the winner's write yet)."""
         try:
             response = self.api.read_namespaced_lease(LEASE_NAME, self.namespace, _preload_content=False,
                                                       _request_timeout=max(0.05, deadline - time.monotonic()))
             self.apply(json.loads(response.data))
-        except ApiException as err:
-            if err.status == 404:
-                with self.index.lock:
-                    found = self._lease is not None
-                if found:
-                    self.apply(None)
-                return
-            log.warning("claims: reading lease %s/%s failed (%s)", self.namespace, LEASE_NAME, _describe(err))
-        except Exception as err:  # noqa: BLE001 - transport failures: the caller's deadline decides
-            log.warning("claims: reading lease %s/%s failed (%s)", self.namespace, LEASE_NAME, _describe(err))
+        except Exception as err:  # noqa: BLE001 - transport failures too: the caller's deadline decides
+            if isinstance(err, ApiException) and err.status == 404:
+                self.apply(None)  # deleted meanwhile: the next write creates it
+            else:
+                log.warning("claims: reading lease %s/%s failed (%s)", self.namespace, LEASE_NAME, describe(err))
 
     # ---- writing -----------------------------------------------------------------------------
     def claim(self, key: str, basis: int, deadline: float) -> str | None:
@@ -247,8 +247,8 @@ class ApiClaims:
             if err.status == 409:
                 self._refresh(deadline)
                 return CONFLICT
-            return _describe(err)
+            return describe(err)
         except Exception as err:  # noqa: BLE001 - timeouts and refused connections: decide alone
-            return _describe(err)
+            return describe(err)
         self.apply(json.loads(response.data))
         return None

@@ -41,7 +41,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims
+from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
 from .cluster import ClusterIndex, pod_key
 from .config import Config, ConfigError
 
@@ -145,17 +145,6 @@ class _Stream:
         self.failures = 0
         self.last_error: str | None = None
         self.watch: _DictWatch | None = None
-
-
-def _describe(err: BaseException) -> str:
-    """One line for people: the API's status and reason, or the connection failure."""
-    if isinstance(err, ApiException):
-        return f"HTTP {err.status} {str(err.reason or '').strip()}".strip()
-    cause = getattr(err, "reason", None)  # urllib3's MaxRetryError wraps the failure that counts
-    if isinstance(cause, BaseException):
-        err = cause
-    first = str(err.args[0]) if err.args else ""
-    return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
 class LiveClusterView:
@@ -279,7 +268,7 @@ class LiveClusterView:
 
     def _failed(self, stream: _Stream, err: BaseException, backoff: Backoff) -> None:
         stream.failures += 1
-        stream.last_error = _describe(err)
+        stream.last_error = describe(err)
         delay = backoff.next_delay()
         log.warning("%s list/watch failed (%s); retrying in %.1fs", stream.kind, stream.last_error, delay)
         self._stop.wait(delay)
