@@ -110,3 +110,13 @@ def test_serve_refuses_claims_it_cannot_keep(flags, message, capsys, tmp_path, m
     (tmp_path / "nodes.yaml").write_text(json.dumps(make_node("n0", LABELS)))
     assert main(["serve", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_claim_decided_before_another_replicas_claims_arrived_is_decided_again_without_a_write(fake, views):
+    a, b = views
+    stale = b.index.claims.basis()
+    place_shared(a.index, whole_node("a"), "ml/Job/a")
+    eventually(lambda: b.index.claims.basis() != stale, what="a's claim on b")
+    writes = len(fake.writes)
+    assert b.index.claims.claim("ml/Job/b", stale, time.monotonic() + 5) == "conflict"
+    assert len(fake.writes) == writes

@@ -87,7 +87,7 @@ def test_two_replicas_never_give_a_node_twice_in_a_concurrent_burst(fake, replic
     assert not any("decided without the other replicas" in w for x in answers for w in x.get("warnings", ()))
     assert metric(a, RESERVED) == metric(b, RESERVED) == NODES * 8
     writes = [w for w in fake.writes if w[2] < 300]
-    assert len(writes) == NODES, "one write per placed workload"
+    assert 0 < len(writes) <= NODES, "at most one write per placed workload (claims decided together share one)"
 
 
 def test_a_replica_restarted_in_the_burst_still_gives_no_node_twice(fake, replicas):

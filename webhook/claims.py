@@ -31,6 +31,7 @@ import os
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from kubernetes import client as k8s_client
@@ -92,11 +93,23 @@ def _sets_of(claim: dict) -> dict[str, list[tuple[int, ...]]]:
             for node, sets in claim["sets"].items()}
 
 
+_WAITING = "waiting"
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A claim decided against version `basis`, waiting for a write; `result` as `claim` answers."""
+
+    key: str
+    basis: int
+    result: str | None = _WAITING
+
+
 class ApiClaims:
     """This replica's side of the shared claims, over one index.
 
-    `lock` lets one admission of this replica claim at a time (its writes would otherwise
-    conflict with each other); what was last applied is read and changed under the index's lock.
+    One thread of this replica writes at a time (its writes would otherwise conflict with each
+    other); what was last applied is read and changed under the index's lock.
     """
 
     def __init__(self, index: ClusterIndex, api_client: k8s_client.ApiClient, namespace: str,
@@ -113,18 +126,17 @@ class ApiClaims:
         self.identity = f"{socket.gethostname()}-{os.getpid()}"
         self.wall = wall
         self.on_alone = on_alone
-        self.lock = threading.Lock()
+        self._cond = threading.Condition()  # guards the queue and the writer's turn
+        self._queue: list[_Pending] = []  # claims decided, waiting for the next write
+        self._writing = False
         self._lease: dict | None = None  # the newest version applied; None while there is none
         self._version = 0  # its resourceVersion
+        # Versions since the last one another replica wrote: only this replica's writes followed
+        # them, so a decision made against any of them is still valid.
+        self._own_since: set[int] = {0}
         self._applied: dict[str, dict] = {}  # claims of that version, as applied to the ledger
 
     # ---- what the placer calls (placer.SharedClaims) ----------------------------------------
-    def turn(self, deadline: float) -> bool:
-        return self.lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
-
-    def done(self) -> None:
-        self.lock.release()
-
     def alone(self, what: str, why: str) -> str:
         self.on_alone()
         log.warning("claims: %s decided alone: not agreed with other replicas within %.1fs (%s)", what,
@@ -133,9 +145,11 @@ class ApiClaims:
                 f"{self.budget_seconds:g}s); another replica may place work on the same GPUs")
 
     # ---- reading: watch events, own writes, reads after a conflict ---------------------------
-    def apply(self, lease: dict | None, version: str | None = None) -> None:
+    def apply(self, lease: dict | None, version: str | None = None, own: bool = False) -> None:
         """Make the ledger agree with a version of the Lease (None: it was deleted at `version`).
-        Older versions than one already applied are ignored (a watch event behind our write)."""
+        Older versions than one already applied are ignored (a watch event behind our write).
+        `own`: the version this replica's write made (only its claims changed). resourceVersions
+        are compared as numbers: the API calls them opaque, etcd's revisions are integers."""
         meta = (lease or {}).get("metadata") or {}
         if lease is not None and meta.get("name") != LEASE_NAME:
             return
@@ -147,6 +161,10 @@ class ApiClaims:
             if number and number <= self._version:
                 return
             self._version = number or self._version
+            if own and len(self._own_since) < 64:
+                self._own_since.add(self._version)
+            else:
+                self._own_since = {self._version}
             self._lease = lease
             now = self.wall()
             for key, claim in claims.items():
@@ -189,31 +207,84 @@ class ApiClaims:
     def claim(self, key: str, basis: int, deadline: float) -> str | None:
         """Share the ledger's hold of `key`, decided at version `basis`. None when written;
         CONFLICT when another replica wrote first (the Lease is read again: decide again);
-        otherwise why it could not be written."""
-        with self.index.lock:
-            if basis != self._version:
-                return CONFLICT  # a newer version arrived while deciding: no write can win
-            hold = self.index.ledger.holds.get(key)
-            claims = self._kept()
-            if hold is not None:
-                claims[key] = {"expires": round(hold.expires_at - self.index.ledger.clock() + self.wall(), 3),
-                               "sets": {node: [format_gpu_set(s) for s in sets] for node, sets in hold.sets.items()}}
-            body = self._body(claims)
-        return self._write(body, deadline)
+        otherwise why it could not be written.
+
+        Claims of this replica are written in batches: while one write is in flight, the claims
+        decided meanwhile wait, and the next write carries them all (each still one write at
+        most). Decisions made against a version that only this replica's own writes followed
+        saw those writes' holds already, so they stay valid."""
+        pending = _Pending(key, basis)
+        with self._cond:
+            self._queue.append(pending)
+        while pending.result is _WAITING:
+            if not self._take_turn(deadline):
+                with self._cond:
+                    if pending in self._queue:
+                        self._queue.remove(pending)
+                return "no time left" if pending.result is _WAITING else pending.result
+            try:
+                if pending.result is _WAITING:
+                    with self._cond:
+                        batch, self._queue = self._queue, []
+                    self._write_batch(batch, deadline)
+            finally:
+                self._end_turn()
+        return pending.result
 
     def unclaim(self, key: str, deadline: float) -> str | None:
         """Take `key`'s claim out of the Lease (its workload was deleted here), retrying on 409
         until `deadline`. None when done or when there was nothing to take out."""
         while True:
-            with self.index.lock:
-                if key not in self._applied:
-                    return None
-                claims = self._kept()
-                claims.pop(key, None)
-                body = self._body(claims)
-            problem = self._write(body, deadline)
+            if not self._take_turn(deadline):
+                return "no time left"
+            try:
+                with self.index.lock:
+                    if key not in self._applied:
+                        return None
+                    claims = self._kept()
+                    claims.pop(key, None)
+                    body = self._body(claims)
+                problem = self._write(body, deadline)
+            finally:
+                self._end_turn()
             if problem != CONFLICT or time.monotonic() >= deadline:
                 return problem
+
+    def _take_turn(self, deadline: float) -> bool:
+        """Become this replica's one writer, waiting until `deadline` at most."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: not self._writing, max(0.0, deadline - time.monotonic())):
+                return False
+            self._writing = True
+            return True
+
+    def _end_turn(self) -> None:
+        with self._cond:
+            self._writing = False
+            self._cond.notify_all()
+
+    def _write_batch(self, batch: list["_Pending"], deadline: float) -> None:
+        """One write for every claim of `batch` decided against what is current."""
+        with self.index.lock:
+            current = []
+            for pending in batch:
+                if pending.basis in self._own_since:
+                    current.append(pending)
+                else:
+                    pending.result = CONFLICT  # another replica's claims arrived after it was decided
+            if not current:
+                return
+            claims = self._kept()
+            for pending in current:
+                hold = self.index.ledger.holds.get(pending.key)
+                if hold is not None:
+                    claims[pending.key] = {
+                        "expires": round(hold.expires_at - self.index.ledger.clock() + self.wall(), 3),
+                        "sets": {node: [format_gpu_set(s) for s in sets] for node, sets in hold.sets.items()}}
+            body = self._body(claims)
+        problem = self._write(body, deadline)
+        for pending in current:
+            pending.result = problem
 
     def _kept(self) -> dict[str, dict]:
         """The applied claims this ledger still holds and whose time has not run out."""
@@ -250,5 +321,5 @@ class ApiClaims:
             return describe(err)
         except Exception as err:  # noqa: BLE001 - timeouts and refused connections: decide alone
             return describe(err)
-        self.apply(json.loads(response.data))
+        self.apply(json.loads(response.data), own=True)
         return None

@@ -24,8 +24,6 @@ class SharedClaims(Protocol):
 
     budget_seconds: float
 
-    def turn(self, deadline: float) -> bool: ...  # this replica's turn to claim, waited for until deadline
-    def done(self) -> None: ...  # end of the turn
     def basis(self) -> int: ...  # the claims version decisions now see (read under the index lock)
     def claim(self, key: str, basis: int, deadline: float) -> str | None: ...  # None, CONFLICT or why not
     def unclaim(self, key: str, deadline: float) -> str | None: ...
@@ -64,22 +62,17 @@ def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None
     if claims is None or key is None:
         return place_and_reserve(index, request, key), []
     deadline = time.monotonic() + claims.budget_seconds
-    if not claims.turn(deadline):
-        return place_and_reserve(index, request, key), [claims.alone(request.workload, "other claims took the budget")]
-    try:
-        while True:
-            with index.lock:
-                decision = place_and_reserve(index, request, key)
-                basis = claims.basis()
-            if decision.outcome is not Outcome.PLACED:
-                return decision, []
-            problem = claims.claim(key, basis, deadline)
-            if problem is None:
-                return decision, []
-            if problem != CONFLICT or time.monotonic() >= deadline:
-                return decision, [claims.alone(request.workload, problem)]
-    finally:
-        claims.done()
+    while True:
+        with index.lock:
+            decision = place_and_reserve(index, request, key)
+            basis = claims.basis()
+        if decision.outcome is not Outcome.PLACED:
+            return decision, []
+        problem = claims.claim(key, basis, deadline)
+        if problem is None:
+            return decision, []
+        if problem != CONFLICT or time.monotonic() >= deadline:
+            return decision, [claims.alone(request.workload, problem)]
 
 
 def release_shared(index: ClusterIndex, key: str) -> None:
@@ -87,13 +80,6 @@ def release_shared(index: ClusterIndex, key: str) -> None:
     index.release(key)
     claims: SharedClaims | None = index.claims
     if claims is not None:
-        deadline = time.monotonic() + claims.budget_seconds
-        if claims.turn(deadline):
-            try:
-                problem = claims.unclaim(key, deadline)
-            finally:
-                claims.done()
-        else:
-            problem = "other claims took the budget"
+        problem = claims.unclaim(key, time.monotonic() + claims.budget_seconds)
         if problem is not None:
             claims.alone(f"the release of {key}", problem)
