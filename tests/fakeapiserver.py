@@ -34,6 +34,7 @@ import copy
 import json
 import re
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -274,6 +275,10 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     fake: FakeApiServer
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that went away is no error
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -11,8 +11,8 @@ to its ledger: a claim it has not seen becomes a hold (for what is left of its t
 had seen that is gone is released (deleted through another replica, or done there).
 
 A writer keeps the claims of the version it replaces, less those its own ledger no longer holds
-(pods bound, expired, released): so the Lease carries only what is still in the gap, and one
-write per placed workload is all it costs. Pods carry the placement afterwards (holds from the
+(pods bound, expired, released): so the Lease carries only what is still in the gap, and at most
+one write per placed workload is all it costs. Pods carry the placement afterwards (holds from the
 pod watch), so a claim need not outlive its pods' creation by much.
 
 Why one Lease for every claim, not one per workload or per domain: a compare-and-swap on one
