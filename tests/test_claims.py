@@ -120,3 +120,12 @@ def test_a_claim_decided_before_another_replicas_claims_arrived_is_decided_again
     writes = len(fake.writes)
     assert b.index.claims.claim("ml/Job/b", stale, time.monotonic() + 5) == "conflict"
     assert len(fake.writes) == writes
+
+
+def test_in_a_pod_claims_default_to_its_own_namespace(tmp_path, monkeypatch):
+    from webhook import clusterview
+
+    monkeypatch.setattr(clusterview, "SERVICE_ACCOUNT_NAMESPACE", str(tmp_path / "namespace"))
+    assert clusterview.own_namespace() is None, "outside a pod there is none"
+    (tmp_path / "namespace").write_text("topology-system\n")
+    assert clusterview.own_namespace() == "topology-system"

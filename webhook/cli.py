@@ -24,7 +24,7 @@ from . import __version__, admission, certs, demo, discovery
 from .app import Readiness, create_app
 from .cluster import ClusterIndex
 from .claims import DEFAULT_BUDGET_SECONDS
-from .clusterview import LiveClusterView, api_client_from
+from .clusterview import LiveClusterView, api_client_from, own_namespace
 from .config import DEFAULT_PORT, ConfigError, Config, load_config
 from .manifests import ManifestError, read_objects
 from .metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
@@ -115,6 +115,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     live = live_source(args)
     if args.claims_namespace and not live:
         raise UsageError("--claims-namespace shares holds through the API: it needs the live cluster view")
+    # In a pod, replicas share claims in their own namespace unless told otherwise ('' turns it off).
+    claims_namespace = own_namespace() if args.claims_namespace is None and live and not args.kubeconfig \
+        else args.claims_namespace
     if not args.claims_budget > 0:
         raise UsageError(f"--claims-budget {args.claims_budget} must be a positive number of seconds")
     if live:
@@ -126,7 +129,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def build_app():  # runs in each worker, after the fork, so the watch threads start there
         metrics = Metrics.create(options.multiprocess_dir)
         if live:
-            view = LiveClusterView(config, api_client_from(args.kubeconfig), claims_namespace=args.claims_namespace,
+            view = LiveClusterView(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
                                    claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc)
             view.start()
             return create_app(config, view.index, view.readiness, metrics)
@@ -243,8 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "process has its own cluster view and reservations, so two workloads admitted by "
                             "different processes at the same moment can be placed on the same free GPUs")
     serve.add_argument("--claims-namespace", metavar="NS",
-                       help="share pending holds with the other replicas through a Lease in NS (the release "
-                            "namespace), so two replicas never place on the same free GPUs; live view only")
+                       help="share pending holds with the other replicas through a Lease in NS, so two replicas "
+                            "never place on the same free GPUs; live view only (default: inside a pod, its own "
+                            "namespace; otherwise none; '' for none)")
     serve.add_argument("--claims-budget", metavar="SECONDS", type=float, default=DEFAULT_BUDGET_SECONDS,
                        help="how long an admission may spend agreeing with the other replicas before it decides "
                             "alone, with a warning (default: %(default)s)")

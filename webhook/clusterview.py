@@ -52,6 +52,16 @@ LIST_PAGE_SIZE = 500  # as client-go's reflector: big lists arrive in pages, not
 CONNECT_TIMEOUT_SECONDS = 10.0
 READ_GRACE_SECONDS = 15.0  # how long past a watch's own timeout the socket may stay silent
 EXPIRE_INTERVAL_SECONDS = 5.0
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def own_namespace() -> str | None:
+    """The namespace of the pod this runs in (its service account's), None outside a pod."""
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE) as file:
+            return file.read().strip() or None
+    except OSError:
+        return None
 
 
 def api_client_from(kubeconfig: str | None) -> k8s_client.ApiClient:
