@@ -320,6 +320,7 @@ class ApiClaims:
                 return CONFLICT
             return describe(err)
         except Exception as err:  # noqa: BLE001 - timeouts and refused connections: decide alone
-            return describe(err)
+            log.warning("claims: writing lease %s/%s failed (%s)", self.namespace, LEASE_NAME, describe(err))
+            return describe(err).partition(":")[0]  # the failure's kind: users need no addresses
         self.apply(json.loads(response.data), own=True)
         return None
