@@ -129,3 +129,18 @@ def test_in_a_pod_claims_default_to_its_own_namespace(tmp_path, monkeypatch):
     assert clusterview.own_namespace() is None, "outside a pod there is none"
     (tmp_path / "namespace").write_text("topology-system\n")
     assert clusterview.own_namespace() == "topology-system"
+
+
+def test_a_relist_of_the_lease_after_410_keeps_claims_once_and_releases_what_went_meanwhile(fake, views):
+    a, b = views
+    place_shared(a.index, whole_node("a"), "ml/Job/a")
+    place_shared(a.index, whole_node("b"), "ml/Job/b")
+    eventually(lambda: reserved(b) == 16, what="both claims on b")
+    fake.hold_watches()  # b sees nothing of what follows until its relist
+    release_shared(a.index, "ml/Job/a")
+    fake.compact()
+    fake.break_watches()
+    fake.release_watches()
+    eventually(lambda: set(b.index.ledger.holds) == {"ml/Job/b"}, what="the relisted Lease applied on b")
+    assert reserved(b) == 8
+    assert next(s for s in b.status() if s.kind == "leases").lists == 2
