@@ -13,6 +13,7 @@ separates the decision path's cost from the server's.
     .venv/bin/python bench/admission_bench.py --quick    # smoke run
     .venv/bin/python bench/admission_bench.py --compare-with ../before   # review() here vs another checkout
     .venv/bin/python bench/admission_bench.py --held 500  # p99 with 500 slow or silent connections open
+    .venv/bin/python bench/admission_bench.py --coordination   # claims through the API on vs off
 
 --held N starts only the webhook and measures the open loop twice in one run: alone, then with
 N connections held open by hostile clients (half complete the TLS handshake and say nothing,
@@ -23,6 +24,11 @@ deadline); the ratio of the two p99s is what the held connections cost.
 `git worktree` of an earlier commit) in alternating subprocesses on the same cluster and reviews,
 and prints the paired ratios: how a change moved the decision path's cost, with the machine's
 drift during the run cancelled as far as alternation can.
+
+--coordination starts the local fake API server (tests/fakeapiserver.py) with the cluster loaded
+and two webhooks watching it (`serve --kubeconfig`), one sharing claims through the API
+(`--claims-namespace`: one Lease write per placed workload) and one not, and drives both with the
+same reviews, alternating measurement by measurement, so the ratio is what coordination costs.
 """
 from __future__ import annotations
 
@@ -223,6 +229,94 @@ def compare(other: pathlib.Path, nodes: int, rounds: int) -> None:
           f"load average after: {os.getloadavg()[0]:.2f}")
 
 
+def fake_api_server(nodes_wanted: int, pipe) -> None:
+    """The fake API server with the cluster loaded, in a process of its own (not competing with
+    the driver's threads for one interpreter): sends its URL, then on each message the count of
+    Lease writes and of those answered 409; None stops it."""
+    from tests.fakeapiserver import FakeApiServer
+
+    api = FakeApiServer(bookmark_interval=5.0).start()
+    nodes, pods = cluster(nodes_wanted)
+    for obj in nodes:
+        api.put_node(obj)
+    for obj in pods:
+        api.put_pod(obj)
+    pipe.send(api.url)
+    while pipe.recv() is not None:
+        pipe.send((len(api.writes), sum(code == 409 for *_, code in api.writes)))
+    api.stop()
+
+
+def coordination(args: argparse.Namespace) -> None:
+    """Admission latency with claims shared through the API, next to the same live view without."""
+    import multiprocessing
+
+    ours, theirs = multiprocessing.Pipe()
+    api_process = multiprocessing.Process(target=fake_api_server, args=(args.nodes, theirs), daemon=True)
+    api_process.start()
+    url = ours.recv()
+    nodes, pods = cluster(args.nodes)
+    bodies = review_bodies(4000)
+    with tempfile.TemporaryDirectory(prefix="admission-bench-") as tmp:
+        workdir = pathlib.Path(tmp)
+        paths = certs.write_certs(str(workdir / "tls"), "topology-webhook", "default")
+        kubeconfig = workdir / "kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "bench",
+            "clusters": [{"name": "fake", "cluster": {"server": url}}], "users": [{"name": "me", "user": {}}],
+            "contexts": [{"name": "bench", "context": {"cluster": "fake", "user": "me"}}]}))
+        drivers, processes = {}, []
+        for label, extra in (("off", []), ("on", ["--claims-namespace", "bench"])):
+            port = free_port()
+            processes.append(start([sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{port}",
+                                    "--cert", paths.cert, "--key", paths.key, "--kubeconfig", str(kubeconfig),
+                                    *extra], port, paths.ca, workdir / f"{label}.log"))
+            drivers[label] = Driver(port, paths.ca, bodies)
+        try:
+            for driver in drivers.values():
+                wait_ready(driver)
+                driver.closed_loop(4, min(2.0, args.seconds))  # warm-up
+            print(f"machine: {machine()}; load average before: {os.getloadavg()[0]:.2f}")
+            print(f"cluster: {len(nodes)} nodes, {len(pods)} running pods, served by the fake API server; "
+                  f"{args.seconds:g} s per measurement, off and on alternating")
+            ours.send("count")
+            writes_before, conflicts_before = ours.recv()
+            results: dict[str, dict] = {}
+            for load in ("c=1", "c=8", f"{args.rate:g}/s"):
+                for label, driver in drivers.items():
+                    results[f"{label} {load}"] = (driver.open_loop(args.rate, args.seconds) if load.endswith("/s")
+                                                  else driver.closed_loop(int(load[2:]), args.seconds))
+        finally:
+            for process in processes:
+                process.terminate()
+                process.wait(timeout=30)
+            ours.send("count")
+            writes, conflicts = ours.recv()
+            ours.send(None)
+            api_process.join(timeout=30)
+    print("\n| load | off p50 ms | off p99 ms | off reviews/s | on p50 ms | on p99 ms | on reviews/s "
+          "| p50 ratio | p99 ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for load in ("c=1", "c=8", f"{args.rate:g}/s"):
+        off, on = results[f"off {load}"], results[f"on {load}"]
+        print(f"| {load} | {off['p50_ms']:.2f} | {off['p99_ms']:.2f} | {off['rps']:.0f} | {on['p50_ms']:.2f} | "
+              f"{on['p99_ms']:.2f} | {on['rps']:.0f} | {on['p50_ms'] / off['p50_ms']:.2f} | "
+              f"{on['p99_ms'] / off['p99_ms']:.2f} |")
+    print(f"\nLease writes: {writes - writes_before} ({conflicts - conflicts_before} answered 409); "
+          f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+def wait_ready(driver: Driver) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        conn = driver.connect()
+        conn.request("GET", "/readyz")
+        if conn.getresponse().status == 200:
+            return
+        time.sleep(0.25)
+    raise RuntimeError(f"no /readyz within {START_TIMEOUT_SECONDS} s")
+
+
 def serve_empty(bind: str, cert: str, key: str) -> None:
     """The baseline: gunicorn with our settings around a handler that parses the review and
     answers allowed, with no placement and no metrics."""
@@ -325,6 +419,8 @@ def main() -> None:
                         help="time admission.review() here and in CHECKOUT, alternating; no servers")
     parser.add_argument("--rounds", type=int, default=5, help="with --compare-with (default: %(default)s)")
     parser.add_argument("--held", type=int, metavar="N", help="p99 alone and with N slow or silent connections held")
+    parser.add_argument("--coordination", action="store_true",
+                        help="live view with claims shared through the API, next to the same without")
     parser.add_argument("--serve-empty", nargs=3, metavar=("BIND", "CERT", "KEY"), help=argparse.SUPPRESS)
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -340,6 +436,9 @@ def main() -> None:
         return
     if args.quick:
         args.nodes, args.seconds = 1000, 2.0
+    if args.coordination:
+        coordination(args)
+        return
 
     with tempfile.TemporaryDirectory(prefix="admission-bench-") as tmp:
         workdir = pathlib.Path(tmp)

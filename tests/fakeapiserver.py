@@ -1,6 +1,7 @@
 """A small local stand-in for kube-apiserver's list and watch protocol, for tests and benchmarks.
 
-It serves GET /api/v1/nodes and GET /api/v1/pods (all namespaces) the way the real server does,
+It serves GET /api/v1/nodes and GET /api/v1/pods (all namespaces), and coordination.k8s.io/v1
+Leases in a namespace (list, watch, get, create, update, delete), the way the real server does,
 so the real `kubernetes` client can be pointed at it with `Configuration(host=server.url)`:
 
 - lists: `{"kind": "NodeList", "metadata": {"resourceVersion": RV, "continue": ...}, "items": [...]}`
@@ -11,13 +12,17 @@ so the real `kubernetes` client can be pointed at it with `Configuration(host=se
   everything when none is given), BOOKMARKs every `bookmark_interval` seconds when
   `allowWatchBookmarks=true`, a clean end after `timeoutSeconds`, and for a resourceVersion older
   than the last compaction an ERROR event with code 410 (or an HTTP 410 when `gone_as_status`).
+- Lease writes with optimistic concurrency: create of an existing name is 409 `AlreadyExists`;
+  an update whose `metadata.resourceVersion` is not the stored one is 409 `Conflict`; a missing
+  name is 404 `NotFound`.
 
 One resourceVersion counter is shared by all kinds, as etcd's revision is. Faults are attributes
 and methods: `delay_seconds` (slow responses), `refuse_until` (close every connection unanswered
 until that `time.monotonic()`), `answer_status` (an HTTP error for every request, e.g. 403),
 `break_watches()` (cut every open stream in the middle of an event), `compact()` (forget history
 and paging snapshots, so older resourceVersions and continue tokens get 410),
-`hold_watches()`/`release_watches()` (queue events, then send the backlog at once).
+`hold_watches()`/`release_watches()` (queue events, then send the backlog at once), and for
+writes only `write_delay_seconds` (a slow apiserver) and `refuse_writes` (hang up on every write).
 
 Everything binds to 127.0.0.1. Objects are stored with their JSON, so big lists are cheap to serve.
 """
@@ -27,18 +32,26 @@ import base64
 import bisect
 import copy
 import json
+import re
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-KINDS = {"nodes": "Node", "pods": "Pod"}
+KINDS = {"nodes": "Node", "pods": "Pod", "leases": "Lease"}
+API_VERSIONS = {"nodes": "v1", "pods": "v1", "leases": "coordination.k8s.io/v1"}
+LEASES = re.compile(r"/apis/coordination\.k8s\.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?")
 
 
 def _key(kind: str, obj: dict) -> str:
     meta = obj["metadata"]
     return meta["name"] if kind == "nodes" else f"{meta.get('namespace', 'default')}/{meta['name']}"
+
+
+def _namespace_of(kind: str, key: str) -> str | None:
+    return None if kind == "nodes" else key.partition("/")[0]
 
 
 def _status(code: int, reason: str, message: str) -> dict:
@@ -56,12 +69,16 @@ class FakeApiServer:
         self.refuse_until = 0.0
         self.gone_as_status = False
         self.answer_status: int | None = None  # answer every request with this HTTP error (403: no RBAC)
+        self.write_delay_seconds = 0.0
+        self.refuse_writes = False
+        self.writes: list[tuple[str, str, int]] = []  # (method, path, HTTP status) of every write answered
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every request answered
         self._cond = threading.Condition()
         self._rv = 1
         self._compacted_rv = 0
         self._objects: dict[str, dict[str, tuple[dict, bytes]]] = {kind: {} for kind in KINDS}
-        self._history: dict[str, list[tuple[int, bytes]]] = {kind: [] for kind in KINDS}  # (rv, event line)
+        # (rv, event line, namespace or None) per kind
+        self._history: dict[str, list[tuple[int, bytes, str | None]]] = {kind: [] for kind in KINDS}
         self._snapshots: dict[str, tuple[int, list[bytes]]] = {}  # continue-token id -> (rv, items)
         self._stream_generation = 0  # bumped by break_watches()
         self._held = False  # hold_watches(): streams send nothing new until released
@@ -111,7 +128,7 @@ class FakeApiServer:
             event_type = "MODIFIED" if key in self._objects[kind] else "ADDED"
             blob = json.dumps(stored).encode()
             self._objects[kind][key] = (stored, blob)
-            self._record(kind, event_type, blob)
+            self._record(kind, event_type, blob, _namespace_of(kind, key))
             return self._rv
 
     def delete(self, kind: str, key: str) -> None:
@@ -121,7 +138,7 @@ class FakeApiServer:
             self._rv += 1
             gone = copy.deepcopy(obj)
             gone["metadata"]["resourceVersion"] = str(self._rv)
-            self._record(kind, "DELETED", json.dumps(gone).encode())
+            self._record(kind, "DELETED", json.dumps(gone).encode(), _namespace_of(kind, key))
 
     def put_node(self, node: dict) -> int:
         return self.put("nodes", node)
@@ -132,9 +149,34 @@ class FakeApiServer:
     def get(self, kind: str, key: str) -> dict:
         return copy.deepcopy(self._objects[kind][key][0])
 
-    def _record(self, kind: str, event_type: str, blob: bytes) -> None:
+    def _write(self, method: str, kind: str, namespace: str, name: str | None, body: dict) -> tuple[int, dict]:
+        """One create (POST), update (PUT) or delete as the apiserver answers it: (HTTP status, object or Status)."""
+        with self._cond:
+            key = f"{namespace}/{name or (body.get('metadata') or {}).get('name')}"
+            stored = self._objects[kind].get(key)
+            body.setdefault("metadata", {})["namespace"] = namespace
+            if method == "POST":
+                if stored is not None:
+                    return 409, _status(409, "AlreadyExists", f'{kind}.coordination.k8s.io "{key}" already exists')
+                body["metadata"]["uid"] = f"uid-{kind}-{key}-{self._rv}"
+                self.put(kind, body)
+                return 201, self.get(kind, key)
+            if stored is None:
+                return 404, _status(404, "NotFound", f'{kind}.coordination.k8s.io "{key}" not found')
+            if method == "DELETE":
+                self.delete(kind, key)
+                return 200, _status(200, "", "deleted") | {"status": "Success"}
+            if (body.get("metadata") or {}).get("resourceVersion") != stored[0]["metadata"]["resourceVersion"]:
+                return 409, _status(409, "Conflict", f'Operation cannot be fulfilled on {kind}.coordination.k8s.io '
+                                    f'"{name}": the object has been modified; please apply your changes to the '
+                                    'latest version and try again')
+            body["metadata"]["uid"] = stored[0]["metadata"]["uid"]
+            self.put(kind, body)
+            return 200, self.get(kind, key)
+
+    def _record(self, kind: str, event_type: str, blob: bytes, namespace: str | None) -> None:
         line = b'{"type": "%s", "object": %s}\n' % (event_type.encode(), blob)
-        self._history[kind].append((self._rv, line))
+        self._history[kind].append((self._rv, line, namespace))
         if not self._held:
             self._cond.notify_all()
 
@@ -170,7 +212,7 @@ class FakeApiServer:
         return [q for path, q in self.requests if path == f"/api/v1/{kind}" and q.get("watch") not in ("1", "true")]
 
     # ---- serving ----------------------------------------------------------------------------
-    def _list_body(self, kind: str, query: dict[str, str]) -> tuple[int, bytes]:
+    def _list_body(self, kind: str, query: dict[str, str], namespace: str | None = None) -> tuple[int, bytes]:
         limit = int(query.get("limit") or 0)
         token = query.get("continue")
         with self._cond:
@@ -183,7 +225,8 @@ class FakeApiServer:
                 offset = int(start)
             else:
                 rv = self._rv
-                items = [blob for _, (_, blob) in sorted(self._objects[kind].items())]
+                items = [blob for key, (_, blob) in sorted(self._objects[kind].items())
+                         if namespace is None or _namespace_of(kind, key) == namespace]
                 offset = 0
                 snapshot_id = f"{kind}-{rv}-{len(self._snapshots)}"
             end = offset + limit if limit else len(items)
@@ -192,22 +235,25 @@ class FakeApiServer:
                 self._snapshots[snapshot_id] = (rv, items)
                 metadata["continue"] = base64.urlsafe_b64encode(f"{snapshot_id}:{end}".encode()).decode()
                 metadata["remainingItemCount"] = len(items) - end
-        head = json.dumps({"kind": KINDS[kind] + "List", "apiVersion": "v1", "metadata": metadata})
+        head = json.dumps({"kind": KINDS[kind] + "List", "apiVersion": API_VERSIONS[kind], "metadata": metadata})
         return 200, head[:-1].encode() + b', "items": [' + b",".join(items[offset:end]) + b"]}"
 
-    def _watch_start(self, kind: str, query: dict[str, str]) -> tuple[int | None, list[bytes], int]:
+    def _watch_start(self, kind: str, query: dict[str, str],
+                     namespace: str | None = None) -> tuple[int | None, list[bytes], int]:
         """(position, initial lines, stream generation), or position None when the RV is too old."""
         with self._cond:
             requested = query.get("resourceVersion")
             if requested in (None, "", "0"):
                 initial = [json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n"
-                           for obj, _ in self._objects[kind].values()]
+                           for key, (obj, _) in self._objects[kind].items()
+                           if namespace is None or _namespace_of(kind, key) == namespace]
                 return self._rv, initial, self._stream_generation
             if int(requested) < self._compacted_rv:
                 return None, [], self._stream_generation
             return int(requested), [], self._stream_generation
 
-    def _watch_next(self, kind: str, position: int, generation: int, wait: float) -> tuple[int, list[bytes], bool]:
+    def _watch_next(self, kind: str, position: int, generation: int, wait: float,
+                    namespace: str | None = None) -> tuple[int, list[bytes], bool]:
         """Events after `position`, waiting up to `wait` seconds; the bool says the stream must be cut."""
         with self._cond:
             def pending() -> bool:
@@ -220,7 +266,8 @@ class FakeApiServer:
             if self._held:
                 return position, [], False
             history = self._history[kind]
-            lines = [line for _, line in history[bisect.bisect_right(history, position, key=lambda e: e[0]):]]
+            lines = [line for _, line, where in history[bisect.bisect_right(history, position, key=lambda e: e[0]):]
+                     if namespace is None or where == namespace]
             return self._rv, lines, False
 
 
@@ -229,9 +276,16 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     fake: FakeApiServer
 
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that went away is no error
+            super().handle_error(request, client_address)
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: with Nagle's algorithm the second waits for the
+    # client's delayed ACK (40 ms on Linux), which the real apiserver (TCP_NODELAY) never costs.
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format, *args):  # noqa: A002 - silence per-request logging
@@ -251,17 +305,55 @@ class _Handler(BaseHTTPRequestHandler):
             return
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        kind = url.path.rsplit("/", 1)[-1]
-        if url.path not in ("/api/v1/nodes", "/api/v1/pods"):
+        lease = LEASES.fullmatch(url.path)
+        if lease:
+            kind, namespace, name = "leases", lease.group(1), lease.group(2)
+        elif url.path in ("/api/v1/nodes", "/api/v1/pods"):
+            kind, namespace, name = url.path.rsplit("/", 1)[-1], None, None
+        else:
             self._send_json(404, json.dumps(_status(404, "NotFound", f"{url.path} not found")).encode())
             return
-        if query.get("watch") in ("1", "true"):
+        if name:
             fake.requests.append((url.path, query))
-            self._watch(fake, kind, query)
+            with fake._cond:
+                found = fake._objects[kind].get(f"{namespace}/{name}")
+            if found:
+                self._send_json(200, found[1])
+            else:
+                self._send_json(404, json.dumps(_status(404, "NotFound", f'leases "{name}" not found')).encode())
+        elif query.get("watch") in ("1", "true"):
+            fake.requests.append((url.path, query))
+            self._watch(fake, kind, query, namespace)
         else:
-            answer = fake._list_body(kind, query)
+            answer = fake._list_body(kind, query, namespace)
             fake.requests.append((url.path, query))  # once seen, its paging snapshot exists
             self._send_json(*answer)
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._write("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._write("PUT")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._write("DELETE")
+
+    def _write(self, method: str) -> None:
+        fake = self.server.fake
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if fake.refuse_writes:
+            self._hang_up()
+            return
+        if fake.write_delay_seconds:
+            time.sleep(fake.write_delay_seconds)
+        lease = LEASES.fullmatch(urlsplit(self.path).path)
+        if not lease or (method == "POST") == bool(lease.group(2)):
+            self._send_json(404, json.dumps(_status(404, "NotFound", f"{self.path} not found")).encode())
+            return
+        obj = json.loads(body) if body and method != "DELETE" else {}
+        code, answer = fake._write(method, "leases", lease.group(1), lease.group(2), obj)
+        fake.writes.append((method, self.path, code))
+        self._send_json(code, json.dumps(answer).encode())
 
     def _hang_up(self) -> None:
         self.close_connection = True
@@ -281,8 +373,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
-    def _watch(self, fake: FakeApiServer, kind: str, query: dict[str, str]) -> None:
-        position, initial, generation = fake._watch_start(kind, query)
+    def _watch(self, fake: FakeApiServer, kind: str, query: dict[str, str], namespace: str | None) -> None:
+        position, initial, generation = fake._watch_start(kind, query, namespace)
         if position is None and fake.gone_as_status:
             self._send_json(410, json.dumps(_status(410, "Expired", "too old resource version")).encode())
             return
@@ -305,7 +397,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             while (now := time.monotonic()) < deadline:
                 wait = min(deadline, next_bookmark if bookmarks else deadline) - now
-                position, lines, cut = fake._watch_next(kind, position, generation, max(wait, 0.0))
+                position, lines, cut = fake._watch_next(kind, position, generation, max(wait, 0.0), namespace)
                 if cut:
                     # Half an event with a chunk header promising more: a connection lost mid-stream.
                     self.wfile.write(b"%x\r\n%s" % (64, b'{"type": "MODIFIED", "obj'))
@@ -315,7 +407,7 @@ class _Handler(BaseHTTPRequestHandler):
                 for start in range(0, len(lines), 500):  # a backlog goes out in few, large chunks
                     self._chunk(b"".join(lines[start:start + 500]))
                 if bookmarks and time.monotonic() >= next_bookmark:
-                    bookmark = {"kind": KINDS[kind], "apiVersion": "v1",
+                    bookmark = {"kind": KINDS[kind], "apiVersion": API_VERSIONS[kind],
                                 "metadata": {"resourceVersion": str(position)}}
                     self._chunk(json.dumps({"type": "BOOKMARK", "object": bookmark}).encode() + b"\n")
                     next_bookmark = time.monotonic() + fake.bookmark_interval

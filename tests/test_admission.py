@@ -367,7 +367,7 @@ def test_ours_by_scheduler_name_without_gpus_only_resets_the_scheduler(index):
 def test_an_exception_inside_fails_open(index, monkeypatch, caplog):
     def broken(*args):
         raise KeyError("boom")
-    monkeypatch.setattr(admission, "place_and_reserve", broken)
+    monkeypatch.setattr(admission, "place_shared", broken)
     with caplog.at_level(logging.ERROR, logger="webhook.admission"):
         result = run(job(), index)
     assert result.outcome == "failed-open" and result.review["response"]["allowed"] is True

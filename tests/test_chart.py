@@ -486,6 +486,16 @@ def test_webhook_may_only_read_nodes_and_pods():
     assert one("defaults", "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == FULLNAME
 
 
+def test_webhook_writes_only_leases_in_the_release_namespace():
+    role = one("defaults", "Role", f"{FULLNAME}-claims")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                              "verbs": ["get", "list", "watch", "create", "update"]}]
+    binding = one("defaults", "RoleBinding", f"{FULLNAME}-claims")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"] and binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+
+
 def test_discovery_agent_runs_on_gpu_nodes_only_with_node_patch_rights_only():
     assert not objects("defaults", "DaemonSet")
     name = f"{FULLNAME}-discovery"

@@ -27,7 +27,7 @@ from .config import Config
 from .ledger import held_by, reservation_key
 from .model import EXCEEDS_CLUSTER, UNKNOWN_DOMAIN, Decision, Outcome
 from .patch import encode, make_patch
-from .placer import place_and_reserve
+from .placer import place_shared, release_shared
 
 if TYPE_CHECKING:
     from .cluster import ClusterIndex
@@ -200,12 +200,12 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
             *wanted.warnings, f"{who} {wanted.idle}"])
     key = _reservation_key(request, obj)
     reserve = key if kind in _RESERVES and not request.dry_run else None
-    decision = place_and_reserve(index, wanted.request, reserve)
+    decision, alone = place_shared(index, wanted.request, reserve)
     if decision.outcome is Outcome.NEVER:
         return _denied(request, _never_message(who, obj, kind, decision), decision)
     mutated = mutation.mutate(obj, kind, decision, config, key)
     return _result(request, _OUTCOMES[decision.outcome], decision=decision, operations=make_patch(obj, mutated),
-                   warnings=[*wanted.warnings, *mutation.warnings(decision, config)])
+                   warnings=[*wanted.warnings, *mutation.warnings(decision, config), *alone])
 
 
 def _kept(request: _Request, config: Config, wanted: workload.Workload) -> AdmissionResult:
@@ -234,7 +234,7 @@ def _released(request: _Request, index: "ClusterIndex") -> AdmissionResult:
     key = injection.reservation_of(workload.pod_template(kind, old))
     if key is None or not held_by(key, request.namespace, kind):
         return _result(request, "ignored")
-    index.release(key)
+    release_shared(index, key)
     return _result(request, "released")
 
 

@@ -22,7 +22,8 @@ import yaml
 from . import __version__, admission, certs, demo, discovery, logs
 from .app import Readiness, create_app
 from .cluster import ClusterIndex
-from .clusterview import LiveClusterView, api_client_from
+from .claims import DEFAULT_BUDGET_SECONDS
+from .clusterview import LiveClusterView, api_client_from, own_namespace
 from .config import DEFAULT_PORT, ConfigError, Config, load_config
 from .manifests import ManifestError, read_objects
 from .metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
@@ -122,6 +123,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.client_ca and not os.path.isfile(args.client_ca):
         raise UsageError(f"--client-ca {args.client_ca}: no such file")
     live = live_source(args)
+    if args.claims_namespace and not live:
+        raise UsageError("--claims-namespace shares holds through the API: it needs the live cluster view")
+    # In a pod, replicas share claims in their own namespace unless told otherwise ('' turns it off).
+    claims_namespace = own_namespace() if args.claims_namespace is None and live and not args.kubeconfig \
+        else args.claims_namespace
+    if not args.claims_budget > 0:
+        raise UsageError(f"--claims-budget {args.claims_budget} must be a positive number of seconds")
     if live:
         api_client_from(args.kubeconfig)  # a bad kubeconfig stops start-up here, in one line
     cluster = None if live else read_cluster(args)
@@ -132,7 +140,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def build_app():  # runs in the worker, after the fork, so the watch threads start there
         metrics = Metrics.create(options.multiprocess_dir)
         if live:
-            view = LiveClusterView(config, api_client_from(args.kubeconfig))
+            view = LiveClusterView(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
+                                   claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc)
             view.start()
             app = create_app(config, view.index, view.readiness, metrics)
         else:
@@ -275,6 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="plain-HTTP listen address of /metrics (default: %(default)s)")
     serve.add_argument("--client-ca", metavar="FILE",
                        help="require client certificates signed by this CA (mutual TLS with the apiserver)")
+    serve.add_argument("--claims-namespace", metavar="NS",
+                       help="share pending holds with the other replicas through a Lease in NS, so two replicas "
+                            "never place on the same free GPUs; live view only (default: inside a pod, its own "
+                            "namespace; otherwise none; '' for none)")
+    serve.add_argument("--claims-budget", metavar="SECONDS", type=float, default=DEFAULT_BUDGET_SECONDS,
+                       help="how long an admission may spend agreeing with the other replicas before it decides "
+                            "alone, with a warning (default: %(default)s)")
     serve.set_defaults(func=cmd_serve)
 
     mutate = subparsers.add_parser(

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
-from .config import Config
+from .config import HOSTNAME_LABEL, Config
 from .filters import ConstrainedSubsets, NodeFilters
 from .gpus import parse_nvlink_domains, pod_gpus
 from .ledger import ReservationLedger, held_by
@@ -43,6 +43,32 @@ def pod_key(pod: Mapping) -> str:
     return meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
+def pending_hold(annotations: Mapping, spec: Mapping, gpus: int) -> tuple[str, str, tuple[int, ...]] | None:
+    """(reservation key, node, GPU set) an unbound pod holds: one carrying our reservation key and
+    the GPU set we chose, with node affinity naming one node (a single-pod placement). A pod
+    pinned to a domain of several nodes names no node: its workload's hold covers it."""
+    reservation, hinted = annotations.get(RESERVATION_ANNOTATION), annotations.get(GPU_IDS_ANNOTATION)
+    if not reservation or not hinted or gpus <= 0:
+        return None
+    try:
+        held = tuple(i for d in parse_nvlink_domains(str(hinted)) for i in d)
+    except ValueError:
+        return None
+    affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms")
+    preferred = affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ()
+    terms = [*(required or ()), *(p.get("preference") for p in preferred)]
+    named: set[str] = set()
+    for term in terms:
+        for expr in (term or {}).get("matchExpressions") or ():
+            values = expr.get("values") or ()
+            if expr.get("key") == HOSTNAME_LABEL and expr.get("operator") == "In" and len(values) == 1:
+                named.add(str(values[0]))
+    if len(named) != 1 or len(held) != gpus:
+        return None
+    return str(reservation), named.pop(), held
+
+
 class ClusterIndex:
     """Nodes, pods and reservations, with capacity aggregated per topology domain.
 
@@ -60,6 +86,7 @@ class ClusterIndex:
         self.filters = NodeFilters()
         self.subsets = ConstrainedSubsets()
         self.ledger = ReservationLedger(config.reservation_ttl_seconds, clock)
+        self.claims = None  # placer.SharedClaims when replicas share their holds (set by the live view)
         self.orphan_pods: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {}  # pods bound to unknown nodes
         self.pod_nodes: dict[str, str] = {}  # pod key -> node name its GPUs are counted on
         self.usage: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}  # pod key -> (node, its requests)
@@ -148,12 +175,20 @@ class ClusterIndex:
                 gpus = pod_gpus(spec)
             except ValueError:
                 gpus = 0
+            annotations = (pod.get("metadata") or {}).get("annotations") or {}
             if not node_name or phase in _FINISHED_PHASES:
                 self._forget_pod(key)
+                pending = None if node_name or phase in _FINISHED_PHASES else pending_hold(annotations, spec, gpus)
+                if pending is None:
+                    self._recount(self.ledger.drop_pod(key))
+                else:
+                    namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+                    self._recount(self.ledger.hold_pod(key, pending[0], namespace, pending[1], pending[2]))
                 return
             self._use(key, node_name, tuple(sorted(pod_requests(spec).items())))
             if gpus <= 0:
                 self._forget_gpus(key)
+                self._recount(self.ledger.drop_pod(key))
                 return
             terminating = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
             counted = self.tree.nodes.get(node_name)
@@ -162,7 +197,7 @@ class ClusterIndex:
                     self._mark_terminating(counted, key)
                 return  # other status updates of a counted pod change nothing we count
             self._forget_gpus(key)
-            annotations = (pod.get("metadata") or {}).get("annotations") or {}
+            self._recount(self.ledger.drop_pod(key))
             node = self.tree.nodes.get(node_name)
             self.pod_nodes[key] = node_name
             reservation = annotations.get(RESERVATION_ANNOTATION)
@@ -202,6 +237,7 @@ class ClusterIndex:
         workload: its deletion ends the reservation it may still hold."""
         with self.lock:
             self._forget_pod(pod_key(pod))
+            self._recount(self.ledger.drop_pod(pod_key(pod)))
             meta = pod.get("metadata") or {}
             reservation = str((meta.get("annotations") or {}).get(RESERVATION_ANNOTATION) or "")
             if reservation and held_by(reservation, str(meta.get("namespace") or ""), "Pod"):
@@ -253,11 +289,11 @@ class ClusterIndex:
 
     # -- reservations ------------------------------------------------------------------------
 
-    def reserve(self, key: str, sets_per_node: Mapping[str, list[tuple[int, ...]]]) -> None:
+    def reserve(self, key: str, sets_per_node: Mapping[str, list[tuple[int, ...]]], ttl: float | None = None) -> None:
         """Hold GPU sets on nodes for a workload until its pods are seen bound or it expires.
         Reserving a key again replaces the old hold, so re-placing a workload never double-books."""
         with self.lock:
-            self._recount(self.ledger.reserve(key, {n: s for n, s in sets_per_node.items() if n in self.tree.nodes}))
+            self._recount(self.ledger.reserve(key, {n: s for n, s in sets_per_node.items() if n in self.tree.nodes}, ttl))
 
     def release(self, key: str) -> None:
         with self.lock:

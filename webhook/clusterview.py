@@ -16,7 +16,9 @@ Per kind (nodes, pods) one daemon thread runs the reflector loop:
    after a capped exponential backoff with jitter; `410 Gone` (an HTTP 410, or an ERROR event
    with code 410) means that resourceVersion is compacted away: relist (step 1) at once.
 
-A third thread expires reservations whose time-to-live has passed.
+A third thread expires reservations whose time-to-live has passed. When replicas share their
+claims (`claims_namespace`), a third stream lists and watches the claims Lease in that namespace
+the same way and applies each version to the ledger (webhook/claims.py).
 
 Objects are handled as the plain dicts the API sends (the shape `ClusterIndex` reads): watch
 events are not turned into client model objects, which would cost far more than the index
@@ -24,6 +26,7 @@ update itself. Nothing happens at import time.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -38,6 +41,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
 from .cluster import ClusterIndex, pod_key
 from .config import Config, ConfigError
 
@@ -48,6 +52,16 @@ LIST_PAGE_SIZE = 500  # as client-go's reflector: big lists arrive in pages, not
 CONNECT_TIMEOUT_SECONDS = 10.0
 READ_GRACE_SECONDS = 15.0  # how long past a watch's own timeout the socket may stay silent
 EXPIRE_INTERVAL_SECONDS = 5.0
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def own_namespace() -> str | None:
+    """The namespace of the pod this runs in (its service account's), None outside a pod."""
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE) as file:
+            return file.read().strip() or None
+    except OSError:
+        return None
 
 
 def api_client_from(kubeconfig: str | None) -> k8s_client.ApiClient:
@@ -87,7 +101,7 @@ class Backoff:
 class StreamStatus:
     """One kind's list+watch state, for readiness, metrics and logs."""
 
-    kind: str  # "nodes" or "pods"
+    kind: str  # "nodes", "pods" or "leases"
     synced: bool  # a full list has been applied at least once
     resource_version: str | None  # where the next watch starts; None means a relist is due
     seconds_since_progress: float | None  # None before the first successful list
@@ -143,17 +157,6 @@ class _Stream:
         self.watch: _DictWatch | None = None
 
 
-def _describe(err: BaseException) -> str:
-    """One line for people: the API's status and reason, or the connection failure."""
-    if isinstance(err, ApiException):
-        return f"HTTP {err.status} {str(err.reason or '').strip()}".strip()
-    cause = getattr(err, "reason", None)  # urllib3's MaxRetryError wraps the failure that counts
-    if isinstance(cause, BaseException):
-        err = cause
-    first = str(err.args[0]) if err.args else ""
-    return f"{type(err).__name__}: {first}" if first else type(err).__name__
-
-
 class LiveClusterView:
     """Nodes and Pods from the API, applied incrementally to one `ClusterIndex`.
 
@@ -164,7 +167,9 @@ class LiveClusterView:
                  clock: Callable[[], float] = time.monotonic, *, backoff_base: float = 0.5,
                  backoff_cap: float = 30.0, rng: random.Random | None = None,
                  watch_timeout_seconds: int | None = None, page_size: int = LIST_PAGE_SIZE,
-                 expire_interval_seconds: float = EXPIRE_INTERVAL_SECONDS) -> None:
+                 expire_interval_seconds: float = EXPIRE_INTERVAL_SECONDS, claims_namespace: str | None = None,
+                 claims_budget_seconds: float = DEFAULT_BUDGET_SECONDS,
+                 on_alone: Callable[[], None] = lambda: None) -> None:
         self.config = config
         self.clock = clock
         self.index = ClusterIndex(config, clock=clock)
@@ -175,7 +180,7 @@ class LiveClusterView:
         self.expire_interval_seconds = expire_interval_seconds
         rng = rng or random.Random()
         self._backoff = {kind: Backoff(backoff_base, backoff_cap, random.Random(rng.random()))
-                         for kind in ("nodes", "pods")}
+                         for kind in ("nodes", "pods", "leases")}
         core = k8s_client.CoreV1Api(api_client)
         index = self.index
         self._streams = (
@@ -185,6 +190,15 @@ class LiveClusterView:
             _Stream("pods", core.list_pod_for_all_namespaces, pod_key, index.upsert_pod, index.delete_pod,
                     index.counted_pods, lambda key: index.delete_pod({"metadata": {"uid": key}})),
         )
+        if claims_namespace:
+            claims = index.claims = ApiClaims(index, api_client, claims_namespace, claims_budget_seconds,
+                                              on_alone=on_alone)
+            # Only the claims Lease: other Leases of the namespace (leader elections) are none of ours.
+            leases = functools.partial(k8s_client.CoordinationV1Api(api_client).list_namespaced_lease,
+                                       claims_namespace, field_selector=f"metadata.name={LEASE_NAME}")
+            self._streams += (_Stream(
+                "leases", leases, lambda lease: (lease.get("metadata") or {}).get("name", ""), claims.apply,
+                claims.deleted, claims.names, claims.forget),)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -209,7 +223,7 @@ class LiveClusterView:
         return not any(thread.is_alive() for thread in self._threads)
 
     def wait_synced(self, timeout: float) -> bool:
-        """Block until both kinds have been listed once, or `timeout` seconds pass."""
+        """Block until every kind has been listed once, or `timeout` seconds pass."""
         deadline = time.monotonic() + timeout
         while not all(s.synced for s in self._streams):
             if time.monotonic() >= deadline or self._stop.wait(0.02):
@@ -218,7 +232,7 @@ class LiveClusterView:
 
     # ---- what callers read -----------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
-        """(ready, why): not ready until both kinds are listed, or once either makes no progress."""
+        """(ready, why): not ready until every kind is listed, or once any makes no progress."""
         for stream in self._streams:
             if not stream.synced:
                 detail = f"last error: {stream.last_error}" if stream.last_error else "list in progress"
@@ -264,7 +278,7 @@ class LiveClusterView:
 
     def _failed(self, stream: _Stream, err: BaseException, backoff: Backoff) -> None:
         stream.failures += 1
-        stream.last_error = _describe(err)
+        stream.last_error = describe(err)
         delay = backoff.next_delay()
         log.warning("%s list/watch failed (%s); retrying in %.1fs", stream.kind, stream.last_error, delay)
         self._stop.wait(delay)

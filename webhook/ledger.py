@@ -5,6 +5,13 @@ confirms one held set), the workload is deleted, or its time runs out. The ledge
 owner of holds, of the clock they expire by, and of the rule that says which objects may touch
 a hold (keys are `namespace/Kind/name`; only objects of that namespace confirm or release it).
 
+Holds come from two sources. A workload hold is made when a workload is placed (here, or by
+another replica through a shared claim). A pod hold is read from a pod the watch sees that carries
+our placement and is not bound yet (its reservation key, the GPU set we chose and the one node it
+is pinned to): every replica sees the same pods, so pod holds survive restarts and agree across
+replicas without any write. A pod hold counts only while its key has no workload hold: a Job's
+pods appearing replace the Job's hold, never add to it.
+
 It knows nothing of nodes beyond their names: every change returns the names of the nodes whose
 held GPUs changed, and the cluster index recounts those.
 """
@@ -62,25 +69,63 @@ class ReservationLedger:
         # (expires_at, key) of every hold made, soonest first: expiry runs before every decision
         # and must not scan all holds. An entry whose hold was since released or renewed is skipped.
         self._expiry: list[tuple[float, str]] = []
+        self.pod_holds: dict[str, tuple[str, str, GpuSet]] = {}  # pod key -> (reservation key, node, set)
+        self._pods_on_node: dict[str, dict[str, tuple[str, GpuSet]]] = {}  # node -> pod key -> (key, set)
+        self._pods_of: dict[str, set[str]] = {}  # reservation key -> pod keys holding under it
 
     def held_on(self, node: str) -> Iterable[GpuSet]:
-        """Every GPU set held on a node, whoever holds it."""
+        """Every GPU set held on a node, whoever holds it; a pod's only while its workload holds none."""
         for sets in self._on_node.get(node, {}).values():
             yield from sets
+        for key, held in self._pods_on_node.get(node, {}).values():
+            if key not in self.holds:
+                yield held
 
-    def reserve(self, key: str, sets_per_node: Mapping[str, Iterable[GpuSet]]) -> set[str]:
-        """Hold GPU sets for `key` until now + TTL. Reserving a key again replaces its old hold,
-        so placing a workload again never books it twice. Returns the nodes whose holds changed."""
+    def hold_pod(self, pod: str, key: str, namespace: str, node: str, held: GpuSet) -> set[str]:
+        """An unbound pod of `namespace` carrying `key`, pinned to `node` with GPU set `held`.
+        Returns the nodes whose holds changed."""
+        if not in_namespace(key, namespace) or self.pod_holds.get(pod) == (key, node, held):
+            return set()
+        changed = self.drop_pod(pod)
+        self.pod_holds[pod] = (key, node, held)
+        self._pods_on_node.setdefault(node, {})[pod] = (key, held)
+        self._pods_of.setdefault(key, set()).add(pod)
+        return changed | {node}
+
+    def drop_pod(self, pod: str) -> set[str]:
+        """The pod is bound, finished or gone: it holds nothing any more."""
+        entry = self.pod_holds.pop(pod, None)
+        if entry is None:
+            return set()
+        key, node, _ = entry
+        by_pod = self._pods_on_node[node]
+        del by_pod[pod]
+        if not by_pod:
+            del self._pods_on_node[node]
+        pods = self._pods_of[key]
+        pods.discard(pod)
+        if not pods:
+            del self._pods_of[key]
+        return {node}
+
+    def _pod_nodes_of(self, key: str) -> set[str]:
+        """Nodes of the pod holds under `key`: they count or not as the key's workload hold goes."""
+        return {self.pod_holds[pod][1] for pod in self._pods_of.get(key, ())}
+
+    def reserve(self, key: str, sets_per_node: Mapping[str, Iterable[GpuSet]], ttl: float | None = None) -> set[str]:
+        """Hold GPU sets for `key` until now + TTL (`ttl`, for a claim made elsewhere: what is left
+        of it). Reserving a key again replaces its old hold, so placing a workload again never
+        books it twice. Returns the nodes whose holds changed."""
         changed = self.release(key)
         sets = {node: list(held) for node, held in sets_per_node.items() if held}
         if not sets:
             return changed
-        reservation = Reservation(key, sets, self.clock() + self.ttl_seconds)
+        reservation = Reservation(key, sets, self.clock() + (self.ttl_seconds if ttl is None else ttl))
         self.holds[key] = reservation
         for node, held in sets.items():
             self._on_node.setdefault(node, {})[key] = held
         heapq.heappush(self._expiry, (reservation.expires_at, key))
-        return changed | set(sets)
+        return changed | set(sets) | self._pod_nodes_of(key)
 
     def release(self, key: str) -> set[str]:
         reservation = self.holds.pop(key, None)
@@ -88,7 +133,7 @@ class ReservationLedger:
             return set()
         for node in reservation.sets:
             self._forget(node, key)
-        return set(reservation.sets)
+        return set(reservation.sets) | self._pod_nodes_of(key)
 
     def confirm(self, key: str, pod: str, namespace: str, bound_to: str) -> set[str]:
         """A pod of `namespace` carrying `key` is bound to `bound_to`: drop one of the held sets,
@@ -103,8 +148,8 @@ class ReservationLedger:
             self._forget(node, key)
         if not reservation.sets:
             del self.holds[key]
-        else:
-            reservation.confirmed.add(pod)
+            return {node} | self._pod_nodes_of(key)
+        reservation.confirmed.add(pod)
         return {node}
 
     def expire(self) -> set[str]:

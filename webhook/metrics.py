@@ -24,6 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 LATENCY = "topology_scheduler_latency_seconds"
 DECISIONS = "topology_placement_decisions_total"
 FAIL_OPEN = "topology_admission_fail_open_total"
+DECIDED_ALONE = "topology_claims_decided_alone_total"
 DOMAIN_UTILIZATION = "topology_domain_utilization_ratio"
 GPU_ALLOCATION = "topology_gpu_allocation_ratio"
 FRAGMENTATION = "topology_scheduler_domain_fragmentation_ratio"
@@ -70,6 +71,8 @@ class Metrics:
                                  ["kind", "strategy", "outcome"], registry=own)
         self.fail_open = Counter(FAIL_OPEN, "Admissions allowed unmodified because of an internal error",
                                  registry=own)
+        self.decided_alone = Counter(DECIDED_ALONE, "Placements or releases not agreed with the other replicas "
+                                     "through the API within the claims budget", registry=own)
         self.registry = own or CollectorRegistry(auto_describe=True)
         if multiprocess_dir:
             multiprocess.MultiProcessCollector(self.registry, path=multiprocess_dir)

@@ -2,13 +2,33 @@
 
 The placement core decides and writes nothing; this is where a decision meets the state that
 other requests and the watch threads change, so it is the one place that takes the index's lock.
+
+With replicas sharing claims (`index.claims`, webhook/claims.py over the API), a placed decision
+is also written there, against the version of the claims it was made with: when another replica
+wrote first, decide again. Past the claims' time budget the decision stands alone, and says so.
 """
 from __future__ import annotations
+
+import time
+from typing import Protocol
 
 from .cluster import ClusterIndex
 from .model import Decision, Outcome, PlacementRequest, Strategy
 from .placement import decide
 from .topology import TopologyTree
+
+CONFLICT = "conflict"  # a claim's answer when another replica wrote first
+
+
+class SharedClaims(Protocol):
+    """Holds shared with other replicas; see webhook/claims.py."""
+
+    budget_seconds: float
+
+    def basis(self) -> int: ...  # the claims version decisions now see (read under the index lock)
+    def claim(self, key: str, basis: int, deadline: float) -> str | None: ...  # None, CONFLICT or why not
+    def unclaim(self, key: str, deadline: float) -> str | None: ...
+    def alone(self, what: str, why: str) -> str: ...  # counts and logs; the warning to give
 
 
 def place(index: ClusterIndex, request: PlacementRequest) -> Decision:
@@ -40,3 +60,34 @@ def place_and_reserve(index: ClusterIndex, request: PlacementRequest, key: str |
                 sets.setdefault(assigned.node, []).extend(assigned.gpu_ids)
             index.reserve(key, sets)
         return decision
+
+
+def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None) -> tuple[Decision, list[str]]:
+    """`place_and_reserve`, and the hold claimed for every replica when they share claims: at
+    most one write when nobody else wrote meanwhile, a new decision for every 409. Returns the
+    decision and the warnings to give (a decision made alone)."""
+    claims: SharedClaims | None = index.claims
+    if claims is None or key is None:
+        return place_and_reserve(index, request, key), []
+    deadline = time.monotonic() + claims.budget_seconds
+    while True:
+        with index.lock:
+            decision = place_and_reserve(index, request, key)
+            basis = claims.basis()
+        if decision.outcome is not Outcome.PLACED:
+            return decision, []
+        problem = claims.claim(key, basis, deadline)
+        if problem is None:
+            return decision, []
+        if problem != CONFLICT or time.monotonic() >= deadline:
+            return decision, [claims.alone(request.workload, problem)]
+
+
+def release_shared(index: ClusterIndex, key: str) -> None:
+    """A workload is deleted: drop its hold here, and its claim for every replica."""
+    index.release(key)
+    claims: SharedClaims | None = index.claims
+    if claims is not None:
+        problem = claims.unclaim(key, time.monotonic() + claims.budget_seconds)
+        if problem is not None:
+            claims.alone(f"the release of {key}", problem)

@@ -1,0 +1,146 @@
+"""Shared claims in process: live views of one fake API server, each with its claims Lease stream,
+through the real `kubernetes` client. The two-process cases are in test_replicas.py."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from test_clusterview import LABELS, LEAF, eventually, fake, make_view  # noqa: F401 - fixtures
+
+from webhook.claims import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
+from webhook.demo import make_node
+from webhook.model import Outcome, PlacementRequest, Strategy
+from webhook.placer import place_shared, release_shared
+
+NAMESPACE = "tw"
+LEASE = f"{NAMESPACE}/{LEASE_NAME}"
+
+
+def whole_node(name: str) -> PlacementRequest:
+    return PlacementRequest(f"Job ml/{name}", 1, 8, Strategy.CONSOLIDATED)
+
+
+@pytest.fixture
+def views(fake, make_view):
+    for i in range(3):
+        fake.put_node(make_node(f"n{i}", {**LABELS, LEAF: f"leaf-{i}"}))
+    pair = [make_view(fake, claims_namespace=NAMESPACE, claims_budget_seconds=10) for _ in range(2)]
+    for view in pair:
+        view.start()
+        assert view.wait_synced(15)
+    return pair
+
+
+def reserved(view) -> int:
+    return view.index.stats().gpus_reserved
+
+
+def successful_writes(fake) -> list[tuple[str, str, int]]:
+    return [w for w in fake.writes if w[2] < 300]
+
+
+def test_a_replica_that_has_not_seen_the_other_claim_gets_409_and_decides_again(fake, views):
+    a, b = views
+    fake.hold_watches()  # b's Lease watch lags: it decides against the version before a's claim
+    first, _ = place_shared(a.index, whole_node("a"), "ml/Job/a")
+    second, warnings = place_shared(b.index, whole_node("b"), "ml/Job/b")
+    fake.release_watches()
+    assert first.nodes != second.nodes and not warnings
+    assert [code for *_, code in fake.writes] == [201, 409, 200], "created, conflict, written after a new decision"
+    eventually(lambda: reserved(a) == reserved(b) == 16, what="both claims on both replicas")
+
+
+def test_dry_runs_waits_and_releases_of_unshared_holds_write_nothing(fake, views):
+    a, _ = views
+    assert place_shared(a.index, whole_node("dry"), None)[0].outcome is Outcome.PLACED
+    release_shared(a.index, "ml/Job/never-placed")
+    assert fake.writes == []
+    for name in ("x", "y", "z"):
+        place_shared(a.index, whole_node(name), f"ml/Job/{name}")
+    assert place_shared(a.index, whole_node("w"), "ml/Job/w")[0].outcome is Outcome.WAIT
+    assert len(fake.writes) == 3, "one write per placed workload, none for the one that waits"
+
+
+def test_a_writer_keeps_the_others_claims_and_drops_what_its_ledger_no_longer_holds(fake, views, clock):
+    a, b = views
+    place_shared(a.index, whole_node("a"), "ml/Job/a")
+    eventually(lambda: reserved(b) == 8, what="a's claim on b")
+    clock.now += a.index.ledger.ttl_seconds + 1  # both ledgers let ml/Job/a lapse
+    a.index.expire_reservations()
+    b.index.expire_reservations()
+    place_shared(b.index, whole_node("b"), "ml/Job/b")
+    assert set(read_claims(fake.get("leases", LEASE))) == {"ml/Job/b"}
+
+
+def test_claims_that_cannot_be_read_or_have_lapsed_are_skipped(fake, views):
+    a, _ = views
+    claims = {"ml/Job/ok": {"expires": time.time() + 60, "sets": {"n0": ["0-7"]}},
+              "ml/Job/lapsed": {"expires": time.time() - 1, "sets": {"n1": ["0-7"]}},
+              "ml/Job/broken": {"expires": "soon", "sets": {"n2": ["0-7"]}},
+              "ml/Job/garbled": {"expires": time.time() + 60, "sets": {"n2": ["seven"]}}}
+    fake.put("leases", {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                        "metadata": {"name": LEASE_NAME, "namespace": NAMESPACE,
+                                     "annotations": {CLAIMS_ANNOTATION: json.dumps(claims)}}})
+    eventually(lambda: reserved(a) == 8, what="the readable claim")
+    assert set(a.index.ledger.holds) == {"ml/Job/ok"}
+    assert a.readiness()[0]
+
+
+def test_a_placement_made_again_moves_its_claim_on_every_replica(fake, views):
+    a, b = views
+    first, _ = place_shared(a.index, whole_node("a"), "ml/Job/a")
+    eventually(lambda: set(b.index.ledger.holds) == {"ml/Job/a"}, what="the claim on b")
+    cordoned = first.nodes[0]
+    fake.put_node(make_node(cordoned, {**LABELS, LEAF: f"leaf-{cordoned[1:]}"}, unschedulable=True))
+    eventually(lambda: a.index.stats().gpus_total == 16, what="the cordon seen by a")
+    again, _ = place_shared(a.index, whole_node("a"), "ml/Job/a")
+    assert again.nodes != first.nodes
+    eventually(lambda: tuple(b.index.ledger.holds["ml/Job/a"].sets) == again.nodes, what="the moved claim on b")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--nodes", "nodes.yaml", "--claims-namespace", "tw"], "--claims-namespace shares holds through the API"),
+    (["--claims-budget", "0"], "--claims-budget 0.0 must be a positive number of seconds"),
+], ids=["without the live view", "no budget"])
+def test_serve_refuses_claims_it_cannot_keep(flags, message, capsys, tmp_path, monkeypatch):
+    from webhook.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nodes.yaml").write_text(json.dumps(make_node("n0", LABELS)))
+    assert main(["serve", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_claim_decided_before_another_replicas_claims_arrived_is_decided_again_without_a_write(fake, views):
+    a, b = views
+    stale = b.index.claims.basis()
+    place_shared(a.index, whole_node("a"), "ml/Job/a")
+    eventually(lambda: b.index.claims.basis() != stale, what="a's claim on b")
+    writes = len(fake.writes)
+    assert b.index.claims.claim("ml/Job/b", stale, time.monotonic() + 5) == "conflict"
+    assert len(fake.writes) == writes
+
+
+def test_in_a_pod_claims_default_to_its_own_namespace(tmp_path, monkeypatch):
+    from webhook import clusterview
+
+    monkeypatch.setattr(clusterview, "SERVICE_ACCOUNT_NAMESPACE", str(tmp_path / "namespace"))
+    assert clusterview.own_namespace() is None, "outside a pod there is none"
+    (tmp_path / "namespace").write_text("topology-system\n")
+    assert clusterview.own_namespace() == "topology-system"
+
+
+def test_a_relist_of_the_lease_after_410_keeps_claims_once_and_releases_what_went_meanwhile(fake, views):
+    a, b = views
+    place_shared(a.index, whole_node("a"), "ml/Job/a")
+    place_shared(a.index, whole_node("b"), "ml/Job/b")
+    eventually(lambda: reserved(b) == 16, what="both claims on b")
+    fake.hold_watches()  # b sees nothing of what follows until its relist
+    release_shared(a.index, "ml/Job/a")
+    fake.compact()
+    fake.break_watches()
+    fake.release_watches()
+    eventually(lambda: set(b.index.ledger.holds) == {"ml/Job/b"}, what="the relisted Lease applied on b")
+    assert reserved(b) == 8
+    assert next(s for s in b.status() if s.kind == "leases").lists == 2

@@ -1,0 +1,326 @@
+"""Claims shared by replicas through the Kubernetes API: one Lease, written with compare-and-swap.
+
+Between admitting a workload and its controller creating pods, the only record of its GPUs is
+the hold in the replica that placed it. To make every replica count it, the placing replica
+writes it into one `coordination.k8s.io/v1` Lease in the release namespace (annotation
+`topology.scheduler/claims`: reservation key -> node -> GPU sets, and when the claim lapses),
+replacing the Lease at the resourceVersion its decision was made against. A 409 means another
+replica wrote first: read the Lease, decide again. Every replica watches the Lease (the view's
+third stream), so reading it costs nothing on the admission path, and applies each new version
+to its ledger: a claim it has not seen becomes a hold (for what is left of its time), a claim it
+had seen that is gone is released (deleted through another replica, or done there).
+
+A writer keeps the claims of the version it replaces, less those its own ledger no longer holds
+(pods bound, expired, released): so the Lease carries only what is still in the gap, and at most
+one write per placed workload is all it costs. Pods carry the placement afterwards (holds from the
+pod watch), so a claim need not outlive its pods' creation by much.
+
+Why one Lease for every claim, not one per workload or per domain: a compare-and-swap on one
+object is what makes "no two claims share a GPU" hold with one write; one Lease per workload
+excludes nothing, and one per domain needs several writes for a workload that spans domains.
+The price: claims are serialized through one object (one apiserver write each), and the
+annotation limit (256 KiB) bounds the claims pending at once to about two thousand.
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from kubernetes import client as k8s_client
+from kubernetes.client.exceptions import ApiException
+
+from .cluster import ClusterIndex
+from .gpus import format_gpu_set, parse_nvlink_domains
+from .placer import CONFLICT
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "topology-webhook-claims"
+CLAIMS_ANNOTATION = "topology.scheduler/claims"
+DEFAULT_BUDGET_SECONDS = 2.0
+
+
+def describe(err: BaseException) -> str:
+    """One line for people: the API's status and reason, or the connection failure."""
+    if isinstance(err, ApiException):
+        return f"HTTP {err.status} {str(err.reason or '').strip()}".strip()
+    cause = getattr(err, "reason", None)  # urllib3's MaxRetryError wraps the failure that counts
+    if isinstance(cause, BaseException):
+        err = cause
+    first = str(err.args[0]) if err.args else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+def read_claims(lease: dict | None, known: Mapping[str, dict] | None = None) -> dict[str, dict]:
+    """The claims a Lease carries: key -> {"expires": unix seconds, "sets": {node: ["0-7", ...]}}.
+    A claim that cannot be read is left out (logged): it must not stop the others. Claims equal
+    to one in `known` (read before) are not checked again: a write changes one claim of many."""
+    text = (((lease or {}).get("metadata") or {}).get("annotations") or {}).get(CLAIMS_ANNOTATION)
+    if not text:
+        return {}
+    try:
+        claims = json.loads(text)
+    except ValueError:
+        log.warning("lease %s: annotation %s is not JSON; ignoring its claims", LEASE_NAME, CLAIMS_ANNOTATION)
+        return {}
+    readable = {}
+    known = known or {}
+    for key, claim in claims.items() if isinstance(claims, dict) else ():
+        if known.get(key) == claim:
+            readable[key] = claim
+            continue
+        try:
+            _sets_of(claim)
+            if not isinstance(claim["expires"], (int, float)):
+                raise TypeError("expires is not a number")
+            readable[key] = claim
+        except (ValueError, TypeError, KeyError, AttributeError):
+            log.warning("lease %s: claim %s cannot be read; ignoring it", LEASE_NAME, key)
+    return readable
+
+
+def _sets_of(claim: dict) -> dict[str, list[tuple[int, ...]]]:
+    """node -> GPU sets of a claim; raises on anything else."""
+    return {str(node): [tuple(i for d in parse_nvlink_domains(text) for i in d) for text in sets]
+            for node, sets in claim["sets"].items()}
+
+
+_WAITING = "waiting"
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A claim decided against version `basis`, waiting for a write; `result` as `claim` answers."""
+
+    key: str
+    basis: int
+    result: str | None = _WAITING
+
+
+class ApiClaims:
+    """This replica's side of the shared claims, over one index.
+
+    One thread of this replica writes at a time (its writes would otherwise conflict with each
+    other); what was last applied is read and changed under the index's lock.
+    """
+
+    def __init__(self, index: ClusterIndex, api_client: k8s_client.ApiClient, namespace: str,
+                 budget_seconds: float = DEFAULT_BUDGET_SECONDS, wall: Callable[[], float] = time.time,
+                 on_alone: Callable[[], None] = lambda: None) -> None:
+        self.index = index
+        # A client of its own: no retries (urllib3 would repeat a timed-out PUT three times, past
+        # the budget) and no waiting behind the watches for a pooled connection.
+        configuration = copy.deepcopy(api_client.configuration)
+        configuration.retries = False
+        self.api = k8s_client.CoordinationV1Api(k8s_client.ApiClient(configuration))
+        self.namespace = namespace
+        self.budget_seconds = budget_seconds
+        self.identity = f"{socket.gethostname()}-{os.getpid()}"
+        self.wall = wall
+        self.on_alone = on_alone
+        self._cond = threading.Condition()  # guards the queue and the writer's turn
+        self._queue: list[_Pending] = []  # claims decided, waiting for the next write
+        self._writing = False
+        self._lease: dict | None = None  # the newest version applied; None while there is none
+        self._version = 0  # its resourceVersion
+        # Versions since the last one another replica wrote: only this replica's writes followed
+        # them, so a decision made against any of them is still valid.
+        self._own_since: set[int] = {0}
+        self._applied: dict[str, dict] = {}  # claims of that version, as applied to the ledger
+
+    # ---- what the placer calls (placer.SharedClaims) ----------------------------------------
+    def alone(self, what: str, why: str) -> str:
+        self.on_alone()
+        log.warning("claims: %s decided alone: not agreed with other replicas within %.1fs (%s)", what,
+                    self.budget_seconds, why)
+        return (f"topology-webhook: {what} decided without the other replicas ({why} within "
+                f"{self.budget_seconds:g}s); another replica may place work on the same GPUs")
+
+    # ---- reading: watch events, own writes, reads after a conflict ---------------------------
+    def apply(self, lease: dict | None, version: str | None = None, own: bool = False) -> None:
+        """Make the ledger agree with a version of the Lease (None: it was deleted at `version`).
+        Older versions than one already applied are ignored (a watch event behind our write).
+        `own`: the version this replica's write made (only its claims changed). resourceVersions
+        are compared as numbers: the API calls them opaque, etcd's revisions are integers."""
+        meta = (lease or {}).get("metadata") or {}
+        if lease is not None and meta.get("name") != LEASE_NAME:
+            return
+        number = int(version or meta.get("resourceVersion") or 0)
+        if number and number <= self._version:
+            return  # read again under the lock below; this spares parsing a version already applied
+        claims = read_claims(lease, self._applied)
+        with self.index.lock:
+            if number and number <= self._version:
+                return
+            self._version = number or self._version
+            if own and len(self._own_since) < 64:
+                self._own_since.add(self._version)
+            else:
+                self._own_since = {self._version}
+            self._lease = lease
+            now = self.wall()
+            for key, claim in claims.items():
+                if self._applied.get(key) != claim and claim["expires"] > now:
+                    self.index.reserve(key, _sets_of(claim), ttl=claim["expires"] - now)
+            for key in self._applied.keys() - claims.keys():
+                self.index.release(key)
+            self._applied = claims
+
+    def deleted(self, lease: dict) -> None:
+        """A watch's DELETED event."""
+        meta = lease.get("metadata") or {}
+        if meta.get("name") == LEASE_NAME:
+            self.apply(None, meta.get("resourceVersion"))
+
+    def forget(self, _name: str = LEASE_NAME) -> None:
+        """The Lease is gone (a relist without it)."""
+        self.apply(None)
+
+    def names(self) -> set[str]:
+        return {LEASE_NAME} if self._lease is not None else set()
+
+    def basis(self) -> int:
+        """The version a decision is made against (read under the index lock)."""
+        return self._version
+
+    def _refresh(self, deadline: float) -> None:
+        """Read the Lease now (after a 409: the watch may not have brought the winner's write yet)."""
+        try:
+            response = self.api.read_namespaced_lease(LEASE_NAME, self.namespace, _preload_content=False,
+                                                      _request_timeout=max(0.05, deadline - time.monotonic()))
+            self.apply(json.loads(response.data))
+        except Exception as err:  # noqa: BLE001 - transport failures too: the caller's deadline decides
+            if isinstance(err, ApiException) and err.status == 404:
+                self.apply(None)  # deleted meanwhile: the next write creates it
+            else:
+                log.warning("claims: reading lease %s/%s failed (%s)", self.namespace, LEASE_NAME, describe(err))
+
+    # ---- writing -----------------------------------------------------------------------------
+    def claim(self, key: str, basis: int, deadline: float) -> str | None:
+        """Share the ledger's hold of `key`, decided at version `basis`. None when written;
+        CONFLICT when another replica wrote first (the Lease is read again: decide again);
+        otherwise why it could not be written.
+
+        Claims of this replica are written in batches: while one write is in flight, the claims
+        decided meanwhile wait, and the next write carries them all (each still one write at
+        most). Decisions made against a version that only this replica's own writes followed
+        saw those writes' holds already, so they stay valid."""
+        pending = _Pending(key, basis)
+        with self._cond:
+            self._queue.append(pending)
+        while pending.result is _WAITING:
+            if not self._take_turn(deadline):
+                with self._cond:
+                    if pending in self._queue:
+                        self._queue.remove(pending)
+                return "no time left" if pending.result is _WAITING else pending.result
+            try:
+                if pending.result is _WAITING:
+                    with self._cond:
+                        batch, self._queue = self._queue, []
+                    self._write_batch(batch, deadline)
+            finally:
+                self._end_turn()
+        return pending.result
+
+    def unclaim(self, key: str, deadline: float) -> str | None:
+        """Take `key`'s claim out of the Lease (its workload was deleted here), retrying on 409
+        until `deadline`. None when done or when there was nothing to take out."""
+        while True:
+            if not self._take_turn(deadline):
+                return "no time left"
+            try:
+                with self.index.lock:
+                    if key not in self._applied:
+                        return None
+                    claims = self._kept()
+                    claims.pop(key, None)
+                    body = self._body(claims)
+                problem = self._write(body, deadline)
+            finally:
+                self._end_turn()
+            if problem != CONFLICT or time.monotonic() >= deadline:
+                return problem
+
+    def _take_turn(self, deadline: float) -> bool:
+        """Become this replica's one writer, waiting until `deadline` at most."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: not self._writing, max(0.0, deadline - time.monotonic())):
+                return False
+            self._writing = True
+            return True
+
+    def _end_turn(self) -> None:
+        with self._cond:
+            self._writing = False
+            self._cond.notify_all()
+
+    def _write_batch(self, batch: list["_Pending"], deadline: float) -> None:
+        """One write for every claim of `batch` decided against what is current."""
+        with self.index.lock:
+            current = []
+            for pending in batch:
+                if pending.basis in self._own_since:
+                    current.append(pending)
+                else:
+                    pending.result = CONFLICT  # another replica's claims arrived after it was decided
+            if not current:
+                return
+            claims = self._kept()
+            for pending in current:
+                hold = self.index.ledger.holds.get(pending.key)
+                if hold is not None:
+                    claims[pending.key] = {
+                        "expires": round(hold.expires_at - self.index.ledger.clock() + self.wall(), 3),
+                        "sets": {node: [format_gpu_set(s) for s in sets] for node, sets in hold.sets.items()}}
+            body = self._body(claims)
+        problem = self._write(body, deadline)
+        for pending in current:
+            pending.result = problem
+
+    def _kept(self) -> dict[str, dict]:
+        """The applied claims this ledger still holds and whose time has not run out."""
+        now = self.wall()
+        return {key: claim for key, claim in self._applied.items()
+                if key in self.index.ledger.holds and claim["expires"] > now}
+
+    def _body(self, claims: dict[str, dict]) -> dict:
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        metadata: dict = {"name": LEASE_NAME, "namespace": self.namespace,
+                          "labels": {"app.kubernetes.io/managed-by": "topology-webhook"},
+                          "annotations": {CLAIMS_ANNOTATION: json.dumps(claims, sort_keys=True, separators=(",", ":"))}}
+        if self._lease is not None:
+            metadata["resourceVersion"] = self._lease["metadata"]["resourceVersion"]
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
+                "spec": {"holderIdentity": self.identity, "renewTime": now,
+                         "leaseDurationSeconds": int(self.index.ledger.ttl_seconds)}}
+
+    def _write(self, body: dict, deadline: float) -> str | None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return "no time left"
+        try:
+            if "resourceVersion" in body["metadata"]:
+                response = self.api.replace_namespaced_lease(LEASE_NAME, self.namespace, body,
+                                                             _preload_content=False, _request_timeout=left)
+            else:
+                response = self.api.create_namespaced_lease(self.namespace, body, _preload_content=False,
+                                                            _request_timeout=left)
+        except ApiException as err:
+            if err.status == 409:
+                self._refresh(deadline)
+                return CONFLICT
+            return describe(err)
+        except Exception as err:  # noqa: BLE001 - timeouts and refused connections: decide alone
+            log.warning("claims: writing lease %s/%s failed (%s)", self.namespace, LEASE_NAME, describe(err))
+            return describe(err).partition(":")[0]  # the failure's kind: users need no addresses
+        self.apply(json.loads(response.data), own=True)
+        return None
