@@ -273,3 +273,27 @@ def test_an_oversized_chunked_body_is_refused_with_413(tls_server):
             except OSError:
                 pass  # the server may answer and close before the whole body is sent
             assert tls.recv(4096).startswith(b"HTTP/1.1 413 ")
+
+
+# ----- one replica never double-books, whatever its cluster source -------------------------------
+
+def test_a_file_cluster_never_gives_a_node_twice_to_sequential_or_concurrent_admissions(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+    nodes = demo.leaf_spine_nodes(spines=1, leaves=2, nodes=3, zone="z")  # 6 idle 8-GPU nodes
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
+    server = start_server(tmp_path, "--nodes", str(tmp_path / "nodes.yaml"))
+    try:
+        client = server.client()
+
+        def admit(name: str) -> dict:
+            job = gpu_job(name, 1, 8, gpu_count="8", placement_strategy="consolidated")
+            return client.post(review_of(job)).json()["response"]["auditAnnotations"]
+
+        sequential = [admit(f"one-by-one-{i}") for i in range(2)]
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            concurrent = list(pool.map(admit, [f"burst-{i}" for i in range(12)]))
+        placed = [a["domain"] for a in sequential + concurrent if a["outcome"] == "placed"]
+        assert len(placed) == 6 and len(set(placed)) == 6, placed
+        assert sum(a["outcome"] == "waiting" for a in concurrent) == 8
+    finally:
+        stop_server(server)
