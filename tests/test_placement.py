@@ -106,6 +106,13 @@ def test_unknown_preferred_domain_is_never_and_lists_what_exists(cluster):
     decision = place(cluster, request(2, preferred_domain="leaf-99"))
     assert (decision.outcome, decision.code) == (Outcome.NEVER, UNKNOWN_DOMAIN)
     assert "leaf-99" in decision.reasons[0] and "leaf-1" in decision.reasons[0]
+    assert "leaf: leaf-1, leaf-2, leaf-3, leaf-4, leaf-5, leaf-6, leaf-7, leaf-8)" in decision.reasons[0]  # all of them
+
+
+def test_a_long_list_of_allowed_domains_says_how_many_it_leaves_out():
+    nodes = [make_node(f"n{i}", {"topology.scheduler/leaf": f"rack-{i:02d}"}) for i in range(20)]
+    decision = place(ClusterIndex.from_objects(Config(), nodes), request(1, preferred_domain="rack-99"))
+    assert "rack-00, rack-01," in decision.reasons[0] and "rack-11, ... and 8 more" in decision.reasons[0]
 
 
 def test_per_pod_accounting_two_single_gpu_holes_do_not_hold_a_two_gpu_pod():

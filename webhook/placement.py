@@ -120,7 +120,7 @@ def _resolve(index: TopologyTree, subset: TopologyTree, text: str) -> Member | s
         if paths:
             options = ", ".join(f"{_level_name(index, p)}={value}" for p in paths)
             return f"preferred-domain {text!r} is ambiguous; write one of: {options}"
-        known = [f"{lv.name}: {', '.join(sorted(d.ref.name for d in index.levels[i].values())[:4])}"
+        known = [f"{lv.name}: {_listed(sorted({d.ref.name for d in index.levels[i].values()}))}"
                  for i, lv in enumerate(index.config.levels) if index.levels[i]]
         return (f"preferred-domain {text!r} matches no domain; allowed: a label value at any level or "
                 f"LEVEL=VALUE ({'; '.join(known) or 'the cluster has no labelled domains'})")
@@ -130,6 +130,12 @@ def _resolve(index: TopologyTree, subset: TopologyTree, text: str) -> Member | s
         if member is not None:
             return member
     return subset.root
+
+
+def _listed(names: list[str], most: int = 12) -> str:
+    """Every name, or the first `most` and how many more (a denial stays one readable line)."""
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown}, ... and {len(names) - most} more"
 
 
 def _level_name(index: TopologyTree, path: tuple) -> str:
