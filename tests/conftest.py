@@ -1,4 +1,4 @@
-"""Shared fixtures: the demo cluster view, the Flask app, and a real gunicorn over TLS.
+"""Shared fixtures: the demo cluster view, the Flask app, a real gunicorn over TLS, and the fake API server.
 
 `ApiServer` talks to the webhook the way kube-apiserver does and checks every answer against the
 rules the apiserver enforces (webhook-contract.md 1.3); `tls_server` starts one real server per
@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import pathlib
+import random
 import socket
 import subprocess
 import sys
@@ -19,19 +20,21 @@ import uuid
 from dataclasses import dataclass
 
 import jsonpatch
-import kubernetes_validate
 import pytest
 import requests
+from kubernetes.client import ApiClient, Configuration
 
+from bench.fakeapiserver import FakeApiServer
+from tests.fixtures.builders import schema_error
 from webhook import certs, demo
 from webhook.app import create_app
 from webhook.admission import make_review
 from webhook.cli import cluster_view
+from webhook.clusterview import LiveClusterView
 from webhook.config import Config
 from webhook.metrics import Metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-K8S_VERSION = "1.30.0"
 START_TIMEOUT_SECONDS = 60
 
 
@@ -122,7 +125,7 @@ def patched_object(sent: dict, answer: dict) -> dict:
 
 
 def assert_valid_kubernetes_object(obj: dict) -> None:
-    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    assert schema_error(obj) is None, schema_error(obj)
 
 
 @dataclass
@@ -228,3 +231,57 @@ def review_of(obj: dict, version: str = "v1") -> dict:
     """A CREATE review for an object as the apiserver sends it, with a fresh uid."""
     review = make_review(obj, uid=str(uuid.uuid4()))
     return {**review, "apiVersion": f"admission.k8s.io/{version}"}
+
+
+# ----- the fake API server and live views over it ------------------------------------------------
+
+LEAF = "topology.scheduler/leaf"
+LABELS = {"topology.kubernetes.io/zone": "zone-a", "topology.scheduler/spine": "spine-1", LEAF: "leaf-1"}
+
+
+def eventually(check, timeout: float = 10.0, what: str = "condition"):
+    """Poll `check` until it returns something truthy, for at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def fake() -> FakeApiServer:
+    """A local fake of kube-apiserver (bench/fakeapiserver.py), stopped at teardown."""
+    server = FakeApiServer(bookmark_interval=0.2).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def make_view(clock):
+    views = []
+
+    def make(server: FakeApiServer, config: Config = Config(), **overrides) -> LiveClusterView:
+        settings = dict(clock=clock, backoff_base=0.01, backoff_cap=0.2, rng=random.Random(7),
+                        watch_timeout_seconds=5, expire_interval_seconds=0.05)
+        settings.update(overrides)
+        view = LiveClusterView(config, ApiClient(Configuration(host=server.url)), **settings)
+        views.append(view)
+        return view
+
+    yield make
+    for view in views:
+        assert view.stop(timeout=5), "view threads did not stop within 5s"
+
+
+def write_kubeconfig(path, server: FakeApiServer) -> str:
+    path.write_text(f"""
+apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{server.url}"}}}}]
+users: [{{name: me, user: {{token: abc}}}}]
+contexts: [{{name: here, context: {{cluster: fake, user: me}}}}]
+current-context: here
+""")
+    return str(path)

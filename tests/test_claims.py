@@ -6,7 +6,7 @@ import json
 import time
 
 import pytest
-from test_clusterview import LABELS, LEAF, eventually, fake, make_view  # noqa: F401 - fixtures
+from conftest import LABELS, LEAF, eventually
 
 from webhook.claims import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
 from webhook.demo import make_node

@@ -1,6 +1,6 @@
 """The live cluster view against a local fake of the API's list/watch protocol, through the real client.
 
-Every test runs the real `kubernetes` client over HTTP against tests/fakeapiserver.py; nothing in
+Every test runs the real `kubernetes` client over HTTP against bench/fakeapiserver.py; nothing in
 the client library is mocked. Waits are bounded polls (`eventually`), never bare sleeps.
 """
 from __future__ import annotations
@@ -10,54 +10,15 @@ import socket
 import time
 
 import pytest
-from kubernetes.client import ApiClient, Configuration
 
-from tests.fakeapiserver import FakeApiServer
+from bench.fakeapiserver import FakeApiServer
+from conftest import LABELS, LEAF, ApiServer, eventually, start_server, stop_server, write_kubeconfig
 from webhook.cluster import RESERVATION_ANNOTATION
 from webhook.clusterview import Backoff, LiveClusterView, api_client_from
 from webhook.config import Config, ConfigError
 from webhook.demo import demo_cluster, make_node, make_pod
 from webhook.model import Outcome, PlacementRequest, Strategy
 from webhook.placer import place_and_reserve
-
-LEAF = "topology.scheduler/leaf"
-LABELS = {"topology.kubernetes.io/zone": "zone-a", "topology.scheduler/spine": "spine-1", LEAF: "leaf-1"}
-
-
-def eventually(check, timeout: float = 10.0, what: str = "condition"):
-    """Poll `check` until it returns something truthy, for at most `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.02)
-
-
-@pytest.fixture
-def fake():
-    server = FakeApiServer(bookmark_interval=0.2).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def make_view(clock):
-    views = []
-
-    def make(server: FakeApiServer, config: Config = Config(), **overrides) -> LiveClusterView:
-        settings = dict(clock=clock, backoff_base=0.01, backoff_cap=0.2, rng=random.Random(7),
-                        watch_timeout_seconds=5, expire_interval_seconds=0.05)
-        settings.update(overrides)
-        view = LiveClusterView(config, ApiClient(Configuration(host=server.url)), **settings)
-        views.append(view)
-        return view
-
-    yield make
-    for view in views:
-        assert view.stop(timeout=5), "view threads did not stop within 5s"
-
 
 def status_of(view: LiveClusterView, kind: str):
     return next(s for s in view.status() if s.kind == kind)
@@ -371,24 +332,10 @@ def test_reservations_never_share_the_last_domain_are_confirmed_by_binding_and_e
 # ---- through the real gunicorn server ---------------------------------------------------------
 # What `serve --kubeconfig FILE` runs in its worker: the live view behind the real app, one worker
 # process with threads, so every request thread shares one index and one reservation ledger.
-def write_kubeconfig(path, server: FakeApiServer) -> str:
-    path.write_text(f"""
-apiVersion: v1
-kind: Config
-clusters: [{{name: fake, cluster: {{server: "{server.url}"}}}}]
-users: [{{name: me, user: {{token: abc}}}}]
-contexts: [{{name: here, context: {{cluster: fake, user: me}}}}]
-current-context: here
-""")
-    return str(path)
-
-
 @pytest.fixture
 def start_live_server(fake, tmp_path):
     """Starts `topology-webhook serve --kubeconfig` (gunicorn over TLS) fed by the fake API server;
     returns an apiserver-like client once /healthz answers. Stopped at teardown."""
-    from conftest import ApiServer, start_server, stop_server
-
     servers = []
 
     def start() -> ApiServer:

@@ -1,7 +1,7 @@
 """Replicas that agree: two real `serve --kubeconfig --claims-namespace` processes against one fake
 API server, sharing holds through the claims Lease (webhook/claims.py).
 
-Each replica is the real gunicorn server over TLS with its live view of tests/fakeapiserver.py;
+Each replica is the real gunicorn server over TLS with its live view of bench/fakeapiserver.py;
 requests go to them as the apiserver's Service would spread them. Waits are bounded polls.
 """
 from __future__ import annotations
@@ -11,9 +11,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import RunningServer, gpu_job, patched_object, review_of, start_server, stop_server
+from conftest import (LABELS, LEAF, RunningServer, eventually, gpu_job, patched_object, review_of, start_server,
+                      stop_server, write_kubeconfig)
 from test_admission import deletion
-from test_clusterview import LABELS, LEAF, eventually, fake, write_kubeconfig  # noqa: F401 - fake is a fixture
 
 from webhook.claims import CLAIMS_ANNOTATION, LEASE_NAME
 from webhook.demo import make_node
