@@ -52,3 +52,10 @@ def test_a_bound_pod_in_another_namespace_leaves_the_hold_on_the_index(clock):
     assert index.stats().gpus_reserved == 16 and set(index.ledger.holds) == {"team-victim/Job/train"}
     index.delete_pod(forged)
     assert index.stats().gpus_reserved == 16
+
+
+def test_a_hold_on_a_node_not_listed_yet_counts_once_the_node_arrives(clock):
+    index = ClusterIndex.from_objects(Config(), [], [], clock)
+    index.reserve("ml/Job/elsewhere", {"late": [(0, 1, 2, 3, 4, 5, 6, 7)]})  # another replica's claim
+    index.upsert_node(make_node("late", {"topology.scheduler/leaf": "l1"}))
+    assert index.stats().gpus_reserved == 8 and index.nodes["late"].free == 0

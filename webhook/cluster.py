@@ -291,9 +291,11 @@ class ClusterIndex:
 
     def reserve(self, key: str, sets_per_node: Mapping[str, list[tuple[int, ...]]], ttl: float | None = None) -> None:
         """Hold GPU sets on nodes for a workload until its pods are seen bound or it expires.
-        Reserving a key again replaces the old hold, so re-placing a workload never double-books."""
+        Reserving a key again replaces the old hold, so re-placing a workload never double-books.
+        A node not seen yet keeps its sets in the ledger and counts them when it arrives: another
+        replica's claims can be read before this replica has listed every node."""
         with self.lock:
-            self._recount(self.ledger.reserve(key, {n: s for n, s in sets_per_node.items() if n in self.tree.nodes}, ttl))
+            self._recount(self.ledger.reserve(key, sets_per_node, ttl))
 
     def release(self, key: str) -> None:
         with self.lock:
