@@ -14,8 +14,9 @@ import pytest
 from bench.fakeapiserver import FakeApiServer
 from conftest import LABELS, LEAF, ApiServer, eventually, start_server, stop_server, write_kubeconfig
 from webhook.cluster import RESERVATION_ANNOTATION
-from webhook.clusterview import Backoff, LiveClusterView, api_client_from
+from webhook.clusterview import Backoff, LiveClusterView
 from webhook.config import Config, ConfigError
+from webhook.kubeclient import api_client_from
 from webhook.demo import demo_cluster, make_node, make_pod
 from webhook.model import Outcome, PlacementRequest, Strategy
 from webhook.placer import place_and_reserve

@@ -23,8 +23,9 @@ from . import __version__, admission, certs, demo, discovery, logs
 from .app import Readiness, create_app
 from .cluster import ClusterIndex
 from .claims import DEFAULT_BUDGET_SECONDS
-from .clusterview import LiveClusterView, api_client_from, own_namespace
+from .clusterview import LiveClusterView, own_namespace
 from .config import DEFAULT_PORT, ConfigError, Config, load_config
+from .kubeclient import api_client_from
 from .manifests import ManifestError, read_objects
 from .metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
 from .server import THREADS_PER_WORKER, ServeOptions, WebhookServer, start_metrics_server

@@ -36,14 +36,12 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
 
 from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
 from .cluster import ClusterIndex, pod_key
-from .config import Config, ConfigError
+from .config import Config
 
 log = logging.getLogger(__name__)
 
@@ -62,21 +60,6 @@ def own_namespace() -> str | None:
             return file.read().strip() or None
     except OSError:
         return None
-
-
-def api_client_from(kubeconfig: str | None) -> k8s_client.ApiClient:
-    """An API client from a kubeconfig file, or from the pod's service account when None."""
-    configuration = k8s_client.Configuration()
-    try:
-        if kubeconfig:
-            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        else:
-            k8s_config.load_incluster_config(client_configuration=configuration)
-    except (ConfigException, OSError) as err:
-        where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster config"
-        hint = "" if kubeconfig else " (not running in a pod? pass --kubeconfig FILE or --nodes FILE)"
-        raise ConfigError(f"{where}: {str(err).strip() or type(err).__name__}{hint}") from None
-    return k8s_client.ApiClient(configuration)
 
 
 class Backoff:

@@ -532,18 +532,13 @@ class NodeApi:
     """GET and merge-PATCH one Node through the `kubernetes` client."""
 
     def __init__(self, kubeconfig: str | None) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
 
+        from .kubeclient import KubeconfigError, api_client_from
         try:
-            if kubeconfig:
-                self._api = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
-            else:
-                configuration = client.Configuration()
-                config.load_incluster_config(client_configuration=configuration)
-                self._api = client.CoreV1Api(client.ApiClient(configuration))
-        except (config.ConfigException, OSError) as err:
-            where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster config (no --kubeconfig given)"
-            raise DiscoveryError(f"Kubernetes {where}: {err}", EXIT_API) from None
+            self._api = client.CoreV1Api(api_client_from(kubeconfig))
+        except KubeconfigError as err:
+            raise DiscoveryError(f"Kubernetes {err}", EXIT_API) from None
 
     def _call(self, what: str, call, *call_args, **kwargs):
         from kubernetes.client.exceptions import ApiException
