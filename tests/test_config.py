@@ -67,6 +67,7 @@ def test_mapping_rejects_bad_profile():
     # wrong type
     ("reservation_ttl_seconds: abc\n", "reservation_ttl_seconds: 'abc' is not a number; allowed: a number from 1 to 86400"),
     ("max_body_bytes: 100\n", "max_body_bytes: 100 is out of range; allowed: 1024 to 3145728"),
+    ("preferred_weight: 101\n", "preferred_weight: 101 is out of range; allowed: 1 to 100"),
     ("max_body_bytes: 2048.5\n", "max_body_bytes: 2048.5 is not a whole number"),
     ("pin_when_waiting: maybe\n", "pin_when_waiting: 'maybe' is not allowed; allowed: true, false"),
     ("stale_after_seconds: true\n", "stale_after_seconds: True is not a number"),

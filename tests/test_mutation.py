@@ -65,8 +65,14 @@ def test_required_or_preferred(strategy, outcome, pin_when_waiting, pinned):
         assert len(preferred) == 1
     else:
         assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity
-        assert preferred[1] == {"weight": mutation.PREFERRED_WEIGHT, "preference": {"matchExpressions": [PIN]}}
+        assert preferred[1] == {"weight": Config().preferred_weight, "preference": {"matchExpressions": [PIN]}}
     assert preferred[0]["weight"] == 5  # the user's preference stays first and unchanged
+
+
+def test_the_preference_weight_is_a_setting():
+    obj = workload("Job", spec={})
+    out = valid(mutation.mutate(obj, "Job", decision(request(strategy=Strategy.BALANCED)), Config(preferred_weight=40)))
+    assert [p["weight"] for p in node_affinity(out)["preferredDuringSchedulingIgnoredDuringExecution"]] == [40]
 
 
 def test_waiting_warnings_say_what_happens():

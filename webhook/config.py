@@ -117,6 +117,9 @@ class Config:
     scheduler_names: tuple[str, ...] = ("topology-aware-scheduler",)  # ours: reset to default_scheduler
     default_scheduler: str = "default-scheduler"
     pin_when_waiting: bool = True  # consolidated workloads wait for locality instead of scattering
+    # Weight of our preferred node affinity (balanced). 100, the scheduler's maximum, outweighs a
+    # user's weaker preferences; lower it to let theirs count more.
+    preferred_weight: int = 100
     reservation_ttl_seconds: float = 300.0
     max_body_bytes: int = 3 * 1024 * 1024  # the apiserver's own request limit
     stale_after_seconds: float = 120.0
@@ -167,6 +170,7 @@ _SCALARS: Mapping[str, tuple[type, float, float]] = {
     "reservation_ttl_seconds": (float, 1.0, 86400.0),
     "stale_after_seconds": (float, 5.0, 86400.0),
     "max_body_bytes": (int, 1024, 3 * 1024 * 1024),
+    "preferred_weight": (int, 1, 100),
 }
 _PROFILE_NUMBERS: Mapping[str, tuple[type, float, float]] = {
     "nvlink_gbs": (float, 0.001, 100000.0), "pcie_gbs": (float, 0.001, 100000.0), "nic_gbs": (float, 0.001, 100000.0),

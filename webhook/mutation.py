@@ -38,7 +38,6 @@ from .model import Decision, Outcome, Strategy
 from .workload import pod_template
 
 __all__ = ["GPU_IDS", "INJECTED", "PLACEMENT", "RESERVATION", "WORKLOAD_LABEL", "Injection"]  # for callers
-PREFERRED_WEIGHT = 100  # the scheduler's maximum: our domain outweighs incidental preferences
 CUDA_DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA numbering = nvidia-smi/NVML numbering
 _REQUIRED = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
 _PREFERRED = ("affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
@@ -149,7 +148,7 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
     if expressions and pins(decision, config):
         required = (expressions,)  # the same expressions for every term: _apply_required spreads them
     elif expressions:
-        preferred = {"weight": PREFERRED_WEIGHT, "preference": {"matchExpressions": list(expressions)}}
+        preferred = {"weight": config.preferred_weight, "preference": {"matchExpressions": list(expressions)}}
     label = None
     spread: tuple[dict, ...] = ()
     if decision.request.strategy is Strategy.DISTRIBUTED and decision.spread_keys:
