@@ -89,25 +89,6 @@ def client(app):
     return app.test_client()
 
 
-def gpu_pod(name: str, gpus: int, namespace: str = "ml", **annotations: str) -> dict:
-    """A bare Pod as a user writes it, asking for GPUs with topology annotations."""
-    pod = demo.make_pod(name, None, gpus, namespace=namespace,
-                        annotations={f"topology.scheduler/{k.replace('_', '-')}": v for k, v in annotations.items()})
-    del pod["status"], pod["metadata"]["uid"]
-    return pod
-
-
-def gpu_job(name: str, pods: int, gpus_per_pod: int, namespace: str = "ml", **annotations: str) -> dict:
-    template = gpu_pod(name, gpus_per_pod, namespace)
-    template["spec"]["restartPolicy"] = "Never"
-    del template["apiVersion"], template["kind"], template["metadata"]["namespace"], template["metadata"]["name"]
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": name, "namespace": namespace,
-                         "annotations": {f"topology.scheduler/{k.replace('_', '-')}": v
-                                         for k, v in annotations.items()}},
-            "spec": {"parallelism": pods, "completions": pods, "template": template}}
-
-
 def patched_object(sent: dict, answer: dict) -> dict:
     """Check an AdmissionReview answer as kube-apiserver does and return the object after its patch."""
     assert answer["apiVersion"] == sent["apiVersion"] and answer["kind"] == "AdmissionReview"

@@ -10,7 +10,8 @@ from webhook.config import Config
 from webhook.logs import JsonFormatter
 from webhook.metrics import Metrics
 
-from conftest import assert_valid_kubernetes_object, gpu_pod, patched_object, review_of
+from conftest import assert_valid_kubernetes_object, patched_object, review_of
+from tests.fixtures.builders import gpu_pod
 
 
 def post(client, body, content_type="application/json"):

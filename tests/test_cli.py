@@ -13,7 +13,8 @@ import yaml
 from webhook import demo
 from webhook.cli import main
 
-from conftest import ROOT, assert_valid_kubernetes_object, gpu_job, gpu_pod
+from conftest import ROOT, assert_valid_kubernetes_object
+from tests.fixtures.builders import gpu_job, gpu_pod
 
 FIXTURES = ROOT / "tests" / "fixtures"
 

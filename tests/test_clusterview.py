@@ -352,7 +352,8 @@ def start_live_server(fake, tmp_path):
 def test_gunicorn_fails_open_until_synced_then_never_double_books_concurrent_admissions(fake, start_live_server):
     from concurrent.futures import ThreadPoolExecutor
 
-    from conftest import gpu_pod, review_of
+    from conftest import review_of
+    from tests.fixtures.builders import gpu_pod
 
     fake.refuse_until = time.monotonic() + 3600  # the API does not answer yet
     live_server = start_live_server()

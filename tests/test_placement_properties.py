@@ -4,7 +4,7 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import gpu_job
+from tests.fixtures.builders import gpu_job
 from webhook import mutation, workload
 from webhook.cluster import ClusterIndex
 from webhook.filters import node_matches

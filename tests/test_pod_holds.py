@@ -1,6 +1,7 @@
 """Holds read from pods: an unbound pod carrying our placement holds its GPUs on every replica,
 replaces its workload's hold instead of adding to it, and stops holding once bound or gone."""
-from conftest import gpu_job, patched_object, review_of
+from conftest import patched_object, review_of
+from tests.fixtures.builders import gpu_job
 
 from webhook import admission
 from webhook.cluster import ClusterIndex

@@ -11,8 +11,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import (LABELS, LEAF, RunningServer, eventually, gpu_job, patched_object, review_of, start_server,
-                      stop_server, write_kubeconfig)
+from conftest import (LABELS, LEAF, RunningServer, eventually, patched_object, review_of, start_server, stop_server,
+                      write_kubeconfig)
+from tests.fixtures.builders import gpu_job
 from test_admission import deletion
 
 from webhook.claims import CLAIMS_ANNOTATION, LEASE_NAME

@@ -104,7 +104,7 @@ def test_the_constrained_subset_stays_exact_as_pods_come_and_go():
 
 
 def test_a_workload_asks_for_its_pods_resources_beside_its_gpus():
-    from conftest import gpu_job
+    from tests.fixtures.builders import gpu_job
     from webhook import workload
     job = gpu_job("train", 2, 8)
     job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "32", "memory": "256Gi"}

@@ -14,8 +14,8 @@ from cryptography import x509
 
 from webhook import certs, demo
 
-from conftest import (assert_valid_kubernetes_object, gpu_job, gpu_pod, review_of, start_server,
-                      stop_server)
+from conftest import assert_valid_kubernetes_object, review_of, start_server, stop_server
+from tests.fixtures.builders import gpu_job, gpu_pod
 
 
 @pytest.mark.parametrize("version", ["v1", "v1beta1"])

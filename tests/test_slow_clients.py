@@ -11,7 +11,8 @@ import requests
 
 from webhook.server import REQUEST_SECONDS
 
-from conftest import gpu_pod, review_of, start_server, stop_server
+from conftest import review_of, start_server, stop_server
+from tests.fixtures.builders import gpu_pod
 
 HELD = 64  # of each kind
 
