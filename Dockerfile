@@ -29,8 +29,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1
 # Numeric, so the kubelet can enforce runAsNonRoot.
 USER 65532:65532
-EXPOSE 8443
+EXPOSE 8443 9090
 # `serve` runs gunicorn over TLS with the certificate and key mounted from the Secret, and reloads
 # them when kubelet swaps the files. No HEALTHCHECK: Kubernetes probes /healthz and /readyz.
 ENTRYPOINT ["topology-webhook"]
-CMD ["serve", "--config", "/etc/topology-webhook/config/config.yaml", "--cert", "/etc/topology-webhook/tls/tls.crt", "--key", "/etc/topology-webhook/tls/tls.key", "--bind", "0.0.0.0:8443"]
+CMD ["serve", "--config", "/etc/topology-webhook/config/config.yaml", "--cert", "/etc/topology-webhook/tls/tls.crt", "--key", "/etc/topology-webhook/tls/tls.key", "--bind", "0.0.0.0:8443", "--metrics-bind", "0.0.0.0:9090"]

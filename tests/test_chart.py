@@ -190,27 +190,28 @@ def test_every_object_passes_the_kubernetes_schema(case, version):
 @pytest.mark.parametrize("case", VALUE_SETS)
 def test_webhook_service_name_port_and_path_reach_the_server(case):
     service = one(case, "Service")
-    (port,) = service["spec"]["ports"]
+    port, metrics = service["spec"]["ports"]
     for entry in webhook_entries(case).values():
         client = entry["clientConfig"]["service"]
         assert (client["name"], client["namespace"]) == (service["metadata"]["name"], NAMESPACE)
         assert client["path"] == MUTATE_PATH
         assert port["port"] == client["port"] == 443
     container = webhook_container(case)
-    (container_port,) = container["ports"]
+    container_port, metrics_port = container["ports"]
     assert port["targetPort"] == container_port["name"]
     assert container_port["containerPort"] == DEFAULT_PORT
     assert arg_after(container, "--bind") == f"0.0.0.0:{DEFAULT_PORT}"
+    assert metrics["targetPort"] == metrics_port["name"] == "metrics"
+    assert arg_after(container, "--metrics-bind") == f"0.0.0.0:{metrics_port['containerPort']}"
     assert container["args"][0] == "serve"
     assert container["livenessProbe"]["httpGet"] == {"scheme": "HTTPS", "port": "https", "path": HEALTHZ_PATH}
     assert container["readinessProbe"]["httpGet"] == {"scheme": "HTTPS", "port": "https", "path": READYZ_PATH}
 
 
-def test_service_monitor_scrapes_the_metrics_path_with_the_webhook_ca():
+def test_service_monitor_scrapes_the_metrics_port_over_plain_http():
     (endpoint,) = one("everything-on", "ServiceMonitor")["spec"]["endpoints"]
-    assert (endpoint["port"], endpoint["scheme"], endpoint["path"]) == ("https", "https", METRICS_PATH)
-    assert endpoint["tlsConfig"]["serverName"] in SERVICE_DNS_NAMES
-    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": f"{FULLNAME}-tls", "key": "ca.crt"}
+    assert (endpoint["port"], endpoint["scheme"], endpoint["path"]) == ("metrics", "http", METRICS_PATH)
+    assert "tlsConfig" not in endpoint  # metrics left the TLS port (issue 14): a NetworkPolicy can tell them apart
     assert not objects("defaults", "ServiceMonitor")
 
 

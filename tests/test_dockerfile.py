@@ -112,7 +112,7 @@ def test_entrypoint_serves_with_the_paths_and_port_the_chart_mounts():
     cmd = exec_form(final_stage(), "CMD")
     (container,) = chart_pod_spec()["containers"]
     assert cmd == container["args"]
-    assert [rest for kw, rest in final_stage() if kw == "EXPOSE"] == [str(DEFAULT_PORT)]
+    assert [rest for kw, rest in final_stage() if kw == "EXPOSE"] == [f"{DEFAULT_PORT} 9090"]
 
 
 def pins() -> dict[str, str]:
