@@ -173,7 +173,7 @@ class _Backend:
     def nvmlDeviceGetGpuFabricInfoV(self, device, gpuFabricInfo):
         gpu = self._gpu("nvmlDeviceGetGpuFabricInfoV", device)
         info = getattr(gpuFabricInfo, "_obj", None)  # what ctypes.byref(struct) wraps
-        if not isinstance(info, real.c_nvmlGpuFabricInfo_v2_t):
+        if not isinstance(info, real.c_nvmlGpuFabricInfoV_t):  # the v2 struct, by either name
             raise TypeError("nvmlDeviceGetGpuFabricInfoV needs ctypes.byref(c_nvmlGpuFabricInfoV_t())")
         if info.version != real.nvmlGpuFabricInfo_v2:
             _raise(real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
