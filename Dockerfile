@@ -11,7 +11,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 RUN python -m venv --without-pip /opt/venv
 COPY .ci/constraints.txt .ci/constraints.txt
-COPY setup.cfg pyproject.toml README.md ./
+COPY setup.cfg pyproject.toml README.md LICENSE ./
 COPY webhook webhook
 # Only wheels for dependencies (no compiler is needed or present); `pip check` stops the build on
 # a dependency that the constraints do not satisfy.
@@ -20,6 +20,18 @@ RUN pip --python /opt/venv/bin/python install --only-binary=:all: --no-binary=to
 
 # Runtime: the same base (the venv's interpreter path must exist), the venv, a non-root user.
 FROM ${PYTHON_IMAGE}
+# What CI knows at build time: --build-arg VERSION=0.1.0 REVISION=$(git rev-parse HEAD) CREATED=<RFC 3339>
+ARG PYTHON_IMAGE
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG CREATED=unknown
+LABEL org.opencontainers.image.title="topology-webhook" \
+      org.opencontainers.image.description="Kubernetes mutating admission webhook that places GPU workloads by network and NVLink topology" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 RUN python -m pip uninstall --yes --no-cache-dir pip setuptools wheel \
  && groupadd --system --gid 65532 webhook \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin webhook

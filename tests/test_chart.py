@@ -437,6 +437,7 @@ def test_release_on_delete_is_off_when_asked_or_without_match_conditions(case):
 @pytest.mark.parametrize("case", ["defaults", "everything-on"])
 def test_every_pod_meets_the_restricted_pod_security_standard(case):
     pods = [obj["spec"]["template"]["spec"] for obj in rendered(case) if obj["kind"] in ("Deployment", "DaemonSet")]
+    pods += [obj["spec"] for obj in rendered(case) if obj["kind"] == "Pod"]  # `helm test`
     assert pods
     for pod in pods:
         assert pod["securityContext"]["runAsNonRoot"] is True
@@ -448,6 +449,37 @@ def test_every_pod_meets_the_restricted_pod_security_standard(case):
             assert context["readOnlyRootFilesystem"] is True
             assert context["capabilities"] == {"drop": ["ALL"]}
             assert "resources" in container and container["resources"]["requests"]
+
+
+def test_network_policy_admits_only_the_webhook_and_metrics_ports():
+    policy = one("defaults", "NetworkPolicy")
+    assert policy["spec"]["podSelector"] == one("defaults", "Deployment")["spec"]["selector"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    webhook, metrics = policy["spec"]["ingress"]
+    assert webhook == {"ports": [{"port": "https", "protocol": "TCP"}]}  # the apiserver is no pod: any source
+    assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [{"namespaceSelector": {}}]}
+    narrowed = chart().render({"networkPolicy": {"webhookFrom": [{"ipBlock": {"cidr": "10.0.0.0/28"}}]}},
+                              name=RELEASE, namespace=NAMESPACE)
+    text = "".join(narrowed.values())
+    assert "cidr: 10.0.0.0/28" in text
+    assert "kind: NetworkPolicy" not in "".join(
+        chart().render({"networkPolicy": {"enabled": False}}, name=RELEASE, namespace=NAMESPACE).values())
+
+
+def test_helm_test_asks_a_webhook_pod_whether_it_is_ready_through_the_service():
+    pod = one("defaults", "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == webhook_container("defaults")["image"]
+    service = one("defaults", "Service")["metadata"]["name"]
+    assert f"http://{service}.{NAMESPACE}.svc:9090{READYZ_PATH}" in container["command"][-1]
+
+
+def test_an_image_digest_pins_the_image_by_digest():
+    digest = "sha256:" + "ab" * 32
+    manifests = chart().render({"image": {"repository": "registry.example/topology-webhook", "digest": digest}},
+                               name=RELEASE, namespace=NAMESPACE)
+    assert f"image: registry.example/topology-webhook@{digest}" in "".join(manifests.values())
 
 
 @pytest.mark.parametrize("case, replicas", [("defaults", 2), ("one-replica", 1), ("three-replicas-hard-anti-affinity", 3)])

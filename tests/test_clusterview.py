@@ -94,7 +94,9 @@ def test_stale_when_no_progress_for_longer_than_configured_and_recovers(fake, ma
     view.start()
     assert view.wait_synced(15)
     fake.stop()  # the API goes away: lists and watches fail from now on
-    eventually(lambda: status_of(view, "pods").failures, what="a failed watch")
+    # Both streams must have seen it: the reason below names the nodes stream's last error.
+    eventually(lambda: status_of(view, "pods").failures and status_of(view, "nodes").failures,
+               what="a failed watch on both streams")
     clock.now += 30
     assert view.readiness()[0], "30s without progress is within the 60s limit"
     clock.now += 31

@@ -75,6 +75,14 @@ def test_final_stage_gets_only_the_built_venv_and_installs_nothing():
     assert "pip uninstall" in runs  # the base's pip and setuptools leave the final image
 
 
+def test_final_image_carries_the_oci_labels_with_license_version_revision_and_base():
+    labels = " ".join(rest for kw, rest in final_stage() if kw == "LABEL")
+    for key in ("title", "description", "licenses", "version", "revision", "created", "base.name"):
+        assert f"org.opencontainers.image.{key}=" in labels, key
+    assert 'org.opencontainers.image.licenses="Apache-2.0"' in labels
+    assert ("ARG", "PYTHON_IMAGE") in final_stage()  # the base's name (a digest, when pinned) reaches its label
+
+
 def test_builder_installs_pinned_wheels_without_a_cache():
     builder = stages()[0]
     env = " ".join(rest for kw, rest in builder if kw == "ENV")
