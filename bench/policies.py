@@ -11,7 +11,8 @@ import dataclasses
 import random
 from typing import Callable
 
-from webhook.cluster import GPU_IDS_ANNOTATION, ClusterIndex
+from webhook.cluster import ClusterIndex
+from webhook.injection import GPU_IDS as GPU_IDS_ANNOTATION
 from webhook.config import Config
 from webhook.demo import make_pod
 from webhook.gpus import format_gpu_set

@@ -13,7 +13,7 @@ import pytest
 
 from bench.fakeapiserver import FakeApiServer
 from conftest import LABELS, LEAF, ApiServer, eventually, start_server, stop_server, write_kubeconfig
-from webhook.cluster import RESERVATION_ANNOTATION
+from webhook.injection import RESERVATION as RESERVATION_ANNOTATION
 from webhook.clusterview import Backoff, LiveClusterView
 from webhook.config import Config, ConfigError
 from webhook.kubeclient import api_client_from

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from webhook import discovery
-from webhook.cluster import GPU_IDS_ANNOTATION, ClusterIndex
+from webhook.cluster import ClusterIndex
+from webhook.injection import GPU_IDS as GPU_IDS_ANNOTATION
 from webhook.config import Config
 from webhook.demo import make_node, make_pod
 from webhook.discovery import (CLIQUE_LABEL, DOMAIN_SIZE_LABEL, LINK_LABEL, MATRIX_ANNOTATION, NUMA_ANNOTATION,

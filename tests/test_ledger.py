@@ -1,6 +1,7 @@
 """The reservation ledger on its own: holds, confirmation by bound pods, expiry by its own clock,
 and the namespace rule (nothing outside a hold's namespace confirms or releases it)."""
-from webhook.cluster import RESERVATION_ANNOTATION, ClusterIndex
+from webhook.cluster import ClusterIndex
+from webhook.injection import RESERVATION as RESERVATION_ANNOTATION
 from webhook.config import Config
 from webhook.demo import make_node, make_pod
 from webhook.ledger import ReservationLedger

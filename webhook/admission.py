@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from . import injection, mutation, workload
 from .config import Config
+from .kinds import KINDS
 from .ledger import held_by, reservation_key
 from .model import EXCEEDS_CLUSTER, UNKNOWN_DOMAIN, Decision, Outcome
 from .patch import encode, make_patch
@@ -41,18 +42,6 @@ WARNING_MAX_CHARS = 256  # the apiserver truncates longer warnings once its budg
 MAX_DEPTH = 100
 QUOTED_MAX_CHARS = 60  # a client's kind or apiVersion quoted in a 400 answer
 DENIED_CODE = 403
-# Pods are immutable after CREATE and a Job's template too, so an UPDATE patch would be rejected.
-# On UPDATE the others keep the placement made at creation (see mutation.carry_over).
-OPERATIONS: Mapping[str, tuple[str, ...]] = {
-    "Pod": ("CREATE",), "Job": ("CREATE",), "CronJob": ("CREATE", "UPDATE"),
-    "Deployment": ("CREATE", "UPDATE"), "StatefulSet": ("CREATE", "UPDATE"), "ReplicaSet": ("CREATE", "UPDATE"),
-}
-# Made by a controller from a template we placed, these are that workload's own pods (or its
-# ReplicaSet): placing them again would book the same GPUs twice. A Job made by a CronJob is
-# placed afresh: the CronJob's placement dates from its creation, not from this run.
-_PLACED_BY_OWNER = ("Pod", "ReplicaSet")
-# CronJob pods start on the schedule, not now: their Jobs reserve when they are created.
-_RESERVES = ("Pod", "Job", "Deployment", "StatefulSet", "ReplicaSet")
 _OUTCOMES = {Outcome.PLACED: "placed", Outcome.WAIT: "waiting"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
@@ -165,7 +154,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     if request.operation == "DELETE":
         return _released(request, index)
     if (obj is None or not workload.supports(request.group, kind)
-            or request.operation not in OPERATIONS[kind] or not workload.is_ours(kind, obj, config)):
+            or request.operation not in KINDS[kind].operations or not workload.is_ours(kind, obj, config)):
         return _result(request, "ignored")
     if _deeper_than(obj, MAX_DEPTH):
         return _denied(request, f"{workload.display_name(kind, obj, request.namespace)}: the object is nested more "
@@ -174,7 +163,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
         workload.check_shape(kind, obj, request.namespace)
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
-    if kind in _PLACED_BY_OWNER and workload.controller_owned(obj) and _placed(kind, obj):
+    if KINDS[kind].placed_by_owner and workload.controller_owned(obj) and _placed(kind, obj):
         return _result(request, "ignored")
     if workload.bound(kind, obj):
         return _result(request, "ignored")  # the scheduler is bypassed: affinity could only get it rejected
@@ -199,7 +188,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
         return _result(request, "ignored", operations=make_patch(obj, mutated), warnings=[
             *wanted.warnings, f"{who} {wanted.idle}"])
     key = _reservation_key(request, obj)
-    reserve = key if kind in _RESERVES and not request.dry_run else None
+    reserve = key if KINDS[kind].reserves and not request.dry_run else None
     decision, alone = place_shared(index, wanted.request, reserve)
     if decision.outcome is Outcome.NEVER:
         return _denied(request, _never_message(who, obj, kind, decision), decision)
@@ -229,7 +218,7 @@ def _released(request: _Request, index: "ClusterIndex") -> AdmissionResult:
     workload's own key: a Job's pods and a Deployment's ReplicaSets carry their owner's key, and
     deleting one of them does not end the owner. Dry runs release nothing."""
     kind, old = request.kind, request.old
-    if old is None or request.dry_run or not workload.supports(request.group, kind) or kind not in _RESERVES:
+    if old is None or request.dry_run or not workload.supports(request.group, kind) or not KINDS[kind].reserves:
         return _result(request, "ignored")
     key = injection.reservation_of(workload.pod_template(kind, old))
     if key is None or not held_by(key, request.namespace, kind):

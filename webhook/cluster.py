@@ -18,13 +18,12 @@ from typing import Callable, Iterable, Mapping
 from .config import HOSTNAME_LABEL, Config
 from .filters import ConstrainedSubsets, NodeFilters
 from .gpus import parse_nvlink_domains, pod_gpus
+from .injection import GPU_IDS, RESERVATION
 from .ledger import ReservationLedger, held_by
 from .model import PlacementRequest
 from .resources import pod_requests
 from .topology import Domain, NodeState, TopologyTree, parse_node, placement_fields
 
-RESERVATION_ANNOTATION = "topology.scheduler/reservation"
-GPU_IDS_ANNOTATION = "topology.scheduler/gpu-ids"
 _FINISHED_PHASES = ("Succeeded", "Failed")
 
 
@@ -47,7 +46,7 @@ def pending_hold(annotations: Mapping, spec: Mapping, gpus: int) -> tuple[str, s
     """(reservation key, node, GPU set) an unbound pod holds: one carrying our reservation key and
     the GPU set we chose, with node affinity naming one node (a single-pod placement). A pod
     pinned to a domain of several nodes names no node: its workload's hold covers it."""
-    reservation, hinted = annotations.get(RESERVATION_ANNOTATION), annotations.get(GPU_IDS_ANNOTATION)
+    reservation, hinted = annotations.get(RESERVATION), annotations.get(GPU_IDS)
     if not reservation or not hinted or gpus <= 0:
         return None
     try:
@@ -200,11 +199,11 @@ class ClusterIndex:
             self._recount(self.ledger.drop_pod(key))
             node = self.tree.nodes.get(node_name)
             self.pod_nodes[key] = node_name
-            reservation = annotations.get(RESERVATION_ANNOTATION)
+            reservation = annotations.get(RESERVATION)
             if node is None:
                 self.orphan_pods.setdefault(node_name, {})[key] = (gpus, ())
                 return
-            self._change(node, lambda: self._bind(node, key, gpus, annotations.get(GPU_IDS_ANNOTATION)))
+            self._change(node, lambda: self._bind(node, key, gpus, annotations.get(GPU_IDS)))
             if terminating:
                 self._mark_terminating(node, key)
             if reservation:
@@ -239,7 +238,7 @@ class ClusterIndex:
             self._forget_pod(pod_key(pod))
             self._recount(self.ledger.drop_pod(pod_key(pod)))
             meta = pod.get("metadata") or {}
-            reservation = str((meta.get("annotations") or {}).get(RESERVATION_ANNOTATION) or "")
+            reservation = str((meta.get("annotations") or {}).get(RESERVATION) or "")
             if reservation and held_by(reservation, str(meta.get("namespace") or ""), "Pod"):
                 self.release(reservation)
 

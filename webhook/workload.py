@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from .config import Config
 from .gpus import parse_bandwidth_gbps, pod_gpus
 from .injection import OUTPUT_ANNOTATIONS
+from .kinds import KINDS
 from .model import ANNOTATION_PREFIX, PlacementRequest, Strategy
 from .resources import pod_requests
 
@@ -35,17 +36,6 @@ NETWORK_BANDWIDTH = ANNOTATION_PREFIX + "network-bandwidth"
 INPUT_ANNOTATIONS = (GPU_COUNT, STRATEGY, LATENCY_SENSITIVE, PREFERRED_DOMAIN, NETWORK_BANDWIDTH)
 MAX_GPU_COUNT_DIGITS = 7  # ten million GPUs: beyond any cluster, and far below Python's int parsing limit
 
-# Kinds we read, by API group, and where each keeps its pod template (() is the Pod itself).
-TEMPLATE_PATHS: Mapping[str, tuple[str, ...]] = {
-    "Pod": (),
-    "Job": ("spec", "template"),
-    "Deployment": ("spec", "template"),
-    "StatefulSet": ("spec", "template"),
-    "ReplicaSet": ("spec", "template"),
-    "CronJob": ("spec", "jobTemplate", "spec", "template"),
-}
-API_GROUPS: Mapping[str, str] = {"Pod": "", "Job": "batch", "CronJob": "batch",
-                                 "Deployment": "apps", "StatefulSet": "apps", "ReplicaSet": "apps"}
 _BOOLEANS = {"true": True, "false": False}
 
 # The shape of the fields we read or write, as the API types them: the apiserver only sends
@@ -88,7 +78,7 @@ class Workload:
 
 
 def supports(group: str, kind: str) -> bool:
-    return API_GROUPS.get(kind) == group
+    return kind in KINDS and KINDS[kind].group == group
 
 
 def display_name(kind: str, obj: Mapping, namespace: str) -> str:
@@ -101,7 +91,7 @@ def display_name(kind: str, obj: Mapping, namespace: str) -> str:
 def pod_template(kind: str, obj: Mapping) -> Mapping | None:
     """The pod template (metadata + spec) of `obj`; the object itself for a Pod; None if absent."""
     node: Any = obj
-    for key in TEMPLATE_PATHS[kind]:
+    for key in KINDS[kind].template_path:
         node = node.get(key) if isinstance(node, Mapping) else None
     return node if isinstance(node, Mapping) else None
 
@@ -117,7 +107,7 @@ def annotations_of(kind: str, obj: Mapping) -> dict[str, str]:
 def is_ours(kind: str, obj: Mapping, config: Config) -> bool:
     """True when the object or its template carries a topology.scheduler/ annotation or names one
     of our scheduler names."""
-    if kind not in TEMPLATE_PATHS:
+    if kind not in KINDS:
         return False
     if any(str(key).startswith(ANNOTATION_PREFIX) for key in annotations_of(kind, obj)):
         return True
@@ -140,7 +130,7 @@ def check_shape(kind: str, obj: Mapping, namespace: str) -> None:
     """Raise InvalidWorkload naming the first field we use that does not have its API type."""
     who = display_name(kind, obj, namespace)
     _check(obj.get("metadata"), {"annotations": _STRINGS, "ownerReferences": [dict]}, "metadata", who)
-    template_path = TEMPLATE_PATHS[kind]
+    template_path = KINDS[kind].template_path
     node: Any = obj
     for depth, key in enumerate(template_path):
         _check(node, dict, ".".join(template_path[:depth]), who)
@@ -154,7 +144,7 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
     who = display_name(kind, obj, namespace)
     template = pod_template(kind, obj)
     if template is None or not isinstance(template.get("spec"), Mapping):
-        where = ".".join(TEMPLATE_PATHS[kind] + ("spec",))
+        where = ".".join(KINDS[kind].template_path + ("spec",))
         raise InvalidWorkload(f"{who}: {where} is missing; a pod spec with containers is required to place it")
     spec = template["spec"]
     annotations = annotations_of(kind, obj)
