@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fixtures.builders import (container, deep, load_json, schema_error, seed_manifests, template_of, valid,
-                                     workload)
+from tests.fixtures.builders import (container, deep, gpu_job, load_json, schema_error, seed_manifests, template_of,
+                                     valid, workload)
 from webhook import admission, mutation
 from webhook.cluster import ClusterIndex
 from webhook.config import Config
@@ -569,3 +569,14 @@ def test_a_generate_name_pod_keeps_a_written_reservation_key_only_if_it_is_its_o
     key = patched(pod, result)["metadata"]["annotations"]["topology.scheduler/reservation"]
     assert (key == written) is kept
     assert key.startswith("ml/")
+
+
+def test_the_result_carries_the_patch_it_sends_and_the_object_as_admitted(index):
+    job = gpu_job("result", 1, 8, placement_strategy="consolidated")
+    result = admission.review(admission.make_review(job), index, CONFIG)
+    response = result.review["response"]
+    assert list(result.patch) == json.loads(base64.b64decode(response["patch"]))
+    assert result.admitted == jsonpatch.apply_patch(job, list(result.patch))
+    assert "topology.scheduler/placement" in result.admitted["spec"]["template"]["metadata"]["annotations"]
+    denied = admission.review(admission.make_review(gpu_job("big", 1, 8, gpu_count="100000")), index, CONFIG)
+    assert denied.outcome == "denied" and denied.admitted is None and denied.patch == ()

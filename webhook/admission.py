@@ -62,6 +62,8 @@ class AdmissionResult:
     decision: Decision | None
     warnings: tuple[str, ...]
     error: str | None  # failed-open only: exception type and message, for logs; never object contents
+    patch: tuple[dict, ...] = ()  # the JSON Patch operations in the answer
+    admitted: dict | None = None  # the object as admitted (the patch applied); None when denied
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
         return _kept(request, config, wanted)
     if wanted.request is None:
         mutated = mutation.mutate(obj, kind, None, config)
-        return _result(request, "ignored", operations=make_patch(obj, mutated), warnings=[
+        return _result(request, "ignored", mutated=mutated, warnings=[
             *wanted.warnings, f"{who} {wanted.idle}"])
     key = _reservation_key(request, obj)
     reserve = key if KINDS[kind].reserves and not request.dry_run else None
@@ -193,7 +195,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     if decision.outcome is Outcome.NEVER:
         return _denied(request, _never_message(who, obj, kind, decision), decision)
     mutated = mutation.mutate(obj, kind, decision, config, key)
-    return _result(request, _OUTCOMES[decision.outcome], decision=decision, operations=make_patch(obj, mutated),
+    return _result(request, _OUTCOMES[decision.outcome], decision=decision, mutated=mutated,
                    warnings=[*wanted.warnings, *mutation.warnings(decision, config), *alone])
 
 
@@ -210,7 +212,7 @@ def _kept(request: _Request, config: Config, wanted: workload.Workload) -> Admis
         warnings.append(f"{workload.display_name(kind, obj, request.namespace)}: placement inputs changed; "
                         "the placement made at creation is kept (recreate the workload to place it again)")
     mutated = mutation.carry_over(old, obj, kind, config)
-    return _result(request, "ignored", operations=make_patch(obj, mutated), warnings=warnings)
+    return _result(request, "ignored", mutated=mutated, warnings=warnings)
 
 
 def _released(request: _Request, index: "ClusterIndex") -> AdmissionResult:
@@ -279,8 +281,11 @@ def _denied(request: _Request, message: str, decision: Decision | None = None) -
     return _result(request, "denied", decision=decision, status={"code": DENIED_CODE, "message": _one_line(message)})
 
 
-def _result(request: _Request, outcome: str, decision: Decision | None = None, operations: list | None = None,
+def _result(request: _Request, outcome: str, decision: Decision | None = None, mutated: dict | None = None,
             warnings: list[str] | None = None, status: dict | None = None, error: str | None = None) -> AdmissionResult:
+    """The answer. `mutated`: the object as we would have it (its JSON Patch from the received
+    object goes into the answer); None leaves the object as it came."""
+    operations = make_patch(request.obj, mutated) if mutated is not None and request.obj is not None else []
     clean: list[str] = []
     for text in warnings or ():
         line = _one_line(text)[:WARNING_MAX_CHARS]
@@ -301,7 +306,8 @@ def _result(request: _Request, outcome: str, decision: Decision | None = None, o
     return AdmissionResult(
         review={"apiVersion": request.api_version, "kind": "AdmissionReview", "response": response},
         uid=request.uid, kind=request.kind, namespace=request.namespace, name=request.name, outcome=outcome,
-        strategy=strategy, decision=decision, warnings=tuple(clean), error=error)
+        strategy=strategy, decision=decision, warnings=tuple(clean), error=error, patch=tuple(operations),
+        admitted=None if status is not None else (mutated if mutated is not None else request.obj))
 
 
 def _audit(outcome: str, decision: Decision | None) -> dict[str, str]:

@@ -6,7 +6,6 @@ Other modules add subcommands with one `register(subparsers)` call in `build_par
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import logging
 import os
@@ -16,7 +15,6 @@ import sys
 import uuid
 from typing import Sequence
 
-import jsonpatch
 import yaml
 
 from . import __version__, admission, certs, demo, discovery, logs
@@ -168,10 +166,6 @@ def describe(obj: dict, namespace: str) -> str:
     return f"{obj.get('kind')} {namespace}/{meta.get('name') or meta.get('generateName') or '?'}"
 
 
-def response_patch(response: dict) -> list:
-    return json.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
-
-
 def explain(label: str, result: admission.AdmissionResult) -> list[str]:
     decision = result.decision
     where = f" in {decision.scope}" if decision is not None and decision.scope is not None else ""
@@ -224,9 +218,8 @@ def cmd_mutate(args: argparse.Namespace) -> int:
             # The webhook's messages name the object already; name it here only when one does not.
             print(f"Error: {label} denied: {message.removeprefix(label + ': ')}", file=sys.stderr)
             continue
-        patch = response_patch(response)
-        patches.append(patch)
-        mutated.append(jsonpatch.apply_patch(obj, patch))
+        patches.append(list(result.patch))
+        mutated.append(result.admitted)
     if args.output == "patch":  # one line per admitted object, each what `kubectl patch --type=json -p` takes
         for patch in patches:
             print(json.dumps(patch, separators=(",", ":")))
