@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from webhook import admission, certs, demo  # noqa: E402
 from webhook.admission import make_review  # noqa: E402
-from webhook.cli import cluster_view  # noqa: E402
+from webhook.cli import file_index  # noqa: E402
 from webhook.config import Config  # noqa: E402
 
 WORKLOAD_NAMES = 500  # reviews cycle over these, so re-placements replace reservations, not pile up
@@ -195,7 +195,7 @@ def in_process(nodes: list[dict], pods: list[dict], bodies: list[bytes], warm_up
     """admission.review() alone on the same cluster and reviews: the decision path without HTTP/TLS.
     The first `warm_up` reviews are not timed."""
     config = Config()
-    index, _ = cluster_view(config, (nodes, pods))
+    index, _ = file_index(config, (nodes, pods))
     reviews = [json.loads(body) for body in bodies]
     for review in reviews[:warm_up]:
         admission.review(review, index, config)

@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.clusterview_bench --nodes 1000 # one size
 
 Each size runs in a fresh process (so resident memory is that size's alone) holding one
-LiveClusterView, the real `kubernetes` client and the real ClusterIndex; the fake API server
+ApiFeed, the real `kubernetes` client and the real ClusterIndex; the fake API server
 (bench/fakeapiserver.py) runs in a second process, so the two do not share a core or the GIL.
 Per node there are 10 pods: 6 ask for one GPU each, 4 for none (8-GPU nodes, 75 % allocated).
 
@@ -114,7 +114,7 @@ def measure(nodes: int) -> dict:
 
     from webhook.admission import make_review
     from webhook.app import create_app
-    from webhook.clusterview import LiveClusterView
+    from webhook.clusterview import ApiFeed
     from webhook.config import MUTATE_PATH, Config
     from webhook.metrics import Metrics
     from webhook.model import PlacementRequest, Strategy
@@ -126,7 +126,7 @@ def measure(nodes: int) -> dict:
     server.start()
     url = ours.recv()
     baseline = rss_mib()
-    view = LiveClusterView(Config(), ApiClient(Configuration(host=url)))
+    view = ApiFeed(Config(), ApiClient(Configuration(host=url)))
     started = time.monotonic()
     view.start()
     assert view.wait_synced(240), view.readiness()[1]

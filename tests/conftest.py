@@ -29,8 +29,8 @@ from tests.fixtures.builders import schema_error
 from webhook import certs, demo
 from webhook.app import create_app
 from webhook.admission import make_review
-from webhook.cli import cluster_view
-from webhook.clusterview import LiveClusterView
+from webhook.cli import file_index
+from webhook.clusterview import ApiFeed
 from webhook.config import Config
 from webhook.metrics import Metrics
 
@@ -70,7 +70,7 @@ def config() -> Config:
 
 @pytest.fixture
 def index(config):
-    view, _ = cluster_view(config, demo.demo_cluster())
+    view, _ = file_index(config, demo.demo_cluster())
     return view
 
 
@@ -243,11 +243,11 @@ def fake() -> FakeApiServer:
 def make_view(clock):
     views = []
 
-    def make(server: FakeApiServer, config: Config = Config(), **overrides) -> LiveClusterView:
+    def make(server: FakeApiServer, config: Config = Config(), **overrides) -> ApiFeed:
         settings = dict(clock=clock, backoff_base=0.01, backoff_cap=0.2, rng=random.Random(7),
                         watch_timeout_seconds=5, expire_interval_seconds=0.05)
         settings.update(overrides)
-        view = LiveClusterView(config, ApiClient(Configuration(host=server.url)), **settings)
+        view = ApiFeed(config, ApiClient(Configuration(host=server.url)), **settings)
         views.append(view)
         return view
 

@@ -14,23 +14,23 @@ import pytest
 from bench.fakeapiserver import FakeApiServer
 from conftest import LABELS, LEAF, ApiServer, eventually, start_server, stop_server, write_kubeconfig
 from webhook.injection import RESERVATION as RESERVATION_ANNOTATION
-from webhook.clusterview import Backoff, LiveClusterView
+from webhook.clusterview import Backoff, ApiFeed
 from webhook.config import Config, ConfigError
 from webhook.kubeclient import api_client_from
 from webhook.demo import demo_cluster, make_node, make_pod
 from webhook.model import Outcome, PlacementRequest, Strategy
 from webhook.placer import place_and_reserve
 
-def status_of(view: LiveClusterView, kind: str):
+def status_of(view: ApiFeed, kind: str):
     return next(s for s in view.status() if s.kind == kind)
 
 
-def gpus(view: LiveClusterView) -> tuple[int, int]:
+def gpus(view: ApiFeed) -> tuple[int, int]:
     stats = view.index.stats()
     return stats.gpus_total, stats.gpus_used
 
 
-def leaves(view: LiveClusterView) -> set[str]:
+def leaves(view: ApiFeed) -> set[str]:
     return {name for level, name, _ in view.index.stats().domain_utilization if level == "leaf"}
 
 

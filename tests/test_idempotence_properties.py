@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from webhook import admission, demo, mutation
 from webhook.admission import make_review
-from webhook.cli import cluster_view
+from webhook.cli import file_index
 from webhook.config import Config
 
 
@@ -108,7 +108,7 @@ def wire_patch(response: dict) -> list:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_the_second_application_is_a_no_op_and_never_widens_where_the_pod_may_run(pod):
-    index, _ = cluster_view(CONFIG, (NODES, PODS))
+    index, _ = file_index(CONFIG, (NODES, PODS))
     first = admission.review(make_review(pod, uid=str(uuid.uuid4())), index, CONFIG)
     assert first.outcome != "failed-open", first.error
     response = first.review["response"]

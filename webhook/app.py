@@ -17,6 +17,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from . import admission
+from .cluster import ClusterIndex
 from .config import HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH, Config
 from .logs import FIELDS
 from .metrics import Metrics
@@ -61,7 +62,7 @@ def _body(limit: int) -> bytes | None:
     return None if len(data) > limit else data
 
 
-def create_app(config: Config, index: Any, readiness: Readiness, metrics: Metrics | None = None) -> Flask:
+def create_app(config: Config, index: ClusterIndex, readiness: Readiness, metrics: Metrics | None = None) -> Flask:
     """The webhook app over one cluster view (a ClusterIndex) and its readiness check.
 
     metrics defaults to single-process metrics; the server passes multiprocess ones when it

@@ -21,7 +21,7 @@ from . import __version__, admission, certs, demo, discovery, logs
 from .app import Readiness, create_app
 from .cluster import ClusterIndex
 from .claims import DEFAULT_BUDGET_SECONDS
-from .clusterview import LiveClusterView, own_namespace
+from .clusterview import ApiFeed, own_namespace
 from .config import DEFAULT_PORT, ConfigError, Config, load_config
 from .kubeclient import api_client_from
 from .manifests import ManifestError, read_objects
@@ -52,7 +52,7 @@ def read_cluster(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     return nodes, pods
 
 
-def cluster_view(config: Config, cluster: tuple[list[dict], list[dict]]) -> tuple[ClusterIndex, Readiness]:
+def file_index(config: Config, cluster: tuple[list[dict], list[dict]]) -> tuple[ClusterIndex, Readiness]:
     """The cluster index and its readiness check from files or the demo: complete at once, so
     always ready."""
     nodes, pods = cluster
@@ -139,12 +139,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def build_app():  # runs in the worker, after the fork, so the watch threads start there
         metrics = Metrics.create(options.multiprocess_dir)
         if live:
-            view = LiveClusterView(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
+            view = ApiFeed(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
                                    claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc)
             view.start()
             app = create_app(config, view.index, view.readiness, metrics)
         else:
-            index, readiness = cluster_view(config, cluster)
+            index, readiness = file_index(config, cluster)
             app = create_app(config, index, readiness, metrics)
         start_metrics_server(metrics_bind, metrics.registry, app)
         return app
@@ -196,7 +196,7 @@ def manifest_paths(paths: Sequence[str]) -> list[str]:
 
 def cmd_mutate(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    index, _ = cluster_view(config, read_cluster(args))
+    index, _ = file_index(config, read_cluster(args))
     objects = [obj for path in manifest_paths(args.filename) for obj in read_objects(path)]
     if not objects:
         raise UsageError(f"no objects passed to mutate: {', '.join(args.filename)} hold(s) no Kubernetes object")

@@ -1,8 +1,11 @@
-"""The live cluster view: Nodes and Pods from the Kubernetes API, kept current by list+watch.
+"""The API feed: Nodes and Pods from the Kubernetes API, kept current by list+watch, fed into the
+cluster index (what README calls the live cluster view).
 
-`LiveClusterView` owns one `ClusterIndex` for its whole life and feeds it event by event, so
-whoever holds `view.index` (the admission path, through `place_and_reserve`) always sees the
-same object, and reservations made in it survive reconnects and relists.
+Names, so that "view" means one thing: the `ClusterIndex` is the state placement reads, a
+constrained subset is the part of it one request may use (filters.py), and the `ApiFeed` is what
+keeps an index current from the API. `ApiFeed` owns one `ClusterIndex` for its whole life and
+feeds it event by event, so whoever holds `feed.index` (the admission path, through the placer)
+always sees the same object, and reservations made in it survive reconnects and relists.
 
 Per kind (nodes, pods) one daemon thread runs the reflector loop:
 
@@ -140,7 +143,7 @@ class _Stream:
         self.watch: _DictWatch | None = None
 
 
-class LiveClusterView:
+class ApiFeed:
     """Nodes and Pods from the API, applied incrementally to one `ClusterIndex`.
 
     `clock` is what `readiness()` measures time with, and the index's holds expire by.
