@@ -31,7 +31,8 @@ def gpus(view: ApiFeed) -> tuple[int, int]:
 
 
 def leaves(view: ApiFeed) -> set[str]:
-    return {name for level, name, _ in view.index.stats().domain_utilization if level == "leaf"}
+    with view.index.lock:
+        return {domain.ref.name for domain in view.index.levels[-1].values()}  # the default preset's leaf level
 
 
 def load_demo(server: FakeApiServer) -> None:
@@ -106,6 +107,20 @@ def test_stale_when_no_progress_for_longer_than_configured_and_recovers(fake, ma
     assert "last error:" in reason
     fake.start()
     eventually(lambda: view.readiness()[0], what="readiness after the API came back")
+
+
+def test_the_feeds_age_is_the_time_since_its_least_recent_progress(fake, make_view, clock):
+    load_demo(fake)
+    view = make_view(fake)
+    assert view.age() is None  # nothing listed yet
+    view.start()
+    assert view.wait_synced(15)
+    fake.stop()  # no more progress from here
+    eventually(lambda: status_of(view, "pods").failures and status_of(view, "nodes").failures,
+               what="both streams cut off")
+    settled = view.age()
+    clock.now += 42
+    assert view.age() == settled + 42
 
 
 def test_forbidden_list_is_named_in_readiness_then_recovers(fake, make_view):

@@ -8,6 +8,7 @@ import pytest
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from webhook import __version__
 from webhook.metrics import Metrics
 
 
@@ -95,3 +96,45 @@ def test_counters_have_no_created_timestamp_series():
     metrics = Metrics.create()
     metrics.record_admission("Job", "balanced", "placed", 0.001)
     assert "_created" not in metrics.render()[0].decode()
+
+
+def test_build_info_process_and_platform_collectors_are_exposed():
+    got = samples(Metrics.create())
+    (labels,) = [dict(labels) for name, labels in got if name == "topology_webhook_build_info"]
+    assert labels["version"] == __version__ and labels["python"].count(".") == 2
+    assert ("process_cpu_seconds_total", ()) in got and ("process_resident_memory_bytes", ()) in got
+    assert any(name == "python_info" for name, _ in got)
+
+
+def test_the_age_of_the_api_fed_view_is_exposed_once_it_has_one():
+    metrics, age = Metrics.create(), [None]
+    metrics.watch_feed(lambda: age[0])
+    assert not any(name == "topology_cluster_view_age_seconds" for name, _ in samples(metrics))  # not listed yet
+    age[0] = 12.5
+    assert samples(metrics)[("topology_cluster_view_age_seconds", ())] == 12.5
+
+
+def test_4xx_answers_are_counted_by_reason(client, metrics):
+    assert client.post("/mutate", data="{", content_type="application/json").status_code == 400
+    assert client.post("/mutate", data="{}", content_type="text/plain").status_code == 415
+    assert client.post("/mutate", json={"kind": "Pod"}).status_code == 400
+    assert client.get("/nowhere").status_code == 404
+    text = metrics.render()[0].decode()
+    got = {(s.name, s.labels.get("reason")): s.value for family in text_string_to_metric_families(text)
+           for s in family.samples if s.name == "topology_admission_rejected_requests_total"}
+    assert got == {("topology_admission_rejected_requests_total", "not_json"): 1,
+                   ("topology_admission_rejected_requests_total", "not_json_type"): 1,
+                   ("topology_admission_rejected_requests_total", "not_a_review"): 1,
+                   ("topology_admission_rejected_requests_total", "http_404"): 1}
+
+
+def test_per_domain_gauges_leave_out_domains_of_one_node():
+    from webhook.cluster import ClusterIndex
+    from webhook.config import PRESETS, Config
+    from webhook.demo import make_node
+    config = Config(levels=PRESETS["gke"])
+    nodes = [make_node(f"host-{i}", {"cloud.google.com/gce-topology-block": "b1",
+                                      "cloud.google.com/gce-topology-subblock": f"sb{i // 2}",
+                                      "cloud.google.com/gce-topology-host": f"h{i}"}) for i in range(4)]
+    levels = {level for level, _, _ in ClusterIndex.from_objects(config, nodes).stats().domain_utilization}
+    assert levels == {"block", "subblock"}  # no series per host, which is a node

@@ -75,32 +75,38 @@ def create_app(config: Config, index: ClusterIndex, readiness: Readiness, metric
     # body it silently cuts at the limit, so mutate() reads that one itself (see _body).
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
 
+    def refuse(reason: str, message: str, status: int) -> Response:
+        """A 4xx answer, counted by reason (a client or proxy sending the wrong thing shows here)."""
+        metrics.rejected.labels(reason).inc()
+        return _text(message, status)
+
     @app.errorhandler(HTTPException)
     def http_error(err: HTTPException) -> Response:
-        return _text(f"{err.code} {err.name}: {err.description}", err.code or 400)
+        return refuse(f"http_{err.code or 400}", f"{err.code} {err.name}: {err.description}", err.code or 400)
 
     @app.post(MUTATE_PATH)
     def mutate() -> Response:
         # The apiserver appends ?timeout=Ns; our handling is far below any timeout, so it is not read.
         started = time.perf_counter()
         if request.content_length is not None and request.content_length > config.max_body_bytes:
-            return _text(f"request body of {request.content_length} bytes exceeds the limit of "
-                         f"{config.max_body_bytes} bytes", 413)
+            return refuse("too_large", f"request body of {request.content_length} bytes exceeds the limit of "
+                          f"{config.max_body_bytes} bytes", 413)
         if request.mimetype != "application/json":
-            return _text(f"Content-Type must be application/json, got {request.mimetype[:60] or 'none'!r}", 415)
+            return refuse("not_json_type", f"Content-Type must be application/json, got "
+                          f"{request.mimetype[:60] or 'none'!r}", 415)
         data = _body(config.max_body_bytes)
         if data is None:
-            return _text(f"chunked request body exceeds the limit of {config.max_body_bytes} bytes", 413)
+            return refuse("too_large", f"chunked request body exceeds the limit of {config.max_body_bytes} bytes", 413)
         try:
             body = json.loads(data)
         except ValueError as err:  # includes UnicodeDecodeError
-            return _text(f"request body is not JSON: {err}", 400)
+            return refuse("not_json", f"request body is not JSON: {err}", 400)
         except RecursionError:
-            return _text("request body is not JSON this server can read: nested too deeply", 400)
+            return refuse("not_json", "request body is not JSON this server can read: nested too deeply", 400)
         try:
             result = admission.review(body, index, config, readiness())
         except admission.MalformedReview as err:
-            return _text(f"not an AdmissionReview: {err}", 400)
+            return refuse("not_a_review", f"not an AdmissionReview: {err}", 400)
         except Exception as err:  # a bug of ours must not block the cluster's workloads
             log.exception("admission failed; allowing unmodified")
             metrics.fail_open.inc()
@@ -108,7 +114,7 @@ def create_app(config: Config, index: ClusterIndex, readiness: Readiness, metric
             answer = _allowed_unmodified(body, f"topology-webhook: internal error ({type(err).__name__}); "
                                                "admitted without placement")
             if answer is None:
-                return _text("not an AdmissionReview: request.uid is missing", 400)
+                return refuse("not_a_review", "not an AdmissionReview: request.uid is missing", 400)
             return Response(json.dumps(answer), mimetype="application/json")
         seconds = time.perf_counter() - started
         metrics.record_admission(result.kind, result.strategy, result.outcome, seconds)

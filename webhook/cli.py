@@ -139,10 +139,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def build_app():  # runs in the worker, after the fork, so the watch threads start there
         metrics = Metrics.create(options.multiprocess_dir)
         if live:
-            view = ApiFeed(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
-                                   claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc)
-            view.start()
-            app = create_app(config, view.index, view.readiness, metrics)
+            feed = ApiFeed(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
+                           claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc)
+            feed.start()
+            metrics.watch_feed(feed.age)
+            app = create_app(config, feed.index, feed.readiness, metrics)
         else:
             index, readiness = file_index(config, cluster)
             app = create_app(config, index, readiness, metrics)

@@ -325,10 +325,12 @@ class ClusterIndex:
             free = self.tree.root.free_gpus
             reserved = sum(n.held_gpus for n in self.nodes.values() if n.eligible)
             stranded = sum(n.free for n in self.nodes.values() if 0 < n.free < n.alloc)
+            # Domains of several nodes only: a level whose domains are single hosts (GKE's host
+            # level, nodes missing a label) would give a series per node, without bound.
             utilization = tuple(
                 (self.config.levels[d.ref.level].name, d.ref.name,
                  round(1 - d.free_gpus / d.alloc_gpus, 6) if d.alloc_gpus else 0.0)
-                for level in self.levels for d in sorted(level.values(), key=lambda d: d.ref.path))
+                for level in self.levels for d in sorted(level.values(), key=lambda d: d.ref.path) if d.nodes > 1)
             return ClusterStats(
                 gpus_total=total, gpus_used=total - free - reserved, gpus_reserved=reserved,
                 allocation_ratio=(total - free) / total if total else 0.0,

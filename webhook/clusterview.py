@@ -233,6 +233,13 @@ class ApiFeed:
                                f"{age:.0f}s (limit {limit:.0f}s){detail}")
         return True, "cluster view in sync"
 
+    def age(self) -> float | None:
+        """Seconds since the stream heard from least recently made progress (None before every
+        stream has been listed once): how stale the index may be."""
+        if any(s.last_progress is None for s in self._streams):
+            return None
+        return self.clock() - min(s.last_progress for s in self._streams)
+
     def status(self) -> tuple[StreamStatus, ...]:
         now = self.clock()
         return tuple(StreamStatus(

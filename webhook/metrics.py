@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import glob
 import os
+import platform
 from typing import Any, Callable, Iterable
 
-from prometheus_client import (CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest,
-                               values)
+from prometheus_client import (CollectorRegistry, Counter, Histogram, PlatformCollector, ProcessCollector,
+                               disable_created_metrics, generate_latest, values)
 from prometheus_client import multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from . import __version__
 
 LATENCY = "topology_scheduler_latency_seconds"
 DECISIONS = "topology_placement_decisions_total"
@@ -29,6 +32,9 @@ DOMAIN_UTILIZATION = "topology_domain_utilization_ratio"
 GPU_ALLOCATION = "topology_gpu_allocation_ratio"
 FRAGMENTATION = "topology_scheduler_domain_fragmentation_ratio"
 CLUSTER_GPUS = "topology_cluster_gpus"
+BUILD_INFO = "topology_webhook_build_info"
+REJECTED = "topology_admission_rejected_requests_total"
+VIEW_AGE = "topology_cluster_view_age_seconds"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Admission handling takes about a millisecond; the apiserver gives up after 10 s by default.
@@ -57,6 +63,24 @@ class ClusterCollector:
                                 value=stats.fragmentation_ratio)
 
 
+class InfoCollector:
+    """build_info (version and Python, value 1), and the age of the cluster view fed from the API
+    when there is one (a file or demo view has no age: it is complete at once)."""
+
+    def __init__(self, version: str) -> None:
+        self._version = version
+        self.age: Callable[[], float | None] | None = None
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        info = GaugeMetricFamily(BUILD_INFO, "The webhook's version and Python, value 1", labels=["version", "python"])
+        info.add_metric([self._version, platform.python_version()], 1)
+        yield info
+        age = self.age() if self.age is not None else None
+        if age is not None:
+            yield GaugeMetricFamily(VIEW_AGE, "Seconds since the least recently heard API stream made progress",
+                                    value=age)
+
+
 class Metrics:
     """The webhook's metric objects and the registry /metrics is rendered from."""
 
@@ -73,7 +97,14 @@ class Metrics:
                                  registry=own)
         self.decided_alone = Counter(DECIDED_ALONE, "Placements or releases not agreed with the other replicas "
                                      "through the API within the claims budget", registry=own)
+        self.rejected = Counter(REJECTED, "Requests answered 4xx, by reason (not an AdmissionReview, too large...)",
+                                ["reason"], registry=own)
         self.registry = own or CollectorRegistry(auto_describe=True)
+        self.info = InfoCollector(__version__)
+        self.registry.register(self.info)
+        # What every Python exporter shows: CPU, memory, open files, start time; Python's version.
+        self.registry.register(ProcessCollector(registry=None))
+        self.registry.register(PlatformCollector(registry=None))
         if multiprocess_dir:
             multiprocess.MultiProcessCollector(self.registry, path=multiprocess_dir)
 
@@ -95,6 +126,10 @@ class Metrics:
 
     def watch_cluster(self, stats: Callable[[], Any]) -> None:
         self.registry.register(ClusterCollector(stats))
+
+    def watch_feed(self, age: Callable[[], float | None]) -> None:
+        """Expose the age of the index fed from the API (`ApiFeed.age`)."""
+        self.info.age = age
 
     def record_admission(self, kind: str, strategy: str | None, outcome: str, seconds: float) -> None:
         """One handled review. `ignored` reviews (nothing to place) count in latency only."""
