@@ -43,8 +43,8 @@ OWN_CA_BUNDLE = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END C
 
 VALUE_SETS = {
     "defaults": {},
-    "cert-manager": {"tls": {"mode": "certManager"}},
-    "cert-manager-own-issuer": {"tls": {"mode": "certManager", "certManager": {
+    "cert-manager": {"tls": {"mode": "certManager"}, "crdCheck": False},
+    "cert-manager-own-issuer": {"crdCheck": False, "tls": {"mode": "certManager", "certManager": {
         "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}},
     "existing-secret": {"tls": {"mode": "existingSecret", "existingSecret": {
         "name": "corp-webhook-tls", "caBundle": OWN_CA_BUNDLE}}},
@@ -54,7 +54,9 @@ VALUE_SETS = {
     "no-match-conditions": {"webhook": {"matchConditions": {"enabled": False}}},
     "no-release-on-delete": {"webhook": {"releaseOnDelete": False}},
     "everything-on": {
-        "discovery": {"enabled": True}, "serviceMonitor": {"enabled": True},
+        "discovery": {"enabled": True}, "serviceMonitor": {"enabled": True}, "crdCheck": False,
+        "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        "grafanaDashboard": {"enabled": True},
         "webhook": {"namespaceLabels": {"topology.scheduler/enabled": "true"}},
         "config": {"levels": [{"label": "example.com/rack", "link": "leaf"}, "example.com/host-group"],
                    "max_body_bytes": 3145728, "nccl_profiles": {"leaf": {"NCCL_IB_HCA": "mlx5"}},
@@ -545,3 +547,37 @@ def test_discovery_agent_runs_on_gpu_nodes_only_with_node_patch_rights_only():
     (node_name,) = [env for env in container["env"] if env["name"] == "NODE_NAME"]
     assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert not any("nvidia.com/gpu" in section for section in container["resources"].values())
+
+
+# --- custom resources and observability -------------------------------------------------------------
+
+@pytest.mark.parametrize("values, crd", [
+    ({"tls": {"mode": "certManager"}}, "cert-manager.io/v1/Certificate"),
+    ({"serviceMonitor": {"enabled": True}}, "monitoring.coreos.com/v1/ServiceMonitor"),
+    ({"prometheusRule": {"enabled": True}}, "monitoring.coreos.com/v1/PrometheusRule"),
+])
+def test_a_custom_resource_without_its_crd_stops_the_install_naming_the_crd(values, crd):
+    with pytest.raises(helm_python.HelmError) as err:
+        chart().render(values, name=RELEASE, namespace=NAMESPACE)
+    assert f"needs the CRD {crd}, which this cluster does not have" in str(err.value)
+
+
+def test_the_prometheus_rule_carries_the_alert_file_checked_by_promtool():
+    rule = one("everything-on", "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["spec"] == yaml.safe_load((CHART_DIR / "files" / "alerts.yaml").read_text())
+    assert not objects("defaults", "PrometheusRule")
+
+
+def test_the_dashboard_is_a_configmap_for_the_grafana_sidecar_over_metrics_we_export():
+    import re
+    from webhook import metrics
+    (configmap,) = [c for c in objects("everything-on", "ConfigMap") if c["metadata"]["name"].endswith("-dashboard")]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(configmap["data"]["topology-webhook.json"])
+    ours = {value for name, value in vars(metrics).items() if name.isupper() and isinstance(value, str)
+            and value.startswith("topology_")}
+    used = {name for panel in dashboard["panels"] for target in panel["targets"]
+            for name in re.findall(r"topology_[a-z_]+", target["expr"])}
+    assert used and {name.removesuffix("_bucket") for name in used} <= ours
+

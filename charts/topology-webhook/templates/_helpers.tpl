@@ -141,3 +141,17 @@ namespaceSelector:
     {{- toYaml . | nindent 4 }}
   {{- end }}
 {{- end -}}
+
+{{/*
+Stop with a clear message when a custom resource the values ask for has no CRD in the cluster
+(instead of kubectl's "no matches for kind"). `helm template` knows only what --api-versions
+tells it: set crdCheck=false there (Argo CD and Flux pass the cluster's API versions).
+Arguments: (list . "group/version/Kind" "the value that asks for it").
+*/}}
+{{- define "topology-webhook.requireCRD" -}}
+{{- $root := index . 0 -}}
+{{- $apiVersion := index . 1 -}}
+{{- if and $root.Values.crdCheck (not ($root.Capabilities.APIVersions.Has $apiVersion)) -}}
+{{- fail (printf "%s needs the CRD %s, which this cluster does not have: install it first (or, rendering with helm template, pass --api-versions %s or set crdCheck=false)" (index . 2) $apiVersion $apiVersion) -}}
+{{- end -}}
+{{- end -}}
