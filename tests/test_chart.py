@@ -53,6 +53,23 @@ VALUE_SETS = {
     "fail-closed": {"webhook": {"failurePolicy": "Fail"}},
     "no-match-conditions": {"webhook": {"matchConditions": {"enabled": False}}},
     "no-release-on-delete": {"webhook": {"releaseOnDelete": False}},
+    # The keys platform teams expect of a chart, all set at once.
+    "platform-team": {
+        "nameOverride": "gpu-placer", "fullnameOverride": "gpu-placement", "commonLabels": {"team": "ml-platform"},
+        "serviceAccount": {"create": False, "name": "platform-sa"},
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "node-role.kubernetes.io/infra", "operator": "Exists"}]}]}}},
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                       "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {
+                                           "app.kubernetes.io/component": "webhook"}}}],
+        "podSecurityContext": {"fsGroupChangePolicy": "OnRootMismatch"}, "hostNetwork": True,
+        "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy.corp:3128"}],
+        "extraArgs": ["--log-level", "debug"],
+        "webhook": {"objectSelector": {"matchLabels": {"topology.scheduler/managed": "true"}}},
+        "discovery": {"enabled": True, "nodeSelector": {"pool": "gpu"}},
+        "serviceMonitor": {"enabled": True, "relabelings": [{"action": "labeldrop", "regex": "pod"}]},
+        "crdCheck": False,
+    },
     "everything-on": {
         "discovery": {"enabled": True}, "serviceMonitor": {"enabled": True}, "crdCheck": False,
         "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
@@ -119,7 +136,7 @@ def arg_after(container: dict, flag: str) -> str:
 # --- Helm's own checks ---------------------------------------------------------------------------
 
 # One value set per template branch; the others change scalars that the schema tests already cover.
-@pytest.mark.parametrize("case", ["defaults", "cert-manager", "cert-manager-own-issuer", "existing-secret",
+@pytest.mark.parametrize("case", ["defaults", "cert-manager", "cert-manager-own-issuer", "existing-secret", "platform-team",
                                   "no-match-conditions", "everything-on"])
 def test_lint_reports_no_errors(case):
     report = helm_python.lint(CHART_DIR, VALUE_SETS[case], namespace=NAMESPACE,
@@ -581,3 +598,39 @@ def test_the_dashboard_is_a_configmap_for_the_grafana_sidecar_over_metrics_we_ex
             for name in re.findall(r"topology_[a-z_]+", target["expr"])}
     assert used and {name.removesuffix("_bucket") for name in used} <= ours
 
+
+def test_the_keys_platform_teams_expect_reach_the_objects():
+    case = "platform-team"
+    deployment = one(case, "Deployment")
+    assert deployment["metadata"]["name"] == "gpu-placement"
+    assert all(obj["metadata"]["labels"]["team"] == "ml-platform" for obj in rendered(case) if obj["kind"] != "Pod")
+    assert deployment["metadata"]["labels"]["app.kubernetes.io/name"] == "gpu-placer"
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "platform-sa"
+    assert not [obj for obj in objects(case, "ServiceAccount") if obj["metadata"]["name"] == "platform-sa"]  # yours
+    bindings = [subject["name"] for obj in rendered(case) if obj["kind"] in ("ClusterRoleBinding", "RoleBinding")
+                and "discovery" not in obj["metadata"]["name"] for subject in obj["subjects"]]
+    assert bindings and set(bindings) == {"platform-sa"}
+    assert pod["affinity"] == VALUE_SETS[case]["affinity"]  # replaces the built-in anti-affinity
+    assert pod["topologySpreadConstraints"] == VALUE_SETS[case]["topologySpreadConstraints"]
+    assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch" and pod["securityContext"]["runAsNonRoot"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    container = webhook_container(case)
+    assert container["env"] == VALUE_SETS[case]["extraEnv"] and container["args"][-2:] == ["--log-level", "debug"]
+    assert all(entry["objectSelector"] == {"matchLabels": {"topology.scheduler/managed": "true"}}
+               for entry in webhook_entries(case).values())
+    (daemonset,) = objects(case, "DaemonSet")
+    assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "gpu"}
+    (endpoint,) = one(case, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["relabelings"] == [{"action": "labeldrop", "regex": "pod"}]
+
+
+
+def test_the_chart_readme_lists_every_value_as_values_yaml_says():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("chart_readme", CHART_DIR.parents[1] / ".ci" / "chart_readme.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    assert (CHART_DIR / "README.md").read_text() == generator.render(), "run: python .ci/chart_readme.py"
+    listed = {line.split("`")[1] for line in generator.render().splitlines() if line.startswith("| `")}
+    assert set(yaml.safe_load((CHART_DIR / "values.yaml").read_text())) <= listed

@@ -1,14 +1,29 @@
-{{/* Release-scoped name, at most 63 characters (a DNS label). */}}
+{{/* The chart's name, or nameOverride. */}}
+{{- define "topology-webhook.name" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release-scoped name, at most 63 characters (a DNS label); fullnameOverride replaces it. */}}
 {{- define "topology-webhook.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "topology-webhook.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
+{{/* The webhook's ServiceAccount: made by the chart (serviceAccount.create), or one you made. */}}
+{{- define "topology-webhook.serviceAccountName" -}}
+{{- .Values.serviceAccount.name | default (include "topology-webhook.fullname" .) -}}
+{{- end -}}
+
 {{- define "topology-webhook.instanceLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "topology-webhook.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
@@ -23,6 +38,9 @@ app.kubernetes.io/component: webhook
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "topology-webhook.image" -}}
@@ -52,14 +70,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "topology-webhook.configPath" -}}/etc/topology-webhook/config/config.yaml{{- end -}}
 {{- define "topology-webhook.tlsDir" -}}/etc/topology-webhook/tls{{- end -}}
 
-{{/* Restricted Pod Security Standard: non-root, no privilege escalation, no capabilities, seccomp. */}}
+{{/* Restricted Pod Security Standard: non-root, no privilege escalation, no capabilities,
+seccomp; podSecurityContext adds to it or changes it (fsGroupChangePolicy, supplementalGroups...). */}}
 {{- define "topology-webhook.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
-fsGroup: 65532
-seccompProfile:
-  type: RuntimeDefault
+{{- $restricted := dict "runAsNonRoot" true "runAsUser" 65532 "runAsGroup" 65532 "fsGroup" 65532 "seccompProfile" (dict "type" "RuntimeDefault") -}}
+{{- toYaml (mergeOverwrite $restricted (deepCopy .Values.podSecurityContext)) -}}
 {{- end -}}
 
 {{- define "topology-webhook.containerSecurityContext" -}}
@@ -140,6 +155,10 @@ namespaceSelector:
   matchLabels:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- with $root.Values.webhook.objectSelector }}
+objectSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/*
