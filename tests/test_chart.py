@@ -165,7 +165,7 @@ def test_match_conditions_on_a_cluster_older_than_1_30_are_refused_with_the_fix(
                  id="existing Secret without its CA"),
     pytest.param({"config": {"levles": "gke"}}, "'/config': additional properties 'levles' not allowed",
                  id="typo in a server setting"),
-    pytest.param({"config": {"levels": "azure"}}, "value must be one of 'default', 'gke', 'aws', 'nvl72'",
+    pytest.param({"config": {"levels": "azure"}}, "value must be one of 'auto', 'default', 'gke', 'aws', 'nvl72'",
                  id="unknown levels preset"),
     pytest.param({"containerPort": 443}, "'/containerPort': minimum: got 443, want 1,024",
                  id="privileged port without capabilities"),
@@ -180,9 +180,10 @@ def test_wrong_values_fail_at_install_naming_the_key_and_what_is_allowed(values,
 def test_schema_knows_exactly_the_server_settings():
     """values.schema.json and webhook.config cannot drift: same settings, presets and classes."""
     config_schema = chart().schema["properties"]["config"]
-    assert set(config_schema["properties"]) == set(Config.__dataclass_fields__)
+    # levels_auto is no key of its own: `levels: auto` sets it.
+    assert set(config_schema["properties"]) == set(Config.__dataclass_fields__) - {"levels_auto"}
     levels = config_schema["properties"]["levels"]["oneOf"]
-    assert set(levels[0]["enum"]) == set(PRESETS)
+    assert set(levels[0]["enum"]) == set(PRESETS) | {"auto"}
     assert set(levels[1]["items"]["oneOf"][1]["properties"]["link"]["enum"]) == set(LINK_CLASSES)
     assert set(config_schema["properties"]["nccl_profiles"]["propertyNames"]["enum"]) == set(DEFAULT_NCCL_PROFILES)
     assert set(config_schema["properties"]["profiles"]["items"]["properties"]) == set(HardwareProfile.__dataclass_fields__)

@@ -1,6 +1,7 @@
 import pathlib
 
 import pytest
+import yaml
 
 from webhook.cli import main
 from webhook.config import PRESETS, Config, ConfigError, config_from_mapping, levels_from, load_config
@@ -111,3 +112,55 @@ def test_good_settings_load_as_typed_values(tmp_path):
     assert (config.reservation_ttl_seconds, config.max_body_bytes, config.pin_when_waiting) == (60.0, 1048576, False)
     assert isinstance(config.reservation_ttl_seconds, float) and config.scheduler_names == ("a", "b")
     assert config.nccl_profiles["leaf"] == {"NCCL_CROSS_NIC": "1"}
+
+
+# ----- levels: auto -------------------------------------------------------------------------------
+
+def labelled(**labels: str) -> dict:
+    return {"metadata": {"name": "n", "labels": {"kubernetes.io/hostname": "n", **labels}}}
+
+
+@pytest.mark.parametrize("labels, preset", [
+    ({"cloud.google.com/gce-topology-block": "b1", "cloud.google.com/gce-topology-subblock": "s1",
+      "cloud.google.com/gce-topology-host": "h1", "topology.kubernetes.io/zone": "us-central1-a"}, "gke"),
+    ({"topology.k8s.aws/network-node-layer-1": "nn-1", "topology.k8s.aws/network-node-layer-2": "nn-2",
+      "topology.k8s.aws/network-node-layer-3": "nn-3", "topology.kubernetes.io/zone": "us-east-1a"}, "aws"),
+    ({"nvidia.com/gpu.clique": "cluster-1.0", "topology.scheduler/leaf": "leaf-1"}, "nvl72"),  # GFD's clique label
+    ({"topology.kubernetes.io/zone": "z", "topology.scheduler/spine": "s", "topology.scheduler/leaf": "l"}, "default"),
+], ids=["gke", "aws", "gfd-clique", "default"])
+def test_levels_auto_picks_the_preset_the_nodes_are_labelled_for(labels, preset):
+    config = config_from_mapping({"levels": "auto"})
+    assert config.levels_auto
+    settled, warning = config.for_nodes([labelled(**labels)] * 3 + [labelled()])
+    assert settled.levels == PRESETS[preset] and not settled.levels_auto and warning is None
+
+
+def test_levels_auto_on_an_unlabelled_cluster_warns_and_keeps_the_default():
+    settled, warning = config_from_mapping({"levels": "auto"}).for_nodes([labelled(), labelled()])
+    assert settled.levels == PRESETS["default"]
+    assert "levels: auto found none of" in warning and "on 2 node(s)" in warning
+
+
+def test_mutate_with_levels_auto_places_by_the_detected_levels(tmp_path, capsys):
+    from tests.fixtures.builders import gpu_job
+    from webhook.demo import make_node
+    nodes = [make_node(f"h{i}", {"cloud.google.com/gce-topology-block": "b1",
+                                 "cloud.google.com/gce-topology-subblock": f"sb{i // 2}",
+                                 "cloud.google.com/gce-topology-host": f"h{i}"}) for i in range(4)]
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
+    (tmp_path / "config.yaml").write_text("levels: auto\n")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(gpu_job("train", 2, 8, placement_strategy="consolidated")))
+    assert main(["mutate", "--config", str(tmp_path / "config.yaml"), "--nodes", str(tmp_path / "nodes.yaml"),
+                 "-f", str(tmp_path / "job.yaml")]) == 0
+    assert "cloud.google.com/gce-topology-subblock" in capsys.readouterr().out  # pinned to one sub-block
+
+
+def test_serve_with_levels_auto_lists_the_nodes_once_to_decide(fake, tmp_path):
+    from conftest import write_kubeconfig
+    from webhook.cli import listed_nodes
+    from webhook.demo import make_node
+    fake.put_node(make_node("aws-1", {"topology.k8s.aws/network-node-layer-1": "nn-1"}))
+    nodes = listed_nodes(write_kubeconfig(tmp_path / "kubeconfig", fake))
+    settled, warning = config_from_mapping({"levels": "auto"}).for_nodes(nodes)
+    assert [n["metadata"]["name"] for n in nodes] == ["aws-1"] and settled.levels == PRESETS["aws"] and not warning
+

@@ -13,7 +13,7 @@ import re
 import socket
 import sys
 import uuid
-from typing import Sequence
+from typing import Callable, Sequence
 
 import yaml
 
@@ -50,6 +50,32 @@ def read_cluster(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     nodes = read_objects(args.nodes, kind="Node")
     pods = read_objects(args.pods, kind="Pod") if args.pods else []
     return nodes, pods
+
+
+def settled(config: Config, nodes: list[dict], warn: Callable[[str], None]) -> Config:
+    """The config with `levels: auto` decided from the Node objects' labels (said through `warn`
+    when no preset fits)."""
+    if not config.levels_auto:
+        return config
+    settled_config, warning = config.for_nodes(nodes)
+    log.info("levels: auto chose the levels %s", ", ".join(lv.label for lv in settled_config.levels))
+    if warning:
+        warn(warning)
+    return settled_config
+
+
+def listed_nodes(kubeconfig: str | None) -> list[dict]:
+    """Every Node as the API lists it (one call, before the feed starts: `levels: auto` needs the
+    labels before the index is built)."""
+    from kubernetes import client as k8s_client
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+    try:
+        response = k8s_client.CoreV1Api(api_client_from(kubeconfig)).list_node(_preload_content=False)
+    except (ApiException, HTTPError) as err:
+        raise ConfigError(f"levels: auto needs the nodes' labels, and listing them failed: "
+                          f"{getattr(err, 'reason', None) or type(err).__name__}") from None
+    return json.loads(response.data).get("items") or []
 
 
 def file_index(config: Config, cluster: tuple[list[dict], list[dict]]) -> tuple[ClusterIndex, Readiness]:
@@ -132,6 +158,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if live:
         api_client_from(args.kubeconfig)  # a bad kubeconfig stops start-up here, in one line
     cluster = None if live else read_cluster(args)
+    if config.levels_auto:
+        config = settled(config, listed_nodes(args.kubeconfig) if live else cluster[0], log.warning)
     cert, key = serving_certs(args)
     options = ServeOptions(bind=args.bind, cert=cert, key=key, client_ca=args.client_ca,
                            max_body_bytes=config.max_body_bytes, multiprocess_dir=metrics_dir())
@@ -197,7 +225,9 @@ def manifest_paths(paths: Sequence[str]) -> list[str]:
 
 def cmd_mutate(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    index, _ = file_index(config, read_cluster(args))
+    cluster = read_cluster(args)
+    config = settled(config, cluster[0], lambda warning: print(f"Warning: {warning}", file=sys.stderr))
+    index, _ = file_index(config, cluster)
     objects = [obj for path in manifest_paths(args.filename) for obj in read_objects(path)]
     if not objects:
         raise UsageError(f"no objects passed to mutate: {', '.join(args.filename)} hold(s) no Kubernetes object")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import yaml
 
@@ -111,6 +111,8 @@ DEFAULT_NCCL_PROFILES: Mapping[str, Mapping[str, str]] = {
 @dataclass(frozen=True)
 class Config:
     levels: tuple[Level, ...] = PRESETS["default"]
+    # `levels: auto`: the preset is chosen from the nodes' labels once they are read (detect_preset).
+    levels_auto: bool = False
     cluster_oversubscription: float = 8.0  # divisor once traffic crosses the widest level's domains
     profiles: tuple[HardwareProfile, ...] = DEFAULT_PROFILES
     nccl_profiles: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: dict(DEFAULT_NCCL_PROFILES))
@@ -124,6 +126,14 @@ class Config:
     max_body_bytes: int = 3 * 1024 * 1024  # the apiserver's own request limit
     stale_after_seconds: float = 120.0
 
+    def for_nodes(self, nodes: Iterable[Mapping]) -> tuple["Config", str | None]:
+        """With `levels: auto`, this config on the preset the Node objects' labels call for, and
+        a warning when none fits; otherwise this config unchanged."""
+        if not self.levels_auto:
+            return self, None
+        preset, warning = detect_preset(((n.get("metadata") or {}).get("labels") or {}) for n in nodes)
+        return dataclasses.replace(self, levels=PRESETS[preset], levels_auto=False), warning
+
     def profile_for(self, product: str) -> HardwareProfile:
         for profile in self.profiles:
             if re.search(profile.match, product or ""):
@@ -131,11 +141,41 @@ class Config:
         return self.profiles[-1]
 
 
+# Labels that only one preset's clusters carry, most specific first: a cluster labelled for
+# several (a GKE cluster whose nodes also carry our leaf label) takes the first that covers most nodes.
+_PRESET_MARKS: tuple[tuple[str, str], ...] = (
+    ("nvl72", "nvidia.com/gpu.clique"),
+    ("gke", "cloud.google.com/gce-topology-block"),
+    ("aws", "topology.k8s.aws/network-node-layer-1"),
+    ("default", "topology.scheduler/leaf"),
+    ("default", "topology.scheduler/spine"),
+)
+
+
+def detect_preset(node_labels: Iterable[Mapping[str, str]]) -> tuple[str, str | None]:
+    """(preset, warning): the preset whose distinguishing label most nodes carry, and a warning
+    when none does (every node is then alone below its zone, so placement can only pack single
+    nodes well)."""
+    counts: dict[str, int] = {}
+    total = 0
+    for labels in node_labels:
+        total += 1
+        for preset in {preset for preset, label in _PRESET_MARKS if label in labels}:
+            counts[preset] = counts.get(preset, 0) + 1
+    if not counts:
+        marks = ", ".join(label for _, label in _PRESET_MARKS)
+        return "default", (f"levels: auto found none of {marks} on {total} node(s); using the default preset, "
+                           "so every node is its own domain below the zone: label the nodes or set levels")
+    order = [preset for preset, _ in _PRESET_MARKS]
+    best = max(counts, key=lambda preset: (counts[preset], -order.index(preset)))
+    return best, None
+
+
 def levels_from(spec: Any) -> tuple[Level, ...]:
     """Levels from a preset name or a list of labels / {label, name, link, oversubscription} maps."""
     if isinstance(spec, str):
         if spec not in PRESETS:
-            raise ConfigError(f"levels: unknown preset {spec!r}; allowed: {', '.join(sorted(PRESETS))}")
+            raise ConfigError(f"levels: unknown preset {spec!r}; allowed: auto, {', '.join(sorted(PRESETS))}")
         return PRESETS[spec]
     if not isinstance(spec, list) or not spec:
         raise ConfigError(f"levels: {spec!r} is not a preset name or a non-empty list of node label keys")
@@ -269,6 +309,8 @@ def config_from_mapping(data: Mapping[str, Any]) -> Config:
     for key, value in data.items():
         if key in _SCALARS:
             values[key] = _number(key, value, *_SCALARS[key])
+        elif key == "levels" and value == "auto":
+            values["levels_auto"] = True
         elif key == "levels":
             values[key] = levels_from(value)
         elif key == "profiles":
