@@ -277,7 +277,7 @@ def render(results: dict, policies: tuple[str, ...], ctx: Context, analysis: str
              "the first seed. All numbers are simulated estimates under the stated model, not measurements.", ""]
     ver_rows, ver_misses = verdicts(results, policies)
     alloc_rows, alloc_misses = allocation_checks(results, policies)
-    lines += ["## Verdict against the targets", "",
+    lines += ["## Verdict on the tuning seeds (in-sample)", "",
               "Targets: the best estimated all-reduce time of all policies in every bucket above one node; the "
               "tightest-available-domain rate at or above every baseline; GPU allocation within 1 point of the best "
               "baseline. `ours` is the consolidated strategy (balanced makes the same decisions, see Method). "

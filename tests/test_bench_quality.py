@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from bench import costmodel, engine, fabric, policies, seed_check, simulate, traces
+from bench import costmodel, engine, evaluate, fabric, policies, simulate, traces
 from webhook.model import PlacementRequest, Strategy
 from webhook.placer import place
 
@@ -250,7 +250,7 @@ def test_balanced_decides_like_consolidated():
 def test_quick_run_compares_every_policy_on_the_same_jobs(capsys):
     assert simulate.main(["--quick", "--processes", "1"]) == 0
     text = capsys.readouterr().out
-    assert "## Verdict against the targets" in text
+    assert "## Verdict on the tuning seeds (in-sample)" in text
     first_table = text[text.index("| policy | GPU allocation"):].split("\n\n")[0].splitlines()[2:]
     assert [row.split(" | ")[0].lstrip("| ") for row in first_table] == [
         "spread (LeastAllocated)", "best-fit (MostAllocated)", "random", "Kueue TAS BestFit",
@@ -259,19 +259,33 @@ def test_quick_run_compares_every_policy_on_the_same_jobs(capsys):
     assert len(jobs) == 1 and jobs.pop().isdigit()  # every policy ran every job, none left unstarted
 
 
-def test_seed_check_compares_ours_and_kueue_on_other_seeds(capsys):
-    assert seed_check.main(["--cells", "philly:0.5", "--seeds", "1", "--processes", "1"]) == 0
+def test_evaluation_pairs_ours_with_every_baseline_on_the_seeds_it_prints(capsys):
+    assert evaluate.main(["--quick", "--seeds", "7", "8", "--processes", "1"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"seeds {seed_check.FIRST_SEED}-{seed_check.FIRST_SEED}")
-    (row,) = [line for line in out.splitlines() if line.startswith("| philly")]
-    cells = [c.strip() for c in row.strip("| ").split("|")]
-    assert cells[:3] == ["philly", "0.5", "9-64"] and cells[-1] in ("0/1", "1/1")  # philly has no 65+ job
-    assert all(float(value) > 0 for value in cells[3:7])
+    assert out.startswith("seeds 7 8 (repeat with --seeds 7 8)")
+    rows = [[c.strip() for c in line.strip("| ").split("|")] for line in out.splitlines()
+            if line.startswith("| helios_all")]
+    assert {(r[2], r[3]) for r in rows} >= {(bucket, b) for bucket in ("9-64", "allocation")
+                                            for b in evaluate.BASELINES}
+    for row in rows:
+        low, high = (float(v) for v in row[5].strip("[]").split(","))
+        assert low <= float(row[4]) <= high and row[6].endswith("/2")
+        sign = -1 if row[2] == "allocation" else 1  # allocation: higher is better
+        ours_side, their_side = sign * high < 0, sign * low > 0
+        assert row[7].strip("*") == ("ahead" if ours_side else "behind" if their_side else "level")
 
 
-@pytest.mark.parametrize("cell, message", [("philly", "TRACE:LOAD"), ("philly:high", "TRACE:LOAD"),
-                                           ("borg:0.5", "unknown trace borg")])
-def test_seed_check_refuses_a_malformed_cell(capsys, cell, message):
+def test_evaluation_draws_fresh_seeds_that_were_not_tuned_on():
+    drawn = evaluate.fresh_seeds(50)
+    assert len(set(drawn)) == 50 and not set(drawn) & evaluate.TUNING_SEEDS
+    assert drawn != evaluate.fresh_seeds(50)  # another run, other streams
+
+
+@pytest.mark.parametrize("argv, message", [(["--cells", "philly"], "TRACE:LOAD"),
+                                           (["--cells", "philly:high"], "TRACE:LOAD"),
+                                           (["--cells", "borg:0.5"], "unknown trace borg"),
+                                           (["--seeds", str(simulate.SEEDS[0])], "tuning seeds")])
+def test_evaluation_refuses_bad_arguments(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:
-        seed_check.main(["--cells", cell])
+        evaluate.main(argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -1,0 +1,45 @@
+"""The evaluation protocol's statistics: paired differences, a bootstrap interval and a verdict.
+
+Each evaluation seed gives one stream that ours and a baseline both run, so their difference on
+that stream is one observation; seeds are independent draws. The verdict reads the 95% bootstrap
+interval of the mean difference: "ahead" only if all of it lies on our side, "behind" only if all
+of it lies on theirs, anything else "level" (the seeds cannot tell them apart).
+"""
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass
+
+RESAMPLES = 4000
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Paired:
+    mean: float  # mean of ours - theirs
+    low: float
+    high: float
+    wins: int  # streams on which ours was strictly better
+    n: int
+    verdict: str  # ahead, level or behind
+
+
+def compare(ours: list[float], theirs: list[float], rng: random.Random, lower_is_better: bool = True,
+            resamples: int = RESAMPLES, level: float = LEVEL) -> Paired:
+    """Paired comparison of two policies over the same streams (ours[i] and theirs[i] share stream i)."""
+    if len(ours) != len(theirs) or not ours:
+        raise ValueError(f"need equally many paired values, at least one: {len(ours)} and {len(theirs)}")
+    diffs = [o - t for o, t in zip(ours, theirs)]
+    n = len(diffs)
+    means = sorted(statistics.fmean(rng.choices(diffs, k=n)) for _ in range(resamples))
+    tail = (1 - level) / 2
+    low, high = means[int(tail * resamples)], means[min(resamples - 1, int((1 - tail) * resamples))]
+    better = (lambda d: d < 0) if lower_is_better else (lambda d: d > 0)
+    if better(high) and better(low):
+        verdict = "ahead"
+    elif better(-low) and better(-high):
+        verdict = "behind"
+    else:
+        verdict = "level"
+    return Paired(statistics.fmean(diffs), low, high, sum(map(better, diffs)), n, verdict)
