@@ -134,7 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     if tuned:
         parser.error(f"--seeds: {', '.join(map(str, tuned))} are tuning seeds; an evaluation must not use them")
     seeds = args.seeds or fresh_seeds(args.n_seeds)
-    command = " ".join(["bench/evaluate.py", *(argv if argv is not None else sys.argv[1:])])
     print(f"seeds {' '.join(map(str, seeds))} (repeat with --seeds {' '.join(map(str, seeds))})", flush=True)
     tasks = [(simulate.Scenario("main", trace, load, seed=seed), key, settings)
              for trace, load in cells for seed in seeds for key in (OURS, *BASELINES)]
