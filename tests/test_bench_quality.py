@@ -260,7 +260,7 @@ def test_quick_run_compares_every_policy_on_the_same_jobs(capsys):
 
 
 def test_evaluation_pairs_ours_with_every_baseline_on_the_seeds_it_prints(capsys):
-    assert evaluate.main(["--quick", "--seeds", "7", "8", "--processes", "1"]) == 0
+    assert evaluate.main(["--quick", "--cells", "helios_all:1.2", "--seeds", "7", "8", "--processes", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("seeds 7 8 (repeat with --seeds 7 8)")
     rows = [[c.strip() for c in line.strip("| ").split("|")] for line in out.splitlines()
@@ -270,8 +270,10 @@ def test_evaluation_pairs_ours_with_every_baseline_on_the_seeds_it_prints(capsys
     for row in rows:
         low, high = (float(v) for v in row[5].strip("[]").split(","))
         assert low <= float(row[4]) <= high and row[6].endswith("/2")
-        sign = -1 if row[2] == "allocation" else 1  # allocation: higher is better
-        ours_side, their_side = sign * high < 0, sign * low > 0
+        if row[2] == "allocation":  # higher is better
+            ours_side, their_side = low > 0, high < 0
+        else:
+            ours_side, their_side = high < 0, low > 0
         assert row[7].strip("*") == ("ahead" if ours_side else "behind" if their_side else "level")
 
 
