@@ -233,8 +233,10 @@ class ConstrainedSubsets:
         """A node's pods, holds or requests changed: its GPUs as each subset counts them."""
         for _, subset in self._subsets.values():
             copy = subset.nodes.get(name)
-            if copy is not None and copy.free != subset.usable_free(copy):
-                subset.shift_free(copy, copy.free, subset.usable_free(copy))
+            if copy is not None:
+                usable = subset.usable_free(copy)
+                if usable != copy.free:
+                    subset.shift_free(copy, copy.free, usable)
 
     def shift_freeing(self, name: str, delta: int) -> None:
         for _, subset in self._subsets.values():

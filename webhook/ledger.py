@@ -52,10 +52,6 @@ class Reservation:
     def nodes(self) -> tuple[str, ...]:
         return tuple(self.sets)
 
-    @property
-    def pods_left(self) -> int:
-        return sum(len(sets) for sets in self.sets.values())
-
 
 class ReservationLedger:
     """Holds by key, and by node for the index's recounts. Not thread safe on its own: the

@@ -74,10 +74,6 @@ class PlacementRequest:
     def total_gpus(self) -> int:
         return self.pods * self.gpus_per_pod
 
-    @property
-    def has_node_filter(self) -> bool:
-        return bool(self.node_selector or self.required_node_terms or self.min_bandwidth_gbps)
-
 
 @dataclass(frozen=True)
 class DomainRef:

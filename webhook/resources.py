@@ -11,7 +11,7 @@ import functools
 import math
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Iterable, Mapping
+from typing import Mapping
 
 from .model import GPU_RESOURCE
 
@@ -90,7 +90,3 @@ def node_allocatable(status: Mapping) -> Vector:
     """A node's allocatable resources, GPUs left out."""
     return _vector(status.get("allocatable"))
 
-
-def fits(allocatable: Mapping[str, int], requested: Mapping[str, int], wanted: Iterable[tuple[str, int]]) -> bool:
-    """Whether a node with these allocatable and requested resources takes one more pod."""
-    return all(allocatable.get(name, 0) - requested.get(name, 0) >= amount for name, amount in wanted)
