@@ -26,9 +26,9 @@ from . import injection, mutation, workload
 from .config import Config
 from .kinds import KINDS
 from .ledger import held_by, reservation_key
-from .model import EXCEEDS_CLUSTER, UNKNOWN_DOMAIN, Decision, Outcome
+from .model import EXCEEDS_CLUSTER, UNKNOWN_DOMAIN, Decision, Outcome, PlacementRequest
 from .patch import encode, make_patch
-from .placer import place_shared, release_shared
+from .placer import place_group, place_shared, release_shared
 
 if TYPE_CHECKING:
     from .cluster import ClusterIndex
@@ -169,6 +169,8 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
         return _result(request, "ignored")
     if workload.bound(kind, obj):
         return _result(request, "ignored")  # the scheduler is bypassed: affinity could only get it rejected
+    if workload.made_for_group(kind, obj):
+        return _result(request, "ignored")  # an operator's StatefulSet: its pods are placed as group members
     if (request.operation == "CREATE" and _placed(kind, obj)
             and injection.reservation_of(workload.pod_template(kind, obj)) == _reservation_key(request, obj)):
         # Our own output, whole and for this very object (reinvocation): placing it again could only
@@ -190,13 +192,28 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
         return _result(request, "ignored", mutated=mutated, warnings=[
             *wanted.warnings, f"{who} {wanted.idle}"])
     key = _reservation_key(request, obj)
-    reserve = key if KINDS[kind].reserves and not request.dry_run else None
-    decision, alone = place_shared(index, wanted.request, reserve)
+    if wanted.group is not None:
+        decision, alone, joined = place_group(index, wanted.request, key, reserve=not request.dry_run)
+        if joined:
+            alone = [*alone, *_joined_notes(who, wanted.request, decision)]
+    else:
+        reserve = key if KINDS[kind].reserves and not request.dry_run else None
+        decision, alone = place_shared(index, wanted.request, reserve)
     if decision.outcome is Outcome.NEVER:
         return _denied(request, _never_message(who, obj, kind, decision), decision)
     mutated = mutation.mutate(obj, kind, decision, config, key)
     return _result(request, _OUTCOMES[decision.outcome], decision=decision, mutated=mutated,
                    warnings=[*wanted.warnings, *mutation.warnings(decision, config), *alone])
+
+
+def _joined_notes(who: str, request: PlacementRequest, decision: Decision) -> list[str]:
+    """A member joins the decision its group's first member got; say where that differs from
+    what this member asks for."""
+    first = decision.request
+    if request.gpus_per_pod == first.gpus_per_pod:
+        return []
+    return [f"{who}: asks for {request.gpus_per_pod} GPUs, but {first.workload} was placed for pods of "
+            f"{first.gpus_per_pod} GPUs by its first pod; pinned with the group"]
 
 
 def _kept(request: _Request, config: Config, wanted: workload.Workload) -> AdmissionResult:
@@ -264,6 +281,9 @@ def _reservation_key(request: _Request, obj: Mapping) -> str:
     object replace (and so release) someone else's hold. Only these are taken: this object's own
     key (namespace/kind/generateName...), or the key of a workload that controls it in its
     namespace (a Job's pods carry the Job's key)."""
+    group = workload.group_of(request.kind, obj, request.namespace)
+    if group is not None:
+        return group.key  # a group's pods hold, and confirm, under the group's one key
     meta = obj.get("metadata") or {}
     if meta.get("name"):
         return reservation_key(request.namespace, request.kind, meta["name"])

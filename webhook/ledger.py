@@ -12,6 +12,10 @@ is pinned to): every replica sees the same pods, so pod holds survive restarts a
 replicas without any write. A pod hold counts only while its key has no workload hold: a Job's
 pods appearing replace the Job's hold, never add to it.
 
+Group decisions live here too: the pods of one group (webhook/groups.py) arrive one at a time,
+and every one after the first joins the decision the first one made, kept under the group's key
+until no member has joined for a hold's lifetime.
+
 It knows nothing of nodes beyond their names: every change returns the names of the nodes whose
 held GPUs changed, and the cluster index recounts those.
 """
@@ -20,7 +24,7 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 GpuSet = tuple[int, ...]
 
@@ -68,6 +72,26 @@ class ReservationLedger:
         self.pod_holds: dict[str, tuple[str, str, GpuSet]] = {}  # pod key -> (reservation key, node, set)
         self._pods_on_node: dict[str, dict[str, tuple[str, GpuSet]]] = {}  # node -> pod key -> (key, set)
         self._pods_of: dict[str, set[str]] = {}  # reservation key -> pod keys holding under it
+        self.groups: dict[str, tuple[Any, float]] = {}  # group key -> (its decision, expires_at)
+        self._group_expiry: list[tuple[float, str]] = []
+
+    def group(self, key: str) -> Any:
+        """The decision a group's first member got, or None; each member that joins renews it."""
+        entry = self.groups.get(key)
+        if entry is None or entry[1] <= self.clock():
+            return None
+        self.remember_group(key, entry[0])
+        return entry[0]
+
+    def remember_group(self, key: str, decision: Any) -> None:
+        now = self.clock()
+        while self._group_expiry and self._group_expiry[0][0] <= now:  # forget groups nobody joined lately
+            expires_at, old = heapq.heappop(self._group_expiry)
+            if old in self.groups and self.groups[old][1] == expires_at:
+                del self.groups[old]
+        expires_at = now + self.ttl_seconds
+        self.groups[key] = (decision, expires_at)
+        heapq.heappush(self._group_expiry, (expires_at, key))
 
     def held_on(self, node: str) -> Iterable[GpuSet]:
         """Every GPU set held on a node, whoever holds it; a pod's only while its workload holds none."""

@@ -140,3 +140,8 @@ class Decision:
     def nodes(self) -> tuple[str, ...]:
         return tuple(a.node for a in self.assignment)
 
+
+def quoted(value: object) -> str:
+    """A user's bad value in our message, shortened so the message stays one readable line."""
+    text = str(value).replace("\n", " ")
+    return '"' + (text if len(text) <= 40 else text[:37] + "...") + '"'

@@ -9,7 +9,9 @@ wrote first, decide again. Past the claims' time budget the decision stands alon
 """
 from __future__ import annotations
 
+import threading
 import time
+import zlib
 from typing import Protocol
 
 from .cluster import ClusterIndex
@@ -18,6 +20,9 @@ from .placement import decide
 from .topology import TopologyTree
 
 CONFLICT = "conflict"  # a claim's answer when another replica wrote first
+# One group's members decide one at a time (the first decides, the others join), without holding
+# the index lock across the claims' API writes; groups hashed apart do not wait on each other.
+_GROUP_LOCKS = tuple(threading.Lock() for _ in range(64))
 
 
 class SharedClaims(Protocol):
@@ -81,6 +86,23 @@ def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None
             return decision, []
         if problem != CONFLICT or time.monotonic() >= deadline:
             return decision, [claims.alone(request.workload, problem)]
+
+
+def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserve: bool
+                ) -> tuple[Decision, list[str], bool]:
+    """The decision of the group `key`: the one its first member got, or, for the first member, a
+    new one for the whole group, held under the group's key (`reserve`) and remembered for the
+    members to come. A dry run joins a group but starts none. Returns (decision, warnings, joined)."""
+    with _GROUP_LOCKS[zlib.crc32(key.encode()) % len(_GROUP_LOCKS)]:
+        with index.lock:
+            decision = index.ledger.group(key)
+        if decision is not None:
+            return decision, [], True
+        decision, alone = place_shared(index, request, key if reserve else None)
+        if reserve:
+            with index.lock:
+                index.ledger.remember_group(key, decision)
+        return decision, alone, False
 
 
 def release_shared(index: ClusterIndex, key: str) -> None:

@@ -23,9 +23,11 @@ from typing import Any, Mapping
 
 from .config import Config
 from .gpus import parse_bandwidth_gbps, pod_gpus
+from . import groups
+from .groups import GROUP_ANNOTATIONS, GROUP_SIZE, InvalidGroup, Membership, membership
 from .injection import OUTPUT_ANNOTATIONS
 from .kinds import KINDS
-from .model import ANNOTATION_PREFIX, PlacementRequest, Strategy
+from .model import ANNOTATION_PREFIX, PlacementRequest, Strategy, quoted
 from .resources import pod_requests
 
 GPU_COUNT = ANNOTATION_PREFIX + "gpu-count"
@@ -33,7 +35,7 @@ STRATEGY = ANNOTATION_PREFIX + "placement-strategy"
 LATENCY_SENSITIVE = ANNOTATION_PREFIX + "latency-sensitive"
 PREFERRED_DOMAIN = ANNOTATION_PREFIX + "preferred-domain"
 NETWORK_BANDWIDTH = ANNOTATION_PREFIX + "network-bandwidth"
-INPUT_ANNOTATIONS = (GPU_COUNT, STRATEGY, LATENCY_SENSITIVE, PREFERRED_DOMAIN, NETWORK_BANDWIDTH)
+INPUT_ANNOTATIONS = (GPU_COUNT, STRATEGY, LATENCY_SENSITIVE, PREFERRED_DOMAIN, NETWORK_BANDWIDTH) + GROUP_ANNOTATIONS
 MAX_GPU_COUNT_DIGITS = 7  # ten million GPUs: beyond any cluster, and far below Python's int parsing limit
 
 _BOOLEANS = {"true": True, "false": False}
@@ -75,6 +77,7 @@ class Workload:
     request: PlacementRequest | None
     warnings: tuple[str, ...] = ()
     idle: str = ""
+    group: Membership | None = None  # a Pod placed as a member of this group (request: the whole group's)
 
 
 def supports(group: str, kind: str) -> bool:
@@ -153,14 +156,18 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
     except ValueError as err:
         raise InvalidWorkload(f"{who}: nvidia.com/gpu request {err}; allowed: a whole number of GPUs") from None
     running = _running(kind, obj, who)
-    pods, gpus_per_pod, warnings = _size(kind, who, per_pod, running, annotations.get(GPU_COUNT))
+    group = _group(kind, obj, namespace, who, template, annotations) if per_pod else None
+    if group is not None:
+        group, pods, gpus_per_pod, warnings = _group_size(who, group, per_pod, annotations.get(GPU_COUNT))
+    else:
+        pods, gpus_per_pod, warnings = _size(kind, who, per_pod, running, annotations.get(GPU_COUNT))
     warnings = _unknown_annotations(who, annotations) + warnings
     if pods == 0 or gpus_per_pod == 0:
         idle = (f"runs no pods now ({_COUNT_FIELDS.get(kind, 'spec.replicas')}: 0), so nothing to place until it "
                 "is scaled up" if running == 0 else "requests no nvidia.com/gpu; nothing to place")
         return Workload(None, tuple(warnings), idle)
     request = PlacementRequest(
-        workload=who,
+        workload=group.name if group is not None else who,
         pods=pods,
         gpus_per_pod=gpus_per_pod,
         strategy=_strategy(who, annotations.get(STRATEGY)),
@@ -172,7 +179,7 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
         tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, Mapping)),
         resources=tuple(sorted(pod_requests(spec).items())),
     )
-    return Workload(request, tuple(warnings))
+    return Workload(request, tuple(warnings), group=group)
 
 
 _COUNT_FIELDS = {"Job": "spec.parallelism", "CronJob": "spec.jobTemplate.spec.parallelism"}
@@ -187,8 +194,57 @@ def _unknown_annotations(who: str, annotations: Mapping) -> list[str]:
         guess = difflib.get_close_matches(key, INPUT_ANNOTATIONS, n=1, cutoff=0.8)
         hint = f"did you mean {guess[0]}?" if guess else \
             f"known: {', '.join(k.removeprefix(ANNOTATION_PREFIX) for k in INPUT_ANNOTATIONS)}"
-        warnings.append(f"{who}: annotation {_quote(key)[1:-1]} is not one of ours and is ignored; {hint}")
+        warnings.append(f"{who}: annotation {quoted(key)[1:-1]} is not one of ours and is ignored; {hint}")
     return warnings
+
+
+def group_of(kind: str, obj: Mapping, namespace: str) -> Membership | None:
+    """The group a Pod belongs to; None for other kinds, and for a bad group annotation (which
+    `read` denies with its message)."""
+    template = pod_template(kind, obj) or {}
+    try:
+        return _group(kind, obj, namespace, "", template, annotations_of(kind, obj))
+    except InvalidAnnotation:
+        return None
+
+
+def made_for_group(kind: str, obj: Mapping) -> bool:
+    """An operator's object (not a Pod) whose pods are placed as members of their groups."""
+    labels = {**_mapping(_mapping((pod_template(kind, obj) or {}).get("metadata")).get("labels")),
+              **_mapping(_mapping(obj.get("metadata")).get("labels"))}
+    return kind != "Pod" and groups.made_for_group(labels)
+
+
+def _group(kind: str, obj: Mapping, namespace: str, who: str, template: Mapping,
+           annotations: Mapping) -> Membership | None:
+    """The group a Pod belongs to (webhook/groups.py); other kinds are placed as themselves."""
+    if kind != "Pod":
+        return None
+    try:
+        return membership(obj, namespace, _mapping(_mapping(template.get("metadata")).get("labels")), annotations)
+    except InvalidGroup as err:
+        raise InvalidAnnotation(f"{who}: {err}") from None
+
+
+def _group_size(who: str, group: Membership, per_pod: int, gpu_count: object
+                ) -> tuple[Membership | None, int, int, list[str]]:
+    """(group, pods, GPUs per pod, warnings) of a whole group, from one member that asks for
+    `per_pod` GPUs; when nothing says the group's size, the pod is placed on its own (group None)."""
+    if group.size is not None:
+        warnings = []
+        if gpu_count is not None and _positive(who, gpu_count) != group.size * per_pod:
+            warnings.append(f"{who}: {GPU_COUNT}={_positive(who, gpu_count)} disagrees with {group.size} pods x "
+                            f"{per_pod} GPUs of {group.name}; the group's size wins")
+        return group, group.size, per_pod, warnings
+    if gpu_count is None:
+        return None, 1, per_pod, [f"{who}: the size of {group.name} is not known, so this pod is placed on its own; "
+                                  f"allowed: annotation {GROUP_SIZE} (pods) or {GPU_COUNT} (the group's GPUs)"]
+    total = _positive(who, gpu_count)
+    if total % per_pod:
+        raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={total} (the GPUs of all of {group.name}) does not "
+                                f"divide by the {per_pod} GPUs of this pod; allowed: a multiple of {per_pod}, or "
+                                f"annotation {GROUP_SIZE}")
+    return group, total // per_pod, per_pod, []
 
 
 def _running(kind: str, obj: Mapping, who: str) -> int:
@@ -235,10 +291,10 @@ def _size(kind: str, who: str, per_pod: int, running: int, gpu_count: object) ->
 def _positive(who: str, value: object) -> int:
     text = str(value).strip()
     if re.fullmatch(r"\d+", text) and len(text.lstrip("0")) > MAX_GPU_COUNT_DIGITS:
-        raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={_quote(value)} ({len(text)} digits) is not allowed; "
+        raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={quoted(value)} ({len(text)} digits) is not allowed; "
                                 f"allowed: a whole number of GPUs from 1 to {10 ** MAX_GPU_COUNT_DIGITS - 1}")
     if not re.fullmatch(r"\d+", text) or int(text) <= 0:
-        raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={_quote(value)} is not allowed; "
+        raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={quoted(value)} is not allowed; "
                                 "allowed: a whole number of GPUs greater than 0, e.g. \"8\"")
     return int(text)
 
@@ -250,7 +306,7 @@ def _strategy(who: str, value: object) -> Strategy:
         return Strategy(str(value).strip().lower())
     except ValueError:
         allowed = ", ".join(s.value for s in Strategy)
-        raise InvalidAnnotation(f"{who}: annotation {STRATEGY}={_quote(value)} is not allowed; allowed: {allowed}") from None
+        raise InvalidAnnotation(f"{who}: annotation {STRATEGY}={quoted(value)} is not allowed; allowed: {allowed}") from None
 
 
 def _boolean(who: str, key: str, value: object) -> bool:
@@ -258,7 +314,7 @@ def _boolean(who: str, key: str, value: object) -> bool:
         return False
     text = str(value).strip().lower()
     if text not in _BOOLEANS:
-        raise InvalidAnnotation(f"{who}: annotation {key}={_quote(value)} is not allowed; allowed: true, false")
+        raise InvalidAnnotation(f"{who}: annotation {key}={quoted(value)} is not allowed; allowed: true, false")
     return _BOOLEANS[text]
 
 
@@ -267,7 +323,7 @@ def _preferred_domain(who: str, value: object) -> str | None:
         return None
     text = str(value).strip()
     if not text or any(c.isspace() for c in text):
-        raise InvalidAnnotation(f"{who}: annotation {PREFERRED_DOMAIN}={_quote(value)} is not allowed; "
+        raise InvalidAnnotation(f"{who}: annotation {PREFERRED_DOMAIN}={quoted(value)} is not allowed; "
                                 "allowed: a domain's label value (leaf-1) or LEVEL=VALUE (spine=spine-1)")
     return text
 
@@ -280,7 +336,7 @@ def _bandwidth(who: str, value: object) -> float | None:
     except ValueError:
         gbps = 0.0
     if gbps <= 0:
-        raise InvalidAnnotation(f"{who}: annotation {NETWORK_BANDWIDTH}={_quote(value)} is not allowed; "
+        raise InvalidAnnotation(f"{who}: annotation {NETWORK_BANDWIDTH}={quoted(value)} is not allowed; "
                                 "allowed: a bandwidth such as 200Gb, 400Gbps or 1.6Tb")
     return gbps
 
@@ -331,15 +387,9 @@ def _count(value: object, who: str, field: str) -> int:
     if value is None:
         return 1
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidWorkload(f"{who}: {field}={_quote(value)} is not allowed; allowed: a whole number >= 0")
+        raise InvalidWorkload(f"{who}: {field}={quoted(value)} is not allowed; allowed: a whole number >= 0")
     return value
 
 
 def _mapping(value: object) -> Mapping:
     return value if isinstance(value, Mapping) else {}
-
-
-def _quote(value: object) -> str:
-    """The bad value as the user wrote it, shortened so a message stays one readable line."""
-    text = str(value).replace("\n", " ")
-    return '"' + (text if len(text) <= 40 else text[:37] + "...") + '"'

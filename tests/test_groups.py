@@ -1,0 +1,188 @@
+"""Groups made by operators: pods that reach us one at a time get one decision for the group."""
+from __future__ import annotations
+
+import itertools
+import threading
+
+import pytest
+from conftest import review_of
+from fixtures.builders import container
+from test_idempotence_properties import allowed_nodes
+
+from webhook import demo
+from webhook.admission import review
+from webhook.cli import file_index
+from webhook.config import Config
+
+LEAF = "topology.scheduler/leaf"
+LEAF_OF = {node["metadata"]["name"]: node["metadata"]["labels"][LEAF] for node in demo.leaf_spine_nodes()}
+
+
+def operator_pod(name: str, labels: dict, annotations: dict, gpus: int = 8, owner: tuple[str, str] | None = None,
+                 namespace: str = "ml") -> dict:
+    """A Pod as an operator creates it: labels and annotations copied from its replica template."""
+    meta: dict = {"name": name, "namespace": namespace, "labels": dict(labels), "annotations": dict(annotations)}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "kubeflow.org/v1", "kind": owner[0], "name": owner[1],
+                                    "uid": f"uid-{owner[1]}", "controller": True, "blockOwnerDeletion": True}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [container(gpus=gpus)], "restartPolicy": "OnFailure"}}
+
+
+def pytorchjob_pods(job: str, workers: int = 3, gpus: int = 8) -> list[dict]:
+    """1 master + `workers` workers, as the training operator makes them from a PyTorchJob whose
+    replica templates carry our annotations (gpu-count: the whole job's GPUs)."""
+    annotations = {"topology.scheduler/gpu-count": str((workers + 1) * gpus),
+                   "topology.scheduler/placement-strategy": "consolidated"}
+    pods = []
+    for role, index in [("master", 0)] + [("worker", i) for i in range(workers)]:
+        labels = {"training.kubeflow.org/job-name": job, "training.kubeflow.org/replica-type": role,
+                  "training.kubeflow.org/replica-index": str(index), "training.kubeflow.org/operator-name": "pytorchjob-controller"}
+        pods.append(operator_pod(f"{job}-{role}-{index}", labels, annotations, gpus, owner=("PyTorchJob", job)))
+    return pods
+
+
+def lws_pods(name: str, group: int, size: int = 4, gpus: int = 8) -> list[dict]:
+    """One LeaderWorkerSet group: leader (worker-index 0) and workers, as the LWS controller makes them."""
+    pods = []
+    for worker in range(size):
+        labels = {"leaderworkerset.sigs.k8s.io/name": name, "leaderworkerset.sigs.k8s.io/group-index": str(group),
+                  "leaderworkerset.sigs.k8s.io/worker-index": str(worker)}
+        annotations = {"leaderworkerset.sigs.k8s.io/size": str(size),
+                       "topology.scheduler/placement-strategy": "consolidated"}
+        pod_name = f"{name}-{group}" + (f"-{worker}" if worker else "")
+        pods.append(operator_pod(pod_name, labels, annotations, gpus))
+    return pods
+
+
+@pytest.fixture
+def fresh_index():
+    index, _ = file_index(Config(), demo.demo_cluster())
+    return index
+
+
+def admit(pod: dict, index, config: Config | None = None):
+    result = review(review_of(pod), index, config or Config())
+    assert result.review["response"]["allowed"], result.review["response"]
+    return result
+
+
+def leaves_allowed(pod: dict) -> set[str]:
+    return {LEAF_OF[name] for name in allowed_nodes(pod)}
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(4)))[::5])
+def test_a_pytorchjobs_pods_admitted_one_by_one_in_any_order_are_pinned_to_one_leaf(order, fresh_index):
+    pods = pytorchjob_pods("bert")
+    admitted = [admit(pods[i], fresh_index).admitted for i in order]
+    leaves = [leaves_allowed(pod) for pod in admitted]
+    assert all(len(found) == 1 for found in leaves) and len({frozenset(found) for found in leaves}) == 1, leaves
+    # the whole group (4 x 8 GPUs) fits in one leaf only where a leaf is idle: leaf-3 or leaf-7
+    assert leaves[0] <= {"leaf-3", "leaf-7"}
+    # one hold for the group, under the group's key, for all four pods
+    assert fresh_index.stats().gpus_reserved == 32
+    assert {pod["metadata"]["annotations"]["topology.scheduler/reservation"] for pod in admitted} == {
+        "ml/PyTorchJob/bert"}
+
+
+def test_pods_of_another_pytorchjob_never_join_the_group(fresh_index):
+    first = [admit(pod, fresh_index).admitted for pod in pytorchjob_pods("bert")]
+    second = [admit(pod, fresh_index).admitted for pod in pytorchjob_pods("gpt")]
+    assert leaves_allowed(first[0]) != leaves_allowed(second[0])
+    assert {frozenset(leaves_allowed(pod)) for pod in second} == {frozenset(leaves_allowed(second[0]))}
+    assert fresh_index.stats().gpus_reserved == 64
+
+
+def test_the_same_job_name_in_another_namespace_is_another_group(fresh_index):
+    first = admit(pytorchjob_pods("bert")[0], fresh_index).admitted
+    other = pytorchjob_pods("bert")[0]
+    other["metadata"]["namespace"] = "research"
+    second = admit(other, fresh_index).admitted
+    assert leaves_allowed(first) != leaves_allowed(second)
+
+
+def test_a_pytorchjobs_pods_admitted_concurrently_through_the_server_share_one_leaf(apiserver):
+    pods = pytorchjob_pods("concurrent-bert")
+    results: dict[int, dict] = {}
+    start = threading.Barrier(len(pods))
+
+    def send(i: int) -> None:
+        start.wait()
+        results[i] = apiserver.admit(review_of(pods[i]))
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(pods))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(results) == len(pods)
+    leaves = {frozenset(leaves_allowed(pod)) for pod in results.values()}
+    assert len(leaves) == 1 and len(next(iter(leaves))) == 1, leaves
+
+
+def test_each_leaderworkerset_group_is_inside_one_leaf_and_groups_are_placed_apart(fresh_index):
+    groups = [[admit(pod, fresh_index).admitted for pod in lws_pods("llm", group)] for group in (0, 1)]
+    for members in groups:
+        leaves = {frozenset(leaves_allowed(pod)) for pod in members}
+        assert len(leaves) == 1 and len(next(iter(leaves))) == 1, leaves
+    assert fresh_index.stats().gpus_reserved == 64  # two groups of 4 x 8, each held once
+
+
+def test_a_leaderworkersets_statefulset_is_not_placed_itself():
+    statefulset = {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                   "metadata": {"name": "llm", "namespace": "ml", "labels": {"leaderworkerset.sigs.k8s.io/name": "llm"}},
+                   "spec": {"replicas": 2, "serviceName": "llm", "selector": {"matchLabels": {"a": "b"}},
+                            "template": {"metadata": {"labels": {"a": "b", "leaderworkerset.sigs.k8s.io/name": "llm"},
+                                                      "annotations": {"topology.scheduler/gpu-count": "16"}},
+                                         "spec": {"containers": [container(gpus=8)]}}}}
+    index, _ = file_index(Config(), demo.demo_cluster())
+    result = review(review_of(statefulset), index, Config())
+    assert result.outcome == "ignored" and not result.patch and index.stats().gpus_reserved == 0
+
+
+def test_a_group_pod_whose_group_size_is_unknown_is_placed_alone_and_says_what_to_add(fresh_index):
+    pod = operator_pod("solo", {"ray.io/cluster": "rc"}, {"topology.scheduler/placement-strategy": "consolidated"})
+    result = admit(pod, fresh_index)
+    assert result.outcome == "placed" and result.decision.request.pods == 1
+    assert any("topology.scheduler/group-size" in w and "RayCluster ml/rc" in w for w in result.warnings)
+
+
+def test_our_group_annotation_groups_any_pods_and_group_size_sizes_the_group(fresh_index):
+    annotations = {"topology.scheduler/group": "sweep-7", "topology.scheduler/group-size": "2"}
+    first = admit(operator_pod("a", {}, annotations, gpus=4), fresh_index)
+    second = admit(operator_pod("b", {}, annotations, gpus=4), fresh_index)
+    assert first.decision.request.pods == 2 and second.decision is first.decision
+    assert fresh_index.stats().gpus_reserved == 8
+
+
+@pytest.mark.parametrize("annotations, fragment", [
+    ({"topology.scheduler/group": "sweep", "topology.scheduler/group-size": "zero"},
+     'topology.scheduler/group-size="zero" is not allowed; allowed: a whole number of pods from 1 to'),
+    ({"topology.scheduler/group": "bad name!"}, 'topology.scheduler/group="bad name!" is not allowed'),
+    ({"topology.scheduler/gpu-count": "30"}, "gpu-count=30 (the GPUs of all of PyTorchJob ml/bert) does not divide"),
+])
+def test_bad_group_annotations_are_denied_naming_annotation_value_and_what_is_allowed(annotations, fragment,
+                                                                                       fresh_index):
+    pod = pytorchjob_pods("bert")[0]
+    pod["metadata"]["annotations"].update(annotations)
+    result = review(review_of(pod), fresh_index, Config())
+    assert result.outcome == "denied"
+    assert fragment in result.review["response"]["status"]["message"]
+    assert "Pod ml/bert-master-0" in result.review["response"]["status"]["message"]
+
+
+def test_a_member_pod_reinvoked_with_our_own_output_is_left_as_it_is(fresh_index):
+    placed = admit(pytorchjob_pods("bert")[0], fresh_index).admitted
+    again = review(review_of(placed), fresh_index, Config())
+    assert again.outcome == "ignored" and not again.patch
+
+
+def test_bound_members_confirm_the_groups_hold_one_by_one(fresh_index):
+    admitted = [admit(pod, fresh_index).admitted for pod in pytorchjob_pods("bert")]
+    nodes = sorted(allowed_nodes(admitted[0]))
+    for pod, node in zip(admitted[:2], nodes):
+        bound = {**pod, "metadata": {**pod["metadata"], "uid": f"uid-{pod['metadata']['name']}"},
+                 "spec": {**pod["spec"], "nodeName": node}, "status": {"phase": "Running"}}
+        fresh_index.upsert_pod(bound)
+    stats = fresh_index.stats()
+    assert stats.gpus_reserved == 16  # two pods bound (and counted as used), two still held
