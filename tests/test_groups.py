@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+import random
 import threading
 
 import pytest
@@ -186,3 +188,50 @@ def test_bound_members_confirm_the_groups_hold_one_by_one(fresh_index):
         fresh_index.upsert_pod(bound)
     stats = fresh_index.stats()
     assert stats.gpus_reserved == 16  # two pods bound (and counted as used), two still held
+
+
+def child_jobs(jobset: dict) -> list[dict]:
+    """The Jobs the JobSet controller creates from a (placed) JobSet: one per replica of each
+    replicatedJob, the template copied, labelled and owned by the JobSet."""
+    jobs = []
+    name = jobset["metadata"]["name"]
+    for replicated in jobset["spec"]["replicatedJobs"]:
+        for i in range(replicated.get("replicas", 1)):
+            labels = {"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": replicated["name"],
+                      "jobset.sigs.k8s.io/job-index": str(i)}
+            jobs.append({"apiVersion": "batch/v1", "kind": "Job",
+                         "metadata": {"name": f"{name}-{replicated['name']}-{i}", "namespace": "ml", "labels": labels,
+                                      "annotations": dict(jobset["metadata"].get("annotations") or {}),
+                                      "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                                                           "name": name, "uid": "uid-js", "controller": True}]},
+                         "spec": json.loads(json.dumps(replicated["template"]["spec"]))})
+    return jobs
+
+
+def jobset(name: str, gpus: int = 4) -> dict:
+    job_template = {"parallelism": 2, "completions": 2, "template": {"spec": {
+        "restartPolicy": "Never", "containers": [container(gpus=gpus)]}}}
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": name, "namespace": "ml",
+                         "annotations": {"topology.scheduler/placement-strategy": "consolidated"}},
+            "spec": {"replicatedJobs": [{"name": "workers", "replicas": 4, "template": {"spec": job_template}}]}}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_jobsets_child_jobs_keep_its_one_leaf_in_any_order_and_a_second_jobset_gets_another(seed, fresh_index):
+    # 4 replicas x 2 pods x 4 GPUs: the demo cluster's leaves hold 32 GPUs, so 8 pods of 8 GPUs
+    # (64 GPUs) could not share one; the rule is the same at any size.
+    placed = [admit(jobset(name), fresh_index).admitted for name in ("first", "second")]
+    chosen = []
+    for obj in placed:
+        jobs = child_jobs(obj)
+        random.Random(seed).shuffle(jobs)
+        pods_leaves = set()
+        for job in jobs:
+            result = review(review_of(job), fresh_index, Config())
+            assert result.outcome == "ignored" and not result.patch  # the JobSet's decision, not a new one
+            pods_leaves.add(frozenset(leaves_allowed(job["spec"]["template"])))
+        assert len(pods_leaves) == 1 and len(next(iter(pods_leaves))) == 1, pods_leaves
+        chosen.append(next(iter(pods_leaves)))
+    assert chosen[0] != chosen[1]
+    assert fresh_index.stats().gpus_reserved == 64  # each JobSet held once, by its own key

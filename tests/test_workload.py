@@ -1,9 +1,8 @@
 import pytest
 
-from tests.fixtures.builders import container, template_of, workload
+from tests.fixtures.builders import API_VERSIONS, container, template_of, workload
 from webhook import workload as wl
 from webhook.config import Config
-from webhook.kinds import KINDS
 from webhook.model import Strategy
 
 GPU_COUNT = "topology.scheduler/gpu-count"
@@ -155,7 +154,7 @@ def test_scheduler_names_are_configurable():
     assert not wl.is_ours("Job", obj, Config())
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", list(API_VERSIONS))
 def test_pod_template_is_the_template_inside_each_kind(kind):
     obj = workload(kind)
     assert wl.pod_template(kind, obj) is template_of(obj)

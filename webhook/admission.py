@@ -165,7 +165,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
         workload.check_shape(kind, obj, request.namespace)
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
-    if KINDS[kind].placed_by_owner and workload.controller_owned(obj) and _placed(kind, obj):
+    if workload.controller_owned(obj) and _placed(kind, obj) and _placed_by_owner(kind, obj):
         return _result(request, "ignored")
     if workload.bound(kind, obj):
         return _result(request, "ignored")  # the scheduler is bypassed: affinity could only get it rejected
@@ -257,6 +257,16 @@ def _deeper_than(obj: object, limit: int) -> bool:
         children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return False
+
+
+def _placed_by_owner(kind: str, obj: Mapping) -> bool:
+    """A controller-made object carrying a placement made for its owner: a Pod or ReplicaSet from
+    a template we placed, or an operator's child (a JobSet's Jobs, a RayJob's RayCluster) whose
+    template carries the key of an owner that holds GPUs. A CronJob's Jobs are placed afresh."""
+    if KINDS[kind].placed_by_owner:
+        return True
+    owner_kind = (injection.reservation_of(workload.pod_template(kind, obj)) or "").split("/")[1:2]
+    return bool(owner_kind) and owner_kind[0] != kind and owner_kind[0] in KINDS and KINDS[owner_kind[0]].reserves
 
 
 def _placed(kind: str, obj: Mapping) -> bool:

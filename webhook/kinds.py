@@ -1,16 +1,29 @@
-"""The workload kinds the webhook handles, in one table: where each keeps its pod template, which
-admission operations it is placed on, who places it and whether it holds GPUs once placed."""
+"""The workload kinds the webhook handles, in one table: where each keeps its pod templates and how
+many pods each makes, which admission operations it is placed on, who places it and whether it
+holds GPUs once placed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Mapping
+
+ANY = "*"  # in a path: every entry of a list (or every value of a map) at that point
+
+
+@dataclass(frozen=True)
+class Templates:
+    """Where some of a kind's pod templates are, and how many pods each one runs at once."""
+
+    replica_spec: tuple[str, ...]  # path to the spec(s) that own a template; ANY: each entry
+    template: tuple[str, ...]  # from a replica spec to its pod template (() for a Pod: itself)
+    counts: tuple[str, ...] = ()  # fields of the replica spec multiplied for its pods (absent or null: 1)
+    job: tuple[str, ...] | None = None  # a Job spec under the replica spec: its parallelism counts too
 
 
 @dataclass(frozen=True)
 class WorkloadKind:
     name: str
     group: str  # API group ("" is the core group)
-    template_path: tuple[str, ...]  # where the pod template is (() is the Pod itself)
+    templates: tuple[Templates, ...]
     # Operations we place on. Pods are immutable after CREATE, and a Job's template too, so an
     # UPDATE patch would be rejected; on UPDATE the others keep the placement made at creation.
     operations: tuple[str, ...]
@@ -23,15 +36,37 @@ class WorkloadKind:
     reserves: bool
 
 
+_TEMPLATE = ("template",)
+_REPLICAS = ("replicas",)
+
+
+def _ray(prefix: tuple[str, ...]) -> tuple[Templates, ...]:
+    """A Ray cluster: one head pod, and per worker group replicas x numOfHosts pods."""
+    return (Templates(prefix + ("headGroupSpec",), _TEMPLATE),
+            Templates(prefix + ("workerGroupSpecs", ANY), _TEMPLATE, counts=("replicas", "numOfHosts")))
+
+
 KINDS: Mapping[str, WorkloadKind] = {kind.name: kind for kind in (
-    WorkloadKind("Pod", "", (), ("CREATE",), placed_by_owner=True, reserves=True),
-    WorkloadKind("Job", "batch", ("spec", "template"), ("CREATE",), placed_by_owner=False, reserves=True),
-    WorkloadKind("CronJob", "batch", ("spec", "jobTemplate", "spec", "template"), ("CREATE", "UPDATE"),
-                 placed_by_owner=False, reserves=False),
-    WorkloadKind("Deployment", "apps", ("spec", "template"), ("CREATE", "UPDATE"), placed_by_owner=False,
+    WorkloadKind("Pod", "", (Templates((), ()),), ("CREATE",), placed_by_owner=True, reserves=True),
+    WorkloadKind("Job", "batch", (Templates(("spec",), _TEMPLATE, job=()),), ("CREATE",), placed_by_owner=False,
                  reserves=True),
-    WorkloadKind("StatefulSet", "apps", ("spec", "template"), ("CREATE", "UPDATE"), placed_by_owner=False,
+    WorkloadKind("CronJob", "batch", (Templates(("spec", "jobTemplate", "spec"), _TEMPLATE, job=()),),
+                 ("CREATE", "UPDATE"), placed_by_owner=False, reserves=False),
+    *(WorkloadKind(name, "apps", (Templates(("spec",), _TEMPLATE, counts=_REPLICAS),), ("CREATE", "UPDATE"),
+                   placed_by_owner=name == "ReplicaSet", reserves=True)
+      for name in ("Deployment", "StatefulSet", "ReplicaSet")),
+    # The operators' objects: every pod template gets the one decision for the whole object.
+    WorkloadKind("JobSet", "jobset.x-k8s.io",
+                 (Templates(("spec", "replicatedJobs", ANY), ("template", "spec", "template"), counts=_REPLICAS,
+                            job=("template", "spec")),), ("CREATE",), placed_by_owner=False, reserves=True),
+    # Training-operator 1.x: its pods carry the job's key, so they are placed by their owner
+    WorkloadKind("PyTorchJob", "kubeflow.org",
+                 (Templates(("spec", "pytorchReplicaSpecs", ANY), _TEMPLATE, counts=_REPLICAS),), ("CREATE",),
+                 placed_by_owner=False, reserves=True),
+    WorkloadKind("MPIJob", "kubeflow.org", (Templates(("spec", "mpiReplicaSpecs", ANY), _TEMPLATE, counts=_REPLICAS),),
+                 ("CREATE",), placed_by_owner=False, reserves=True),
+    WorkloadKind("RayCluster", "ray.io", _ray(("spec",)), ("CREATE", "UPDATE"), placed_by_owner=False,
                  reserves=True),
-    WorkloadKind("ReplicaSet", "apps", ("spec", "template"), ("CREATE", "UPDATE"), placed_by_owner=True,
+    WorkloadKind("RayJob", "ray.io", _ray(("spec", "rayClusterSpec")), ("CREATE",), placed_by_owner=False,
                  reserves=True),
 )}

@@ -35,7 +35,7 @@ from .injection import GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, RESERVA
 from .injection import annotations as injection_annotations
 from .injection import recorded
 from .model import Decision, Outcome, Strategy
-from .workload import pod_template
+from .workload import pod_templates
 
 __all__ = ["GPU_IDS", "INJECTED", "PLACEMENT", "RESERVATION", "WORKLOAD_LABEL", "Injection"]  # for callers
 CUDA_DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA numbering = nvidia-smi/NVML numbering
@@ -51,28 +51,28 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
     if decision is not None:
         outputs.update({PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
                         RESERVATION: reservation})
-    return _rewrite(obj, kind, lambda meta, spec, previous: _desired(meta, spec, previous, kind, obj, decision, config),
-                    outputs, config)
+    return _rewrite(obj, kind, lambda _, meta, spec, previous: _desired(meta, spec, previous, kind, obj, decision,
+                                                                        config), lambda _: outputs, config)
 
 
 def carry_over(old: Mapping, new: Mapping, kind: str, config: Config) -> dict:
     """`new` (an UPDATE) with the placement recorded on `old` put back: an update keeps the
     placement made at creation instead of dropping it (server-side apply removes fields the
     applier owns and omits) or moving running work. Items the user now has win, as always."""
-    old_template = pod_template(kind, old)
-    old_annotations = injection_annotations(old_template)
-    ours = recorded(old_template)
-    return _rewrite(new, kind, lambda *_: ours, {key: old_annotations.get(key) for key in OUTPUT_ANNOTATIONS},
-                    config)
+    old_templates = {found.where: found.template for found in pod_templates(kind, old)}
+    return _rewrite(new, kind, lambda where, *_: recorded(old_templates.get(where)),
+                    lambda where: {key: injection_annotations(old_templates.get(where)).get(key)
+                                   for key in OUTPUT_ANNOTATIONS}, config)
 
 
 def without_injection(obj: Mapping, kind: str) -> Mapping:
     """The object with our previous additions removed: the object as the user wrote it, which is
     what a workload is read from (so a re-placement is not confined by our own old pin). For
     reading only: an object that carries nothing of ours is returned as it is, not copied."""
-    if not any(key in injection_annotations(pod_template(kind, obj)) for key in OUTPUT_ANNOTATIONS):
+    if not any(key in injection_annotations(found.template) for found in pod_templates(kind, obj)
+               for key in OUTPUT_ANNOTATIONS):
         return obj
-    return _rewrite(obj, kind, lambda *_: Injection(), dict.fromkeys(OUTPUT_ANNOTATIONS), None)
+    return _rewrite(obj, kind, lambda *_: Injection(), lambda _: dict.fromkeys(OUTPUT_ANNOTATIONS), None)
 
 
 def pins(decision: Decision, config: Config) -> bool:
@@ -267,27 +267,29 @@ def _reconcile(items: list, previous: list, desired: list, identity: Callable[[A
     return out, owned
 
 
-def _rewrite(obj: Mapping, kind: str, desired: Callable[[dict, dict, Injection], Injection],
-             outputs: Mapping[str, str | None], config: Config | None) -> dict:
-    """A copy of `obj` whose template is reconciled from what we recorded to `desired(meta, spec,
-    previous)`, with our output annotations set to `outputs` (None removes) and, given a config,
-    our scheduler name reset. Without a pod spec there is nothing of ours: the copy is returned."""
+def _rewrite(obj: Mapping, kind: str, desired: Callable[[str, dict, dict, Injection], Injection],
+             outputs: Callable[[str], Mapping[str, str | None]], config: Config | None) -> dict:
+    """A copy of `obj` whose every pod template (by its path, `where`) is reconciled from what we
+    recorded there to `desired(where, meta, spec, previous)`, with our output annotations set to
+    `outputs(where)` (None removes) and, given a config, our scheduler name reset. A template
+    without a pod spec has nothing of ours and is left as it is."""
     new = _copy(dict(obj))
-    template = pod_template(kind, new)
-    if template is None or not isinstance(template.get("spec"), dict):
-        return new
-    meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
-    had_metadata = bool(meta)
-    spec = template["spec"]
-    if config is not None and spec.get("schedulerName") in config.scheduler_names:
-        spec["schedulerName"] = config.default_scheduler
-    previous = Injection.loads(_annotations(meta).get(INJECTED))
-    owned = _apply(meta, spec, previous, desired(meta, spec, previous))
-    _set_annotations(meta, {**outputs, INJECTED: owned.dumps() if owned != Injection() else None})
-    if meta:
-        template["metadata"] = meta
-    elif had_metadata:
-        del template["metadata"]  # we emptied it: leave no trace
+    for found in pod_templates(kind, new):
+        template = found.template
+        if template is None or not isinstance(template.get("spec"), dict):
+            continue
+        meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
+        had_metadata = bool(meta)
+        spec = template["spec"]
+        if config is not None and spec.get("schedulerName") in config.scheduler_names:
+            spec["schedulerName"] = config.default_scheduler
+        previous = Injection.loads(_annotations(meta).get(INJECTED))
+        owned = _apply(meta, spec, previous, desired(found.where, meta, spec, previous))
+        _set_annotations(meta, {**outputs(found.where), INJECTED: owned.dumps() if owned != Injection() else None})
+        if meta:
+            template["metadata"] = meta
+        elif had_metadata:
+            del template["metadata"]  # we emptied it: leave no trace
     return new
 
 

@@ -19,14 +19,14 @@ import difflib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from .config import Config
 from .gpus import parse_bandwidth_gbps, pod_gpus
 from . import groups
 from .groups import GROUP_ANNOTATIONS, GROUP_SIZE, InvalidGroup, Membership, membership
 from .injection import OUTPUT_ANNOTATIONS
-from .kinds import KINDS
+from .kinds import ANY, KINDS, Templates
 from .model import ANNOTATION_PREFIX, PlacementRequest, Strategy, quoted
 from .resources import pod_requests
 
@@ -91,18 +91,64 @@ def display_name(kind: str, obj: Mapping, namespace: str) -> str:
     return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
 
 
+@dataclass(frozen=True)
+class PodTemplate:
+    """One pod template of an object, with the replica spec whose fields say how many pods it runs."""
+
+    where: str  # "spec.template", "spec.replicatedJobs[0].template.spec.template" ("" for a Pod)
+    template: Mapping | None  # metadata + spec; the object itself for a Pod; None if absent
+    spec_of: Templates
+    replica_spec: Mapping
+    replica_where: str
+
+
+def pod_templates(kind: str, obj: Mapping) -> list[PodTemplate]:
+    """Every pod template of `obj`, in the order of its kind's table (webhook/kinds.py)."""
+    found = []
+    for spec_of in KINDS[kind].templates:
+        for replica_where, replica in _expand(obj, spec_of.replica_spec, ""):
+            node, where = replica, replica_where
+            for key in spec_of.template:
+                node, where = node.get(key) if isinstance(node, Mapping) else None, _joined(where, key)
+            found.append(PodTemplate(where, node if isinstance(node, Mapping) else None, spec_of,
+                                     _mapping(replica), replica_where))
+    return found
+
+
 def pod_template(kind: str, obj: Mapping) -> Mapping | None:
-    """The pod template (metadata + spec) of `obj`; the object itself for a Pod; None if absent."""
-    node: Any = obj
-    for key in KINDS[kind].template_path:
-        node = node.get(key) if isinstance(node, Mapping) else None
-    return node if isinstance(node, Mapping) else None
+    """The first pod template of `obj` (the only one, but for the operators' kinds, whose
+    templates all carry the same placement); the object itself for a Pod; None if absent."""
+    return next((t.template for t in pod_templates(kind, obj)), None)
+
+
+def _expand(node: Any, path: tuple[str, ...], where: str, who: str | None = None) -> Iterator[tuple[str, Any]]:
+    """(dotted path, value) at `path` under `node`, ANY taking every entry; with `who`, raise
+    InvalidWorkload where a step is not the container the path goes through."""
+    if not path:
+        yield where, node
+        return
+    key, rest = path[0], path[1:]
+    if key == ANY:
+        if who is not None:
+            _check(node, (list, dict), where, who)
+        entries = enumerate(node) if isinstance(node, list) else node.items() if isinstance(node, Mapping) else ()
+        for name, entry in entries:
+            yield from _expand(entry, rest, f"{where}[{name}]" if isinstance(node, list) else _joined(where, name), who)
+        return
+    if who is not None:
+        _check(node, dict, where, who)
+    yield from _expand(node.get(key) if isinstance(node, Mapping) else None, rest, _joined(where, key), who)
+
+
+def _joined(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
 
 
 def annotations_of(kind: str, obj: Mapping) -> dict[str, str]:
-    """Annotations of the pod template overlaid with the object's own (the object's win)."""
-    template = pod_template(kind, obj) or {}
-    merged = dict(_mapping(_mapping(template.get("metadata")).get("annotations")))
+    """Annotations of the pod templates overlaid with the object's own (the object's win)."""
+    merged: dict[str, str] = {}
+    for found in pod_templates(kind, obj):
+        merged.update(_mapping(_mapping((found.template or {}).get("metadata")).get("annotations")))
     merged.update(_mapping(_mapping(obj.get("metadata")).get("annotations")))
     return merged
 
@@ -114,8 +160,8 @@ def is_ours(kind: str, obj: Mapping, config: Config) -> bool:
         return False
     if any(str(key).startswith(ANNOTATION_PREFIX) for key in annotations_of(kind, obj)):
         return True
-    spec = _mapping((pod_template(kind, obj) or {}).get("spec"))
-    return spec.get("schedulerName") in config.scheduler_names
+    return any(_mapping((found.template or {}).get("spec")).get("schedulerName") in config.scheduler_names
+               for found in pod_templates(kind, obj))
 
 
 def controller_owned(obj: Mapping) -> bool:
@@ -125,37 +171,27 @@ def controller_owned(obj: Mapping) -> bool:
 
 
 def bound(kind: str, obj: Mapping) -> bool:
-    """The pod spec names its node (spec.nodeName): kube-scheduler never sees it."""
-    return bool(_mapping((pod_template(kind, obj) or {}).get("spec")).get("nodeName"))
+    """A pod spec names its node (spec.nodeName): kube-scheduler never sees it."""
+    return any(_mapping((found.template or {}).get("spec")).get("nodeName") for found in pod_templates(kind, obj))
 
 
 def check_shape(kind: str, obj: Mapping, namespace: str) -> None:
     """Raise InvalidWorkload naming the first field we use that does not have its API type."""
     who = display_name(kind, obj, namespace)
     _check(obj.get("metadata"), {"annotations": _STRINGS, "ownerReferences": [dict]}, "metadata", who)
-    template_path = KINDS[kind].template_path
-    node: Any = obj
-    for depth, key in enumerate(template_path):
-        _check(node, dict, ".".join(template_path[:depth]), who)
-        node = node.get(key) if node is not None else None
-    _check(node, _TEMPLATE_SHAPE, ".".join(template_path), who)
+    for spec_of in KINDS[kind].templates:
+        for where, replica in _expand(obj, spec_of.replica_spec, "", who):
+            for found_where, template in _expand(replica, spec_of.template, where, who):
+                _check(template, _TEMPLATE_SHAPE, found_where, who)
 
 
 def read(kind: str, obj: Mapping, namespace: str) -> Workload:
     """The validated request of one object of ours. Raises InvalidWorkload (or InvalidAnnotation)."""
     check_shape(kind, obj, namespace)
     who = display_name(kind, obj, namespace)
-    template = pod_template(kind, obj)
-    if template is None or not isinstance(template.get("spec"), Mapping):
-        where = ".".join(KINDS[kind].template_path + ("spec",))
-        raise InvalidWorkload(f"{who}: {where} is missing; a pod spec with containers is required to place it")
-    spec = template["spec"]
     annotations = annotations_of(kind, obj)
-    try:
-        per_pod = pod_gpus(spec)
-    except ValueError as err:
-        raise InvalidWorkload(f"{who}: nvidia.com/gpu request {err}; allowed: a whole number of GPUs") from None
-    running = _running(kind, obj, who)
+    template, per_pod, running, count_field = _pods(kind, obj, who)
+    spec = template["spec"]
     group = _group(kind, obj, namespace, who, template, annotations) if per_pod else None
     if group is not None:
         group, pods, gpus_per_pod, warnings = _group_size(who, group, per_pod, annotations.get(GPU_COUNT))
@@ -163,7 +199,7 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
         pods, gpus_per_pod, warnings = _size(kind, who, per_pod, running, annotations.get(GPU_COUNT))
     warnings = _unknown_annotations(who, annotations) + warnings
     if pods == 0 or gpus_per_pod == 0:
-        idle = (f"runs no pods now ({_COUNT_FIELDS.get(kind, 'spec.replicas')}: 0), so nothing to place until it "
+        idle = (f"runs no pods now ({count_field}: 0), so nothing to place until it "
                 "is scaled up" if running == 0 else "requests no nvidia.com/gpu; nothing to place")
         return Workload(None, tuple(warnings), idle)
     request = PlacementRequest(
@@ -180,9 +216,6 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
         resources=tuple(sorted(pod_requests(spec).items())),
     )
     return Workload(request, tuple(warnings), group=group)
-
-
-_COUNT_FIELDS = {"Job": "spec.parallelism", "CronJob": "spec.jobTemplate.spec.parallelism"}
 
 
 def _unknown_annotations(who: str, annotations: Mapping) -> list[str]:
@@ -247,19 +280,47 @@ def _group_size(who: str, group: Membership, per_pod: int, gpu_count: object
     return group, total // per_pod, per_pod, []
 
 
-def _running(kind: str, obj: Mapping, who: str) -> int:
-    """Pods the controller runs at once (an absent or null count takes the API's default, 1)."""
-    spec = _mapping(obj.get("spec"))
-    if kind == "Pod":
-        return 1
-    if kind not in ("Job", "CronJob"):
-        return _count(spec.get("replicas"), who, "spec.replicas")
-    prefix = "spec.jobTemplate.spec." if kind == "CronJob" else "spec."
-    job_spec = _mapping(_mapping(spec.get("jobTemplate")).get("spec")) if kind == "CronJob" else spec
-    parallelism = _count(job_spec.get("parallelism"), who, prefix + "parallelism")
-    if job_spec.get("completions") is None:
-        return parallelism
-    return min(parallelism, _count(job_spec["completions"], who, prefix + "completions"))
+def _pods(kind: str, obj: Mapping, who: str) -> tuple[Mapping, int, int, str]:
+    """(the template placement reads, GPUs per pod, pods the controllers run at once, the field
+    that counts them). Templates whose pods ask for no GPUs (an MPIJob's launcher, a Ray head) are
+    not counted when others ask for GPUs: they run inside the group's domain, holding none."""
+    counted = []
+    for found in pod_templates(kind, obj):
+        if found.template is None or not isinstance(found.template.get("spec"), Mapping):
+            raise InvalidWorkload(f"{who}: {_joined(found.where, 'spec')} is missing; a pod spec with containers is "
+                                  "required to place it")
+        try:
+            gpus = pod_gpus(found.template["spec"])
+        except ValueError as err:
+            raise InvalidWorkload(f"{who}: nvidia.com/gpu request {err}; allowed: a whole number of GPUs") from None
+        counted.append((found, gpus, *_running(found, who)))
+    if not counted:
+        raise InvalidWorkload(f"{who}: no pod template found; a pod spec with containers is required to place it")
+    with_gpus = [entry for entry in counted if entry[1]] or counted
+    per_pod = max(gpus for _, gpus, _, _ in with_gpus)
+    return (with_gpus[0][0].template, per_pod, sum(pods for _, _, pods, _ in with_gpus),
+            " + ".join(field for _, _, _, field in with_gpus))
+
+
+def _running(found: PodTemplate, who: str) -> tuple[int, str]:
+    """Pods one template runs at once (an absent or null count takes the API's default, 1), and
+    the field that says so."""
+    pods, field = 1, found.replica_where or "spec"
+    for name in found.spec_of.counts:
+        field = _joined(found.replica_where, name)
+        pods *= _count(found.replica_spec.get(name), who, field)
+    if found.spec_of.job is not None:
+        job_where = found.replica_where
+        job: Any = found.replica_spec
+        for key in found.spec_of.job:
+            job, job_where = _mapping(job).get(key), _joined(job_where, key)
+        job = _mapping(job)
+        field = _joined(job_where, "parallelism")
+        parallelism = _count(job.get("parallelism"), who, field)
+        if job.get("completions") is not None:
+            parallelism = min(parallelism, _count(job["completions"], who, _joined(job_where, "completions")))
+        pods *= parallelism
+    return pods, field
 
 
 def _size(kind: str, who: str, per_pod: int, running: int, gpu_count: object) -> tuple[int, int, list[str]]:
@@ -370,7 +431,8 @@ def _check(value: Any, shape: Any, path: str, who: str, item: bool = False) -> N
     else:
         ok = isinstance(value, shape) and not isinstance(value, bool)
     if not ok:
-        expected = {list: "a list", dict: "a mapping", str: "a string", int: "an integer"}.get(
+        expected = {list: "a list", dict: "a mapping", str: "a string", int: "an integer",
+                    (list, dict): "a list or a mapping"}.get(
             list if isinstance(shape, list) else dict if isinstance(shape, dict) else shape, shape)
         found = (json.dumps(value)[:40] if value is None or isinstance(value, (str, int, float))
                  else f"a {type(value).__name__}")

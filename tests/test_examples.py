@@ -1,0 +1,83 @@
+"""The manifests in examples/ as a platform team's CI would run them: each placed on the demo
+cluster, and every object we emit valid against its CRD schema (or the official Kubernetes
+schema for built-in kinds)."""
+from __future__ import annotations
+
+import gzip
+import json
+import pathlib
+
+import jsonschema
+import pytest
+import yaml
+from conftest import assert_valid_kubernetes_object, review_of
+from test_groups import LEAF_OF, admit, lws_pods
+from test_idempotence_properties import allowed_nodes
+
+from webhook import demo
+from webhook.admission import review
+from webhook.cli import file_index
+from webhook.config import Config
+from webhook.workload import pod_templates
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CRDS = pathlib.Path(__file__).parent / "fixtures" / "crds"
+
+
+def example(name: str) -> dict:
+    return yaml.safe_load((ROOT / "examples" / name).read_text())
+
+
+def assert_valid(obj: dict) -> None:
+    """Against the operator's CRD schema, or the official Kubernetes schema for built-in kinds;
+    a PyTorchJob (no CRD schema published with a version we pin) is checked template by template."""
+    group, _, version = obj["apiVersion"].rpartition("/")
+    schema_file = CRDS / f"{group}_{version}_{obj['kind']}.json.gz"
+    if schema_file.exists():
+        jsonschema.validate(obj, json.loads(gzip.decompress(schema_file.read_bytes())))
+    elif not group or group in ("batch", "apps"):
+        assert_valid_kubernetes_object(obj)
+    else:
+        for found in pod_templates(obj["kind"], obj):
+            assert_valid_kubernetes_object({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"},
+                                            **{k: v for k, v in found.template.items() if k != "metadata"}})
+
+
+def leaves(template: dict) -> set[str]:
+    return {LEAF_OF[name] for name in allowed_nodes(template)}
+
+
+@pytest.fixture
+def demo_index():
+    index, _ = file_index(Config(), demo.demo_cluster())
+    return index
+
+
+@pytest.mark.parametrize("name, pods", [("jobset.yaml", 8), ("pytorchjob.yaml", 4), ("mpijob.yaml", 2),
+                                        ("raycluster.yaml", 4)])
+def test_each_operator_example_is_placed_whole_in_one_leaf_and_stays_schema_valid(name, pods, demo_index):
+    obj = example(name)
+    assert_valid(obj)
+    result = review(review_of(obj), demo_index, Config())
+    assert result.outcome == "placed", result.warnings
+    assert result.decision.request.pods == pods
+    assert_valid(result.admitted)
+    templates = pod_templates(obj["kind"], result.admitted)
+    found = {frozenset(leaves(t.template)) for t in templates}
+    assert len(found) == 1 and len(next(iter(found))) == 1, found  # every template, GPU-less ones too
+    # re-applying the webhook to its own output changes nothing
+    again = review(review_of(result.admitted), demo_index, Config())
+    assert not again.patch
+
+
+def test_the_leaderworkerset_example_places_each_group_in_one_leaf(demo_index):
+    obj = example("leaderworkerset.yaml")
+    assert_valid(obj)
+    assert review(review_of(obj), demo_index, Config()).outcome == "ignored"  # placed per group, at its pods
+    size = obj["spec"]["leaderWorkerTemplate"]["size"]
+    for group in range(obj["spec"]["replicas"]):
+        members = [admit(pod, demo_index).admitted for pod in lws_pods(obj["metadata"]["name"], group, size)]
+        found = {frozenset(leaves(pod)) for pod in members}
+        assert len(found) == 1 and len(next(iter(found))) == 1
+        for pod in members:
+            assert_valid_kubernetes_object(pod)
