@@ -9,7 +9,8 @@ reported as outcome "failed-open" for the app to count.
 Flow: kind and operation we handle -> object of ours -> the fields we use have their API types ->
 not a pod of a template we already placed, not bound to a node -> ready -> read the request (from
 the object without our earlier additions) -> an UPDATE of a workload we placed keeps that
-placement -> place and reserve -> mutate -> JSONPatch -> response. A DELETE of a workload we
+placement -> a suspended workload waits for its queue (placed on the UPDATE that un-suspends it)
+-> place and reserve -> mutate -> JSONPatch -> response. A DELETE of a workload we
 placed releases what its reservation still holds, and is always allowed.
 """
 from __future__ import annotations
@@ -57,7 +58,8 @@ class AdmissionResult:
     kind: str  # "Pod", "Job", ... ("" when the review had none)
     namespace: str
     name: str  # metadata.name, else generateName
-    outcome: str  # "ignored" | "placed" | "waiting" | "denied" | "failed-open" | "not-ready" | "released"
+    # "ignored", "placed", "waiting", "denied", "failed-open", "not-ready", "released" or "suspended"
+    outcome: str
     strategy: str | None
     decision: Decision | None
     warnings: tuple[str, ...]
@@ -155,8 +157,13 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     kind, obj = request.kind, request.obj
     if request.operation == "DELETE":
         return _released(request, index)
-    if (obj is None or not workload.supports(request.group, kind)
-            or request.operation not in KINDS[kind].operations or not workload.is_ours(kind, obj, config)):
+    if obj is None or not workload.supports(request.group, kind) or not workload.is_ours(kind, obj, config):
+        return _result(request, "ignored")
+    # Un-suspended (a queue such as Kueue admitted it): placed now, as if created now, inside the
+    # node selection the queue wrote; the template's scheduling fields may change in this update.
+    admitted_by_queue = (request.operation == "UPDATE" and workload.suspended(kind, request.old)
+                         and not workload.suspended(kind, obj))
+    if request.operation not in KINDS[kind].operations and not admitted_by_queue:
         return _result(request, "ignored")
     if _deeper_than(obj, MAX_DEPTH):
         return _denied(request, f"{workload.display_name(kind, obj, request.namespace)}: the object is nested more "
@@ -185,8 +192,11 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
         wanted = workload.read(kind, mutation.without_injection(obj, kind), request.namespace)
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
-    if request.old is not None and _placed(kind, request.old):
+    if request.old is not None and _placed(kind, request.old) and not admitted_by_queue:
         return _kept(request, config, wanted)
+    if workload.suspended(kind, obj):
+        return _result(request, "suspended", warnings=[
+            *wanted.warnings, f"{who} is suspended: nothing is placed or held until it is un-suspended"])
     if wanted.request is None:
         mutated = mutation.mutate(obj, kind, None, config)
         return _result(request, "ignored", mutated=mutated, warnings=[

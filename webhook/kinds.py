@@ -34,6 +34,9 @@ class WorkloadKind:
     # Holds GPUs once placed. A CronJob's pods start on the schedule, not now: its Jobs hold when
     # they are created.
     reserves: bool
+    # Where the object says it is suspended (a queue such as Kueue admits it later by setting it
+    # false): placed then, on that UPDATE, and not before. None: the kind cannot be suspended.
+    suspend: tuple[str, ...] | None = None
 
 
 _TEMPLATE = ("template",)
@@ -49,7 +52,7 @@ def _ray(prefix: tuple[str, ...]) -> tuple[Templates, ...]:
 KINDS: Mapping[str, WorkloadKind] = {kind.name: kind for kind in (
     WorkloadKind("Pod", "", (Templates((), ()),), ("CREATE",), placed_by_owner=True, reserves=True),
     WorkloadKind("Job", "batch", (Templates(("spec",), _TEMPLATE, job=()),), ("CREATE",), placed_by_owner=False,
-                 reserves=True),
+                 reserves=True, suspend=("spec", "suspend")),
     WorkloadKind("CronJob", "batch", (Templates(("spec", "jobTemplate", "spec"), _TEMPLATE, job=()),),
                  ("CREATE", "UPDATE"), placed_by_owner=False, reserves=False),
     *(WorkloadKind(name, "apps", (Templates(("spec",), _TEMPLATE, counts=_REPLICAS),), ("CREATE", "UPDATE"),
@@ -58,15 +61,16 @@ KINDS: Mapping[str, WorkloadKind] = {kind.name: kind for kind in (
     # The operators' objects: every pod template gets the one decision for the whole object.
     WorkloadKind("JobSet", "jobset.x-k8s.io",
                  (Templates(("spec", "replicatedJobs", ANY), ("template", "spec", "template"), counts=_REPLICAS,
-                            job=("template", "spec")),), ("CREATE",), placed_by_owner=False, reserves=True),
+                            job=("template", "spec")),), ("CREATE",), placed_by_owner=False, reserves=True,
+                 suspend=("spec", "suspend")),
     # Training-operator 1.x: its pods carry the job's key, so they are placed by their owner
     WorkloadKind("PyTorchJob", "kubeflow.org",
                  (Templates(("spec", "pytorchReplicaSpecs", ANY), _TEMPLATE, counts=_REPLICAS),), ("CREATE",),
-                 placed_by_owner=False, reserves=True),
+                 placed_by_owner=False, reserves=True, suspend=("spec", "runPolicy", "suspend")),
     WorkloadKind("MPIJob", "kubeflow.org", (Templates(("spec", "mpiReplicaSpecs", ANY), _TEMPLATE, counts=_REPLICAS),),
-                 ("CREATE",), placed_by_owner=False, reserves=True),
+                 ("CREATE",), placed_by_owner=False, reserves=True, suspend=("spec", "runPolicy", "suspend")),
     WorkloadKind("RayCluster", "ray.io", _ray(("spec",)), ("CREATE", "UPDATE"), placed_by_owner=False,
                  reserves=True),
     WorkloadKind("RayJob", "ray.io", _ray(("spec", "rayClusterSpec")), ("CREATE",), placed_by_owner=False,
-                 reserves=True),
+                 reserves=True, suspend=("spec", "suspend")),
 )}

@@ -164,6 +164,17 @@ def is_ours(kind: str, obj: Mapping, config: Config) -> bool:
                for found in pod_templates(kind, obj))
 
 
+def suspended(kind: str, obj: Mapping | None) -> bool:
+    """The object is suspended (`spec.suspend: true`, or its kind's equivalent): a queue admits it later."""
+    path = KINDS[kind].suspend if kind in KINDS else None
+    if path is None or obj is None:
+        return False
+    node: Any = obj
+    for key in path:
+        node = _mapping(node).get(key)
+    return node is True
+
+
 def controller_owned(obj: Mapping) -> bool:
     """Made by a controller (Job, ReplicaSet, StatefulSet...) from a template, not by a user."""
     owners = _mapping(obj.get("metadata")).get("ownerReferences") or ()
