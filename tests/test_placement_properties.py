@@ -173,3 +173,26 @@ def test_incremental_index_equals_a_rebuild(nodes, events):
                 assert index.tree.orders[level].best_fit(g, pods) is scanned
                 roomiest = sorted((d for d in domains.values() if d.slots(g)), key=lambda d: (-d.slots(g), d.path))
                 assert index.tree.orders[level].roomiest(g, pods) == roomiest[:pods]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(), requests, st.sampled_from(["zone", "spine", "leaf", "node"]),
+       st.sampled_from([Strategy.CONSOLIDATED, Strategy.BALANCED, Strategy.DISTRIBUTED]))
+def test_max_domain_is_a_ceiling_the_decision_never_crosses(nodes, shape, ceiling, strategy):
+    pods, gpus = shape
+    depth = ("zone", "spine", "leaf", "node").index(ceiling)
+    decision = place(build(nodes), PlacementRequest("Job p/x", pods, gpus, strategy, max_domain=ceiling))
+    groups = oracle_levels(nodes, pods, gpus)
+    idle = {}
+    for name, path, total, _ in nodes:
+        key = (path + (name,))[: depth + 1]
+        idle[key] = idle.get(key, 0) + total // gpus
+    if max(idle.values()) < pods:  # no domain of that level could ever hold it
+        assert decision.outcome is Outcome.NEVER
+        return
+    if not any(c >= pods for c in groups[depth].values()):
+        assert decision.outcome is Outcome.WAIT  # waits rather than spilling wider
+        return
+    assert decision.outcome is Outcome.PLACED and decision.scope.level >= depth
+    paths = {name: path + (name,) for name, path, _, _ in nodes}
+    assert len({paths[a.node][: depth + 1] for a in decision.assignment}) == 1

@@ -65,3 +65,60 @@ def test_a_suspended_job_with_a_bad_annotation_is_denied_at_creation(demo_index)
     job["spec"]["template"]["metadata"]["annotations"]["topology.scheduler/gpu-count"] = "lots"
     result = review(review_of(job), demo_index, Config())
     assert result.outcome == "denied" and "gpu-count=\"lots\"" in result.review["response"]["status"]["message"]
+
+
+# ----- the peers' annotations, and max-domain ----------------------------------------------------
+
+def placed_job(template_annotations: dict, index, replicas: int = 2, name: str = "train"):
+    job = workload("Job", name=name, replicas=replicas, template_annotations=template_annotations)
+    return review(review_of(job), index, Config())
+
+
+@pytest.mark.parametrize("peer, ours", [
+    ({"kueue.x-k8s.io/podset-required-topology": "topology.scheduler/leaf"},
+     {"topology.scheduler/placement-strategy": "consolidated", "topology.scheduler/max-domain": "leaf"}),
+    ({"kai.scheduler/topology-required-placement": "topology.scheduler/spine"},
+     {"topology.scheduler/placement-strategy": "consolidated", "topology.scheduler/max-domain": "spine"}),
+    ({"kueue.x-k8s.io/podset-preferred-topology": "topology.scheduler/leaf"},
+     {"topology.scheduler/placement-strategy": "balanced"}),
+    ({"kai.scheduler/topology-preferred-placement": "topology.scheduler/leaf"},
+     {"topology.scheduler/placement-strategy": "balanced"}),
+])
+def test_kueue_and_kai_annotations_place_as_the_equivalent_ones_of_ours(peer, ours):
+    theirs_index, _ = file_index(Config(), demo.demo_cluster())
+    ours_index, _ = file_index(Config(), demo.demo_cluster())
+    theirs, mine = placed_job(peer, theirs_index, replicas=3), placed_job(ours, ours_index, replicas=3)
+    assert theirs.outcome == mine.outcome == "placed"
+    assert theirs.decision.requirements == mine.decision.requirements
+    assert theirs.decision.assignment == mine.decision.assignment
+    spec_of = lambda result: result.admitted["spec"]["template"]["spec"]  # noqa: E731
+    assert spec_of(theirs).get("affinity") == spec_of(mine).get("affinity")
+
+
+def test_max_domain_leaf_waits_rather_than_spanning_leaves(demo_index):
+    for name in ("a", "b"):  # the two idle leaves taken
+        assert placed_job({"topology.scheduler/placement-strategy": "consolidated"}, demo_index, 4, name).outcome \
+            == "placed"
+    capped = placed_job({"topology.scheduler/max-domain": "leaf"}, demo_index, 4, "capped")
+    assert capped.outcome == "waiting"
+    assert len(leaves_allowed(capped.admitted["spec"]["template"])) == 1  # pinned to the leaf that fits first
+    spanning = placed_job({"topology.scheduler/placement-strategy": "consolidated"}, demo_index, 4, "spanning")
+    assert spanning.outcome == "placed" and len(spanning.decision.domains) > 1  # without the cap: across leaves
+
+
+@pytest.mark.parametrize("annotations, fragment", [
+    ({"topology.scheduler/max-domain": "rack"},
+     "annotation topology.scheduler/max-domain='rack': max-domain 'rack' is not a topology level; allowed: zone,"),
+    ({"kueue.x-k8s.io/podset-required-topology": "example.com/block"},
+     "annotation kueue.x-k8s.io/podset-required-topology='example.com/block': max-domain"),
+])
+def test_a_max_domain_that_names_no_level_is_denied_naming_the_annotation(annotations, fragment, demo_index):
+    result = placed_job(annotations, demo_index)
+    assert result.outcome == "denied"
+    assert fragment in result.review["response"]["status"]["message"]
+
+
+def test_a_group_larger_than_any_domain_of_its_max_level_is_denied_with_the_largest(demo_index):
+    result = placed_job({"topology.scheduler/max-domain": "leaf"}, demo_index, 5)
+    assert result.outcome == "denied"
+    assert "no leaf holds that many even when idle (at most 4)" in result.review["response"]["status"]["message"]

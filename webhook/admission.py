@@ -27,7 +27,8 @@ from . import injection, mutation, workload
 from .config import Config
 from .kinds import KINDS
 from .ledger import held_by, reservation_key
-from .model import EXCEEDS_CLUSTER, UNKNOWN_DOMAIN, Decision, Outcome, PlacementRequest
+from .model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, UNKNOWN_DOMAIN, UNKNOWN_LEVEL, Decision, Outcome,
+                    PlacementRequest)
 from .patch import encode, make_patch
 from .placer import place_group, place_shared, release_shared
 
@@ -288,6 +289,8 @@ def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str
     reason = decision.reasons[0] if decision.reasons else str(decision.code)
     annotations = workload.annotations_of(kind, obj)
     culprit = {UNKNOWN_DOMAIN: workload.PREFERRED_DOMAIN, EXCEEDS_CLUSTER: workload.GPU_COUNT}.get(decision.code or "")
+    if decision.code in (UNKNOWN_LEVEL, EXCEEDS_MAX_DOMAIN):
+        culprit = next((k for k in (workload.MAX_DOMAIN, *workload.PEER_REQUIRED) if k in annotations), None)
     if culprit in annotations:
         return f"{who}: annotation {culprit}={_quoted(annotations[culprit])}: {reason}"
     return reason if who in reason else f"{who}: {reason}"

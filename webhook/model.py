@@ -34,6 +34,8 @@ NO_ROOM_NOW = "NoRoomNow"  # WAIT: the topology could hold it once running work 
 NO_MATCHING_NODES = "NoMatchingNodes"  # NEVER: nodeSelector/affinity/taints/bandwidth leave no GPU node
 EXCEEDS_CLUSTER = "ExceedsCluster"  # NEVER: even with every GPU free it does not fit
 UNKNOWN_DOMAIN = "UnknownPreferredDomain"  # NEVER: preferred-domain names no domain
+UNKNOWN_LEVEL = "UnknownMaxDomain"  # NEVER: max-domain names no level
+EXCEEDS_MAX_DOMAIN = "ExceedsMaxDomain"  # NEVER: no domain of the max-domain level could ever hold it
 
 
 class Interconnect(str, enum.Enum):
@@ -62,6 +64,7 @@ class PlacementRequest:
     strategy: Strategy = Strategy.BALANCED
     latency_sensitive: bool = False
     preferred_domain: str | None = None  # a label value, or LEVEL=VALUE
+    max_domain: str | None = None  # a level (name or label key) the placement may never be wider than
     min_bandwidth_gbps: float | None = None  # Gb/s, compared with the node label network-bandwidth
     node_selector: Mapping[str, str] = field(default_factory=dict)
     required_node_terms: tuple[Mapping, ...] = ()  # nodeSelectorTerms, ORed, as in the pod spec

@@ -79,8 +79,11 @@ def pins(decision: Decision, config: Config) -> bool:
     """Whether the decision becomes required node affinity rather than a preference: placed
     consolidated and distributed workloads are pinned to their domain (distributed to the scope
     its spread runs in), balanced ones only prefer it; a waiting consolidated one is pinned to
-    where it fits first when `pin_when_waiting` is on."""
+    where it fits first when `pin_when_waiting` is on. A workload with a max-domain is always
+    pinned: a preference could let the scheduler spill it wider."""
     strategy = decision.request.strategy
+    if decision.request.max_domain is not None:
+        return decision.outcome in (Outcome.PLACED, Outcome.WAIT)  # a ceiling only a requirement can keep
     if decision.outcome is Outcome.PLACED:
         return strategy in (Strategy.CONSOLIDATED, Strategy.DISTRIBUTED)
     return decision.outcome is Outcome.WAIT and strategy is Strategy.CONSOLIDATED and config.pin_when_waiting

@@ -23,8 +23,9 @@ from typing import Iterable, Iterator, Union
 
 from .config import HOSTNAME_LABEL, HardwareProfile
 from .filters import node_matches, tolerates
-from .model import (EXCEEDS_CLUSTER, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Decision, DomainRef,
-                    Interconnect, NodeAssignment, NodeRequirement, Outcome, PlacementRequest, Strategy)
+from .model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN,
+                    UNKNOWN_LEVEL, Decision, DomainRef, Interconnect, NodeAssignment, NodeRequirement, Outcome,
+                    PlacementRequest, Strategy)
 from .topology import Domain, NodeState, TopologyTree
 
 Member = Union[Domain, NodeState]  # a place in the tree: a domain or a node
@@ -85,6 +86,9 @@ def decide(index: TopologyTree, request: PlacementRequest, subset: TopologyTree)
         return Decision(Outcome.NEVER, request, None, code=EXCEEDS_CLUSTER, reasons=(
             f"{request.workload} needs {shape}; even with every GPU free the nodes it may use hold "
             f"{subset.root.fits_idle(gpus)} such pod(s) (largest node: {largest} GPUs)",))
+    narrowest = _max_level(subset, request)
+    if isinstance(narrowest, Decision):
+        return narrowest
     chain: list[Member] = [subset.root]
     preferred: Member | None = None
     if request.preferred_domain:
@@ -94,9 +98,9 @@ def decide(index: TopologyTree, request: PlacementRequest, subset: TopologyTree)
         preferred = found
         chain = _ancestry(preferred)
     if request.strategy is Strategy.DISTRIBUTED:
-        decision = _distributed(subset, request, chain)
+        decision = _distributed(subset, request, chain, narrowest)
     else:
-        decision = _consolidated(subset, request, chain)
+        decision = _consolidated(subset, request, chain, narrowest)
     if preferred is None or decision.outcome is Outcome.NEVER:
         return decision
     honoured = decision.scope is not None and _is_under(decision.scope.path, preferred.path)
@@ -104,6 +108,32 @@ def decide(index: TopologyTree, request: PlacementRequest, subset: TopologyTree)
             f"preferred {preferred.label} cannot hold {shape} now ({preferred.fits(gpus)} fit); "
             f"nearest domain with room by topology: {decision.scope}")
     return dataclasses.replace(decision, preferred_honoured=honoured, reasons=(note,) + decision.reasons)
+
+
+def _max_level(subset: TopologyTree, request: PlacementRequest) -> int | Decision:
+    """The widest level the placement may use (max-domain: its name or label key; -1, the whole
+    cluster, when unset), or the NEVER decision when it names no level or no domain of that level
+    could ever hold the workload."""
+    if request.max_domain is None:
+        return -1
+    levels = subset.config.levels
+    wanted = request.max_domain.strip()
+    names = {lv.name: i for i, lv in enumerate(levels)} | {lv.label: i for i, lv in enumerate(levels)}
+    names.update({"node": len(levels), HOSTNAME_LABEL: len(levels)})
+    if wanted not in names:
+        allowed = ", ".join([lv.name for lv in levels] + ["node"] + [lv.label for lv in levels] + [HOSTNAME_LABEL])
+        return Decision(Outcome.NEVER, request, None, code=UNKNOWN_LEVEL, reasons=(
+            f"max-domain {wanted!r} is not a topology level; allowed: {allowed}",))
+    level = names[wanted]
+    gpus, pods = request.gpus_per_pod, request.pods
+    members = subset.nodes.values() if level == len(levels) else subset.levels[level].values()
+    if not any(m.fits_idle(gpus) >= pods for m in members):
+        level_name = "node" if level == len(levels) else levels[level].name
+        largest = max((m.fits_idle(gpus) for m in members), default=0)
+        return Decision(Outcome.NEVER, request, None, code=EXCEEDS_MAX_DOMAIN, reasons=(
+            f"{request.workload} needs {pods} pod(s) x {gpus} GPU(s) inside one {level_name}, and no {level_name} "
+            f"holds that many even when idle (at most {largest})",))
+    return level
 
 
 def _is_under(path: tuple, ancestor: tuple) -> bool:
@@ -151,11 +181,11 @@ def _lookup(subset: TopologyTree, path: tuple) -> Member | None:
 
 # -- consolidated ------------------------------------------------------------------------------------
 
-def _consolidated(subset: TopologyTree, request: PlacementRequest, chain: list[Member]) -> Decision:
+def _consolidated(subset: TopologyTree, request: PlacementRequest, chain: list[Member], narrowest: int) -> Decision:
     gpus, pods = request.gpus_per_pod, request.pods
     for scope in chain:
         target = _tightest_fit(subset, scope, pods, gpus)
-        if target is not None:
+        if target is not None and target.ref.level >= narrowest:  # never wider than max-domain
             return _placed(subset, request, target, _split(target, pods, gpus))
     return _waiting(subset, request, chain)
 
@@ -269,7 +299,7 @@ def _roomiest_then_tightest(kids: list[Member], pods: int, gpus: int) -> tuple[l
 
 # -- distributed --------------------------------------------------------------------------------------
 
-def _distributed(subset: TopologyTree, request: PlacementRequest, chain: list[Member]) -> Decision:
+def _distributed(subset: TopologyTree, request: PlacementRequest, chain: list[Member], narrowest: int) -> Decision:
     gpus, pods = request.gpus_per_pod, request.pods
     depth = len(subset.levels)
     scope: Member | None = None
@@ -287,6 +317,9 @@ def _distributed(subset: TopologyTree, request: PlacementRequest, chain: list[Me
         scope = scope or (subset.root if subset.root.fits(gpus) >= pods else None)
     else:
         scope = next((m for m in chain if m.fits(gpus) >= pods), None)
+    if scope is not None and scope.ref.level < narrowest:  # max-domain: the roomiest domain of that level
+        fitting = [d for anchor in chain for d in _members_at(anchor, narrowest) if d.fits(gpus) >= pods]
+        scope = min(fitting, key=lambda d: (-d.slots(gpus), d.free_gpus, d.path)) if fitting else None
     if scope is None:
         return _waiting(subset, request, chain)
     used = _spread(subset, scope, pods, gpus, depth)

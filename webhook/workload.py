@@ -35,7 +35,13 @@ STRATEGY = ANNOTATION_PREFIX + "placement-strategy"
 LATENCY_SENSITIVE = ANNOTATION_PREFIX + "latency-sensitive"
 PREFERRED_DOMAIN = ANNOTATION_PREFIX + "preferred-domain"
 NETWORK_BANDWIDTH = ANNOTATION_PREFIX + "network-bandwidth"
-INPUT_ANNOTATIONS = (GPU_COUNT, STRATEGY, LATENCY_SENSITIVE, PREFERRED_DOMAIN, NETWORK_BANDWIDTH) + GROUP_ANNOTATIONS
+MAX_DOMAIN = ANNOTATION_PREFIX + "max-domain"
+INPUT_ANNOTATIONS = (GPU_COUNT, STRATEGY, LATENCY_SENSITIVE, PREFERRED_DOMAIN, NETWORK_BANDWIDTH, MAX_DOMAIN
+                     ) + GROUP_ANNOTATIONS
+# The peers' annotations, read as ours so a workload written for them works unchanged: a required
+# level is consolidated and never wider than that level (max-domain); a preferred one is balanced.
+PEER_REQUIRED = ("kueue.x-k8s.io/podset-required-topology", "kai.scheduler/topology-required-placement")
+PEER_PREFERRED = ("kueue.x-k8s.io/podset-preferred-topology", "kai.scheduler/topology-preferred-placement")
 MAX_GPU_COUNT_DIGITS = 7  # ten million GPUs: beyond any cluster, and far below Python's int parsing limit
 
 _BOOLEANS = {"true": True, "false": False}
@@ -158,7 +164,8 @@ def is_ours(kind: str, obj: Mapping, config: Config) -> bool:
     of our scheduler names."""
     if kind not in KINDS:
         return False
-    if any(str(key).startswith(ANNOTATION_PREFIX) for key in annotations_of(kind, obj)):
+    if any(str(key).startswith(ANNOTATION_PREFIX) or key in PEER_REQUIRED + PEER_PREFERRED
+           for key in annotations_of(kind, obj)):
         return True
     return any(_mapping((found.template or {}).get("spec")).get("schedulerName") in config.scheduler_names
                for found in pod_templates(kind, obj))
@@ -217,9 +224,10 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
         workload=group.name if group is not None else who,
         pods=pods,
         gpus_per_pod=gpus_per_pod,
-        strategy=_strategy(who, annotations.get(STRATEGY)),
+        strategy=_strategy(who, annotations.get(STRATEGY, _peer_strategy(annotations))),
         latency_sensitive=_boolean(who, LATENCY_SENSITIVE, annotations.get(LATENCY_SENSITIVE)),
         preferred_domain=_preferred_domain(who, annotations.get(PREFERRED_DOMAIN)),
+        max_domain=_max_domain(who, annotations),
         min_bandwidth_gbps=_bandwidth(who, annotations.get(NETWORK_BANDWIDTH)),
         node_selector={str(k): str(v) for k, v in _mapping(spec.get("nodeSelector")).items()},
         required_node_terms=_required_terms(who, spec),
@@ -397,6 +405,24 @@ def _preferred_domain(who: str, value: object) -> str | None:
     if not text or any(c.isspace() for c in text):
         raise InvalidAnnotation(f"{who}: annotation {PREFERRED_DOMAIN}={quoted(value)} is not allowed; "
                                 "allowed: a domain's label value (leaf-1) or LEVEL=VALUE (spine=spine-1)")
+    return text
+
+
+def _peer_strategy(annotations: Mapping) -> str | None:
+    if any(key in annotations for key in PEER_REQUIRED):
+        return Strategy.CONSOLIDATED.value
+    return Strategy.BALANCED.value if any(key in annotations for key in PEER_PREFERRED) else None
+
+
+def _max_domain(who: str, annotations: Mapping) -> str | None:
+    """Ours, else a peer's required level; the placement core checks it names a level."""
+    key = next((k for k in (MAX_DOMAIN, *PEER_REQUIRED) if k in annotations), None)
+    if key is None:
+        return None
+    text = str(annotations[key]).strip()
+    if not text or any(c.isspace() for c in text):
+        raise InvalidAnnotation(f"{who}: annotation {key}={quoted(annotations[key])} is not allowed; "
+                                "allowed: a topology level's name (leaf) or node label key (topology.scheduler/leaf)")
     return text
 
 
