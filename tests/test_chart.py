@@ -53,6 +53,7 @@ VALUE_SETS = {
     "fail-closed": {"webhook": {"failurePolicy": "Fail"}},
     "no-match-conditions": {"webhook": {"matchConditions": {"enabled": False}}},
     "no-release-on-delete": {"webhook": {"releaseOnDelete": False}},
+    "operators": {"webhook": {"operators": ["jobset.x-k8s.io", "kubeflow.org", "ray.io"]}},
     # The keys platform teams expect of a chart, all set at once.
     "platform-team": {
         "nameOverride": "gpu-placer", "fullnameOverride": "gpu-placement", "commonLabels": {"team": "ml-platform"},
@@ -360,7 +361,10 @@ def test_webhook_registration(case, failure_policy):
                   for resource in rule["resources"]}
     assert registered == {("", "pods"), ("batch", "jobs"), ("batch", "cronjobs"), ("apps", "deployments"),
                           ("apps", "statefulsets"), ("apps", "replicasets")}
-    assert all(rule["operations"] == ["CREATE"] and rule["scope"] == "Namespaced" for rule in entry["rules"])
+    assert all(rule["scope"] == "Namespaced" for rule in entry["rules"])
+    # UPDATE only where a queue un-suspends (Jobs); other updates keep the placement made at creation
+    assert {resource for rule in entry["rules"] if rule["operations"] != ["CREATE"]
+            for resource in rule["resources"]} == {"jobs"}
 
 
 @pytest.mark.parametrize("case", VALUE_SETS)
@@ -411,6 +415,11 @@ def workload(kind: str, template: dict) -> dict:
 @pytest.mark.parametrize("template, called", [
     pytest.param(pod_template({"topology.scheduler/gpu-count": "8"}), True, id="topology annotation"),
     pytest.param(pod_template(scheduler="topology-aware-scheduler"), True, id="the seed's schedulerName"),
+    pytest.param(pod_template({"kueue.x-k8s.io/podset-required-topology": "topology.scheduler/leaf"}), True,
+                 id="Kueue's topology annotation"),
+    pytest.param(pod_template({"kai.scheduler/topology-preferred-placement": "topology.scheduler/leaf"}), True,
+                 id="KAI's topology annotation"),
+    pytest.param(pod_template({"kueue.x-k8s.io/queue-name": "team-a"}), False, id="queued, no topology"),
     pytest.param(pod_template(), False, id="no annotations at all"),
     pytest.param(pod_template({"prometheus.io/scrape": "true"}), False, id="other annotations"),
     pytest.param(pod_template({"topology.scheduler.example.com/x": "1"}), False, id="look-alike prefix"),
@@ -424,6 +433,22 @@ def test_match_condition_calls_the_webhook_only_for_topology_workloads(kind, tem
 def test_match_condition_uses_the_configured_scheduler_names():
     (condition,) = webhook_entry("everything-on")["matchConditions"]
     assert evaluate_match_condition(condition["expression"], workload("Pod", pod_template(scheduler="gpu-scheduler")))
+
+
+def rules(case: str) -> dict[tuple[str, str], list[str]]:
+    """(API group, resource) -> operations, of the placement webhook."""
+    return {(group, resource): rule["operations"] for rule in webhook_entry(case)["rules"]
+            for group in rule["apiGroups"] for resource in rule["resources"]}
+
+
+def test_operators_are_registered_when_listed_and_jobs_also_on_update_for_queues():
+    listed = rules("operators")
+    for group, resource in [("jobset.x-k8s.io", "jobsets"), ("kubeflow.org", "pytorchjobs"), ("kubeflow.org", "mpijobs"),
+                            ("ray.io", "rayclusters"), ("ray.io", "rayjobs")]:
+        assert listed[(group, resource)] == ["CREATE", "UPDATE"]
+        assert (group, resource) not in rules("defaults")  # auto: only APIs the cluster serves
+    assert rules("defaults")[("batch", "jobs")] == ["CREATE", "UPDATE"]  # un-suspended by a queue
+    assert rules("defaults")[("batch", "cronjobs")] == ["CREATE"]
 
 
 def test_match_conditions_can_be_switched_off():

@@ -7,7 +7,8 @@ answer inside a 200 review (allowed, patched, warned or denied). An exception an
 reported as outcome "failed-open" for the app to count.
 
 Flow: kind and operation we handle -> object of ours -> the fields we use have their API types ->
-not a pod of a template we already placed, not bound to a node -> ready -> read the request (from
+not a pod of a template we already placed (unless its pinned domain lost the capacity to
+ever hold it: then it alone is repaired), not bound to a node -> ready -> read the request (from
 the object without our earlier additions) -> an UPDATE of a workload we placed keeps that
 placement -> a suspended workload waits for its queue (placed on the UPDATE that un-suspends it)
 -> place and reserve -> mutate -> JSONPatch -> response. A DELETE of a workload we
@@ -15,6 +16,7 @@ placed releases what its reservation still holds, and is always allowed.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -28,9 +30,9 @@ from .config import Config
 from .kinds import KINDS
 from .ledger import held_by, reservation_key
 from .model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, UNKNOWN_DOMAIN, UNKNOWN_LEVEL, Decision, Outcome,
-                    PlacementRequest)
+                    PlacementRequest, Strategy)
 from .patch import encode, make_patch
-from .placer import place_group, place_shared, release_shared
+from .placer import place, place_group, place_shared, release_shared
 
 if TYPE_CHECKING:
     from .cluster import ClusterIndex
@@ -59,7 +61,7 @@ class AdmissionResult:
     kind: str  # "Pod", "Job", ... ("" when the review had none)
     namespace: str
     name: str  # metadata.name, else generateName
-    # "ignored", "placed", "waiting", "denied", "failed-open", "not-ready", "released" or "suspended"
+    # "ignored", "placed", "waiting", "denied", "failed-open", "not-ready", "released", "suspended", "repaired"
     outcome: str
     strategy: str | None
     decision: Decision | None
@@ -174,7 +176,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
     if workload.controller_owned(obj) and _placed(kind, obj) and _placed_by_owner(kind, obj):
-        return _result(request, "ignored")
+        return _repaired(request, index, config) if kind == "Pod" else _result(request, "ignored")
     if workload.bound(kind, obj):
         return _result(request, "ignored")  # the scheduler is bypassed: affinity could only get it rejected
     if workload.made_for_group(kind, obj):
@@ -225,6 +227,41 @@ def _joined_notes(who: str, request: PlacementRequest, decision: Decision) -> li
         return []
     return [f"{who}: asks for {request.gpus_per_pod} GPUs, but {first.workload} was placed for pods of "
             f"{first.gpus_per_pod} GPUs by its first pod; pinned with the group"]
+
+
+def _repaired(request: _Request, index: "ClusterIndex", config: Config) -> AdmissionResult:
+    """A pod its controller made from a template we placed (a replacement, after a node was lost)
+    keeps that placement, unless the domain it is pinned to can never hold it again: in-service
+    capacity there, less what the workload's own bound pods take, has no room for one more pod.
+    Then this pod alone is pinned to the nearest domain with room (as preferred-domain widens),
+    never wider than the workload's max-domain and always inside the user's own constraints."""
+    obj = request.obj
+    pinned = injection.recorded(obj).required
+    if not pinned or not pinned[0]:
+        return _result(request, "ignored")  # only preferred: the scheduler already goes elsewhere
+    try:
+        wanted = workload.read("Pod", mutation.without_injection(obj, "Pod"), request.namespace)
+    except workload.InvalidWorkload:
+        return _result(request, "ignored")
+    key = injection.reservation_of(obj)
+    if wanted.request is None or index.room_ever(pinned[0], wanted.request.gpus_per_pod, key) > 0:
+        return _result(request, "ignored")  # busy at most: it waits for its domain, as placed
+    who = workload.display_name("Pod", obj, request.namespace)
+    deepest = pinned[0][-1]
+    domain = f"{deepest['key']}={deepest['values'][0]}"
+    if wanted.request.max_domain is not None:
+        return _result(request, "ignored", warnings=[
+            f"{who}: {domain} can no longer hold it, and max-domain {wanted.request.max_domain} keeps it there: "
+            "it waits until capacity returns"])
+    alone = dataclasses.replace(wanted.request, workload=who, pods=1, strategy=Strategy.CONSOLIDATED,
+                                preferred_domain=domain)
+    decision = place(index, alone)
+    if decision.outcome is not Outcome.PLACED:
+        return _result(request, "ignored")
+    mutated = mutation.mutate(obj, "Pod", decision, config, key)
+    return _result(request, "repaired", decision=decision, mutated=mutated, warnings=[
+        f"{who}: {domain} can no longer hold it (its capacity is gone, not busy); this pod alone is pinned to "
+        f"{decision.scope}, the nearest domain with room"])
 
 
 def _kept(request: _Request, config: Config, wanted: workload.Workload) -> AdmissionResult:

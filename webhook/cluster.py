@@ -90,6 +90,8 @@ class ClusterIndex:
         self.pod_nodes: dict[str, str] = {}  # pod key -> node name its GPUs are counted on
         self.usage: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}  # pod key -> (node, its requests)
         self.usage_on: dict[str, dict[str, int]] = {}  # node name -> summed requests (NodeState.requested)
+        self.holders: dict[str, set[str]] = {}  # reservation key -> bound pods carrying it
+        self.pod_reservations: dict[str, str] = {}  # bound pod key -> the reservation key it carries
 
     @classmethod
     def from_objects(cls, config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = (),
@@ -200,6 +202,9 @@ class ClusterIndex:
             node = self.tree.nodes.get(node_name)
             self.pod_nodes[key] = node_name
             reservation = annotations.get(RESERVATION)
+            if reservation:
+                self.pod_reservations[key] = str(reservation)
+                self.holders.setdefault(str(reservation), set()).add(key)
             if node is None:
                 self.orphan_pods.setdefault(node_name, {})[key] = (gpus, ())
                 return
@@ -274,6 +279,11 @@ class ClusterIndex:
         node_name = self.pod_nodes.pop(key, None)
         if node_name is None:
             return
+        reservation = self.pod_reservations.pop(key, None)
+        if reservation is not None:
+            self.holders[reservation].discard(key)
+            if not self.holders[reservation]:
+                del self.holders[reservation]
         node = self.tree.nodes.get(node_name)
         if node is not None:
             if key in node.terminating:
@@ -318,6 +328,30 @@ class ClusterIndex:
         if self.filters.filters_nothing(request, self.tree.nodes):
             return self.tree
         return self.subsets.for_request(request, self.tree, self.filters)
+
+    def room_ever(self, expressions: Iterable[Mapping], gpus: int, reservation: str | None) -> int:
+        """Pods of `gpus` GPUs that the in-service nodes matching every `In` expression could hold
+        once everything else on them has ended, except the bound pods carrying `reservation` (the
+        workload's own pods, which run as long as it does). 0: that capacity is gone, not busy."""
+        with self.lock:
+            wanted = [(str(e.get("key")), {str(v) for v in e.get("values") or ()}) for e in expressions
+                      if e.get("operator") == "In"]
+            if not wanted:
+                return 0
+            narrowest = min(wanted, key=lambda kv: sum(len(self.filters.by_label.get((kv[0], v), ())) for v in kv[1]))
+            names = {name for value in narrowest[1] for name in self.filters.by_label.get((narrowest[0], value), ())}
+            siblings: dict[str, int] = {}
+            for pod in self.holders.get(reservation or "", ()):
+                node_name = self.pod_nodes[pod]
+                node = self.tree.nodes.get(node_name)
+                if node is not None and pod in node.pods:
+                    siblings[node_name] = siblings.get(node_name, 0) + node.pods[pod][0]
+            room = 0
+            for name in names:
+                node = self.tree.nodes.get(name)
+                if node is not None and node.eligible and all(node.labels.get(k) in values for k, values in wanted):
+                    room += (node.alloc - siblings.get(name, 0)) // gpus
+            return room
 
     def stats(self) -> ClusterStats:
         with self.lock:

@@ -113,7 +113,7 @@ the schedulers the webhook stands in for.
 {{- $terms := list -}}
 {{- range $pod := list "object" "object.spec.template" "object.spec.jobTemplate.spec.template" -}}
 {{- $annotations := printf "%s.metadata.annotations" $pod -}}
-{{- $terms = append $terms (printf "(%s && %s.exists(k, k.startsWith('topology.scheduler/')))" (include "topology-webhook.celPresent" $annotations) $annotations) -}}
+{{- $terms = append $terms (printf "(%s && %s.exists(k, k.startsWith('topology.scheduler/') || k in %s))" (include "topology-webhook.celPresent" $annotations) $annotations (include "topology-webhook.peerAnnotations" .)) -}}
 {{- $scheduler := printf "%s.spec.schedulerName" $pod -}}
 {{- $terms = append $terms (printf "(%s && %s in %s)" (include "topology-webhook.celPresent" $scheduler) $scheduler $schedulers) -}}
 {{- end -}}
@@ -173,4 +173,32 @@ Arguments: (list . "group/version/Kind" "the value that asks for it").
 {{- if and $root.Values.crdCheck (not ($root.Capabilities.APIVersions.Has $apiVersion)) -}}
 {{- fail (printf "%s needs the CRD %s, which this cluster does not have: install it first (or, rendering with helm template, pass --api-versions %s or set crdCheck=false)" (index . 2) $apiVersion $apiVersion) -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The peers' topology annotations the webhook reads as its own (webhook/workload.py), as a CEL list.
+*/}}
+{{- define "topology-webhook.peerAnnotations" -}}
+["kueue.x-k8s.io/podset-required-topology", "kueue.x-k8s.io/podset-preferred-topology", "kai.scheduler/topology-required-placement", "kai.scheduler/topology-preferred-placement"]
+{{- end -}}
+
+{{/*
+The operators' resources to register (webhook.operators): every one whose API the cluster serves
+under auto, or those of the listed API groups; as a JSON list of {group, version, resource}.
+*/}}
+{{- define "topology-webhook.operators" -}}
+{{- $known := list
+  (dict "group" "jobset.x-k8s.io" "version" "v1alpha2" "resource" "jobsets" "kind" "JobSet")
+  (dict "group" "kubeflow.org" "version" "v1" "resource" "pytorchjobs" "kind" "PyTorchJob")
+  (dict "group" "kubeflow.org" "version" "v2beta1" "resource" "mpijobs" "kind" "MPIJob")
+  (dict "group" "ray.io" "version" "v1" "resource" "rayclusters" "kind" "RayCluster")
+  (dict "group" "ray.io" "version" "v1" "resource" "rayjobs" "kind" "RayJob") -}}
+{{- $chosen := list -}}
+{{- range $operator := $known -}}
+{{- $served := $.Capabilities.APIVersions.Has (printf "%s/%s/%s" $operator.group $operator.version $operator.kind) -}}
+{{- if or (and (eq (toString $.Values.webhook.operators) "auto") $served) (and (kindIs "slice" $.Values.webhook.operators) (has $operator.group $.Values.webhook.operators)) -}}
+{{- $chosen = append $chosen $operator -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $chosen -}}
 {{- end -}}
