@@ -14,6 +14,7 @@ separates the decision path's cost from the server's.
     .venv/bin/python bench/admission_bench.py --compare-with ../before   # review() here vs another checkout
     .venv/bin/python bench/admission_bench.py --held 500  # p99 with 500 slow or silent connections open
     .venv/bin/python bench/admission_bench.py --coordination   # claims through the API on vs off
+    .venv/bin/python bench/admission_bench.py --groups   # group members and controller-made pods vs a plain Pod
 
 --held N starts only the webhook and measures the open loop twice in one run: alone, then with
 N connections held open by hostile clients (half complete the TLS handshake and say nothing,
@@ -207,6 +208,67 @@ def in_process(nodes: list[dict], pods: list[dict], bodies: list[bytes], warm_up
         admission.review(review, index, config)
         latencies.append(time.perf_counter() - started)
     return summary(latencies, time.perf_counter() - began)
+
+
+def operator_pod(name: str, job: str, gpus: int = 8) -> dict:
+    """A pod as Kubeflow's training operator makes it: labels, owner, the job's annotations."""
+    pod = demo.make_pod(name, None, gpus, namespace="ml", annotations={
+        "topology.scheduler/gpu-count": str(4 * gpus), "topology.scheduler/placement-strategy": "consolidated"})
+    del pod["status"], pod["metadata"]["uid"]
+    pod["metadata"]["labels"] = {"training.kubeflow.org/job-name": job}
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job,
+                                           "uid": f"uid-{job}", "controller": True}]
+    return pod
+
+
+def groups(nodes_wanted: int, count: int) -> None:
+    """admission.review() in process for four kinds of review, interleaved on one cluster: a plain
+    GPU Pod (decides alone), the first pod of a 4-pod group (decides for the group), a pod joining
+    a group (the decision is looked up), and a pod its Job controller made from a template we
+    placed (checked for repair, then left alone)."""
+    config = Config()
+    nodes, pods = cluster(nodes_wanted)
+    index, _ = file_index(config, (nodes, pods))
+    job = admission.review(make_review(demo_job()), index, config).admitted
+    timings: dict[str, list[float]] = {"plain Pod": [], "group: first member": [], "group: joining member": [],
+                                       "Job's pod (repair check)": []}
+    for i in range(count):
+        name = f"g{i % WORKLOAD_NAMES}"
+        plain = demo.make_pod(f"p{i % WORKLOAD_NAMES}", None, 8, namespace="ml",
+                              annotations={"topology.scheduler/placement-strategy": "consolidated"})
+        del plain["status"], plain["metadata"]["uid"]
+        child = {"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {**job["spec"]["template"]["metadata"], "name": f"{job['metadata']['name']}-{i}",
+                              "namespace": "ml", "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                                                      "name": "bench-job", "uid": "u", "controller": True}]},
+                 "spec": job["spec"]["template"]["spec"]}
+        index.release(f"ml/PyTorchJob/{name}")  # the group's earlier round ends: its pods decide afresh
+        index.ledger.groups.pop(f"ml/PyTorchJob/{name}", None)
+        members = [operator_pod(f"{name}-{m}", name) for m in range(4)]
+        for label, obj in [("plain Pod", plain), ("group: first member", members[0]),
+                           *[("group: joining member", member) for member in members[1:]],
+                           ("Job's pod (repair check)", child)]:
+            review = make_review(obj, uid=str(uuid.uuid4()))
+            started = time.perf_counter()
+            admission.review(review, index, config)
+            timings[label].append(time.perf_counter() - started)
+    print(f"machine: {machine()}; {len(nodes)} nodes; {count} rounds; load average {os.getloadavg()[0]:.2f}")
+    print("\n| review | p50 ms | p99 ms | p50 / plain Pod |\n|---|---|---|---|")
+    plain_p50 = statistics.median(timings["plain Pod"])
+    for label, values in timings.items():
+        ordered = sorted(values)
+        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        print(f"| {label} | {statistics.median(values) * 1e3:.3f} | {p99 * 1e3:.3f} | "
+              f"{statistics.median(values) / plain_p50:.2f} |")
+
+
+def demo_job() -> dict:
+    """A 2 x 8 GPU consolidated Job, placed first; its controller-made pods are timed."""
+    template = {"metadata": {"annotations": {"topology.scheduler/placement-strategy": "consolidated"}},
+                "spec": {"restartPolicy": "Never", "containers": [
+                    {"name": "main", "image": "trainer", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "bench-job", "namespace": "ml"},
+            "spec": {"parallelism": 2, "completions": 2, "template": template}}
 
 
 def compare(other: pathlib.Path, nodes: int, rounds: int) -> None:
@@ -422,6 +484,8 @@ def main() -> None:
     parser.add_argument("--coordination", action="store_true",
                         help="live view with claims shared through the API, next to the same without")
     parser.add_argument("--serve-empty", nargs=3, metavar=("BIND", "CERT", "KEY"), help=argparse.SUPPRESS)
+    parser.add_argument("--groups", action="store_true",
+                        help="group members and controller-made pods against a plain Pod, in process")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_empty:
@@ -438,6 +502,9 @@ def main() -> None:
         args.nodes, args.seconds = 1000, 2.0
     if args.coordination:
         coordination(args)
+        return
+    if args.groups:
+        groups(args.nodes, 300 if args.quick else 2000)
         return
 
     with tempfile.TemporaryDirectory(prefix="admission-bench-") as tmp:
