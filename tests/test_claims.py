@@ -11,7 +11,7 @@ from conftest import LABELS, LEAF, eventually
 from webhook.claims import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
 from webhook.demo import make_node
 from webhook.model import Outcome, PlacementRequest, Strategy
-from webhook.placer import place_shared, release_shared
+from webhook.placer import place_group, place_shared, release_shared
 
 NAMESPACE = "tw"
 LEASE = f"{NAMESPACE}/{LEASE_NAME}"
@@ -144,3 +144,22 @@ def test_a_relist_of_the_lease_after_410_keeps_claims_once_and_releases_what_wen
     eventually(lambda: set(b.index.ledger.holds) == {"ml/Job/b"}, what="the relisted Lease applied on b")
     assert reserved(b) == 8
     assert next(s for s in b.status() if s.kind == "leases").lists == 2
+
+
+def test_a_group_member_on_another_replica_joins_the_nodes_the_first_replica_claimed(fake, make_view):
+    for leaf in (1, 2):
+        for n in range(2):
+            fake.put_node(make_node(f"l{leaf}n{n}", {**LABELS, LEAF: f"leaf-{leaf}"}))
+    a, b = (make_view(fake, claims_namespace=NAMESPACE, claims_budget_seconds=10) for _ in range(2))
+    for view in (a, b):
+        view.start()
+        assert view.wait_synced(15)
+    group = PlacementRequest("PyTorchJob ml/bert", 2, 8, Strategy.CONSOLIDATED)
+    first, _, joined = place_group(a.index, group, "ml/PyTorchJob/bert", reserve=True)
+    assert not joined and first.outcome is Outcome.PLACED
+    eventually(lambda: "ml/PyTorchJob/bert" in b.index.ledger.holds, what="a's claim on b")
+    for n in range(2):  # a tighter fit appears after a decided: b alone would now choose it
+        fake.put_node(make_node(f"l0n{n}", {**LABELS, LEAF: "leaf-0"}))
+    eventually(lambda: len(b.index.nodes) == 6, what="the new leaf on b")
+    second, _, _ = place_group(b.index, group, "ml/PyTorchJob/bert", reserve=True)
+    assert second.nodes == first.nodes and second.requirements == first.requirements

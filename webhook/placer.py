@@ -9,6 +9,7 @@ wrote first, decide again. Past the claims' time budget the decision stands alon
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import zlib
@@ -96,13 +97,25 @@ def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserv
     with _GROUP_LOCKS[zlib.crc32(key.encode()) % len(_GROUP_LOCKS)]:
         with index.lock:
             decision = index.ledger.group(key)
+            claimed = index.ledger.holds.get(key) if decision is None else None
+            nodes = sorted(claimed.sets) if claimed is not None else []
         if decision is not None:
             return decision, [], True
+        if nodes:  # another replica placed the group first and claimed it: decide on its nodes
+            request = _on_nodes(request, nodes)
         decision, alone = place_shared(index, request, key if reserve else None)
         if reserve:
             with index.lock:
                 index.ledger.remember_group(key, decision)
         return decision, alone, False
+
+
+def _on_nodes(request: PlacementRequest, nodes: list[str]) -> PlacementRequest:
+    """The request confined to `nodes` (by name, in every ORed term of its own affinity)."""
+    by_name = {"key": "metadata.name", "operator": "In", "values": nodes}
+    terms = request.required_node_terms or ({},)
+    confined = tuple({**term, "matchFields": [*(term.get("matchFields") or ()), by_name]} for term in terms)
+    return dataclasses.replace(request, required_node_terms=confined)
 
 
 def release_shared(index: ClusterIndex, key: str) -> None:
