@@ -23,10 +23,12 @@ import logging
 import re
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from . import injection, mutation, workload
 from .config import Config
+from .gpus import pod_gpus
 from .kinds import KINDS
 from .ledger import held_by, reservation_key
 from .model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, UNKNOWN_DOMAIN, UNKNOWN_LEVEL, Decision, Outcome,
@@ -239,13 +241,19 @@ def _repaired(request: _Request, index: "ClusterIndex", config: Config) -> Admis
     pinned = injection.recorded(obj).required
     if not pinned or not pinned[0]:
         return _result(request, "ignored")  # only preferred: the scheduler already goes elsewhere
+    key = injection.reservation_of(obj)
+    try:
+        gpus = pod_gpus(obj.get("spec") or {})
+    except ValueError:
+        return _result(request, "ignored")
+    if gpus == 0 or index.room_ever(pinned[0], gpus, key) > 0:
+        return _result(request, "ignored")  # busy at most: it waits for its domain, as placed
     try:
         wanted = workload.read("Pod", mutation.without_injection(obj, "Pod"), request.namespace)
     except workload.InvalidWorkload:
         return _result(request, "ignored")
-    key = injection.reservation_of(obj)
-    if wanted.request is None or index.room_ever(pinned[0], wanted.request.gpus_per_pod, key) > 0:
-        return _result(request, "ignored")  # busy at most: it waits for its domain, as placed
+    if wanted.request is None:
+        return _result(request, "ignored")
     who = workload.display_name("Pod", obj, request.namespace)
     deepest = pinned[0][-1]
     domain = f"{deepest['key']}={deepest['values'][0]}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 from .ledger import reservation_key
 from .model import ANNOTATION_PREFIX, quoted

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Mapping
+from collections.abc import Mapping
 
 from .model import ANNOTATION_PREFIX
 

@@ -19,7 +19,8 @@ import difflib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from .config import Config
 from .gpus import parse_bandwidth_gbps, pod_gpus
