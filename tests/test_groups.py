@@ -235,3 +235,18 @@ def test_a_jobsets_child_jobs_keep_its_one_leaf_in_any_order_and_a_second_jobset
         chosen.append(next(iter(pods_leaves)))
     assert chosen[0] != chosen[1]
     assert fresh_index.stats().gpus_reserved == 64  # each JobSet held once, by its own key
+
+
+def test_a_gpu_less_launcher_of_a_placed_group_is_pinned_with_it_and_holds_nothing(fresh_index):
+    workers = [operator_pod(f"nccl-worker-{i}", {"training.kubeflow.org/job-name": "nccl"},
+                            {"topology.scheduler/gpu-count": "16", "topology.scheduler/placement-strategy": "consolidated"},
+                            owner=("MPIJob", "nccl")) for i in range(2)]
+    launcher = operator_pod("nccl-launcher", {"training.kubeflow.org/job-name": "nccl"},
+                            {"topology.scheduler/placement-strategy": "consolidated"}, gpus=0, owner=("MPIJob", "nccl"))
+    early = admit(launcher, fresh_index)  # before any worker: nothing to join yet
+    assert early.outcome == "ignored" and not early.patch
+    placed = admit(workers[0], fresh_index).admitted
+    result = admit(launcher, fresh_index)
+    assert result.outcome == "placed" and leaves_allowed(result.admitted) == leaves_allowed(placed)
+    assert fresh_index.stats().gpus_reserved == 16
+    assert "env" not in result.admitted["spec"]["containers"][0]  # no NCCL settings for a container without GPUs

@@ -34,7 +34,7 @@ from .ledger import held_by, reservation_key
 from .model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, UNKNOWN_DOMAIN, UNKNOWN_LEVEL, Decision, Outcome,
                     PlacementRequest, Strategy)
 from .patch import encode, make_patch
-from .placer import place, place_group, place_shared, release_shared
+from .placer import group_decision, place, place_group, place_shared, release_shared
 
 if TYPE_CHECKING:
     from .cluster import ClusterIndex
@@ -202,11 +202,15 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     if workload.suspended(kind, obj):
         return _result(request, "suspended", warnings=[
             *wanted.warnings, f"{who} is suspended: nothing is placed or held until it is un-suspended"])
+    key = _reservation_key(request, obj)
     if wanted.request is None:
+        joined = group_decision(index, key) if workload.group_of(kind, obj, request.namespace) else None
+        if joined is not None:  # a launcher or head of a placed group: kept with it, holding no GPU
+            return _result(request, "placed", decision=joined, mutated=mutation.mutate(obj, kind, joined, config, key),
+                           warnings=[*wanted.warnings, f"{who} asks for no GPU; pinned with {joined.request.workload}"])
         mutated = mutation.mutate(obj, kind, None, config)
         return _result(request, "ignored", mutated=mutated, warnings=[
             *wanted.warnings, f"{who} {wanted.idle}"])
-    key = _reservation_key(request, obj)
     if wanted.group is not None:
         decision, alone, joined = place_group(index, wanted.request, key, reserve=not request.dry_run)
         if joined:

@@ -110,6 +110,12 @@ def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserv
         return decision, alone, False
 
 
+def group_decision(index: ClusterIndex, key: str) -> Decision | None:
+    """The decision of the group `key` if one of its members was placed, else None."""
+    with index.lock:
+        return index.ledger.group(key)
+
+
 def _on_nodes(request: PlacementRequest, nodes: list[str]) -> PlacementRequest:
     """The request confined to `nodes` (by name, in every ORed term of its own affinity)."""
     by_name = {"key": "metadata.name", "operator": "In", "values": nodes}
