@@ -250,3 +250,22 @@ def test_a_gpu_less_launcher_of_a_placed_group_is_pinned_with_it_and_holds_nothi
     assert result.outcome == "placed" and leaves_allowed(result.admitted) == leaves_allowed(placed)
     assert fresh_index.stats().gpus_reserved == 16
     assert "env" not in result.admitted["spec"]["containers"][0]  # no NCCL settings for a container without GPUs
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_jobsets_child_jobs_arriving_alone_are_placed_as_one_group_in_any_order(seed, fresh_index):
+    """The JobSet itself was not sent to the webhook (its API group not registered): its Jobs
+    carry the JobSet's label and the job's total in gpu-count, and are grouped by them."""
+    unplaced = jobset("solo")
+    replicated = unplaced["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    replicated["metadata"] = {"labels": {"jobset.sigs.k8s.io/jobset-name": "solo"}, "annotations": {
+        "topology.scheduler/gpu-count": "32", "topology.scheduler/placement-strategy": "consolidated"}}
+    jobs = child_jobs(unplaced)
+    random.Random(seed).shuffle(jobs)
+    admitted = [admit(job, fresh_index) for job in jobs]
+    assert [result.outcome for result in admitted] == ["placed"] * 4
+    found = {frozenset(leaves_allowed(result.admitted["spec"]["template"])) for result in admitted}
+    assert len(found) == 1 and len(next(iter(found))) == 1, found
+    assert fresh_index.stats().gpus_reserved == 32  # one hold for the JobSet, not one per Job
+    assert {r.admitted["spec"]["template"]["metadata"]["annotations"]["topology.scheduler/reservation"]
+            for r in admitted} == {"ml/JobSet/solo"}

@@ -252,7 +252,7 @@ def _unknown_annotations(who: str, annotations: Mapping) -> list[str]:
 
 
 def group_of(kind: str, obj: Mapping, namespace: str) -> Membership | None:
-    """The group a Pod belongs to; None for other kinds, and for a bad group annotation (which
+    """The group a Pod or Job belongs to; None for other kinds, and for a bad group annotation (which
     `read` denies with its message)."""
     template = pod_template(kind, obj) or {}
     try:
@@ -270,8 +270,9 @@ def made_for_group(kind: str, obj: Mapping) -> bool:
 
 def _group(kind: str, obj: Mapping, namespace: str, who: str, template: Mapping,
            annotations: Mapping) -> Membership | None:
-    """The group a Pod belongs to (webhook/groups.py); other kinds are placed as themselves."""
-    if kind != "Pod":
+    """The group a Pod, or a Job an operator made (a JobSet's), belongs to (webhook/groups.py);
+    other kinds are placed as themselves."""
+    if kind not in ("Pod", "Job"):
         return None
     try:
         return membership(obj, namespace, _mapping(_mapping(template.get("metadata")).get("labels")), annotations)
