@@ -243,7 +243,7 @@ def groups(nodes_wanted: int, count: int) -> None:
                                                                       "name": "bench-job", "uid": "u", "controller": True}]},
                  "spec": job["spec"]["template"]["spec"]}
         index.release(f"ml/PyTorchJob/{name}")  # the group's earlier round ends: its pods decide afresh
-        index.ledger.groups.pop(f"ml/PyTorchJob/{name}", None)
+        getattr(index.ledger, "groups", {}).pop(f"ml/PyTorchJob/{name}", None)  # (absent before groups)
         members = [operator_pod(f"{name}-{m}", name) for m in range(4)]
         for label, obj in [("plain Pod", plain), ("group: first member", members[0]),
                            *[("group: joining member", member) for member in members[1:]],
