@@ -181,6 +181,23 @@ def test_a_webhook_entry_already_carrying_the_ca_is_left_alone(cluster, tmp_path
     assert ca_bundles(cluster) == [material.ca_bundle] * len(ENTRIES)
 
 
+def test_a_running_server_puts_back_a_ca_bundle_a_sync_removed_and_keeps_its_files(cluster, tmp_path):
+    material = start(cluster, tmp_path)
+    served = tmp_path / "replica" / "tls.crt"
+    before = served.stat().st_ino
+    configuration = cluster.get("mutatingwebhookconfigurations", CONFIGURATION)
+    for entry in configuration["webhooks"]:
+        del entry["clientConfig"]["caBundle"]  # e.g. a sync that replaced the whole object
+    cluster.put("mutatingwebhookconfigurations", configuration)
+    stop = certbootstrap.keep_current(ApiClient(Configuration(host=cluster.url)), TARGET, str(served),
+                                      str(tmp_path / "replica" / "tls.key"), interval=0.05)
+    try:
+        eventually(lambda: ca_bundles(cluster) == [material.ca_bundle] * len(ENTRIES), what="the caBundle put back")
+    finally:
+        stop.set()
+    assert served.stat().st_ino == before  # an unchanged certificate is not rewritten: no needless reload
+
+
 @pytest.mark.parametrize("forbidden, message", [
     ("secrets", f'reading Secret {NAMESPACE}/{TARGET.secret}: forbidden (secrets "{TARGET.secret}" is forbidden: '
                 f'User "system:serviceaccount:{NAMESPACE}:webhook" cannot get resource "secrets" in API group ""'),
@@ -262,3 +279,19 @@ def test_serve_without_rights_exits_with_the_reason_and_no_traceback(cluster, tm
     assert "Traceback" not in done.stderr + done.stdout
     (last,) = [json.loads(line) for line in done.stderr.splitlines() if "forbidden" in line]
     assert last["level"] == "error" and 'cannot get resource "secrets"' in last["message"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--tls-secret", "just-a-name"], "is not NAMESPACE/NAME"),
+    (["--tls-secret", f"{NAMESPACE}/x", "--tls-service", SERVICE, "--webhook-configuration", CONFIGURATION],
+     "--tls-secret writes the serving certificate to --cert and --key: give both"),
+    (["--tls-secret", f"{NAMESPACE}/x", "--cert", "c", "--key", "k", "--webhook-configuration", CONFIGURATION],
+     "--tls-secret needs --tls-service NAME"),
+    (["--tls-secret", f"{NAMESPACE}/x", "--cert", "c", "--key", "k", "--tls-service", SERVICE],
+     "--tls-secret needs --webhook-configuration NAME"),
+    (["--webhook-configuration", CONFIGURATION], "--webhook-configuration only goes with --tls-secret"),
+])
+def test_tls_secret_flags_that_do_not_fit_together_are_one_usage_line(flags, message):
+    from webhook import cli
+    with pytest.raises(cli.UsageError, match=message):
+        cli.self_managed_tls(cli.build_parser().parse_args(["serve", *flags]))

@@ -16,6 +16,10 @@ drift. Here the chart renders no key material at all, and the replicas agree thr
   operations pin every entry's name: an entry list edited meanwhile fails the whole patch (422)
   instead of getting a bundle at the wrong index, and is read and patched again.
 
+The server's worker runs it again hourly (`keep_current`): a pod that runs into its certificate's
+last 30 days gets a new one (the server reloads the rewritten files), and a caBundle that a sync
+replaced is put back.
+
 Expected failures (RBAC's 403, a missing MutatingWebhookConfiguration, an unreachable API server,
 a Secret someone else filled) raise `SelfManagedTLSError` with one line saying what to fix.
 """
@@ -25,6 +29,7 @@ import base64
 import datetime
 import json
 import logging
+import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -41,6 +46,7 @@ log = logging.getLogger(__name__)
 CA_KEY_FILE = "ca.key"  # the CA's private key, next to the kubernetes.io/tls keys in the Secret
 ATTEMPTS = 5  # reads and writes per object before giving up on a Secret or configuration that keeps changing
 REQUEST_SECONDS = 10.0
+RECHECK_SECONDS = 3600.0
 MANAGED_BY = {"app.kubernetes.io/managed-by": "topology-webhook"}
 
 
@@ -202,9 +208,36 @@ def ensure(api_client: k8s_client.ApiClient, target: SelfManagedTLS, cert_path: 
     first: the reloading server refuses a mismatched pair until both are new) and the caBundle."""
     material = ensure_secret(k8s_client.CoreV1Api(api_client), target, now)
     try:
-        certs.write_atomically(key_path, material.key, 0o600)
-        certs.write_atomically(cert_path, material.cert)
+        for path, data, mode in ((key_path, material.key, 0o600), (cert_path, material.cert, 0o644)):
+            if not _holds(path, data):  # unchanged files stay: the server reloads on any replacement
+                certs.write_atomically(path, data, mode)
     except OSError as err:
         raise SelfManagedTLSError(f"writing the serving certificate to {cert_path}: {err.strerror}") from None
     ensure_ca_bundle(k8s_client.AdmissionregistrationV1Api(api_client), target, material.ca_bundle)
     return material
+
+
+def _holds(path: str, data: bytes) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read() == data
+    except OSError:
+        return False
+
+
+def keep_current(api_client: k8s_client.ApiClient, target: SelfManagedTLS, cert_path: str, key_path: str,
+                 interval: float = RECHECK_SECONDS) -> threading.Event:
+    """`ensure` again every `interval` seconds in a daemon thread, while the server runs; a
+    failure is logged and tried again at the next turn (the files in place keep serving). Set the
+    returned event to stop."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(interval):
+            try:
+                ensure(api_client, target, cert_path, key_path)
+            except SelfManagedTLSError as err:
+                log.warning("self-managed TLS check failed, trying again in %.0f s: %s", interval, err)
+
+    threading.Thread(target=run, name="self-managed-tls", daemon=True).start()
+    return stop

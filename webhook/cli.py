@@ -136,12 +136,9 @@ def self_managed_tls(args: argparse.Namespace) -> certbootstrap.SelfManagedTLS |
                                         args.cluster_domain)
 
 
-def serving_certs(args: argparse.Namespace) -> tuple[str, str]:
+def serving_certs(args: argparse.Namespace, target: certbootstrap.SelfManagedTLS | None) -> tuple[str, str]:
     """--cert/--key (first filled from the Secret --tls-secret names), or development certificates
     in ./certs/ (generated once)."""
-    if bool(args.cert) != bool(args.key):
-        raise UsageError("--cert and --key go together: give both, or neither for development certificates")
-    target = self_managed_tls(args)
     if target is not None:
         material = certbootstrap.ensure(api_client_from(args.kubeconfig), target, args.cert, args.key)
         log.info("serving certificate from Secret %s/%s written to %s; caBundle of %s is its CA (sha256 %s)",
@@ -175,6 +172,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_free(flag, text, address)
     if args.client_ca and not os.path.isfile(args.client_ca):
         raise UsageError(f"--client-ca {args.client_ca}: no such file")
+    if bool(args.cert) != bool(args.key):
+        raise UsageError("--cert and --key go together: give both, or neither for development certificates")
+    target = self_managed_tls(args)
     live = live_source(args)
     if args.claims_namespace and not live:
         raise UsageError("--claims-namespace shares holds through the API: it needs the live cluster view")
@@ -188,7 +188,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cluster = None if live else read_cluster(args)
     if config.levels_auto:
         config = settled(config, listed_nodes(args.kubeconfig) if live else cluster[0], log.warning)
-    cert, key = serving_certs(args)
+    cert, key = serving_certs(args, target)
     options = ServeOptions(bind=args.bind, cert=cert, key=key, client_ca=args.client_ca,
                            max_body_bytes=config.max_body_bytes, multiprocess_dir=metrics_dir())
 
@@ -204,6 +204,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             index, readiness = file_index(config, cluster)
             app = create_app(config, index, readiness, metrics)
         start_metrics_server(metrics_bind, metrics.registry, app)
+        if target is not None:  # the worker keeps the certificate and the caBundle current while it serves
+            certbootstrap.keep_current(api_client_from(args.kubeconfig), target, cert, key)
         return app
 
     server = WebhookServer(build_app, options)  # loads the certificate: a bad one stops us here
