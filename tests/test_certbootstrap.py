@@ -14,7 +14,7 @@ import threading
 import pytest
 from cryptography import x509
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store
-from kubernetes.client import ApiClient, Configuration
+from kubernetes.client import AdmissionregistrationV1Api, ApiClient, Configuration
 
 from webhook import certbootstrap, certs
 from webhook.certbootstrap import SelfManagedTLS, SelfManagedTLSError
@@ -175,9 +175,35 @@ def test_a_webhook_entry_already_carrying_the_ca_is_left_alone(cluster, tmp_path
     configuration = cluster.get("mutatingwebhookconfigurations", CONFIGURATION)
     del configuration["webhooks"][1]["clientConfig"]["caBundle"]  # e.g. a sync that replaced the object
     cluster.put("mutatingwebhookconfigurations", configuration)
-    assert certbootstrap.ensure_ca_bundle(
-        certbootstrap.k8s_client.AdmissionregistrationV1Api(ApiClient(Configuration(host=cluster.url))),
-        TARGET, material.ca_bundle) == 1
+    api = AdmissionregistrationV1Api(ApiClient(Configuration(host=cluster.url)))
+    assert certbootstrap.ensure_ca_bundle(api, TARGET, material.ca_bundle) == 1
+    assert ca_bundles(cluster) == [material.ca_bundle] * len(ENTRIES)
+
+
+def test_entries_reordered_between_read_and_patch_fail_the_patch_and_are_read_again(cluster, tmp_path):
+    """The JSON patch pins each entry's name: a bundle is never written at an index that now holds another entry."""
+    material = start(cluster, tmp_path)
+    configuration = cluster.get("mutatingwebhookconfigurations", CONFIGURATION)
+    configuration["webhooks"][0]["clientConfig"].pop("caBundle")
+    cluster.put("mutatingwebhookconfigurations", configuration)
+
+    class ReorderedAfterTheFirstRead(AdmissionregistrationV1Api):
+        reads = 0
+
+        def read_mutating_webhook_configuration(self, *args, **kwargs):
+            answer = super().read_mutating_webhook_configuration(*args, **kwargs)
+            if not self.reads:  # e.g. `helm upgrade` rewrites the object meanwhile
+                changed = cluster.get("mutatingwebhookconfigurations", CONFIGURATION)
+                changed["webhooks"].reverse()
+                cluster.put("mutatingwebhookconfigurations", changed)
+            self.reads += 1
+            return answer
+
+    api = ReorderedAfterTheFirstRead(ApiClient(Configuration(host=cluster.url)))
+    assert certbootstrap.ensure_ca_bundle(api, TARGET, material.ca_bundle) == 1
+    assert writes_of(cluster, "mutatingwebhookconfigurations")[-2:] == [("PATCH", 422), ("PATCH", 200)]
+    entries = cluster.get("mutatingwebhookconfigurations", CONFIGURATION)["webhooks"]
+    assert [entry["name"] for entry in entries] == list(reversed(ENTRIES))
     assert ca_bundles(cluster) == [material.ca_bundle] * len(ENTRIES)
 
 
