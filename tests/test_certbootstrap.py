@@ -251,6 +251,13 @@ def test_a_secret_the_webhook_did_not_make_is_refused_with_the_fix(cluster, tmp_
         start(cluster, tmp_path)
 
 
+def test_a_ca_near_its_end_stops_start_up_with_how_to_replace_it(cluster, tmp_path):
+    start(cluster, tmp_path)
+    with pytest.raises(SelfManagedTLSError, match=r"the CA in Secret .*: it ends at .* within 30 days; delete the "
+                                                  r"Secret and restart the webhook's pods"):
+        start(cluster, tmp_path, now=NOW + datetime.timedelta(days=certs.CA_DAYS - 10))
+
+
 def test_an_unreachable_api_server_is_one_line(tmp_path):
     api = ApiClient(Configuration(host="http://127.0.0.1:9"))  # discard port: nothing listens
     api.configuration.retries = False

@@ -166,6 +166,10 @@ def ensure_secret(core: k8s_client.CoreV1Api, target: SelfManagedTLS,
             log.info("created %s with a new CA and serving certificate", where)
             return _material_of(created, target)
         material = _material_of(secret, target)
+        problem = certs.ca_problem(material.ca_cert, material.ca_key, now)
+        if problem:  # a new CA needs every replica restarted onto it: a person's decision, not a start-up's
+            raise SelfManagedTLSError(f"the CA in {where}: {problem}; delete the Secret and restart the webhook's "
+                                      "pods: the first to start makes a new CA")
         reason = certs.reissue_reason(material.cert, material.key, material.ca_cert, target.dns_names, now)
         if reason is None:
             return material

@@ -108,6 +108,31 @@ def make_serving_cert(ca_cert_pem: bytes, ca_key_pem: bytes, dns_names: list[str
     return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
 
 
+def _same_key(key: object, cert: x509.Certificate) -> bool:
+    raw = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return key.public_key().public_bytes(*raw) == cert.public_key().public_bytes(*raw)
+
+
+def ca_problem(ca_cert_pem: bytes, ca_key_pem: bytes, now: datetime.datetime | None = None,
+               renew_before_days: int = RENEW_BEFORE_DAYS) -> str | None:
+    """What keeps a CA from signing serving certificates, or None: it cannot be read, its key is
+    not the certificate's, it is no CA, or it ends within `renew_before_days`."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    try:
+        ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
+        ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
+        is_ca = ca_cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except (ValueError, TypeError, x509.ExtensionNotFound):
+        return "it or its key cannot be read as a CA"
+    if not _same_key(ca_key, ca_cert):
+        return "its key does not belong to it"
+    if not is_ca:
+        return "it is no CA"
+    if ca_cert.not_valid_after_utc - now < datetime.timedelta(days=renew_before_days):
+        return f"it ends at {ca_cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC, within {renew_before_days} days"
+    return None
+
+
 def reissue_reason(cert_pem: bytes, key_pem: bytes, ca_cert_pem: bytes, dns_names: list[str],
                    now: datetime.datetime | None = None, renew_before_days: int = RENEW_BEFORE_DAYS) -> str | None:
     """Why a serving pair must be issued again under this CA, or None while it is good: it cannot
@@ -120,8 +145,7 @@ def reissue_reason(cert_pem: bytes, key_pem: bytes, ca_cert_pem: bytes, dns_name
         ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
     except (ValueError, TypeError):
         return "the certificate or its key cannot be read"
-    raw = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    if key.public_key().public_bytes(*raw) != cert.public_key().public_bytes(*raw):
+    if not _same_key(key, cert):
         return "its key does not belong to the certificate"
     try:
         cert.verify_directly_issued_by(ca_cert)
