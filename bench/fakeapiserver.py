@@ -1,8 +1,10 @@
 """A small local stand-in for kube-apiserver's list and watch protocol, for tests and benchmarks.
 
-It serves GET /api/v1/nodes and GET /api/v1/pods (all namespaces), and coordination.k8s.io/v1
-Leases in a namespace (list, watch, get, create, update, delete), the way the real server does,
-so the real `kubernetes` client can be pointed at it with `Configuration(host=server.url)`:
+It serves GET /api/v1/nodes and GET /api/v1/pods (all namespaces), coordination.k8s.io/v1
+Leases in a namespace (list, watch, get, create, update, delete), Secrets in a namespace (get,
+create, update) and admissionregistration.k8s.io/v1 MutatingWebhookConfigurations (get, JSON
+patch), the way the real server does, so the real `kubernetes` client can be pointed at it with
+`Configuration(host=server.url)`:
 
 - lists: `{"kind": "NodeList", "metadata": {"resourceVersion": RV, "continue": ...}, "items": [...]}`
   with `limit`/`continue` paging over a consistent snapshot; an unknown or compacted continue
@@ -14,7 +16,11 @@ so the real `kubernetes` client can be pointed at it with `Configuration(host=se
   than the last compaction an ERROR event with code 410 (or an HTTP 410 when `gone_as_status`).
 - Lease writes with optimistic concurrency: create of an existing name is 409 `AlreadyExists`;
   an update whose `metadata.resourceVersion` is not the stored one is 409 `Conflict`; a missing
-  name is 404 `NotFound`.
+  name is 404 `NotFound`. Secrets are written the same way.
+- JSON patches (`application/json-patch+json`): a failing `test` operation or a path that does
+  not exist is 422 `Invalid`, as the apiserver answers; other patch types are 415.
+- `forbidden`: resources ("secrets", "mutatingwebhookconfigurations") whose every request is 403
+  `Forbidden` with the apiserver's RBAC wording, as for a service account without the Role.
 
 One resourceVersion counter is shared by all kinds, as etcd's revision is. Faults are attributes
 and methods: `delay_seconds` (slow responses), `refuse_until` (close every connection unanswered
@@ -40,18 +46,41 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-KINDS = {"nodes": "Node", "pods": "Pod", "leases": "Lease"}
-API_VERSIONS = {"nodes": "v1", "pods": "v1", "leases": "coordination.k8s.io/v1"}
+import jsonpatch
+
+KINDS = {"nodes": "Node", "pods": "Pod", "leases": "Lease", "secrets": "Secret",
+         "mutatingwebhookconfigurations": "MutatingWebhookConfiguration"}
+API_VERSIONS = {"nodes": "v1", "pods": "v1", "leases": "coordination.k8s.io/v1", "secrets": "v1",
+                "mutatingwebhookconfigurations": "admissionregistration.k8s.io/v1"}
+CLUSTER_SCOPED = {"nodes", "mutatingwebhookconfigurations"}
 LEASES = re.compile(r"/apis/coordination\.k8s\.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?")
+SECRETS = re.compile(r"/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?")
+WEBHOOK_CONFIGURATIONS = re.compile(r"/apis/admissionregistration\.k8s\.io/v1/mutatingwebhookconfigurations/([^/]+)")
 
 
 def _key(kind: str, obj: dict) -> str:
     meta = obj["metadata"]
-    return meta["name"] if kind == "nodes" else f"{meta.get('namespace', 'default')}/{meta['name']}"
+    return meta["name"] if kind in CLUSTER_SCOPED else f"{meta.get('namespace', 'default')}/{meta['name']}"
 
 
 def _namespace_of(kind: str, key: str) -> str | None:
-    return None if kind == "nodes" else key.partition("/")[0]
+    return None if kind in CLUSTER_SCOPED else key.partition("/")[0]
+
+
+def _resource(kind: str) -> str:
+    """How the apiserver names a resource in messages: `leases.coordination.k8s.io`, `secrets`."""
+    group = API_VERSIONS[kind].rpartition("/")[0]
+    return f"{kind}.{group}" if group else kind
+
+
+def _named(path: str) -> tuple[str, str | None, str | None] | None:
+    """(kind, namespace, name) of a Lease, Secret or MutatingWebhookConfiguration path, else None."""
+    for kind, pattern in (("leases", LEASES), ("secrets", SECRETS)):
+        match = pattern.fullmatch(path)
+        if match:
+            return kind, match.group(1), match.group(2)
+    match = WEBHOOK_CONFIGURATIONS.fullmatch(path)
+    return ("mutatingwebhookconfigurations", None, match.group(1)) if match else None
 
 
 def _status(code: int, reason: str, message: str) -> dict:
@@ -69,6 +98,7 @@ class FakeApiServer:
         self.refuse_until = 0.0
         self.gone_as_status = False
         self.answer_status: int | None = None  # answer every request with this HTTP error (403: no RBAC)
+        self.forbidden: set[str] = set()  # resources whose every request is 403, e.g. {"secrets"}
         self.write_delay_seconds = 0.0
         self.refuse_writes = False
         self.writes: list[tuple[str, str, int]] = []  # (method, path, HTTP status) of every write answered
@@ -157,22 +187,45 @@ class FakeApiServer:
             body.setdefault("metadata", {})["namespace"] = namespace
             if method == "POST":
                 if stored is not None:
-                    return 409, _status(409, "AlreadyExists", f'{kind}.coordination.k8s.io "{key}" already exists')
+                    return 409, _status(409, "AlreadyExists", f'{_resource(kind)} "{key}" already exists')
                 body["metadata"]["uid"] = f"uid-{kind}-{key}-{self._rv}"
                 self.put(kind, body)
                 return 201, self.get(kind, key)
             if stored is None:
-                return 404, _status(404, "NotFound", f'{kind}.coordination.k8s.io "{key}" not found')
+                return 404, _status(404, "NotFound", f'{_resource(kind)} "{key}" not found')
             if method == "DELETE":
                 self.delete(kind, key)
                 return 200, _status(200, "", "deleted") | {"status": "Success"}
             if (body.get("metadata") or {}).get("resourceVersion") != stored[0]["metadata"]["resourceVersion"]:
-                return 409, _status(409, "Conflict", f'Operation cannot be fulfilled on {kind}.coordination.k8s.io '
+                return 409, _status(409, "Conflict", f'Operation cannot be fulfilled on {_resource(kind)} '
                                     f'"{name}": the object has been modified; please apply your changes to the '
                                     'latest version and try again')
             body["metadata"]["uid"] = stored[0]["metadata"]["uid"]
             self.put(kind, body)
             return 200, self.get(kind, key)
+
+    def _patch(self, kind: str, key: str, operations: list) -> tuple[int, dict]:
+        """A JSON patch (RFC 6902) as the apiserver applies it: all operations or none."""
+        with self._cond:
+            stored = self._objects[kind].get(key)
+            if stored is None:
+                return 404, _status(404, "NotFound", f'{_resource(kind)} "{key}" not found')
+            try:
+                patched = jsonpatch.apply_patch(stored[0], operations)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as err:
+                return 422, _status(422, "Invalid", str(err))
+            patched["metadata"]["uid"] = stored[0]["metadata"]["uid"]
+            self.put(kind, patched)
+            return 200, self.get(kind, key)
+
+    def _forbidden(self, method: str, kind: str, namespace: str | None, name: str | None) -> dict:
+        """The apiserver's answer to a request RBAC denies."""
+        verb = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+        group = API_VERSIONS[kind].rpartition("/")[0]
+        where = f' in the namespace "{namespace}"' if namespace else ""
+        return _status(403, "Forbidden", f'{_resource(kind)} "{name or ""}" is forbidden: User '
+                                         f'"system:serviceaccount:{namespace or "default"}:webhook" cannot {verb} '
+                                         f'resource "{kind}" in API group "{group}"{where}')
 
     def _record(self, kind: str, event_type: str, blob: bytes, namespace: str | None) -> None:
         line = b'{"type": "%s", "object": %s}\n' % (event_type.encode(), blob)
@@ -305,9 +358,22 @@ class _Handler(BaseHTTPRequestHandler):
             return
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        lease = LEASES.fullmatch(url.path)
-        if lease:
-            kind, namespace, name = "leases", lease.group(1), lease.group(2)
+        named = _named(url.path)
+        if named and named[0] in fake.forbidden:
+            self._send_json(403, json.dumps(fake._forbidden("GET", *named)).encode())
+            return
+        if named and named[0] != "leases":  # secrets and webhook configurations: get by name only
+            kind, namespace, name = named
+            fake.requests.append((url.path, query))
+            with fake._cond:
+                found = fake._objects[kind].get(name if namespace is None else f"{namespace}/{name}")
+            if found:
+                self._send_json(200, found[1])
+            else:
+                self._send_json(404, json.dumps(_status(404, "NotFound", f'{_resource(kind)} "{name}" not found')).encode())
+            return
+        if named:
+            kind, namespace, name = named
         elif url.path in ("/api/v1/nodes", "/api/v1/pods"):
             kind, namespace, name = url.path.rsplit("/", 1)[-1], None, None
         else:
@@ -338,6 +404,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:  # noqa: N802
         self._write("DELETE")
 
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._write("PATCH")
+
     def _write(self, method: str) -> None:
         fake = self.server.fake
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -346,12 +415,22 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if fake.write_delay_seconds:
             time.sleep(fake.write_delay_seconds)
-        lease = LEASES.fullmatch(urlsplit(self.path).path)
-        if not lease or (method == "POST") == bool(lease.group(2)):
+        named = _named(urlsplit(self.path).path)
+        if named and named[0] in fake.forbidden:
+            code, answer = 403, fake._forbidden(method, *named)
+        elif method == "PATCH" and named and named[2]:
+            if self.headers.get("Content-Type") != "application/json-patch+json":
+                code, answer = 415, _status(415, "UnsupportedMediaType", "only JSON patches are served here")
+            else:
+                kind, namespace, name = named
+                code, answer = fake._patch(kind, name if namespace is None else f"{namespace}/{name}", json.loads(body))
+        elif not named or named[0] == "mutatingwebhookconfigurations" or (method == "POST") == bool(named[2]) \
+                or (method == "DELETE" and named[0] != "leases"):
             self._send_json(404, json.dumps(_status(404, "NotFound", f"{self.path} not found")).encode())
             return
-        obj = json.loads(body) if body and method != "DELETE" else {}
-        code, answer = fake._write(method, "leases", lease.group(1), lease.group(2), obj)
+        else:
+            obj = json.loads(body) if body and method != "DELETE" else {}
+            code, answer = fake._write(method, named[0], named[1], named[2], obj)
         fake.writes.append((method, self.path, code))
         self._send_json(code, json.dumps(answer).encode())
 

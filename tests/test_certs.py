@@ -1,5 +1,6 @@
 """Certificates the apiserver accepts, and a server context that follows rotated files."""
 import base64
+import datetime
 import ipaddress
 import os
 import ssl
@@ -120,3 +121,39 @@ def test_reloading_context_keeps_the_old_certificate_when_the_new_pair_is_broken
     certs.write_atomically(paths.key, b"not a key", 0o600)
     clock.now = 2.0
     assert reloading.current() is old
+
+
+# ----- when a kept certificate must be issued again (tls.mode selfManaged) -----------------------
+
+CA = certs.make_ca("kept CA")
+NAMES = certs.service_names("topo", "gpu-system")
+NOW = datetime.datetime.now(datetime.timezone.utc)
+
+
+def serving(ca=CA, names=NAMES):
+    return certs.make_serving_cert(*ca, names, [])
+
+
+@pytest.mark.parametrize("pair, at, names, reason", [
+    (serving(), NOW, NAMES, None),
+    (serving(), NOW, [*NAMES, "extra.example"], "it names topo, topo.gpu-system"),
+    (serving(), NOW + datetime.timedelta(days=certs.SERVING_DAYS - certs.RENEW_BEFORE_DAYS + 1), NAMES,
+     "within 30 days"),
+    (serving(certs.make_ca("another CA")), NOW, NAMES, "the CA did not sign it"),
+    ((serving()[0], serving()[1]), NOW, NAMES, "its key does not belong to the certificate"),
+    ((b"garbage", b"garbage"), NOW, NAMES, "cannot be read"),
+], ids=["good", "other names", "ending", "another CA", "another key", "unreadable"])
+def test_reissue_reason_says_why_a_serving_pair_is_issued_again(pair, at, names, reason):
+    said = certs.reissue_reason(*pair, CA[0], names, at)
+    assert said == reason if reason is None else reason in said
+
+
+@pytest.mark.parametrize("ca, at, problem", [
+    (CA, NOW, None),
+    (CA, NOW + datetime.timedelta(days=certs.CA_DAYS - 1), "within 30 days"),
+    ((CA[0], certs.make_ca("other")[1]), NOW, "its key does not belong to it"),
+    (serving(), NOW, "it is no CA"),
+], ids=["good", "ending", "another key", "a serving certificate"])
+def test_ca_problem_says_what_keeps_a_ca_from_signing(ca, at, problem):
+    said = certs.ca_problem(*ca, at)
+    assert said == problem if problem is None else problem in said

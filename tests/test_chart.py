@@ -42,7 +42,8 @@ SCHEMALESS_API_GROUPS = ("cert-manager.io/", "monitoring.coreos.com/")
 OWN_CA_BUNDLE = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
 
 VALUE_SETS = {
-    "defaults": {},
+    "defaults": {},  # tls.mode selfManaged
+    "generated": {"tls": {"mode": "generated"}},
     "cert-manager": {"tls": {"mode": "certManager"}, "crdCheck": False},
     "cert-manager-own-issuer": {"crdCheck": False, "tls": {"mode": "certManager", "certManager": {
         "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}},
@@ -137,7 +138,7 @@ def arg_after(container: dict, flag: str) -> str:
 # --- Helm's own checks ---------------------------------------------------------------------------
 
 # One value set per template branch; the others change scalars that the schema tests already cover.
-@pytest.mark.parametrize("case", ["defaults", "cert-manager", "cert-manager-own-issuer", "existing-secret", "platform-team",
+@pytest.mark.parametrize("case", ["defaults", "generated", "cert-manager", "cert-manager-own-issuer", "existing-secret", "platform-team",
                                   "no-match-conditions", "everything-on"])
 def test_lint_reports_no_errors(case):
     report = helm_python.lint(CHART_DIR, VALUE_SETS[case], namespace=NAMESPACE,
@@ -160,7 +161,7 @@ def test_match_conditions_on_a_cluster_older_than_1_30_are_refused_with_the_fix(
                  id="failurePolicy spelt wrong"),
     pytest.param({"webhook": {"timeoutSeconds": 60}}, "'/webhook/timeoutSeconds': maximum: got 60, want 30",
                  id="timeout above the apiserver's limit"),
-    pytest.param({"tls": {"mode": "selfSigned"}}, "'/tls/mode': value must be one of 'generated', 'certManager', 'existingSecret'",
+    pytest.param({"tls": {"mode": "selfSigned"}}, "'/tls/mode': value must be one of 'selfManaged', 'generated', 'certManager', 'existingSecret'",
                  id="unknown certificate mode"),
     pytest.param({"tls": {"mode": "existingSecret"}}, "'/tls/existingSecret/caBundle': minLength: got 0, want 1",
                  id="existing Secret without its CA"),
@@ -276,7 +277,7 @@ def test_config_change_rolls_the_pods():
 # --- Certificates --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("case, secret_name", [
-    ("defaults", f"{FULLNAME}-tls"), ("cert-manager", f"{FULLNAME}-tls"), ("existing-secret", "corp-webhook-tls")])
+    ("generated", f"{FULLNAME}-tls"), ("cert-manager", f"{FULLNAME}-tls"), ("existing-secret", "corp-webhook-tls")])
 def test_tls_secret_is_mounted_as_a_directory_so_rotation_reaches_the_server(case, secret_name):
     """kubelet swaps a Secret volume atomically through a symlink; a subPath mount never sees the swap."""
     for flag, key in (("--cert", "tls.crt"), ("--key", "tls.key")):
@@ -286,7 +287,7 @@ def test_tls_secret_is_mounted_as_a_directory_so_rotation_reaches_the_server(cas
         assert "subPath" not in mount and "subPathExpr" not in mount
 
 
-def generated_material(case: str = "defaults"):
+def generated_material(case: str = "generated"):
     secret = one(case, "Secret", f"{FULLNAME}-tls")
     assert secret["type"] == "kubernetes.io/tls"
     decode = lambda key: base64.b64decode(secret["data"][key])  # noqa: E731
@@ -310,11 +311,67 @@ def test_generated_ca_bundle_verifies_the_serving_certificate_for_every_service_
 
 
 def test_generated_ca_is_kept_in_its_own_secret_and_not_mounted():
-    ca_secret = one("defaults", "Secret", f"{FULLNAME}-ca")
+    ca_secret = one("generated", "Secret", f"{FULLNAME}-ca")
     ca_bundle, *_ = generated_material()
     assert base64.b64decode(ca_secret["data"]["tls.crt"]) == ca_bundle
-    volumes = one("defaults", "Deployment")["spec"]["template"]["spec"]["volumes"]
+    volumes = one("generated", "Deployment")["spec"]["template"]["spec"]["volumes"]
     assert all(v.get("secret", {}).get("secretName") != f"{FULLNAME}-ca" for v in volumes)
+
+
+def render_text(values: dict) -> dict[str, str]:
+    """A fresh render (never the cached one): file name -> text, as `helm template` prints it."""
+    return helm_python.Chart.load(CHART_DIR).render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_two_renders_of_the_default_values_are_byte_identical():
+    """GitOps tools (Argo CD, Flux) render on every sync: any difference is drift they never settle."""
+    assert render_text({}) == render_text({})
+    generated = {"tls": {"mode": "generated"}}  # what the default was: a new CA on every render
+    assert render_text(generated) != render_text(generated)
+
+
+SELF_MANAGED_SECRET = f"{FULLNAME}-self-managed-tls"
+
+
+def self_managed_target(case: str = "defaults"):
+    """What the server makes of the Deployment's arguments (webhook.cli, as `serve` parses them)."""
+    from webhook import cli
+    args = cli.build_parser().parse_args(webhook_container(case)["args"])
+    return cli.self_managed_tls(args)
+
+
+def test_self_managed_mode_renders_no_key_material_and_points_the_server_at_its_objects():
+    assert not objects("defaults", "Secret") and not objects("defaults", "Certificate")
+    assert all("caBundle" not in entry["clientConfig"] for entry in webhook_entries("defaults").values())
+    target = self_managed_target()
+    assert (target.namespace, target.secret) == (NAMESPACE, SELF_MANAGED_SECRET)
+    assert target.service == one("defaults", "Service")["metadata"]["name"]
+    assert target.webhook_configuration == one("defaults", "MutatingWebhookConfiguration")["metadata"]["name"]
+    assert sorted(target.dns_names) == sorted([*SERVICE_DNS_NAMES, "localhost"])
+    # The server writes the pair it took from the Secret into a memory-backed directory of its own.
+    for flag in ("--cert", "--key"):
+        volume, mount, _ = mounted_file("defaults", flag)
+        assert volume["emptyDir"]["medium"] == "Memory" and mount["readOnly"] is False
+    assert self_managed_target("generated") is None
+
+
+def test_self_managed_rbac_names_exactly_the_secret_and_the_webhook_configuration():
+    role = one("defaults", "Role", SELF_MANAGED_SECRET)
+    assert role["metadata"]["namespace"] == NAMESPACE
+    # create cannot be narrowed by resourceNames: Kubernetes authorizes a create before the name exists.
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [SELF_MANAGED_SECRET], "verbs": ["get", "update"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
+    assert rules_of("defaults", f"{FULLNAME}-ca-bundle") == [
+        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+         "resourceNames": [one("defaults", "MutatingWebhookConfiguration")["metadata"]["name"]],
+         "verbs": ["get", "patch"]}]
+    for kind, name in (("RoleBinding", SELF_MANAGED_SECRET), ("ClusterRoleBinding", f"{FULLNAME}-ca-bundle")):
+        binding = one("defaults", kind, name)
+        assert binding["roleRef"]["name"] == name
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    for case in ("generated", "cert-manager", "existing-secret"):  # only the webhook's own certificates need it
+        assert not [obj for obj in rendered(case) if obj["metadata"]["name"] in (SELF_MANAGED_SECRET, f"{FULLNAME}-ca-bundle")]
 
 
 def test_cert_manager_renews_the_serving_certificate_under_a_stable_ca():

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -35,6 +36,8 @@ CERT_FILE = "tls.crt"
 KEY_FILE = "tls.key"
 CA_DAYS = 3650
 SERVING_DAYS = 365
+# A serving certificate this close to its end is issued again (selfManaged mode, at start).
+RENEW_BEFORE_DAYS = 30
 
 
 class CertError(ValueError):
@@ -48,10 +51,10 @@ class CertPaths:
     key: str
 
 
-def service_names(service: str, namespace: str) -> list[str]:
+def service_names(service: str, namespace: str, cluster_domain: str = "cluster.local") -> list[str]:
     """DNS names the apiserver may use for the Service, plus localhost for local runs."""
     return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc",
-            f"{service}.{namespace}.svc.cluster.local", "localhost"]
+            f"{service}.{namespace}.svc.{cluster_domain}", "localhost"]
 
 
 def _name(common_name: str) -> x509.Name:
@@ -82,13 +85,14 @@ def make_ca(common_name: str, days: int = CA_DAYS) -> tuple[bytes, bytes]:
     return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
 
 
-def make_serving_cert(ca_cert_pem: bytes, ca_key_pem: bytes, dns_names: list[str],
-                      ip_addresses: list[str], days: int = SERVING_DAYS) -> tuple[bytes, bytes]:
-    """A server certificate signed by the CA, with the names as SANs: (certificate PEM, key PEM)."""
+def make_serving_cert(ca_cert_pem: bytes, ca_key_pem: bytes, dns_names: list[str], ip_addresses: list[str],
+                      days: int = SERVING_DAYS, now: datetime.datetime | None = None) -> tuple[bytes, bytes]:
+    """A server certificate signed by the CA, with the names as SANs, valid from `now` (default:
+    the current time): (certificate PEM, key PEM)."""
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
     ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = now or datetime.datetime.now(datetime.timezone.utc)
     sans = [x509.DNSName(n) for n in dns_names] + [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
     cert = (x509.CertificateBuilder()
             .subject_name(_name(dns_names[0])).issuer_name(ca_cert.subject)
@@ -102,6 +106,60 @@ def make_serving_cert(ca_cert_pem: bytes, ca_key_pem: bytes, dns_names: list[str
                            critical=False)
             .sign(ca_key, hashes.SHA256()))
     return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
+
+
+def _same_key(key: object, cert: x509.Certificate) -> bool:
+    raw = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return key.public_key().public_bytes(*raw) == cert.public_key().public_bytes(*raw)
+
+
+def ca_problem(ca_cert_pem: bytes, ca_key_pem: bytes, now: datetime.datetime | None = None,
+               renew_before_days: int = RENEW_BEFORE_DAYS) -> str | None:
+    """What keeps a CA from signing serving certificates, or None: it cannot be read, its key is
+    not the certificate's, it is no CA, or it ends within `renew_before_days`."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    try:
+        ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
+        ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
+        is_ca = ca_cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except (ValueError, TypeError, x509.ExtensionNotFound):
+        return "it or its key cannot be read as a CA"
+    if not _same_key(ca_key, ca_cert):
+        return "its key does not belong to it"
+    if not is_ca:
+        return "it is no CA"
+    if ca_cert.not_valid_after_utc - now < datetime.timedelta(days=renew_before_days):
+        return f"it ends at {ca_cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC, within {renew_before_days} days"
+    return None
+
+
+def reissue_reason(cert_pem: bytes, key_pem: bytes, ca_cert_pem: bytes, dns_names: list[str],
+                   now: datetime.datetime | None = None, renew_before_days: int = RENEW_BEFORE_DAYS) -> str | None:
+    """Why a serving pair must be issued again under this CA, or None while it is good: it cannot
+    be read, its key is not the certificate's, the CA did not sign it, it expires within
+    `renew_before_days`, or its DNS names are not exactly `dns_names`."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        key = serialization.load_pem_private_key(key_pem, password=None)
+        ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
+    except (ValueError, TypeError):
+        return "the certificate or its key cannot be read"
+    if not _same_key(key, cert):
+        return "its key does not belong to the certificate"
+    try:
+        cert.verify_directly_issued_by(ca_cert)
+    except (ValueError, TypeError, InvalidSignature):
+        return "the CA did not sign it"
+    if cert.not_valid_after_utc - now < datetime.timedelta(days=renew_before_days):
+        return f"it expires at {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC, within {renew_before_days} days"
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return "it names no DNS names"
+    if sorted(names.get_values_for_type(x509.DNSName)) != sorted(dns_names):
+        return f"it names {', '.join(names.get_values_for_type(x509.DNSName))}, not {', '.join(dns_names)}"
+    return None
 
 
 def write_atomically(path: str, data: bytes, mode: int = 0o644) -> None:

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import yaml
 
-from . import __version__, admission, certs, demo, discovery, logs
+from . import __version__, admission, certbootstrap, certs, demo, discovery, logs
 from .app import Readiness, create_app
 from .cluster import ClusterIndex
 from .claims import DEFAULT_BUDGET_SECONDS
@@ -114,10 +114,35 @@ def check_free(flag: str, text: str, address: tuple[str, int]) -> None:
                              f"the port: choose another with {flag} HOST:PORT") from None
 
 
-def serving_certs(args: argparse.Namespace) -> tuple[str, str]:
-    """--cert/--key, or development certificates in ./certs/ (generated once)."""
-    if bool(args.cert) != bool(args.key):
-        raise UsageError("--cert and --key go together: give both, or neither for development certificates")
+def self_managed_tls(args: argparse.Namespace) -> certbootstrap.SelfManagedTLS | None:
+    """Where --tls-secret keeps the certificates, or None without it."""
+    if not args.tls_secret:
+        for flag, value in (("--tls-service", args.tls_service), ("--webhook-configuration", args.webhook_configuration)):
+            if value:
+                raise UsageError(f"{flag} only goes with --tls-secret NAMESPACE/NAME")
+        return None
+    namespace, _, name = args.tls_secret.partition("/")
+    if not (_DNS_LABEL.fullmatch(namespace) and name):
+        raise UsageError(f"--tls-secret {args.tls_secret!r} is not NAMESPACE/NAME")
+    if not (args.cert and args.key):
+        raise UsageError("--tls-secret writes the serving certificate to --cert and --key: give both")
+    if not (args.tls_service and _DNS_LABEL.fullmatch(args.tls_service)):
+        raise UsageError("--tls-secret needs --tls-service NAME: the Service (in the Secret's namespace) that the "
+                         "certificate names")
+    if not args.webhook_configuration:
+        raise UsageError("--tls-secret needs --webhook-configuration NAME: the MutatingWebhookConfiguration whose "
+                         "caBundle gets the CA")
+    return certbootstrap.SelfManagedTLS(namespace, name, args.tls_service, args.webhook_configuration,
+                                        args.cluster_domain)
+
+
+def serving_certs(args: argparse.Namespace, target: certbootstrap.SelfManagedTLS | None) -> tuple[str, str]:
+    """--cert/--key (first filled from the Secret --tls-secret names), or development certificates
+    in ./certs/ (generated once)."""
+    if target is not None:
+        material = certbootstrap.ensure(api_client_from(args.kubeconfig), target, args.cert, args.key)
+        log.info("serving certificate from Secret %s/%s written to %s; caBundle of %s is its CA (sha256 %s)",
+                 target.namespace, target.secret, args.cert, target.webhook_configuration, material.ca_fingerprint)
     if args.cert:
         return args.cert, args.key
     paths = certs.ensure_dev_certs(DEV_CERT_DIR)
@@ -147,6 +172,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_free(flag, text, address)
     if args.client_ca and not os.path.isfile(args.client_ca):
         raise UsageError(f"--client-ca {args.client_ca}: no such file")
+    if bool(args.cert) != bool(args.key):
+        raise UsageError("--cert and --key go together: give both, or neither for development certificates")
+    target = self_managed_tls(args)
     live = live_source(args)
     if args.claims_namespace and not live:
         raise UsageError("--claims-namespace shares holds through the API: it needs the live cluster view")
@@ -160,7 +188,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cluster = None if live else read_cluster(args)
     if config.levels_auto:
         config = settled(config, listed_nodes(args.kubeconfig) if live else cluster[0], log.warning)
-    cert, key = serving_certs(args)
+    cert, key = serving_certs(args, target)
     options = ServeOptions(bind=args.bind, cert=cert, key=key, client_ca=args.client_ca,
                            max_body_bytes=config.max_body_bytes, multiprocess_dir=metrics_dir())
 
@@ -176,6 +204,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             index, readiness = file_index(config, cluster)
             app = create_app(config, index, readiness, metrics)
         start_metrics_server(metrics_bind, metrics.registry, app)
+        if target is not None:  # the worker keeps the certificate and the caBundle current while it serves
+            certbootstrap.keep_current(api_client_from(args.kubeconfig), target, cert, key)
         return app
 
     server = WebhookServer(build_app, options)  # loads the certificate: a bad one stops us here
@@ -302,6 +332,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="listen address (default: %(default)s)")
     serve.add_argument("--cert", metavar="FILE", help="serving certificate (PEM); reloaded when the file changes")
     serve.add_argument("--key", metavar="FILE", help="its private key (PEM)")
+    serve.add_argument("--tls-secret", metavar="NAMESPACE/NAME",
+                       help="keep a CA and the serving certificate in this Secret (created when missing, the "
+                            "certificate issued again when it expires within 30 days or names other hosts), write "
+                            "the certificate to --cert/--key and put the CA into --webhook-configuration's "
+                            "caBundle, before serving (the chart's tls.mode selfManaged)")
+    serve.add_argument("--tls-service", metavar="NAME",
+                       help="with --tls-secret: the Service, in the Secret's namespace, the certificate names")
+    serve.add_argument("--webhook-configuration", metavar="NAME",
+                       help="with --tls-secret: the MutatingWebhookConfiguration whose every webhook gets the CA")
+    serve.add_argument("--cluster-domain", metavar="DOMAIN", default="cluster.local",
+                       help="with --tls-secret: the cluster's DNS domain, for the Service's full name "
+                            "(default: %(default)s)")
     serve.add_argument("--workers", metavar="N", type=int, default=1,
                        help=f"worker processes: only 1 is allowed, with {THREADS_PER_WORKER} threads (its cluster "
                             "view and reservations are in that process; a second would book the same GPUs again)")

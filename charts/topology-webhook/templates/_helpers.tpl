@@ -60,6 +60,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- end -}}
 
+{{/* tls.mode selfManaged: the Secret the webhook keeps its CA and serving certificate in (not
+rendered: the first replica creates it). */}}
+{{- define "topology-webhook.selfManagedSecretName" -}}
+{{- include "topology-webhook.fullname" . }}-self-managed-tls
+{{- end -}}
+
 {{/* Every DNS name the apiserver may use for the Service; the serving certificate covers them all. */}}
 {{- define "topology-webhook.dnsNames" -}}
 {{- $svc := include "topology-webhook.fullname" . -}}
