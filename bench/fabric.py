@@ -7,6 +7,8 @@ are busy, shared by every policy.
 """
 from __future__ import annotations
 
+import bisect
+
 from dataclasses import dataclass, field
 
 from webhook.config import DEFAULT_PROFILES, HardwareProfile
@@ -109,8 +111,17 @@ def build_nodes(spec: ClusterSpec) -> list[dict]:
     return out
 
 
+DOMAIN_KEYS = ("leaf", "spine", "zone")
+
+
 class SimCluster:
-    """Which GPU ids are busy on which node; the single truth all policies and metrics read."""
+    """Which GPU ids are busy on which node; the single truth all policies and metrics read.
+
+    Besides the GPU ids it keeps, exactly and only through `take` and `give_back`, the counts the
+    policies and metrics ask for on every job, so none of them rescans every node: the nodes by free
+    GPU count (`by_free[f]`: node positions with f free, in node order, which is name order), each
+    domain's histogram of free counts (`histogram[key][domain][f]`), and how many nodes have f GPUs
+    free in one NVLink domain at most (`nvlink_histogram`)."""
 
     def __init__(self, spec: ClusterSpec) -> None:
         self.spec = spec
@@ -119,8 +130,25 @@ class SimCluster:
         self.nodes = [SimNode(o["metadata"]["name"], o["metadata"]["labels"][ZONE_LABEL],
                               o["metadata"]["labels"][SPINE_LABEL], o["metadata"]["labels"][LEAF_LABEL], domains)
                       for o in self.node_objects]
+        if [n.name for n in self.nodes] != sorted(n.name for n in self.nodes):
+            raise ValueError("node order must be name order: policies break ties by name through it")
         self.by_name = {n.name: n for n in self.nodes}
+        self.position = {n.name: i for i, n in enumerate(self.nodes)}
         self.used = 0
+        self.free_count = [GPUS_PER_NODE] * len(self.nodes)
+        self.by_free: list[list[int]] = [[] for _ in range(GPUS_PER_NODE + 1)]
+        self.by_free[GPUS_PER_NODE] = list(range(len(self.nodes)))
+        self.histogram: dict[str, dict[str, list[int]]] = {key: {} for key in DOMAIN_KEYS}
+        self.members: dict[str, dict[str, list[int]]] = {key: {} for key in DOMAIN_KEYS}  # node positions
+        for i, node in enumerate(self.nodes):
+            for key in DOMAIN_KEYS:
+                domain = getattr(node, key)
+                self.histogram[key].setdefault(domain, [0] * (GPUS_PER_NODE + 1))[GPUS_PER_NODE] += 1
+                self.members[key].setdefault(domain, []).append(i)
+        self.nvlink_histogram = [0] * (GPUS_PER_NODE + 1)
+        self.nvlink_free = [max(node.free_in_domains()) for node in self.nodes]
+        for free in self.nvlink_free:
+            self.nvlink_histogram[free] += 1
 
     def take(self, node: str, gpu_ids: tuple[int, ...]) -> None:
         sim = self.by_name[node]
@@ -128,10 +156,33 @@ class SimCluster:
             raise RuntimeError(f"GPUs {sorted(set(gpu_ids) - sim.free)} of {node} are already in use")
         sim.free.difference_update(gpu_ids)
         self.used += len(gpu_ids)
+        self._recount(self.position[node])
 
     def give_back(self, node: str, gpu_ids: tuple[int, ...]) -> None:
         self.by_name[node].free.update(gpu_ids)
         self.used -= len(gpu_ids)
+        self._recount(self.position[node])
+
+    def _recount(self, i: int) -> None:
+        node = self.nodes[i]
+        old, new = self.free_count[i], len(node.free)
+        if old != new:
+            self.by_free[old].pop(bisect.bisect_left(self.by_free[old], i))
+            bisect.insort(self.by_free[new], i)
+            self.free_count[i] = new
+            for key in DOMAIN_KEYS:
+                histogram = self.histogram[key][getattr(node, key)]
+                histogram[old] -= 1
+                histogram[new] += 1
+        nvlink = max(node.free_in_domains())
+        if nvlink != self.nvlink_free[i]:
+            self.nvlink_histogram[self.nvlink_free[i]] -= 1
+            self.nvlink_histogram[nvlink] += 1
+            self.nvlink_free[i] = nvlink
+
+    def fitting(self, key: str, domain: str, gpus_per_pod: int) -> int:
+        """Pods of `gpus_per_pod` GPUs the domain's nodes hold now, each pod whole on one node."""
+        return sum(count * (free // gpus_per_pod) for free, count in enumerate(self.histogram[key][domain]))
 
 
 def pick_gpus(node: SimNode, count: int) -> tuple[int, ...]:
@@ -175,18 +226,14 @@ def static_tightest(spec: ClusterSpec, pods: int, gpus_per_pod: int) -> int:
 
 
 def dynamic_tightest(cluster: SimCluster, pods: int, gpus_per_pod: int) -> int | None:
-    """The narrowest level at which some domain has room for the whole job now, checked over every
-    domain; None when nothing has room. Pod shape counts: a domain has room for pods that fit nodes."""
+    """The narrowest level at which some domain has room for the whole job now, over every domain
+    (from the cluster's counts); None when nothing has room. Pod shape counts: a domain has room for
+    pods that fit nodes."""
     if pods == 1:
-        if any(free >= gpus_per_pod for n in cluster.nodes for free in n.free_in_domains()):
+        if any(cluster.nvlink_histogram[gpus_per_pod:]):
             return NVLINK
-        return NODE if any(len(n.free) >= gpus_per_pod for n in cluster.nodes) else None
-    room: dict[tuple[str, str], int] = {}
-    for n in cluster.nodes:
-        if len(n.free) >= gpus_per_pod:
-            for key in ("leaf", "spine", "zone"):
-                room[key, getattr(n, key)] = room.get((key, getattr(n, key)), 0) + 1
+        return NODE if any(cluster.by_free[gpus_per_pod:]) else None
     for level, key in ((LEAF, "leaf"), (SPINE, "spine"), (ZONE, "zone")):
-        if any(count >= pods for (k, _), count in room.items() if k == key):
+        if any(sum(histogram[gpus_per_pod:]) >= pods for histogram in cluster.histogram[key].values()):
             return level
-    return CLUSTER if sum(1 for n in cluster.nodes if len(n.free) >= gpus_per_pod) >= pods else None
+    return CLUSTER if sum(len(nodes) for nodes in cluster.by_free[gpus_per_pod:]) >= pods else None

@@ -7,6 +7,7 @@ fabric.pick_gpus for every baseline (the device plugin's NVLink-aware preferred 
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import random
 from typing import Callable
@@ -20,7 +21,7 @@ from webhook.model import Outcome, PlacementRequest, Strategy
 from webhook.placer import place
 
 from .costmodel import Network
-from .fabric import SimCluster, SimNode, pick_gpus
+from .fabric import GPUS_PER_NODE, SimCluster, SimNode, pick_gpus
 from .traces import Job
 
 # One pod's placement: (node name, GPU ids).
@@ -59,27 +60,43 @@ class NodeScorer(Policy):
         self.score = score  # (free GPUs, GPUs asked) -> higher is better; None = every node ties
 
     def place(self, job: Job) -> list[PodPlacement] | None:
+        cluster, ask = self.cluster, job.gpus_per_pod
         taken: dict[str, set[int]] = {}
+        lowered: dict[int, int] = {}  # node position -> free GPUs once this job's earlier pods hold theirs
         pods: list[PodPlacement] = []
         for _ in range(job.pods):
-            best: list[SimNode] = []
-            best_score = None
-            for node in self.cluster.nodes:
-                free = len(node.free) - len(taken.get(node.name, ()))
-                if free < job.gpus_per_pod:
-                    continue
-                score = self.score(free, job.gpus_per_pod) if self.score else 0.0
-                if best_score is None or score > best_score:
-                    best, best_score = [node], score
-                elif score == best_score:
-                    best.append(node)
-            if not best:
+            # The nodes kube-scheduler would tie on, in node order: those with the best-scoring free
+            # count, read from the cluster's nodes by free count (scores depend on it alone).
+            counts = [f for f in range(ask, GPUS_PER_NODE + 1)
+                      if any(i not in lowered for i in cluster.by_free[f]) or f in lowered.values()]
+            if not counts:
                 return None
-            node = self.rng.choice(best)
-            ids = _pick_excluding(node, taken.get(node.name, set()), job.gpus_per_pod)
+            if self.score is not None:
+                top = max(self.score(f, ask) for f in counts)
+                counts = [f for f in counts if self.score(f, ask) == top]
+            node = cluster.nodes[self._tied_pick(counts, lowered)]
+            ids = _pick_excluding(node, taken.get(node.name, set()), ask)
             taken.setdefault(node.name, set()).update(ids)
+            position = cluster.position[node.name]
+            lowered[position] = lowered.get(position, cluster.free_count[position]) - ask
             pods.append((node.name, ids))
         return pods
+
+
+    def _tied_pick(self, counts: list[int], lowered: dict[int, int]) -> int:
+        """rng.choice over the tied nodes in node order (the same draw as on the list itself). One
+        free count with none of this job's nodes lowered into it, the usual case, is read in place."""
+        buckets = self.cluster.by_free
+        if len(counts) == 1 and counts[0] not in lowered.values():
+            bucket = buckets[counts[0]]
+            skipped = sorted(bisect.bisect_left(bucket, i) for i in lowered if self.cluster.free_count[i] == counts[0])
+            k = self.rng._randbelow(len(bucket) - len(skipped))  # what rng.choice draws for that length
+            for at in skipped:  # the k-th of the bucket without the skipped positions
+                if at <= k:
+                    k += 1
+            return bucket[k]
+        return self.rng.choice(sorted([i for f in counts for i in buckets[f] if i not in lowered]
+                                      + [i for i, f in lowered.items() if f in counts]))
 
 
 def _pick_excluding(node: SimNode, taken: set[int], count: int) -> tuple[int, ...]:
@@ -114,43 +131,40 @@ class KueueBestFit(Policy):
     LEVELS = ("zone", "spine", "leaf")
 
     def place(self, job: Job) -> list[PodPlacement] | None:
-        count = {n.name: len(n.free) // job.gpus_per_pod for n in self.cluster.nodes}
+        cluster, gpus = self.cluster, job.gpus_per_pod
         if job.pods == 1:
-            fitting = sorted((c, name) for name, c in count.items() if c >= 1)
-            if not fitting:
+            # LeastFreeCapacity: the fewest pods that fit, then the first name (node order is name order)
+            fits = [(f // gpus, cluster.by_free[f][0]) for f in range(gpus, GPUS_PER_NODE + 1) if cluster.by_free[f]]
+            if not fits:
                 return None
-            name = fitting[0][1]
-            return [(name, pick_gpus(self.cluster.by_name[name], job.gpus_per_pod))]
-        chosen = self._pick_level(job.pods, count)
+            name = cluster.nodes[min(fits)[1]].name
+            return [(name, pick_gpus(cluster.by_name[name], gpus))]
+        chosen = self._pick_level(job.pods, gpus)
         if chosen is None:
             return None
         level, domains = chosen
         # Phase 2b: pool the children of every chosen domain and re-run the greedy pick per level.
         for child_level in self.LEVELS[self.LEVELS.index(level) + 1:] + ("node",):
-            pool = {}
-            for node in self.cluster.nodes:
-                if getattr(node, level) in domains:
+            pool: dict[str, int] = {}
+            for domain in domains:
+                for i in cluster.members[level][domain]:
+                    node = cluster.nodes[i]
                     key = node.name if child_level == "node" else getattr(node, child_level)
-                    pool[key] = pool.get(key, 0) + count[node.name]
+                    pool[key] = pool.get(key, 0) + cluster.free_count[i] // gpus
             domains = _greedy_best_fit(pool, job.pods)
-            level = child_level if child_level != "node" else "name"
-        return [(name, pick_gpus(self.cluster.by_name[name], job.gpus_per_pod))
+            level = child_level
+        return [(name, pick_gpus(cluster.by_name[name], gpus))
                 for name, pods in sorted(domains.items()) for _ in range(pods)]
 
-    def _pick_level(self, pods: int, count: dict[str, int]) -> tuple[str, dict[str, int]] | None:
+    def _pick_level(self, pods: int, gpus: int) -> tuple[str, dict[str, int]] | None:
         """Phase 2a: BestFit at the preferred level (leaf), one level up while nothing fits."""
         for level in reversed(self.LEVELS):
-            per_domain: dict[str, int] = {}
-            for node in self.cluster.nodes:
-                key = getattr(node, level)
-                per_domain[key] = per_domain.get(key, 0) + count[node.name]
-            fitting = [(c, name) for name, c in per_domain.items() if c >= pods]
+            fitting = [(c, name) for name in self.cluster.histogram[level]
+                       if (c := self.cluster.fitting(level, name, gpus)) >= pods]
             if fitting:
                 c, name = min(fitting)
                 return level, {name: pods}
-        top = {}
-        for node in self.cluster.nodes:
-            top[node.zone] = top.get(node.zone, 0) + count[node.name]
+        top = {zone: self.cluster.fitting("zone", zone, gpus) for zone in self.cluster.histogram["zone"]}
         gathered = _greedy_best_fit(top, pods)
         return ("zone", gathered) if gathered else None
 

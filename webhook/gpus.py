@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+import functools
+
 import re
 from typing import Iterable, Mapping
 
@@ -17,6 +19,7 @@ from .model import GPU_RESOURCE
 NVLINK_DOMAINS_ANNOTATION = "topology.scheduler/nvlink-domains"
 
 
+@functools.lru_cache(maxsize=4096)  # every bound pod's GPU hint is parsed; few distinct strings exist
 def parse_nvlink_domains(text: str) -> tuple[tuple[int, ...], ...]:
     """`0-3,4-7` -> ((0, 1, 2, 3), (4, 5, 6, 7)). Raises ValueError naming the bad part."""
     domains: list[tuple[int, ...]] = []
