@@ -220,12 +220,22 @@ def _tightest_node(subset: TopologyTree, scope: Member, need: int, gpus: int) ->
     while member.children:
         kids = [c for c in member.children.values() if c.has_free(best)]
         if not kids[0].children:  # nodes, the tree's leaves
-            # Among equally full nodes, one whose NVLink domain holds the pod whole wins.
-            return min(kids, key=lambda n: (not _aligned(n, gpus), n.name))
-        # Where small jobs already run, then the fullest: the gaps of a domain that a big job
-        # holds would break that domain up when the job ends (bench/RESULTS.md measures this).
-        member = min(kids, key=lambda d: (-d.partly_used, d.fits(gpus), d.free_gpus, d.path))
+            return min(kids, key=lambda n: aligned_first(n, gpus))
+        member = min(kids, key=lambda d: with_small_jobs_first(d, gpus))
     return member
+
+
+def aligned_first(node: NodeState, gpus: int) -> tuple:
+    """Rule for a single-node pod among equally full nodes: one whose NVLink domain holds the pod
+    whole wins."""
+    return not _aligned(node, gpus), node.name
+
+
+def with_small_jobs_first(domain: Member, gpus: int) -> tuple:
+    """Rule for a single-node pod on its way down the tree: where small jobs already run, then the
+    fullest. The gaps of a domain that a big job holds would break that domain up when the job
+    ends (bench/RESULTS.md measures this)."""
+    return -domain.partly_used, domain.fits(gpus), domain.free_gpus, domain.path
 
 
 def _aligned(node: NodeState, gpus: int) -> bool:
