@@ -12,6 +12,7 @@ import dataclasses
 import random
 from typing import Callable
 
+from webhook import bestfit, placement
 from webhook.cluster import ClusterIndex
 from webhook.injection import GPU_IDS as GPU_IDS_ANNOTATION
 from webhook.config import Config
@@ -258,3 +259,40 @@ class Ours(Policy):
         return [make_pod(f"{job.job_id}-{i}", node, len(ids), namespace="sim",
                          annotations={GPU_IDS_ANNOTATION: format_gpu_set(ids)})
                 for i, (node, ids) in enumerate(pods)]
+
+
+# Our rules that an ablation switches off, one at a time: where each lives, and what replaces it
+# (the same order without that rule's term). Bench only: the core has no switches.
+ABLATIONS: dict[str, tuple[object, str, Callable]] = {
+    # a single-node pod goes to a node whose NVLink domain holds it whole, among equally full ones
+    "aligned-first": (placement, "aligned_first", lambda node, gpus: node.name),
+    # a single-node pod goes down the tree where small jobs already run (else: the fullest first)
+    "small-jobs-first": (placement, "with_small_jobs_first",
+                         lambda domain, gpus: (domain.fits(gpus), domain.free_gpus, domain.path)),
+    # among equally fitting domains, a multi-node job takes the one with fewer partly used nodes
+    # (the key keeps its shape: the order reads the path from its fourth place)
+    "fewer-partly-used": (bestfit._KEYS, bestfit.FIT,
+                          lambda domain, gpus: (domain.cap[gpus] if gpus < len(domain.cap) else 0, 0,
+                                                domain.free_gpus, domain.path)),
+}
+
+
+class Without(Ours):
+    """Ours with one rule of ABLATIONS switched off, for the length of each decision (the pool's
+    worker processes run other policies between decisions, so nothing stays switched)."""
+
+    def __init__(self, rule: str, network: Network) -> None:
+        super().__init__(Strategy.CONSOLIDATED, network)
+        self.rule = rule
+        self.name = f"ours without {rule}"
+
+    def place(self, job: Job) -> list[PodPlacement] | None:
+        where, name, replacement = ABLATIONS[self.rule]
+        table = where if isinstance(where, dict) else vars(where)
+        kept = table[name]
+        table[name] = replacement
+        try:
+            return super().place(job)
+        finally:
+            table[name] = kept
+

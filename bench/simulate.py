@@ -24,8 +24,8 @@ from bench import report  # noqa: E402
 from bench.costmodel import Network  # noqa: E402
 from bench.engine import Workload, run  # noqa: E402
 from bench.fabric import HARDWARE, ClusterSpec  # noqa: E402
-from bench.policies import (BySize, KueueBestFit, Ours, Policy, least_allocated, most_allocated,  # noqa: E402
-                            random_fit)
+from bench.policies import (ABLATIONS, BySize, KueueBestFit, Ours, Policy, Without,  # noqa: E402
+                            least_allocated, most_allocated, random_fit)
 from bench.traces import TraceError, load_csv, sample_stream  # noqa: E402
 from webhook.model import Strategy  # noqa: E402
 
@@ -45,6 +45,7 @@ def make_policy(key: str, network: Network) -> Policy:
               "ours-consolidated": ours, "ours-distributed": lambda: Ours(Strategy.DISTRIBUTED, network),
               "ours-single+kueue-multi": lambda: BySize("ours single-pod, Kueue multi-pod", ours(), KueueBestFit()),
               "kueue-single+ours-multi": lambda: BySize("Kueue single-pod, ours multi-pod", KueueBestFit(), ours())}
+    makers.update({f"ours-without-{rule}": (lambda rule=rule: Without(rule, network)) for rule in ABLATIONS})
     return makers[key]()
 
 

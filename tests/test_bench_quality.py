@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from bench import costmodel, engine, evaluate, fabric, policies, simulate, traces
+from bench import ablation, costmodel, engine, evaluate, fabric, policies, simulate, traces
 from webhook.model import PlacementRequest, Strategy
 from webhook.placer import place
 
@@ -291,3 +291,39 @@ def test_evaluation_refuses_bad_arguments(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:
         evaluate.main(argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_each_ablated_rule_is_off_only_inside_its_variants_decisions():
+    """A rule switched off for one decision is back on after it, even when the decision fails."""
+    for rule, (where, name, _) in policies.ABLATIONS.items():
+        table = where if isinstance(where, dict) else vars(where)
+        original = table[name]
+        variant = policies.Without(rule, costmodel.Network())
+        seen = []
+
+        def spy(_policy, job, table=table, name=name):
+            seen.append(table[name])
+            raise policies.NeverFits("stop here")
+
+        variant_place = policies.Ours.place
+        try:
+            policies.Ours.place = spy
+            with pytest.raises(policies.NeverFits):
+                variant.place(None)
+        finally:
+            policies.Ours.place = variant_place
+        assert seen and seen[0] is not original and table[name] is original
+
+
+def test_ablation_pairs_ours_with_each_rule_off_and_reads_every_row(capsys):
+    assert ablation.main(["--quick", "--seeds", "7", "8", "--processes", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [[c.strip() for c in line.strip("| ").split("|")] for line in out.splitlines()
+            if line.startswith("| helios_all")]
+    assert {r[3] for r in rows} == set(policies.ABLATIONS)
+    for row in rows:
+        low, high = (float(v) for v in row[5].strip("[]").split(","))
+        assert low <= float(row[4]) <= high and row[6].endswith("/2")
+        helps = high < 0 if row[2] != "allocation" else low > 0
+        hurts = low > 0 if row[2] != "allocation" else high < 0
+        assert row[7].strip("*") == ("helps" if helps else "hurts" if hurts else "no effect seen")
