@@ -8,6 +8,7 @@ lies on the side of having the rule, "hurts" on the other side, "no effect seen"
     .venv/bin/python bench/ablation.py                  # main grid, 512 GPUs, 8 fresh seeds
     .venv/bin/python bench/ablation.py --write          # also into bench/RESULTS.md
     .venv/bin/python bench/ablation.py --seeds 12 34    # repeat a run
+    .venv/bin/python bench/ablation.py --hardware h100-pcie   # nodes of 2-GPU NVLink pairs
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import evaluate, protocol, simulate  # noqa: E402
+from bench.fabric import HARDWARE  # noqa: E402
 from bench.policies import ABLATIONS  # noqa: E402
 
 WORDS = {"ahead": "helps", "behind": "hurts", "level": "no effect seen"}
@@ -49,8 +51,8 @@ def rows(results, cells, seeds, rng: random.Random) -> list[tuple]:
     return out
 
 
-def render(found, seeds, gpus: int, wall_s: float, command: str) -> str:
-    lines = [f"### Ablation: what each rule buys, {gpus} GPUs", "",
+def render(found, seeds, gpus: int, hardware: str, wall_s: float, command: str) -> str:
+    lines = [f"### Ablation: what each rule buys, {gpus} GPUs, {hardware} nodes", "",
              f"`{command}` ({len(seeds)} fresh streams per cell; {wall_s:.0f} s wall). Each row pairs ours with all "
              "rules on against ours with one rule off, on the same streams: mean of with - without (all-reduce ms "
              "of 1 GB, lower is better; allocation in GPU-% points at overload, higher is better), its 95% "
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--n-seeds", type=int, default=8)
     group.add_argument("--seeds", type=int, nargs="+")
+    parser.add_argument("--hardware", choices=sorted(HARDWARE), default="h100",
+                        help="node type (default: %(default)s, one 8-GPU NVLink domain per node)")
     parser.add_argument("--quick", action="store_true", help="the quick cluster and stream; for tests")
     parser.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--write", action="store_true", help="put the result into bench/RESULTS.md")
@@ -87,19 +91,19 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds or evaluate.fresh_seeds(args.n_seeds)
     print(f"seeds {' '.join(map(str, seeds))}", flush=True)
     keys = (evaluate.OURS, *(f"ours-without-{rule}" for rule in ABLATIONS))
-    tasks = [(simulate.Scenario("main", trace, load, seed=seed), key, settings)
+    tasks = [(simulate.Scenario("main", trace, load, hardware=args.hardware, seed=seed), key, settings)
              for trace, load in cells for seed in seeds for key in keys]
     began = time.perf_counter()
     with multiprocessing.Pool(args.processes) as pool:
         results = {(s.trace, s.load, s.seed, key): summary
                    for s, key, summary in pool.imap_unordered(simulate.run_one, tasks)}
-    section = render(rows(results, cells, seeds, random.Random(0)), seeds, settings.spec.gpus,
-                     time.perf_counter() - began,
-                     f"bench/ablation.py --gpus {settings.spec.gpus} --seeds {' '.join(map(str, seeds))}")
+    section = render(rows(results, cells, seeds, random.Random(0)), seeds, settings.spec.gpus, args.hardware,
+                     time.perf_counter() - began, f"bench/ablation.py --gpus {settings.spec.gpus} --hardware "
+                     f"{args.hardware} --seeds {' '.join(map(str, seeds))}")
     print(section)
     if args.write:
         evaluate.write_into(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"), section,
-                            f"{MARK} {settings.spec.gpus}")
+                            f"{MARK} {settings.spec.gpus} {args.hardware}")
     return 0
 
 
