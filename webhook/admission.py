@@ -204,10 +204,10 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
             *wanted.warnings, f"{who} is suspended: nothing is placed or held until it is un-suspended"])
     key = _reservation_key(request, obj)
     if wanted.request is None:
-        joined = group_decision(index, key) if workload.group_of(kind, obj, request.namespace) else None
-        if joined is not None:  # a launcher or head of a placed group: kept with it, holding no GPU
-            return _result(request, "placed", decision=joined, mutated=mutation.mutate(obj, kind, joined, config, key),
-                           warnings=[*wanted.warnings, f"{who} asks for no GPU; pinned with {joined.request.workload}"])
+        group = group_decision(index, key) if workload.group_of(kind, obj, request.namespace) else None
+        if group is not None:  # a launcher or head of a placed group: kept with it, holding no GPU
+            return _result(request, "placed", decision=group, mutated=mutation.mutate(obj, kind, group, config, key),
+                           warnings=[*wanted.warnings, f"{who} asks for no GPU; pinned with {group.request.workload}"])
         mutated = mutation.mutate(obj, kind, None, config)
         return _result(request, "ignored", mutated=mutated, warnings=[
             *wanted.warnings, f"{who} {wanted.idle}"])
