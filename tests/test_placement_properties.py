@@ -196,3 +196,16 @@ def test_max_domain_is_a_ceiling_the_decision_never_crosses(nodes, shape, ceilin
     assert decision.outcome is Outcome.PLACED and decision.scope.level >= depth
     paths = {name: path + (name,) for name, path, _, _ in nodes}
     assert len({paths[a.node][: depth + 1] for a in decision.assignment}) == 1
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(), requests)
+def test_a_wait_names_the_node_closest_to_fitting_as_a_scan_of_every_node_would(nodes, shape):
+    pods, gpus = shape
+    decision = place(build(nodes), PlacementRequest("Job p/x", pods, gpus, Strategy.CONSOLIDATED))
+    able = [(name, path, g - used) for name, path, g, used in nodes if g >= gpus * pods]
+    if decision.outcome is not Outcome.WAIT or not able:
+        return
+    # Most pods fitting now, then most free GPUs, then the first by rack and name.
+    best = min(able, key=lambda n: (-(n[2] // gpus), -n[2], n[1], n[0]))
+    assert decision.scope.level_name == "node" and decision.scope.path[-1][1] == best[0], (decision.scope, best)

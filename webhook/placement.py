@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
 from typing import Iterable, Iterator, Union
 
@@ -505,10 +506,8 @@ def _waiting(subset: TopologyTree, request: PlacementRequest, chain: list[Member
     gpus, pods = request.gpus_per_pod, request.pods
     target: Member | None = None
     for scope in chain:
-        nodes = [n for n in _nodes_under(scope) if n.fits_idle(gpus) >= pods]
-        if nodes:
-            # Closest to fitting now, then where terminating pods free the most soon.
-            target = min(nodes, key=lambda n: (-n.fits(gpus), -((n.free + n.freeing) // gpus), -n.free, n.name))
+        target = _node_first_to_fit(scope, gpus, pods)
+        if target is not None:
             break
         for level in range(len(subset.levels) - 1, scope.ref.level, -1):
             able = [d for d in _at_level(scope, level) if d.fits_idle(gpus) >= pods]
@@ -529,12 +528,52 @@ def _waiting(subset: TopologyTree, request: PlacementRequest, chain: list[Member
         reasons.append(f"{len(out)} GPU node(s) out of service for now may return: " + ", ".join(
             f"{name} ({why})" for name, why in out[:5]) + (", ..." if len(out) > 5 else ""))
     for level in range(len(subset.levels) - 1, -1, -1):
-        ranked = sorted(subset.levels[level].values(), key=lambda d: (-d.fits(gpus), d.path))[:3]
+        ranked = heapq.nsmallest(3, subset.levels[level].values(), key=lambda d: (-d.fits(gpus), d.path))
         if ranked:
             reasons.append(f"{subset.config.levels[level].name}: " + ", ".join(
                 f"{d.ref.name} {min(d.fits(gpus), pods)} of {pods} pods fit" for d in ranked))
     return Decision(Outcome.WAIT, request, target.ref, domains=(target.ref,),
                     requirements=_requirements(subset, target), code=NO_ROOM_NOW, reasons=tuple(reasons))
+
+
+def _node_first_to_fit(scope: Member, gpus: int, pods: int) -> NodeState | None:
+    """The node under `scope` that holds all `pods` once idle and is closest to fitting now: the
+    most pods fitting, then the most GPUs once terminating pods are gone, then the most free GPUs,
+    then the first by rack and name. None if no node could ever hold them.
+
+    Best first, not a scan of every node: a domain's priority, from its freest node and every GPU
+    being freed beneath it, is never worse than that of a node beneath it, so the first node taken
+    off the heap is the answer, and a wait on a full cluster looks at the domains on the way to it."""
+    need = gpus * pods  # a node holds all pods once idle iff alloc >= need: ever[need] > 0 below
+    if not scope.fits_idle(need):
+        return None
+    if not scope.children:
+        return scope  # a preferred node
+    tie = itertools.count()
+    heap: list = [(_node_bound(scope, gpus), scope.path, "", next(tie), scope)]
+    while heap:
+        member = heapq.heappop(heap)[-1]
+        if not member.children:
+            return member
+        for child in member.children.values():
+            if not child.fits_idle(need):
+                continue
+            if child.children:
+                heapq.heappush(heap, (_node_bound(child, gpus), child.path, "", next(tie), child))
+            else:
+                free = child.free
+                key = (-(free // gpus), -((free + child.freeing) // gpus), -free)
+                heapq.heappush(heap, (key, member.path, child.name, next(tie), child))
+    return None
+
+
+def _node_bound(domain: Domain, gpus: int) -> tuple[int, int, int]:
+    """The best key any node below could have: its freest node's, with all GPUs being freed below."""
+    hist = domain.free_hist
+    top = len(hist) - 1
+    while top and not hist[top]:
+        top -= 1
+    return -(top // gpus), -((top + domain.freeing) // gpus), -top
 
 
 def _exclusions(index: TopologyTree, request: PlacementRequest) -> str:
