@@ -104,7 +104,7 @@ def write_into(path: str, section: str, label: object) -> None:
     block = f"{begin}\n{section}{end}\n"
     if begin in text:
         head, rest = text.split(begin, 1)
-        text = head + block + rest.split(end, 1)[1].lstrip("\n")
+        text = head + block + "\n" + rest.split(end, 1)[1].lstrip("\n")
     else:
         title, _, rest = text.partition("\n")
         text = f"{title}\n\n{block}{rest}"
