@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import itertools
 import math
 from typing import Iterable, Iterator, Union
 
@@ -549,8 +548,8 @@ def _node_first_to_fit(scope: Member, gpus: int, pods: int) -> NodeState | None:
         return None
     if not scope.children:
         return scope  # a preferred node
-    tie = itertools.count()
-    heap: list = [(_node_bound(scope, gpus), scope.path, "", next(tie), scope)]
+    # Priorities are unique (paths and node names are), so members themselves are never compared.
+    heap: list = [(_node_bound(scope, gpus), scope.path, "", scope)]
     while heap:
         member = heapq.heappop(heap)[-1]
         if not member.children:
@@ -559,11 +558,9 @@ def _node_first_to_fit(scope: Member, gpus: int, pods: int) -> NodeState | None:
             if not child.fits_idle(need):
                 continue
             if child.children:
-                heapq.heappush(heap, (_node_bound(child, gpus), child.path, "", next(tie), child))
+                heapq.heappush(heap, (_node_bound(child, gpus), child.path, "", child))
             else:
-                free = child.free
-                key = (-(free // gpus), -((free + child.freeing) // gpus), -free)
-                heapq.heappush(heap, (key, member.path, child.name, next(tie), child))
+                heapq.heappush(heap, (_wait_key(child.free, child.freeing, gpus), member.path, child.name, child))
     return None
 
 
@@ -573,7 +570,12 @@ def _node_bound(domain: Domain, gpus: int) -> tuple[int, int, int]:
     top = len(hist) - 1
     while top and not hist[top]:
         top -= 1
-    return -(top // gpus), -((top + domain.freeing) // gpus), -top
+    return _wait_key(top, domain.freeing, gpus)
+
+
+def _wait_key(free: int, freeing: int, gpus: int) -> tuple[int, int, int]:
+    """Closest to fitting first: pods fitting now, then once terminating pods are gone, then free GPUs."""
+    return -(free // gpus), -((free + freeing) // gpus), -free
 
 
 def _exclusions(index: TopologyTree, request: PlacementRequest) -> str:
