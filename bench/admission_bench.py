@@ -1,6 +1,6 @@
 """Admission latency and throughput through gunicorn over TLS, against an empty handler.
 
-Starts two servers with the same gunicorn settings (webhook.server: 1 worker, gthread, TLS):
+Starts two servers with the same gunicorn settings (webhook.serving.server: 1 worker, gthread, TLS):
 the webhook with a 10k-node cluster loaded, and an empty Flask handler that only parses the
 review and echoes its uid. Each is driven over kept-alive TLS connections, as the apiserver
 does, first closed-loop at concurrency 1, 8 and 32 (throughput, p50, p99), then open-loop at a
@@ -54,10 +54,12 @@ TREE_ENV = "ADMISSION_BENCH_TREE"  # --compare-with sets it: the checkout whose 
 ROOT = pathlib.Path(os.environ.get(TREE_ENV) or HERE)
 sys.path.insert(0, str(ROOT))
 
-from webhook import admission, certs, demo  # noqa: E402
-from webhook.admission import make_review  # noqa: E402
+from webhook.objects import admission  # noqa: E402
+from webhook.serving import certs
+from webhook.kube import demo
+from webhook.objects.admission import make_review  # noqa: E402
 from webhook.cli import file_index  # noqa: E402
-from webhook.config import Config  # noqa: E402
+from webhook.core.config import Config  # noqa: E402
 
 WORKLOAD_NAMES = 500  # reviews cycle over these, so re-placements replace reservations, not pile up
 START_TIMEOUT_SECONDS = 180
@@ -384,7 +386,7 @@ def serve_empty(bind: str, cert: str, key: str) -> None:
     answers allowed, with no placement and no metrics."""
     from flask import Flask, Response, request
 
-    from webhook.server import ServeOptions, WebhookServer
+    from webhook.serving.server import ServeOptions, WebhookServer
 
     def build_app():
         app = Flask("empty")

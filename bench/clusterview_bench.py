@@ -56,7 +56,7 @@ def rss_mib() -> float:
 def serve_fake(conn, nodes: int) -> None:
     """Build the cluster, serve it, and run churn commands sent over `conn` until told to stop."""
     from bench.fakeapiserver import FakeApiServer
-    from webhook.demo import leaf_spine_nodes, make_pod
+    from webhook.kube.demo import leaf_spine_nodes, make_pod
 
     server = FakeApiServer(bookmark_interval=5.0)
     pods = []
@@ -97,7 +97,7 @@ def serve_fake(conn, nodes: int) -> None:
 
 def bench_job() -> dict:
     """A Job of 2 pods x 2 GPUs that asks to be consolidated."""
-    from webhook.model import GPU_RESOURCE
+    from webhook.core.model import GPU_RESOURCE
 
     container = {"name": "main", "image": "nvcr.io/nvidia/pytorch:24.01-py3",
                  "resources": {"limits": {GPU_RESOURCE: "2"}}}
@@ -112,13 +112,13 @@ def bench_job() -> dict:
 def measure(nodes: int) -> dict:
     from kubernetes.client import ApiClient, Configuration
 
-    from webhook.admission import make_review
-    from webhook.app import create_app
-    from webhook.clusterview import ApiFeed
-    from webhook.config import MUTATE_PATH, Config
-    from webhook.metrics import Metrics
-    from webhook.model import PlacementRequest, Strategy
-    from webhook.placer import place_and_reserve
+    from webhook.objects.admission import make_review
+    from webhook.serving.app import create_app
+    from webhook.kube.clusterview import ApiFeed
+    from webhook.core.config import MUTATE_PATH, Config
+    from webhook.serving.metrics import Metrics
+    from webhook.core.model import PlacementRequest, Strategy
+    from webhook.core.placer import place_and_reserve
 
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe()

@@ -13,7 +13,7 @@ import heapq
 import time
 from dataclasses import dataclass, field
 
-from webhook.config import HardwareProfile
+from webhook.core.config import HardwareProfile
 
 from .costmodel import Network, allreduce_seconds, ideal_placement
 from .fabric import ClusterSpec, SimCluster, dynamic_tightest, span_level, static_tightest

@@ -1,7 +1,7 @@
 """The simulated cluster: zones > spines > leaves > nodes > NVLink domains > GPUs.
 
 The layout is synthetic (no shippable trace records racks; traces-and-metrics.md 1.1). Nodes are
-built as real Node objects with webhook.demo.make_node, so our placement core reads exactly what it
+built as real Node objects with webhook.kube.demo.make_node, so our placement core reads exactly what it
 would read from the API server; `SimCluster` is the simulator's own ground truth of which GPU ids
 are busy, shared by every policy.
 """
@@ -11,9 +11,9 @@ import bisect
 
 from dataclasses import dataclass, field
 
-from webhook.config import DEFAULT_PROFILES, HardwareProfile
-from webhook.demo import make_node
-from webhook.gpus import NVLINK_DOMAINS_ANNOTATION, format_nvlink_domains, parse_nvlink_domains
+from webhook.core.config import DEFAULT_PROFILES, HardwareProfile
+from webhook.kube.demo import make_node
+from webhook.core.gpus import NVLINK_DOMAINS_ANNOTATION, format_nvlink_domains, parse_nvlink_domains
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 SPINE_LABEL = "topology.scheduler/spine"
@@ -26,7 +26,7 @@ SPAN_NAMES = ("nvlink-domain", "node", "leaf", "spine", "zone", "cluster")
 
 
 def profile_named(name: str) -> HardwareProfile:
-    """A hardware profile of webhook/config.py by name (the figures are never copied here)."""
+    """A hardware profile of webhook/core/config.py by name (the figures are never copied here)."""
     for profile in DEFAULT_PROFILES:
         if profile.name == name:
             return profile
@@ -39,7 +39,7 @@ class Hardware:
 
     key: str  # scenario name used in RESULTS.md
     product: str  # nvidia.com/gpu.product label value
-    profile_name: str  # the webhook/config.py profile that product matches
+    profile_name: str  # the webhook/core/config.py profile that product matches
     nvlink_domains: str  # topology.scheduler/nvlink-domains annotation value
 
     @property

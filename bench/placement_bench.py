@@ -16,11 +16,11 @@ import random
 import statistics
 import time
 
-from webhook.cluster import ClusterIndex
-from webhook.config import Config
-from webhook.demo import make_node, make_pod
-from webhook.model import PlacementRequest, Strategy
-from webhook.placer import place
+from webhook.core.cluster import ClusterIndex
+from webhook.core.config import Config
+from webhook.kube.demo import make_node, make_pod
+from webhook.core.model import PlacementRequest, Strategy
+from webhook.core.placer import place
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")
 SHAPES = ((1, 1), (1, 4), (1, 8), (2, 8), (4, 8), (16, 8))  # (pods, GPUs per pod)

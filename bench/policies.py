@@ -12,14 +12,14 @@ import dataclasses
 import random
 from typing import Callable
 
-from webhook import bestfit, placement
-from webhook.cluster import ClusterIndex
-from webhook.injection import GPU_IDS as GPU_IDS_ANNOTATION
-from webhook.config import Config
-from webhook.demo import make_pod
-from webhook.gpus import format_gpu_set
-from webhook.model import Outcome, PlacementRequest, Strategy
-from webhook.placer import place
+from webhook.core import bestfit, placement
+from webhook.core.cluster import ClusterIndex
+from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
+from webhook.core.config import Config
+from webhook.kube.demo import make_pod
+from webhook.core.gpus import format_gpu_set
+from webhook.core.model import Outcome, PlacementRequest, Strategy
+from webhook.core.placer import place
 
 from .costmodel import Network
 from .fabric import GPUS_PER_NODE, SimCluster, SimNode, pick_gpus
@@ -223,7 +223,7 @@ def core_config(network: Network) -> Config:
 
 
 class Ours(Policy):
-    """Our placement core, webhook.placement.place, on a ClusterIndex fed the same Node objects and
+    """Our placement core, webhook.core.placement.place, on a ClusterIndex fed the same Node objects and
     the simulator's bound pods. The simulator binds pods to the nodes of our assignment and to its
     GPU ids. For consolidated that is kube-scheduler inside the pinned domain picking our nodes; for
     balanced it assumes the preference is honoured; both are stated in RESULTS.md."""

@@ -367,7 +367,7 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
     rows = [list(r) for r in profile_table(profile, Network(), ctx.allreduce_bytes)]
     return [
         f"- **Cluster (synthetic; no public trace records racks):** {spec.describe()}. Nodes are real Node objects "
-        "(webhook.demo.make_node) with zone/spine/leaf labels and the NVLink-domain annotation; our core reads them "
+        "(webhook.kube.demo.make_node) with zone/spine/leaf labels and the NVLink-domain annotation; our core reads them "
         "through `ClusterIndex.from_objects`, baselines through the simulator's own per-node free-GPU table.",
         "- **Job streams:** Poisson arrivals; sizes from Appendix A of traces-and-metrics.md (job-count shares of "
         "Philly, Helios and Acme Seren), one representative size per bucket (1, 2, 4, 8, 16, 32, 64, 128, 256); jobs "
@@ -386,7 +386,7 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
         "*random* = any node with room; *Kueue TAS BestFit* = peers.md 1.3-1.4, default profile: multi-pod jobs "
         "`podset-preferred-topology` at leaf (BestFit, escalate a level at a time, greedy with tightest last domain, "
         "pooled descent), single-pod jobs unconstrained (LeastFreeCapacity at hostname); *ours* = "
-        "`webhook.placement.place` on a `ClusterIndex` kept current with `upsert_pod`/`delete_pod`. All baselines get "
+        "`webhook.core.placement.place` on a `ClusterIndex` kept current with `upsert_pod`/`delete_pod`. All baselines get "
         "NVLink-aware GPU ids inside a node (the device plugin's preferred allocation); ours uses its own GPU-id hint.",
         "- **Honest limits of 'ours':** the webhook pins a domain (consolidated) or prefers it (balanced) and "
         "kube-scheduler picks nodes inside; the simulator uses our assignment's nodes and GPU ids for both, i.e. "
@@ -402,7 +402,7 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
         "fragmentation ratio (Weng et al. ATC'23) = idle GPUs a typical pod cannot use (pod sizes weighted by their "
         "share of the stream's pods) / all idle GPUs, sampled 100 times per run (skipped when no GPU is idle); "
         "wait = start - submit; JCT = finish - submit.",
-        "- **Cost model** (traces-and-metrics.md 3.1, figures from 3.2 via webhook/config.py DEFAULT_PROFILES): "
+        "- **Cost model** (traces-and-metrics.md 3.1, figures from 3.2 via webhook/core/config.py DEFAULT_PROFILES): "
         "ring all-reduce T = 2(n-1)/n x S / B + 2(n-1) x alpha, B the bottleneck tier: NVLink inside one domain, "
         "PCIe across domains of a node, min over nodes of min(GPUs there, NICs) x B_nic (and the node's own "
         "intra-node link) across nodes, divided by rho_leaf across leaves, by rho_leaf x rho_spine across spines, "

@@ -27,7 +27,7 @@ from bench.fabric import HARDWARE, ClusterSpec  # noqa: E402
 from bench.policies import (ABLATIONS, BySize, KueueBestFit, Ours, Policy, Without,  # noqa: E402
                             least_allocated, most_allocated, random_fit)
 from bench.traces import TraceError, load_csv, sample_stream  # noqa: E402
-from webhook.model import Strategy  # noqa: E402
+from webhook.core.model import Strategy  # noqa: E402
 
 SEEDS = (20261122, 20261123, 20261124, 20261125, 20261126)  # the main grid runs every stream under each; sweeps use the first
 ALLREDUCE_BYTES = 1e9  # 1 GB of fp16 gradients, the reference's worked example (3.3)

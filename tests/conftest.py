@@ -26,13 +26,14 @@ from kubernetes.client import ApiClient, Configuration
 
 from bench.fakeapiserver import FakeApiServer
 from tests.fixtures.builders import schema_error
-from webhook import certs, demo
-from webhook.app import create_app
-from webhook.admission import make_review
+from webhook.serving import certs
+from webhook.kube import demo
+from webhook.serving.app import create_app
+from webhook.objects.admission import make_review
 from webhook.cli import file_index
-from webhook.clusterview import ApiFeed
-from webhook.config import Config
-from webhook.metrics import Metrics
+from webhook.kube.clusterview import ApiFeed
+from webhook.core.config import Config
+from webhook.serving.metrics import Metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 START_TIMEOUT_SECONDS = 60

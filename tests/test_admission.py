@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from tests.fixtures.builders import (container, deep, gpu_job, load_json, schema_error, seed_manifests, template_of,
                                      valid, workload)
-from webhook import admission, mutation
-from webhook.cluster import ClusterIndex
-from webhook.config import Config
-from webhook.demo import demo_cluster, leaf_spine_nodes, make_pod
+from webhook.objects import admission, mutation
+from webhook.core.cluster import ClusterIndex
+from webhook.core.config import Config
+from webhook.kube.demo import demo_cluster, leaf_spine_nodes, make_pod
 
 CONFIG = Config()
 AUDIT_KEY = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
@@ -368,7 +368,7 @@ def test_an_exception_inside_fails_open(index, monkeypatch, caplog):
     def broken(*args):
         raise KeyError("boom")
     monkeypatch.setattr(admission, "place_shared", broken)
-    with caplog.at_level(logging.ERROR, logger="webhook.admission"):
+    with caplog.at_level(logging.ERROR, logger="webhook.objects.admission"):
         result = run(job(), index)
     assert result.outcome == "failed-open" and result.review["response"]["allowed"] is True
     assert "patch" not in result.review["response"]

@@ -4,11 +4,11 @@ import logging
 
 import pytest
 
-from webhook import admission
-from webhook.app import create_app
-from webhook.config import Config
-from webhook.logs import JsonFormatter
-from webhook.metrics import Metrics
+from webhook.objects import admission
+from webhook.serving.app import create_app
+from webhook.core.config import Config
+from webhook.serving.logs import JsonFormatter
+from webhook.serving.metrics import Metrics
 
 from conftest import assert_valid_kubernetes_object, patched_object, review_of
 from tests.fixtures.builders import gpu_pod
@@ -101,9 +101,9 @@ def test_each_admission_logs_one_json_line_without_the_object(client, caplog):
     pod = gpu_pod("trainer", 2)
     pod["spec"]["containers"][0]["env"] = [{"name": "WANDB_API_KEY", "value": "s3cr3t-token"}]
     review = review_of(pod)
-    with caplog.at_level(logging.INFO, logger="webhook.admission"):
+    with caplog.at_level(logging.INFO, logger="webhook.objects.admission"):
         post(client, review)
-    records = [r for r in caplog.records if r.name == "webhook.admission"]
+    records = [r for r in caplog.records if r.name == "webhook.objects.admission"]
     assert len(records) == 1
     entry = json.loads(JsonFormatter().format(records[0]))
     assert entry["level"] == "info" and entry["time"].endswith("Z")

@@ -4,8 +4,8 @@ import random
 import pytest
 
 from bench import ablation, costmodel, engine, evaluate, fabric, policies, simulate, traces
-from webhook.model import PlacementRequest, Strategy
-from webhook.placer import place
+from webhook.core.model import PlacementRequest, Strategy
+from webhook.core.placer import place
 
 H100 = fabric.ClusterSpec(zones=1, spines_per_zone=1, leaves_per_spine=2, nodes_per_leaf=8)
 A100_ISLANDS = fabric.ClusterSpec(zones=1, spines_per_zone=1, leaves_per_spine=1, nodes_per_leaf=2,

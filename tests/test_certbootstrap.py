@@ -16,8 +16,9 @@ from cryptography import x509
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store
 from kubernetes.client import AdmissionregistrationV1Api, ApiClient, Configuration
 
-from webhook import certbootstrap, certs
-from webhook.certbootstrap import SelfManagedTLS, SelfManagedTLSError
+from webhook.kube import certbootstrap
+from webhook.serving import certs
+from webhook.kube.certbootstrap import SelfManagedTLS, SelfManagedTLSError
 
 from conftest import ROOT, eventually, free_port, review_of, start_server, stop_server, write_kubeconfig
 from tests.fixtures.builders import gpu_pod

@@ -9,7 +9,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from webhook import certs
+from webhook.serving import certs
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store
 
-from webhook.config import (
+from webhook.core.config import (
     DEFAULT_NCCL_PROFILES, DEFAULT_PORT, HEALTHZ_PATH, LINK_CLASSES, METRICS_PATH, MUTATE_PATH, PRESETS,
     READYZ_PATH, Config, HardwareProfile, config_from_mapping,
 )
@@ -180,7 +180,7 @@ def test_wrong_values_fail_at_install_naming_the_key_and_what_is_allowed(values,
 
 
 def test_schema_knows_exactly_the_server_settings():
-    """values.schema.json and webhook.config cannot drift: same settings, presets and classes."""
+    """values.schema.json and webhook.core.config cannot drift: same settings, presets and classes."""
     config_schema = chart().schema["properties"]["config"]
     # levels_auto is no key of its own: `levels: auto` sets it.
     assert set(config_schema["properties"]) == set(Config.__dataclass_fields__) - {"levels_auto"}
@@ -671,7 +671,7 @@ def test_the_prometheus_rule_carries_the_alert_file_checked_by_promtool():
 
 def test_the_dashboard_is_a_configmap_for_the_grafana_sidecar_over_metrics_we_export():
     import re
-    from webhook import metrics
+    from webhook.serving import metrics
     (configmap,) = [c for c in objects("everything-on", "ConfigMap") if c["metadata"]["name"].endswith("-dashboard")]
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = json.loads(configmap["data"]["topology-webhook.json"])

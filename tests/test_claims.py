@@ -8,10 +8,10 @@ import time
 import pytest
 from conftest import LABELS, LEAF, eventually
 
-from webhook.claims import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
-from webhook.demo import make_node
-from webhook.model import Outcome, PlacementRequest, Strategy
-from webhook.placer import place_group, place_shared, release_shared
+from webhook.kube.claims import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
+from webhook.kube.demo import make_node
+from webhook.core.model import Outcome, PlacementRequest, Strategy
+from webhook.core.placer import place_group, place_shared, release_shared
 
 NAMESPACE = "tw"
 LEASE = f"{NAMESPACE}/{LEASE_NAME}"
@@ -123,7 +123,7 @@ def test_a_claim_decided_before_another_replicas_claims_arrived_is_decided_again
 
 
 def test_in_a_pod_claims_default_to_its_own_namespace(tmp_path, monkeypatch):
-    from webhook import clusterview
+    from webhook.kube import clusterview
 
     monkeypatch.setattr(clusterview, "SERVICE_ACCOUNT_NAMESPACE", str(tmp_path / "namespace"))
     assert clusterview.own_namespace() is None, "outside a pod there is none"

@@ -10,7 +10,7 @@ import jsonpatch
 import pytest
 import yaml
 
-from webhook import demo
+from webhook.kube import demo
 from webhook.cli import main
 
 from conftest import ROOT, assert_valid_kubernetes_object

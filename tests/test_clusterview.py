@@ -13,13 +13,13 @@ import pytest
 
 from bench.fakeapiserver import FakeApiServer
 from conftest import LABELS, LEAF, ApiServer, eventually, start_server, stop_server, write_kubeconfig
-from webhook.injection import RESERVATION as RESERVATION_ANNOTATION
-from webhook.clusterview import Backoff, ApiFeed
-from webhook.config import Config, ConfigError
-from webhook.kubeclient import api_client_from
-from webhook.demo import demo_cluster, make_node, make_pod
-from webhook.model import Outcome, PlacementRequest, Strategy
-from webhook.placer import place_and_reserve
+from webhook.core.injection import RESERVATION as RESERVATION_ANNOTATION
+from webhook.kube.clusterview import Backoff, ApiFeed
+from webhook.core.config import Config, ConfigError
+from webhook.kube.kubeclient import api_client_from
+from webhook.kube.demo import demo_cluster, make_node, make_pod
+from webhook.core.model import Outcome, PlacementRequest, Strategy
+from webhook.core.placer import place_and_reserve
 
 def status_of(view: ApiFeed, kind: str):
     return next(s for s in view.status() if s.kind == kind)

@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from webhook.cli import main
-from webhook.config import PRESETS, Config, ConfigError, config_from_mapping, levels_from, load_config
+from webhook.core.config import PRESETS, Config, ConfigError, config_from_mapping, levels_from, load_config
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 
@@ -143,7 +143,7 @@ def test_levels_auto_on_an_unlabelled_cluster_warns_and_keeps_the_default():
 
 def test_mutate_with_levels_auto_places_by_the_detected_levels(tmp_path, capsys):
     from tests.fixtures.builders import gpu_job
-    from webhook.demo import make_node
+    from webhook.kube.demo import make_node
     nodes = [make_node(f"h{i}", {"cloud.google.com/gce-topology-block": "b1",
                                  "cloud.google.com/gce-topology-subblock": f"sb{i // 2}",
                                  "cloud.google.com/gce-topology-host": f"h{i}"}) for i in range(4)]
@@ -158,7 +158,7 @@ def test_mutate_with_levels_auto_places_by_the_detected_levels(tmp_path, capsys)
 def test_serve_with_levels_auto_lists_the_nodes_once_to_decide(fake, tmp_path):
     from conftest import write_kubeconfig
     from webhook.cli import listed_nodes
-    from webhook.demo import make_node
+    from webhook.kube.demo import make_node
     fake.put_node(make_node("aws-1", {"topology.k8s.aws/network-node-layer-1": "nn-1"}))
     nodes = listed_nodes(write_kubeconfig(tmp_path / "kubeconfig", fake))
     settled, warning = config_from_mapping({"levels": "auto"}).for_nodes(nodes)

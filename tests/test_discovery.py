@@ -12,16 +12,16 @@ import pynvml
 import pytest
 import yaml
 
-from webhook import discovery
-from webhook.cluster import ClusterIndex
-from webhook.injection import GPU_IDS as GPU_IDS_ANNOTATION
-from webhook.config import Config
-from webhook.demo import make_node, make_pod
-from webhook.discovery import (CLIQUE_LABEL, DOMAIN_SIZE_LABEL, LINK_LABEL, MATRIX_ANNOTATION, NUMA_ANNOTATION,
+from webhook.discover import discovery
+from webhook.core.cluster import ClusterIndex
+from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
+from webhook.core.config import Config
+from webhook.kube.demo import make_node, make_pod
+from webhook.discover.discovery import (CLIQUE_LABEL, DOMAIN_SIZE_LABEL, LINK_LABEL, MATRIX_ANNOTATION, NUMA_ANNOTATION,
                                UNREADABLE_ANNOTATION)
-from webhook.gpus import NVLINK_DOMAINS_ANNOTATION, parse_nvlink_domains
-from webhook.model import EXCEEDS_CLUSTER, Interconnect, Outcome, PlacementRequest
-from webhook.placer import place
+from webhook.core.gpus import NVLINK_DOMAINS_ANNOTATION, parse_nvlink_domains
+from webhook.core.model import EXCEEDS_CLUSTER, Interconnect, Outcome, PlacementRequest
+from webhook.core.placer import place
 
 import nvml_fakes as fakes
 

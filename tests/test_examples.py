@@ -14,11 +14,11 @@ from conftest import assert_valid_kubernetes_object, review_of
 from test_groups import LEAF_OF, admit, lws_pods
 from test_idempotence_properties import allowed_nodes
 
-from webhook import demo
-from webhook.admission import review
+from webhook.kube import demo
+from webhook.objects.admission import review
 from webhook.cli import file_index
-from webhook.config import Config
-from webhook.workload import pod_templates
+from webhook.core.config import Config
+from webhook.objects.workload import pod_templates
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CRDS = pathlib.Path(__file__).parent / "fixtures" / "crds"

@@ -1,6 +1,6 @@
 import pytest
 
-from webhook import gpus
+from webhook.core import gpus
 
 
 @pytest.mark.parametrize("text, domains", [

@@ -11,10 +11,10 @@ from conftest import review_of
 from fixtures.builders import container
 from test_idempotence_properties import allowed_nodes
 
-from webhook import demo
-from webhook.admission import review
+from webhook.kube import demo
+from webhook.objects.admission import review
 from webhook.cli import file_index
-from webhook.config import Config
+from webhook.core.config import Config
 
 LEAF = "topology.scheduler/leaf"
 LEAF_OF = {node["metadata"]["name"]: node["metadata"]["labels"][LEAF] for node in demo.leaf_spine_nodes()}

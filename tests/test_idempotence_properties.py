@@ -10,10 +10,11 @@ import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from webhook import admission, demo, mutation
-from webhook.admission import make_review
+from webhook.objects import admission, mutation
+from webhook.kube import demo
+from webhook.objects.admission import make_review
 from webhook.cli import file_index
-from webhook.config import Config
+from webhook.core.config import Config
 
 
 

@@ -1,12 +1,12 @@
 """The reservation ledger on its own: holds, confirmation by bound pods, expiry by its own clock,
 and the namespace rule (nothing outside a hold's namespace confirms or releases it)."""
-from webhook.cluster import ClusterIndex
-from webhook.injection import RESERVATION as RESERVATION_ANNOTATION
-from webhook.config import Config
-from webhook.demo import make_node, make_pod
-from webhook.ledger import ReservationLedger
-from webhook.model import PlacementRequest, Strategy
-from webhook.placer import place_and_reserve
+from webhook.core.cluster import ClusterIndex
+from webhook.core.injection import RESERVATION as RESERVATION_ANNOTATION
+from webhook.core.config import Config
+from webhook.kube.demo import make_node, make_pod
+from webhook.core.ledger import ReservationLedger
+from webhook.core.model import PlacementRequest, Strategy
+from webhook.core.placer import place_and_reserve
 
 TTL = 300.0
 

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from webhook import __version__
-from webhook.metrics import Metrics
+from webhook.serving.metrics import Metrics
 
 
 @dataclass
@@ -64,7 +64,7 @@ def test_cluster_gauges_are_read_from_the_view_at_scrape_time():
 ROOT = str(pathlib.Path(__file__).parents[1])
 WORKER = """
 import sys
-from webhook.metrics import Metrics
+from webhook.serving.metrics import Metrics
 metrics = Metrics.create(sys.argv[1])
 for _ in range(int(sys.argv[2])):
     metrics.record_admission("Job", "consolidated", "placed", 0.004)
@@ -129,9 +129,9 @@ def test_4xx_answers_are_counted_by_reason(client, metrics):
 
 
 def test_per_domain_gauges_leave_out_domains_of_one_node():
-    from webhook.cluster import ClusterIndex
-    from webhook.config import PRESETS, Config
-    from webhook.demo import make_node
+    from webhook.core.cluster import ClusterIndex
+    from webhook.core.config import PRESETS, Config
+    from webhook.kube.demo import make_node
     config = Config(levels=PRESETS["gke"])
     nodes = [make_node(f"host-{i}", {"cloud.google.com/gce-topology-block": "b1",
                                       "cloud.google.com/gce-topology-subblock": f"sb{i // 2}",

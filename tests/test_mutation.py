@@ -4,10 +4,11 @@ import pytest
 
 from tests.fixtures.builders import (DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep, request,
                                      template_of, valid, workload)
-from webhook import injection, mutation
-from webhook.config import Config
-from webhook.model import Interconnect, Outcome, Strategy
-from webhook.workload import pod_template
+from webhook.core import injection
+from webhook.objects import mutation
+from webhook.core.config import Config
+from webhook.core.model import Interconnect, Outcome, Strategy
+from webhook.objects.workload import pod_template
 
 CONFIG = Config()
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from tests.fixtures.builders import (DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep,
                                      schema_error, workload)
-from webhook import mutation, patch
-from webhook.config import Config
+from webhook.objects import mutation, patch
+from webhook.core.config import Config
 
 CONFIG = Config()
 

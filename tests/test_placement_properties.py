@@ -5,13 +5,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.builders import gpu_job
-from webhook import mutation, workload
-from webhook.cluster import ClusterIndex
-from webhook.filters import node_matches
-from webhook.config import Config
-from webhook.demo import make_node, make_pod
-from webhook.model import Outcome, PlacementRequest, Strategy
-from webhook.placer import place
+from webhook.objects import mutation, workload
+from webhook.core.cluster import ClusterIndex
+from webhook.core.filters import node_matches
+from webhook.core.config import Config
+from webhook.kube.demo import make_node, make_pod
+from webhook.core.model import Outcome, PlacementRequest, Strategy
+from webhook.core.placer import place
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")
 

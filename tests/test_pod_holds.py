@@ -3,12 +3,12 @@ replaces its workload's hold instead of adding to it, and stops holding once bou
 from conftest import patched_object, review_of
 from tests.fixtures.builders import gpu_job
 
-from webhook import admission
-from webhook.cluster import ClusterIndex
-from webhook.config import Config
-from webhook.demo import make_node
-from webhook.model import Outcome, PlacementRequest, Strategy
-from webhook.placer import place_and_reserve
+from webhook.objects import admission
+from webhook.core.cluster import ClusterIndex
+from webhook.core.config import Config
+from webhook.kube.demo import make_node
+from webhook.core.model import Outcome, PlacementRequest, Strategy
+from webhook.core.placer import place_and_reserve
 
 NODES = [make_node(f"n{i}", {"topology.scheduler/leaf": f"l{i}"}, 8) for i in range(3)]
 

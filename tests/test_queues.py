@@ -8,10 +8,10 @@ from conftest import review_of
 from fixtures.builders import workload
 from test_groups import leaves_allowed
 
-from webhook import demo
-from webhook.admission import review
+from webhook.kube import demo
+from webhook.objects.admission import review
 from webhook.cli import file_index
-from webhook.config import Config
+from webhook.core.config import Config
 
 
 @pytest.fixture

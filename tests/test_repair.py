@@ -8,12 +8,12 @@ from fixtures.builders import workload
 from test_groups import LEAF_OF, leaves_allowed
 from test_idempotence_properties import allowed_nodes
 
-from webhook import demo
-from webhook.admission import review
-from webhook.app import create_app
+from webhook.kube import demo
+from webhook.objects.admission import review
+from webhook.serving.app import create_app
 from webhook.cli import file_index
-from webhook.config import Config
-from webhook.metrics import Metrics
+from webhook.core.config import Config
+from webhook.serving.metrics import Metrics
 
 SPINE_OF = {node["metadata"]["name"]: node["metadata"]["labels"]["topology.scheduler/spine"]
             for node in demo.leaf_spine_nodes()}

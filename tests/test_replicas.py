@@ -1,5 +1,5 @@
 """Replicas that agree: two real `serve --kubeconfig --claims-namespace` processes against one fake
-API server, sharing holds through the claims Lease (webhook/claims.py).
+API server, sharing holds through the claims Lease (webhook/kube/claims.py).
 
 Each replica is the real gunicorn server over TLS with its live view of bench/fakeapiserver.py;
 requests go to them as the apiserver's Service would spread them. Waits are bounded polls.
@@ -16,8 +16,8 @@ from conftest import (LABELS, LEAF, RunningServer, eventually, patched_object, r
 from tests.fixtures.builders import gpu_job
 from test_admission import deletion
 
-from webhook.claims import CLAIMS_ANNOTATION, LEASE_NAME
-from webhook.demo import make_node
+from webhook.kube.claims import CLAIMS_ANNOTATION, LEASE_NAME
+from webhook.kube.demo import make_node
 
 NAMESPACE = "topology-webhook"
 NODES = 16

@@ -2,12 +2,12 @@
 filter beside the GPUs that placement optimises."""
 import pytest
 
-from webhook.cluster import ClusterIndex
-from webhook.config import Config
-from webhook.demo import make_node, make_pod
-from webhook.model import NO_MATCHING_NODES, NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
-from webhook.placer import place
-from webhook.resources import pod_requests, quantity
+from webhook.core.cluster import ClusterIndex
+from webhook.core.config import Config
+from webhook.kube.demo import make_node, make_pod
+from webhook.core.model import NO_MATCHING_NODES, NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
+from webhook.core.placer import place
+from webhook.core.resources import pod_requests, quantity
 
 GiB = 2**30
 
@@ -105,7 +105,7 @@ def test_the_constrained_subset_stays_exact_as_pods_come_and_go():
 
 def test_a_workload_asks_for_its_pods_resources_beside_its_gpus():
     from tests.fixtures.builders import gpu_job
-    from webhook import workload
+    from webhook.objects import workload
     job = gpu_job("train", 2, 8)
     job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "32", "memory": "256Gi"}
     wanted = workload.read("Job", job, "ml").request

@@ -12,7 +12,8 @@ import requests
 import yaml
 from cryptography import x509
 
-from webhook import certs, demo
+from webhook.serving import certs
+from webhook.kube import demo
 
 from conftest import assert_valid_kubernetes_object, review_of, start_server, stop_server
 from tests.fixtures.builders import gpu_job, gpu_pod

@@ -1,9 +1,9 @@
 import pytest
 
 from tests.fixtures.builders import API_VERSIONS, container, template_of, workload
-from webhook import workload as wl
-from webhook.config import Config
-from webhook.model import Strategy
+from webhook.objects import workload as wl
+from webhook.core.config import Config
+from webhook.core.model import Strategy
 
 GPU_COUNT = "topology.scheduler/gpu-count"
 

@@ -17,16 +17,20 @@ from typing import Callable, Sequence
 
 import yaml
 
-from . import __version__, admission, certbootstrap, certs, demo, discovery, logs
-from .app import Readiness, create_app
-from .cluster import ClusterIndex
-from .claims import DEFAULT_BUDGET_SECONDS
-from .clusterview import ApiFeed, own_namespace
-from .config import DEFAULT_PORT, ConfigError, Config, load_config
-from .kubeclient import api_client_from
-from .manifests import ManifestError, read_objects
-from .metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
-from .server import THREADS_PER_WORKER, ServeOptions, WebhookServer, start_metrics_server
+from . import __version__
+from .discover import discovery
+from .kube import certbootstrap, demo
+from .objects import admission
+from .serving import certs, logs
+from .serving.app import Readiness, create_app
+from .core.cluster import ClusterIndex
+from .kube.claims import DEFAULT_BUDGET_SECONDS
+from .kube.clusterview import ApiFeed, own_namespace
+from .core.config import DEFAULT_PORT, ConfigError, Config, load_config
+from .kube.kubeclient import api_client_from
+from .objects.manifests import ManifestError, read_objects
+from .serving.metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
+from .serving.server import THREADS_PER_WORKER, ServeOptions, WebhookServer, start_metrics_server
 
 PROG = "topology-webhook"
 DEV_CERT_DIR = "certs"

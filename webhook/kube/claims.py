@@ -37,9 +37,9 @@ from typing import Callable, Mapping
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from .cluster import ClusterIndex
-from .gpus import format_gpu_set, parse_nvlink_domains
-from .placer import CONFLICT
+from ..core.cluster import ClusterIndex
+from ..core.gpus import format_gpu_set, parse_nvlink_domains
+from ..core.placer import CONFLICT
 
 log = logging.getLogger(__name__)
 

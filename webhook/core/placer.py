@@ -3,7 +3,7 @@
 The placement core decides and writes nothing; this is where a decision meets the state that
 other requests and the watch threads change, so it is the one place that takes the index's lock.
 
-With replicas sharing claims (`index.claims`, webhook/claims.py over the API), a placed decision
+With replicas sharing claims (`index.claims`, webhook/kube/claims.py over the API), a placed decision
 is also written there, against the version of the claims it was made with: when another replica
 wrote first, decide again. Past the claims' time budget the decision stands alone, and says so.
 """
@@ -27,7 +27,7 @@ _GROUP_LOCKS = tuple(threading.Lock() for _ in range(64))
 
 
 class SharedClaims(Protocol):
-    """Holds shared with other replicas; see webhook/claims.py."""
+    """Holds shared with other replicas; see webhook/kube/claims.py."""
 
     budget_seconds: float
 

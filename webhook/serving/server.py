@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from .certs import ReloadingContext
-from .config import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
+from ..core.config import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
 from .logs import GunicornLogger
 from .metrics import mark_worker_dead
 

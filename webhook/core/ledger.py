@@ -12,7 +12,7 @@ is pinned to): every replica sees the same pods, so pod holds survive restarts a
 replicas without any write. A pod hold counts only while its key has no workload hold: a Job's
 pods appearing replace the Job's hold, never add to it.
 
-Group decisions live here too: the pods of one group (webhook/groups.py) arrive one at a time,
+Group decisions live here too: the pods of one group (webhook/objects/groups.py) arrive one at a time,
 and every one after the first joins the decision the first one made, kept under the group's key
 until no member has joined for a hold's lifetime.
 

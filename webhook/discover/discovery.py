@@ -47,8 +47,8 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from .gpus import NVLINK_DOMAINS_ANNOTATION, format_gpu_set, format_nvlink_domains
-from .model import ANNOTATION_PREFIX
+from ..core.gpus import NVLINK_DOMAINS_ANNOTATION, format_gpu_set, format_nvlink_domains
+from ..core.model import ANNOTATION_PREFIX
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -534,7 +534,7 @@ class NodeApi:
     def __init__(self, kubeconfig: str | None) -> None:
         from kubernetes import client
 
-        from .kubeclient import KubeconfigError, api_client_from
+        from ..kube.kubeclient import KubeconfigError, api_client_from
         try:
             self._api = client.CoreV1Api(api_client_from(kubeconfig))
         except KubeconfigError as err:

@@ -22,7 +22,7 @@ from prometheus_client import multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from . import __version__
+from .. import __version__
 
 LATENCY = "topology_scheduler_latency_seconds"
 DECISIONS = "topology_placement_decisions_total"

@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from collections.abc import Mapping
 
-from .ledger import reservation_key
-from .model import ANNOTATION_PREFIX, quoted
+from ..core.ledger import reservation_key
+from ..core.model import ANNOTATION_PREFIX, quoted
 
 GROUP = ANNOTATION_PREFIX + "group"
 GROUP_SIZE = ANNOTATION_PREFIX + "group-size"

@@ -21,7 +21,7 @@ Per kind (nodes, pods) one daemon thread runs the reflector loop:
 
 A third thread expires reservations whose time-to-live has passed. When replicas share their
 claims (`claims_namespace`), a third stream lists and watches the claims Lease in that namespace
-the same way and applies each version to the ledger (webhook/claims.py).
+the same way and applies each version to the ledger (webhook/kube/claims.py).
 
 Objects are handled as the plain dicts the API sends (the shape `ClusterIndex` reads): watch
 events are not turned into client model objects, which would cost far more than the index
@@ -43,8 +43,8 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
-from .cluster import ClusterIndex, pod_key
-from .config import Config
+from ..core.cluster import ClusterIndex, pod_key
+from ..core.config import Config
 
 log = logging.getLogger(__name__)
 

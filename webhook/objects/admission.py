@@ -26,18 +26,19 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from . import injection, mutation, workload
-from .config import Config
-from .gpus import pod_gpus
+from ..core import injection
+from . import mutation, workload
+from ..core.config import Config
+from ..core.gpus import pod_gpus
 from .kinds import KINDS
-from .ledger import held_by, reservation_key
-from .model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, UNKNOWN_DOMAIN, UNKNOWN_LEVEL, Decision, Outcome,
+from ..core.ledger import held_by, reservation_key
+from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, UNKNOWN_DOMAIN, UNKNOWN_LEVEL, Decision, Outcome,
                     PlacementRequest, Strategy)
 from .patch import encode, make_patch
-from .placer import group_decision, place, place_group, place_shared, release_shared
+from ..core.placer import group_decision, place, place_group, place_shared, release_shared
 
 if TYPE_CHECKING:
-    from .cluster import ClusterIndex
+    from ..core.cluster import ClusterIndex
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ part-occupied by a fixed pattern so a newcomer sees best-fit and fallback decisi
 """
 from __future__ import annotations
 
-from .model import GPU_RESOURCE
+from ..core.model import GPU_RESOURCE
 
 ZONE = "zone-a"
 

@@ -16,14 +16,14 @@ from typing import Any, Callable
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from . import admission
-from .cluster import ClusterIndex
-from .config import HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH, Config
+from ..objects import admission
+from ..core.cluster import ClusterIndex
+from ..core.config import HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH, Config
 from .logs import FIELDS
 from .metrics import Metrics
 
 Readiness = Callable[[], "tuple[bool, str]"]
-log = logging.getLogger("webhook.admission")
+log = logging.getLogger("webhook.objects.admission")
 
 
 def _text(message: str, status: int) -> Response:

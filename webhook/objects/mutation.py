@@ -1,7 +1,7 @@
 """Turn a placement decision into a new object: affinity, spread, NCCL env and annotations.
 
 Pure: returns a new object and never changes the one it was given. Everything we add to a pod
-template is recorded where we put it (webhook/injection.py), so a later pass (apiserver
+template is recorded where we put it (webhook/core/injection.py), so a later pass (apiserver
 reinvocation, a controller copying the template, an UPDATE) can tell our items from the user's:
 ours are replaced in place or removed, the user's are never touched, even when identical to one
 of ours, and applying the same decision to our own output changes nothing.
@@ -29,12 +29,12 @@ import json
 import re
 from typing import Any, Callable, Mapping
 
-from .config import HOSTNAME_LABEL, Config
-from .gpus import container_gpus, format_gpu_set
-from .injection import GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, RESERVATION, WORKLOAD_LABEL, Injection
-from .injection import annotations as injection_annotations
-from .injection import recorded
-from .model import Decision, Outcome, Strategy
+from ..core.config import HOSTNAME_LABEL, Config
+from ..core.gpus import container_gpus, format_gpu_set
+from ..core.injection import GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, RESERVATION, WORKLOAD_LABEL, Injection
+from ..core.injection import annotations as injection_annotations
+from ..core.injection import recorded
+from ..core.model import Decision, Outcome, Strategy
 from .workload import pod_templates
 
 __all__ = ["GPU_IDS", "INJECTED", "PLACEMENT", "RESERVATION", "WORKLOAD_LABEL", "Injection"]  # for callers

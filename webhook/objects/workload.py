@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .config import Config
-from .gpus import parse_bandwidth_gbps, pod_gpus
+from ..core.config import Config
+from ..core.gpus import parse_bandwidth_gbps, pod_gpus
 from . import groups
 from .groups import GROUP_ANNOTATIONS, GROUP_SIZE, InvalidGroup, Membership, membership
-from .injection import OUTPUT_ANNOTATIONS
+from ..core.injection import OUTPUT_ANNOTATIONS
 from .kinds import ANY, KINDS, Templates
-from .model import ANNOTATION_PREFIX, PlacementRequest, Strategy, quoted
-from .resources import pod_requests
+from ..core.model import ANNOTATION_PREFIX, PlacementRequest, Strategy, quoted
+from ..core.resources import pod_requests
 
 GPU_COUNT = ANNOTATION_PREFIX + "gpu-count"
 STRATEGY = ANNOTATION_PREFIX + "placement-strategy"
@@ -110,7 +110,7 @@ class PodTemplate:
 
 
 def pod_templates(kind: str, obj: Mapping) -> list[PodTemplate]:
-    """Every pod template of `obj`, in the order of its kind's table (webhook/kinds.py)."""
+    """Every pod template of `obj`, in the order of its kind's table (webhook/objects/kinds.py)."""
     found = []
     for spec_of in KINDS[kind].templates:
         for replica_where, replica in _expand(obj, spec_of.replica_spec, ""):
@@ -270,7 +270,7 @@ def made_for_group(kind: str, obj: Mapping) -> bool:
 
 def _group(kind: str, obj: Mapping, namespace: str, who: str, template: Mapping,
            annotations: Mapping) -> Membership | None:
-    """The group a Pod, or a Job an operator made (a JobSet's), belongs to (webhook/groups.py);
+    """The group a Pod, or a Job an operator made (a JobSet's), belongs to (webhook/objects/groups.py);
     other kinds are placed as themselves."""
     if kind not in ("Pod", "Job"):
         return None

@@ -1,0 +1,1 @@
+"""The node agent: NVML topology discovery published as node labels and annotations."""

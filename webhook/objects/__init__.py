@@ -1,0 +1,1 @@
+"""Kubernetes objects in and out: workload kinds, templates, groups, mutation, JSON patch, AdmissionReview."""

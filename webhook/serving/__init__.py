@@ -1,0 +1,1 @@
+"""HTTP: the Flask app, the gunicorn server, TLS certificates, metrics and logs."""
