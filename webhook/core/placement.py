@@ -477,8 +477,9 @@ def _pod_link(node: NodeState, ids: tuple[int, ...]) -> Interconnect:
 
 def _estimate(subset: TopologyTree, request: PlacementRequest, assignment: list[NodeAssignment]
               ) -> tuple[Interconnect, float, HardwareProfile]:
-    """Bottleneck all-reduce bus bandwidth (traces-and-metrics.md 3.1): the slowest pod inside,
-    then the NICs of the node with the fewest job GPUs, then switch oversubscription."""
+    """Bottleneck all-reduce bus bandwidth (as nccl-tests' doc/PERFORMANCE.md defines busbw): the
+    slowest pod inside, then the NICs of the node with the fewest job GPUs, then switch
+    oversubscription."""
     nodes = [subset.nodes[a.node] for a in assignment]
     profile = min((n.profile for n in nodes), key=lambda p: p.nvlink_gbs)
     intra = min(p.nvlink_gbs if a.interconnect is Interconnect.NVLINK else p.pcie_gbs

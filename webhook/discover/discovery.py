@@ -11,7 +11,7 @@ Published on the Node (keys this agent owns; it never touches any other key):
 
 annotations
   topology.scheduler/nvlink-domains   GPU sets that reach each other over NVLink, directly or through
-                                      NVSwitch, in webhook.gpus notation (`0-7`, `0-3,4-7`, `0+2,1+3`);
+                                      NVSwitch, in webhook.core.gpus notation (`0-7`, `0-3,4-7`, `0+2,1+3`);
                                       empty when no two GPUs share NVLink. Placement reads this.
   topology.scheduler/gpu-link-matrix  the `nvidia-smi topo -m` GPU matrix: rows by GPU index joined by
                                       `;`, cells joined by `,`; codes X (self), NV<links>, PIX, PXB,

@@ -1,5 +1,5 @@
 """The API feed: Nodes and Pods from the Kubernetes API, kept current by list+watch, fed into the
-cluster index (what README calls the live cluster view).
+cluster index (the live cluster view of docs/operations/replicas.md).
 
 Names, so that "view" means one thing: the `ClusterIndex` is the state placement reads, a
 constrained subset is the part of it one request may use (filters.py), and the `ApiFeed` is what

@@ -218,7 +218,8 @@ class WebhookServer(BaseApplication):
         settings = {
             "bind": [self.options.bind],
             # One process: the cluster view and the reservation ledger live in it, so a second
-            # worker would book the same GPUs again (replicas share nothing either; see README).
+            # worker would book the same GPUs again (replicas share holds only through the API:
+            # docs/operations/replicas.md).
             "workers": 1,
             "worker_class": GuardedThreadWorker,
             "threads": self.options.threads,
