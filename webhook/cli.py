@@ -12,6 +12,7 @@ import os
 import re
 import socket
 import sys
+import time
 import uuid
 from typing import Callable, Sequence
 
@@ -29,8 +30,10 @@ from .kube.clusterview import ApiFeed, own_namespace
 from .core.config import DEFAULT_PORT, ConfigError, Config, load_config
 from .kube.kubeclient import api_client_from
 from .objects.manifests import ManifestError, read_objects
+from .objects.overview import RecentDecisions
 from .serving.metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
 from .serving.server import THREADS_PER_WORKER, ServeOptions, WebhookServer, start_metrics_server
+from .serving.topology_page import page_app, write_page
 
 PROG = "topology-webhook"
 DEV_CERT_DIR = "certs"
@@ -198,16 +201,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     def build_app():  # runs in the worker, after the fork, so the watch threads start there
         metrics = Metrics.create(options.multiprocess_dir)
+        decisions = RecentDecisions()
         if live:
             feed = ApiFeed(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
                            claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc)
             feed.start()
             metrics.watch_feed(feed.age)
-            app = create_app(config, feed.index, feed.readiness, metrics)
+            index, readiness = feed.index, feed.readiness
         else:
             index, readiness = file_index(config, cluster)
-            app = create_app(config, index, readiness, metrics)
-        start_metrics_server(metrics_bind, metrics.registry, app)
+        app = create_app(config, index, readiness, metrics, decisions)
+        start_metrics_server(metrics_bind, metrics.registry, app, page_app(index, decisions))
         if target is not None:  # the worker keeps the certificate and the caBundle current while it serves
             certbootstrap.keep_current(api_client_from(args.kubeconfig), target, cert, key)
         return app
@@ -215,8 +219,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = WebhookServer(build_app, options)  # loads the certificate: a bad one stops us here
     source = (f"the cluster of {args.kubeconfig}" if args.kubeconfig else "this cluster (in-cluster config)") \
         if live else args.nodes or "the built-in demo cluster"
-    log.info("serving https://%s/mutate with %s; metrics on http://%s/metrics%s", args.bind, source,
-             args.metrics_bind, "; client certificates required" if args.client_ca else "")
+    log.info("serving https://%s/mutate with %s; metrics on http://%s/metrics, the topology page on "
+             "http://%s/topology%s", args.bind, source, args.metrics_bind, args.metrics_bind,
+             "; client certificates required" if args.client_ca else "")
     server.run()
     return 0
 
@@ -266,12 +271,14 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     if not objects:
         raise UsageError(f"no objects passed to mutate: {', '.join(args.filename)} hold(s) no Kubernetes object")
     mutated, patches, denied = [], [], 0
+    decisions = RecentDecisions()
     for position, obj in enumerate(objects):
         namespace = (obj.get("metadata") or {}).get("namespace") or "default"
         label = describe(obj, namespace)
         # A CREATE as the apiserver sends it; not dryRun, so later objects see this one's reservation.
         uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{PROG}/mutate/{position}/{label}"))
         result = admission.review(admission.make_review(obj, namespace=namespace, uid=uid), index, config)
+        decisions.record(result, time.time())
         response = result.review["response"]
         for warning in result.warnings:
             print(f"Warning: {warning}", file=sys.stderr)  # as kubectl prints them; they name the object
@@ -293,6 +300,11 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         print(json.dumps(single, indent=2))
     elif mutated:
         sys.stdout.write(yaml.safe_dump_all(mutated, sort_keys=False, explicit_start=len(mutated) > 1))
+    if args.html:
+        try:
+            write_page(args.html, index, decisions, time.time())
+        except OSError as err:
+            raise UsageError(f"--html {args.html}: cannot write it ({err.strerror})") from None
     return 1 if denied else 0
 
 
@@ -377,6 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="mutated objects as YAML or JSON, or per admitted object one line holding its JSON "
                              "Patch, as `kubectl patch --type=json -p` takes it (default: yaml)")
     mutate.add_argument("--explain", action="store_true", help="print each decision and its reasons on stderr")
+    mutate.add_argument("--html", metavar="FILE",
+                        help="also write the topology page (the cluster with these objects placed and held, and "
+                             "their decisions) to FILE, one self-contained HTML file")
     mutate.set_defaults(func=cmd_mutate)
 
     certs_cmd = subparsers.add_parser(

@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from .certs import ReloadingContext
-from ..core.config import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
+from ..core.config import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, TOPOLOGY_JSON_PATH, TOPOLOGY_PATH
 from .logs import GunicornLogger
 from .metrics import mark_worker_dead
 
@@ -172,11 +172,13 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def start_metrics_server(address: tuple[str, int], registry: CollectorRegistry, webhook_app: Any) -> None:
+def start_metrics_server(address: tuple[str, int], registry: CollectorRegistry, webhook_app: Any,
+                         topology_app: Any) -> None:
     """/metrics over plain HTTP on its own port, in a daemon thread of the worker: scrapers reach
     this port and the apiserver the TLS one, so a NetworkPolicy can tell them apart. /healthz and
     /readyz answer here too (from the webhook app): with --client-ca, kubelet's probes carry no
-    client certificate, so they are pointed at this port. /mutate is never served here."""
+    client certificate, so they are pointed at this port. The topology page (topology_page.py)
+    is here, beside the metrics it draws, and read-only. /mutate is never served here."""
     metrics_app = make_wsgi_app(registry)
 
     def app(environ: dict, start_response: Callable) -> Any:
@@ -185,8 +187,10 @@ def start_metrics_server(address: tuple[str, int], registry: CollectorRegistry, 
             return metrics_app(environ, start_response)
         if path in (HEALTHZ_PATH, READYZ_PATH):
             return webhook_app(environ, start_response)
+        if path in (TOPOLOGY_PATH, TOPOLOGY_JSON_PATH):
+            return topology_app(environ, start_response)
         start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not found: this port serves /metrics, /healthz and /readyz\n"]
+        return [b"not found: this port serves /metrics, /healthz, /readyz, /topology and /topology.json\n"]
 
     family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
     server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
