@@ -131,14 +131,16 @@ def gpu_states(node: NodeState, counts: dict[str, int]) -> list[str]:
     letters = [USED if i in used_ids else HELD if i in held_ids else idle for group in groups for i in group]
     wanted = {USED: counts["used"], HELD: counts["held"], FREE: counts["free"], OUT: counts["out"]}
     excess = {letter: letters.count(letter) - amount for letter, amount in wanted.items()}
-    missing = iter([letter for letter, extra in excess.items() for _ in range(-extra)])
-    for position in reversed(range(len(letters))):
-        if excess[letters[position]] > 0:
-            excess[letters[position]] -= 1
-            letters[position] = next(missing)
+    if any(excess.values()):
+        missing = iter([letter for letter, extra in excess.items() for _ in range(-extra)])
+        for position in reversed(range(len(letters))):
+            if excess[letters[position]] > 0:
+                excess[letters[position]] -= 1
+                letters[position] = next(missing)
+    text = "".join(letters)
     out, start = [], 0
     for group in groups:
-        out.append("".join(letters[start:start + len(group)]))
+        out.append(text[start:start + len(group)])
         start += len(group)
     return out
 
@@ -203,15 +205,15 @@ class _Reader:
         }
         open_nodes = open_nodes or self.draw_all or (bool(self.selection.focus) and domain.ref.name == self.selection.focus
                                                      and domain.nodes <= NODE_DETAIL_LIMIT)
-        children = sorted(domain.children.values(), key=lambda child: natural(child.ref.name if isinstance(
-            child, Domain) else child.name))
-        deeper = [c for c in children if isinstance(c, Domain)]
+        # A domain's children are all domains, or (at the last level) all nodes.
+        deeper = list(domain.children.values()) if isinstance(next(iter(domain.children.values()), None), Domain) else []
         if deeper and (domain.ref.level < self.block_depth or open_nodes):
+            deeper.sort(key=lambda child: natural(child.ref.name))
             block["children"] = [self.domain(child, open_nodes) for child in deeper]
         elif deeper:
             block["hidden_domains"] = len(deeper)
-        nodes = [c for c in children if isinstance(c, NodeState)]
-        if nodes and open_nodes:
+        if open_nodes and not deeper:  # nodes hang from the last level's domains only
+            nodes = sorted(domain.children.values(), key=lambda node: natural(node.name))
             block["node_list"] = [self.node(node) for node in nodes if node.alloc > 0]
             block["nodes_without_gpus"] = sum(1 for node in nodes if node.alloc == 0)
         return block

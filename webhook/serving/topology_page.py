@@ -40,7 +40,7 @@ h1{font-size:18px;margin:0 0 2px}h2{font-size:15px;margin:16px 0 4px}
 form{margin:6px 0}input{font:inherit;width:12em}
 .c{display:flex;flex-wrap:wrap;align-items:flex-start}
 .d{border:1px solid #94a3b8;border-radius:5px;padding:3px 4px;margin:3px;background:#f1f5f9}
-.d .d{background:#fff}.d .d .d{background:#eef2ff;border-color:#6366f1}
+.d .d{background:#fff}.d.lf{background:#eef2ff;border-color:#6366f1}
 .h{display:flex;flex-wrap:wrap;gap:6px;align-items:center;margin-bottom:2px}.h small{color:#475569}
 .ns{display:flex;flex-direction:column}
 .n{display:flex;align-items:center;gap:5px;padding:1px 3px;border-radius:3px}
@@ -48,6 +48,7 @@ form{margin:6px 0}input{font:inherit;width:12em}
 .n.out{background:#fee2e2}.mark{outline:2px solid #2563eb}
 .g{display:inline-flex;gap:1px;margin-right:3px}
 i.u{background:#475569}i.h{background:#f59e0b}i.x{background:#f87171}
+rect.used{fill:#475569}rect.held{fill:#f59e0b}rect.out{fill:#f87171}rect.free{fill:#22c55e}
 table{border-collapse:collapse}td,th{border-bottom:1px solid #e2e8f0;padding:2px 6px;text-align:left;vertical-align:top}
 td.r{text-align:right}.o-waiting{color:#b45309}.o-placed{color:#15803d}.o-denied{color:#b91c1c}
 ul{margin:0;padding-left:16px}
@@ -67,43 +68,55 @@ def _bar(gpus: dict) -> str:
     for part in ("used", "held", "out", "free"):
         width = 100 * gpus[part] / total
         if width:
-            rects.append(f'<rect x="{x:.2f}" width="{width:.2f}" height="8" fill="{COLOURS[part]}"/>')
+            rects.append(f'<rect x="{x:.1f}" width="{width:.1f}" height="8" class="{part}"/>')
         x += width
     return f'<svg width="90" height="8" viewBox="0 0 100 8" preserveAspectRatio="none">{"".join(rects)}</svg>'
 
 
 def _fits(block: dict) -> str:
-    fitting = ", ".join(f"{count}&times;{size}" for size, count in block["pods_fitting"].items() if count)
+    fitting = ", ".join(f"{count}\u00d7{size}" for size, count in block["pods_fitting"].items() if count)
     return fitting or "nothing"
 
 
-def _domain(block: dict, selection: dict, live: bool) -> str:
+def _room(block: dict) -> str:
+    """The largest job that fits now: whole-node pods (what multi-node training asks for), else
+    the largest single pod."""
+    width = max(map(int, block["pods_fitting"]))
+    whole = block["pods_fitting"][str(width)]
+    if whole:
+        return f"room for {whole}&times;{width}-GPU pods"
+    return f'room for 1&times;{block["largest_pod_gpus"]}-GPU pod' if block["largest_pod_gpus"] else "no room"
+
+
+def _domain(block: dict, selection: dict, live: bool, leaf_level: str) -> str:
+    """A domain's block: its header, then its children's blocks or its nodes, or what is not drawn.
+    Blocks of the last configured level (leaves) have a frame of their own."""
     gpus = block["gpus"]
     summary = (f'{gpus["used"]} used, {gpus["held"]} held, {gpus["free"]} free'
                + (f', {gpus["out"]} out of service' if gpus["out"] else "")
-               + f' of {gpus["total"]} GPUs; pods that fit now (count&times;GPUs): {_fits(block)}')
-    largest = block["largest_job_gpus"]
+               + f' of {gpus["total"]} GPUs; pods that fit now (count\u00d7GPUs): {_fits(block)}')
     title = block["name"] if block["name"] == block["level"] else f'{block["level"]} {block["name"]}'
     head = [f'<b>{_e(title)}</b>', _bar(gpus),
             f'<small>{round(100 * block["utilization"])}% &middot; {gpus["free"]} free'
             + (f' &middot; {gpus["held"]} held' if gpus["held"] else "")
-            + (f' &middot; largest job {largest}' if largest else f' &middot; largest pod {block["largest_pod_gpus"]}')
+            + f' &middot; {_room(block)}'
             + (f' &middot; {block["partly_used_nodes"]} part-used' if block["partly_used_nodes"] else "")
             + "</small>"]
     inner = ""
     if "children" in block:
-        inner = '<div class="c">' + "".join(_domain(child, selection, live) for child in block["children"]) + "</div>"
+        inner = '<div class="c">' + "".join(_domain(child, selection, live, leaf_level) for child in block["children"]) + "</div>"
     elif "node_list" in block:
         inner = '<div class="ns">' + "".join(_node(node) for node in block["node_list"]) + "</div>"
         if block["nodes_without_gpus"]:
             inner += f'<small>+{block["nodes_without_gpus"]} nodes without GPUs</small>'
     else:
-        hidden = (f'{block["hidden_domains"]} domains' if "hidden_domains" in block else f'{block["nodes"]} nodes')
-        query = {**{k: v for k, v in selection.items() if v}, "focus": block["name"]}
-        link = f' <a href="?{_e(urlencode(query))}">show</a>' if live else ""
-        head.append(f"<small>{hidden} not drawn{link}</small>")
-    mark = " mark" if block["marked"] else ""
-    return (f'<div class="d{mark}" data-domain="{_e(block["name"])}" title="{_e(summary)}">'
+        hidden = f'{block["hidden_domains"]} domains' if "hidden_domains" in block else f'{block["nodes"]} nodes'
+        if live:  # the link opens this domain's nodes
+            query = {**{k: v for k, v in selection.items() if v}, "focus": block["name"]}
+            hidden = f'<a href="?{_e(urlencode(query))}">{hidden}</a>'
+        head.append(f"<small>{hidden}</small>")
+    classes = "d" + (" lf" if block["level"] == leaf_level else "") + (" mark" if block["marked"] else "")
+    return (f'<div class="{classes}" data-domain="{_e(block["name"])}" title="{_e(summary)}">'
             f'<div class="h">{"".join(head)}</div>{inner}</div>')
 
 
@@ -183,7 +196,7 @@ def render(data: dict, refresh_seconds: int = 0, live: bool = True) -> str:
     notes = []
     if not data["nodes_drawn"]:
         notes.append(f'{data["node_count"]} nodes: more than {data["node_detail_limit"]}, so the tree is drawn '
-                     "down to domains" + (" (show opens one)" if live else ""))
+                     "down to domains" + (" (a domain's node count opens it)" if live else ""))
     if selection["namespace"] or selection["workload"]:
         notes.append("outlined: where the selected workloads are placed or held")
     filtered = f' for {_e(selection["namespace"] or "every namespace")}' + (
@@ -198,11 +211,11 @@ def render(data: dict, refresh_seconds: int = 0, live: bool = True) -> str:
         + (f" &middot; refreshes every {refresh_seconds} s" if refresh_seconds else "") + "</div>",
         f'<div class="sum"><b>{gpus["total"]} GPUs</b><b>{gpus["used"]} used</b><b>{gpus["held"]} held</b>'
         f'<b>{gpus["free"]} free</b><b>{gpus["out"]} out of service</b>'
-        f'<b>largest job now: {tree["largest_job_gpus"]} GPUs</b></div>',
+        f'<b>{_room(tree)} now</b></div>',
         f'<div class="legend">{legend}<span>hover a block for the pods that fit in it now</span></div>',
         _form(selection) if live else "",
         "".join(f'<div class="note">{note}</div>' for note in notes),
-        f'<div class="c">{_domain(tree, selection, live)}</div>',
+        f'<div class="c">{_domain(tree, selection, live, data["levels"][-1] if data["levels"] else "")}</div>',
         f"<h2>Workloads{filtered}</h2>", _workloads(data["workloads"]),
         f"<h2>Holds{filtered}</h2>", _holds(data["holds"], data["holds_total"]),
         "<h2>Out of service</h2>", _out_of_service(data["out_of_service"], data["out_of_service_total"]),
