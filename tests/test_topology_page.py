@@ -10,7 +10,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import review_of
+from conftest import free_port, review_of
 from tests.fixtures.builders import gpu_job, gpu_pod
 from webhook import cli
 from webhook.core.cluster import ClusterIndex
@@ -19,6 +19,7 @@ from webhook.kube import demo
 from webhook.objects import admission, overview
 from webhook.objects.overview import RecentDecisions, Selection, snapshot
 from webhook.serving import topology_page
+from webhook.serving.server import start_metrics_server
 from webhook.serving.topology_page import page_app, render
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")
@@ -332,6 +333,19 @@ def test_after_a_placed_admission_the_metrics_port_serves_the_page_with_it(tls_s
     data = requests.get(f"{base}/topology.json", params={"namespace": "page"}, timeout=10).json()
     assert [(entry["name"], entry["outcome"]) for entry in data["workloads"]] == [(name, "placed")]
     assert reader.free == {node: entry["gpus"]["free"] for node, entry in json_nodes(data["tree"]).items()}
+
+
+@pytest.mark.parametrize("served", [True, False])
+def test_the_metrics_port_serves_the_page_unless_it_is_turned_off(demo_index, app, metrics, served):
+    port = free_port()
+    start_metrics_server(("127.0.0.1", port), metrics.registry, app,
+                         page_app(demo_index, RecentDecisions()) if served else None)
+    response = requests.get(f"http://127.0.0.1:{port}/topology.json", timeout=5)  # bound before the call returned
+    if served:
+        assert response.status_code == 200 and "leaf-8" in response.text
+    else:
+        assert response.status_code == 404 and response.text == "not found: this port serves /metrics, /healthz, /readyz\n"
+    assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
 
 
 def test_mutate_writes_the_page_with_the_workloads_it_placed(tmp_path, capsys):

@@ -201,7 +201,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     def build_app():  # runs in the worker, after the fork, so the watch threads start there
         metrics = Metrics.create(options.multiprocess_dir)
-        decisions = RecentDecisions()
+        decisions = None if args.no_topology_page else RecentDecisions()
         if live:
             feed = ApiFeed(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
                            claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc)
@@ -211,7 +211,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else:
             index, readiness = file_index(config, cluster)
         app = create_app(config, index, readiness, metrics, decisions)
-        start_metrics_server(metrics_bind, metrics.registry, app, page_app(index, decisions))
+        start_metrics_server(metrics_bind, metrics.registry, app,
+                             None if decisions is None else page_app(index, decisions))
         if target is not None:  # the worker keeps the certificate and the caBundle current while it serves
             certbootstrap.keep_current(api_client_from(args.kubeconfig), target, cert, key)
         return app
@@ -219,9 +220,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = WebhookServer(build_app, options)  # loads the certificate: a bad one stops us here
     source = (f"the cluster of {args.kubeconfig}" if args.kubeconfig else "this cluster (in-cluster config)") \
         if live else args.nodes or "the built-in demo cluster"
-    log.info("serving https://%s/mutate with %s; metrics on http://%s/metrics, the topology page on "
-             "http://%s/topology%s", args.bind, source, args.metrics_bind, args.metrics_bind,
-             "; client certificates required" if args.client_ca else "")
+    page = "" if args.no_topology_page else f", the topology page on http://{args.metrics_bind}/topology"
+    log.info("serving https://%s/mutate with %s; metrics on http://%s/metrics%s%s", args.bind, source,
+             args.metrics_bind, page, "; client certificates required" if args.client_ca else "")
     server.run()
     return 0
 
@@ -365,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "view and reservations are in that process; a second would book the same GPUs again)")
     serve.add_argument("--metrics-bind", metavar="HOST:PORT", default=DEFAULT_METRICS_BIND,
                        help="plain-HTTP listen address of /metrics (default: %(default)s)")
+    serve.add_argument("--no-topology-page", action="store_true",
+                       help="do not serve /topology and /topology.json on the metrics port (they name "
+                            "namespaces, workloads and nodes to whoever reaches that port)")
     serve.add_argument("--client-ca", metavar="FILE",
                        help="require client certificates signed by this CA (mutual TLS with the apiserver)")
     serve.add_argument("--claims-namespace", metavar="NS",

@@ -160,6 +160,7 @@ class _Reader:
         self.selection = selection
         self.marked = marked
         self.width = index.tree.width
+        self.sizes = sorted({g for g in (1, 2, 4, 8, 16, 32, 64) if g <= self.width} | {self.width})
         self.draw_all = len(index.nodes) <= NODE_DETAIL_LIMIT
         levels = index.levels
         # The deepest level drawn as blocks; below it only a focused domain opens.
@@ -189,7 +190,6 @@ class _Reader:
         extra = self.extra.get(id(domain), {"held": 0, "out": 0, "out_total": 0})
         total = domain.alloc_gpus + extra["out_total"]
         used = total - domain.free_gpus - extra["held"] - extra["out"]
-        sizes = sorted({g for g in (1, 2, 4, 8, 16, 32, 64) if g <= self.width} | {self.width})
         largest_pod = max((b for b in range(len(domain.free_hist)) if domain.free_hist[b]), default=0)
         block = {
             "level": domain.ref.level_name, "name": domain.ref.name,
@@ -198,7 +198,7 @@ class _Reader:
                      "out": extra["out"]},
             "utilization": round(1 - domain.free_gpus / domain.alloc_gpus, 4) if domain.alloc_gpus else 0.0,
             "partly_used_nodes": domain.partly_used,
-            "pods_fitting": {str(g): domain.fits(g) for g in sizes},
+            "pods_fitting": {str(g): domain.fits(g) for g in self.sizes},
             "largest_pod_gpus": largest_pod,
             "largest_job_gpus": self.width * domain.fits(self.width),
             "marked": id(domain) in self.marked_domains,

@@ -173,13 +173,16 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 def start_metrics_server(address: tuple[str, int], registry: CollectorRegistry, webhook_app: Any,
-                         topology_app: Any) -> None:
+                         topology_app: Any | None = None) -> None:
     """/metrics over plain HTTP on its own port, in a daemon thread of the worker: scrapers reach
     this port and the apiserver the TLS one, so a NetworkPolicy can tell them apart. /healthz and
     /readyz answer here too (from the webhook app): with --client-ca, kubelet's probes carry no
     client certificate, so they are pointed at this port. The topology page (topology_page.py)
-    is here, beside the metrics it draws, and read-only. /mutate is never served here."""
+    is here, beside the metrics it draws, and read-only (None: not served). /mutate is never
+    served here."""
     metrics_app = make_wsgi_app(registry)
+    paths = [METRICS_PATH, HEALTHZ_PATH, READYZ_PATH] + ([TOPOLOGY_PATH, TOPOLOGY_JSON_PATH] if topology_app else [])
+    not_found = f"not found: this port serves {', '.join(paths)}\n".encode()
 
     def app(environ: dict, start_response: Callable) -> Any:
         path = environ.get("PATH_INFO")
@@ -187,10 +190,10 @@ def start_metrics_server(address: tuple[str, int], registry: CollectorRegistry, 
             return metrics_app(environ, start_response)
         if path in (HEALTHZ_PATH, READYZ_PATH):
             return webhook_app(environ, start_response)
-        if path in (TOPOLOGY_PATH, TOPOLOGY_JSON_PATH):
+        if path in (TOPOLOGY_PATH, TOPOLOGY_JSON_PATH) and topology_app is not None:
             return topology_app(environ, start_response)
         start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not found: this port serves /metrics, /healthz, /readyz, /topology and /topology.json\n"]
+        return [not_found]
 
     family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
     server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
