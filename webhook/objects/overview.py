@@ -16,7 +16,7 @@ import re
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, cast
 
 from ..core.cluster import ClusterIndex
 from ..core.topology import Domain, NodeState
@@ -205,15 +205,16 @@ class _Reader:
         }
         open_nodes = open_nodes or self.draw_all or (bool(self.selection.focus) and domain.ref.name == self.selection.focus
                                                      and domain.nodes <= NODE_DETAIL_LIMIT)
-        # A domain's children are all domains, or (at the last level) all nodes.
-        deeper = list(domain.children.values()) if isinstance(next(iter(domain.children.values()), None), Domain) else []
-        if deeper and (domain.ref.level < self.block_depth or open_nodes):
-            deeper.sort(key=lambda child: natural(child.ref.name))
-            block["children"] = [self.domain(child, open_nodes) for child in deeper]
-        elif deeper:
-            block["hidden_domains"] = len(deeper)
-        if open_nodes and not deeper:  # nodes hang from the last level's domains only
-            nodes = sorted(domain.children.values(), key=lambda node: natural(node.name))
+        children = list(domain.children.values())
+        if children and isinstance(children[0], Domain):  # all domains, or at the last level all nodes
+            deeper = cast("list[Domain]", children)
+            if domain.ref.level < self.block_depth or open_nodes:
+                deeper.sort(key=lambda child: natural(child.ref.name))
+                block["children"] = [self.domain(child, open_nodes) for child in deeper]
+            else:
+                block["hidden_domains"] = len(deeper)
+        elif open_nodes:
+            nodes = sorted(cast("list[NodeState]", children), key=lambda node: natural(node.name))
             block["node_list"] = [self.node(node) for node in nodes if node.alloc > 0]
             block["nodes_without_gpus"] = sum(1 for node in nodes if node.alloc == 0)
         return block
