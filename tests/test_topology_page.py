@@ -14,7 +14,7 @@ from conftest import free_port, review_of
 from tests.fixtures.builders import gpu_job, gpu_pod
 from webhook import cli
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import Config
+from webhook.core.config import Config, levels_from
 from webhook.kube import demo
 from webhook.objects import admission, overview
 from webhook.objects.overview import RecentDecisions, Selection, snapshot
@@ -105,10 +105,15 @@ def test_the_snapshot_draws_every_leaf_and_node_with_the_held_gpus_of_a_placed_j
         assert node["gpus"]["free"] == demo_index.nodes[name].free
 
 
-def test_holds_count_down_by_the_index_clock(demo_index, placed, clock):
+def test_holds_count_down_by_the_index_clock_and_an_overdue_one_says_so(demo_index, placed, clock):
+    ttl = Config().reservation_ttl_seconds
     clock.now += 100
     [hold] = snapshot(demo_index, placed.entries(), now=0.0)["holds"]
-    assert hold["expires_in_s"] == Config().reservation_ttl_seconds - 100
+    assert hold["expires_in_s"] == ttl - 100
+    clock.now += ttl  # no admission since: the hold is not released yet, and still counts
+    data = snapshot(demo_index, placed.entries(), now=0.0)
+    assert data["holds"][0]["expires_in_s"] == -100 and data["tree"]["gpus"]["held"] == 32
+    assert "due (at the next admission)" in render(data)
 
 
 def test_a_pending_pod_that_carries_our_placement_is_listed_as_held_until_it_binds(demo_index):
@@ -185,22 +190,27 @@ def test_a_large_cluster_is_drawn_down_to_leaves_and_a_focused_leaf_opens(monkey
 
 @st.composite
 def clusters(draw):
-    """Nodes of a random zone/spine/leaf tree (some missing labels, some out of service, some
-    without GPUs), with pods, and holds on random GPUs (overlapping pods' GPUs at times)."""
+    """A configuration of one to three of the zone/spine/leaf levels, and nodes of a random tree
+    (some missing labels, some out of service, some without GPUs, with NVLink domains of 8 or of
+    2), with pods, and holds on random GPUs (overlapping pods' GPUs at times)."""
+    levels = draw(st.sampled_from([LEVELS, LEVELS[1:], LEVELS[2:], LEVELS[:1]]))
+    config = Config(levels=levels_from(list(levels)))
     nodes, pods, holds = [], [], {}
     for i in range(draw(st.integers(1, 14))):
         gpus = draw(st.sampled_from([0, 4, 8]))
         labels = dict(zip(LEVELS, draw(st.sampled_from([("z0", "s0", "l0"), ("z0", "s0", "l1"), ("z0", "s1", "l2"),
                                                         ("z1", "s2", "l3"), ("z0", "s1"), ()]))))
         state = draw(st.sampled_from(["ok", "ok", "cordoned", "down"]))
-        nodes.append(demo.make_node(f"n{i}", labels, gpus, unschedulable=state == "cordoned", ready=state != "down"))
+        product = draw(st.sampled_from(["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe"]))
+        nodes.append(demo.make_node(f"n{i}", labels, gpus, product, unschedulable=state == "cordoned",
+                                    ready=state != "down"))
         used = draw(st.integers(0, gpus))
         if used:
             pods.append(demo.make_pod(f"p{i}", f"n{i}", used))
         if gpus and draw(st.booleans()):
             held = draw(st.lists(st.integers(0, gpus - 1), unique=True, min_size=1, max_size=gpus))
             holds.setdefault(f"ml/Job/j{draw(st.integers(0, 2))}", {})[f"n{i}"] = [tuple(sorted(held))]
-    return nodes, pods, holds
+    return config, nodes, pods, holds
 
 
 def check_sums(block: dict) -> dict:
@@ -216,8 +226,8 @@ def check_sums(block: dict) -> dict:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters())
 def test_every_domain_sums_its_nodes_and_every_node_its_gpus(cluster):
-    nodes, pods, holds = cluster
-    index = ClusterIndex.from_objects(Config(), nodes, pods)
+    config, nodes, pods, holds = cluster
+    index = ClusterIndex.from_objects(config, nodes, pods)
     for key, sets in holds.items():
         index.reserve(key, sets)
     data = snapshot(index, [], now=0.0)
@@ -229,6 +239,7 @@ def test_every_domain_sums_its_nodes_and_every_node_its_gpus(cluster):
         gpus = node["gpus"]
         assert gpus["free"] == state.free and gpus["total"] == state.alloc
         assert gpus["used"] + gpus["held"] + gpus["free"] + gpus["out"] == gpus["total"]
+        assert [len(group) for group in node["nvlink"]] == [len(group) for group in state.nvlink_groups()]
         letters = "".join(node["nvlink"])
         assert [letters.count(c) for c in "uhfx"] == [gpus["used"], gpus["held"], gpus["free"], gpus["out"]]
     free_on_page = read_page(render(data)).free

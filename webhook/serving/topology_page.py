@@ -157,7 +157,7 @@ def _holds(rows: list[dict], total: int) -> str:
     body = _rows([
         f'<td>{_e(r["kind"])} {_e(r["namespace"])}/{_e(r["name"])}</td>', f'<td class="r">{r["gpus"]}</td>',
         f'<td>{_e(", ".join(r["nodes"]))}{" &hellip;" if r["node_count"] > len(r["nodes"]) else ""}</td>',
-        f'<td>{"until its pods bind" if r["expires_in_s"] is None else "in " + _age(r["expires_in_s"])}</td>',
+        f'<td>{_expiry(r["expires_in_s"])}</td>',
         f'<td>{_e(r["source"])}</td>'] for r in rows)
     more = f"<p>{total - len(rows)} more not listed.</p>" if total > len(rows) else ""
     return ("<table><tr><th>Held for</th><th>GPUs</th><th>Nodes</th><th>Expires</th><th>From</th></tr>"
@@ -171,6 +171,13 @@ def _out_of_service(rows: list[dict], total: int) -> str:
                   f'<td class="r">{r["gpus"]}</td>'] for r in rows)
     more = f"<p>{total - len(rows)} more not listed.</p>" if total > len(rows) else ""
     return f"<table><tr><th>Node</th><th>Domain</th><th>Why</th><th>GPUs</th></tr>{body}</table>{more}"
+
+
+def _expiry(seconds: float | None) -> str:
+    if seconds is None:
+        return "when its pods bind"
+    # Holds expire before the next decision is made: until then an overdue one still counts.
+    return "in " + _age(seconds) if seconds > 0 else "due (at the next admission)"
 
 
 def _age(seconds: float) -> str:
