@@ -188,6 +188,23 @@ def test_a_large_cluster_is_drawn_down_to_leaves_and_a_focused_leaf_opens(monkey
     assert [spine["hidden_domains"] for spine in spines] == [4, 4]
 
 
+def test_nodes_and_domains_without_gpus_are_counted_not_drawn_nor_counted_against_the_node_limit(monkeypatch):
+    monkeypatch.setattr(overview, "NODE_DETAIL_LIMIT", 32)
+    nodes, pods = demo.demo_cluster()
+    cpu = [demo.make_node(f"cpu-{i}", {LEVELS[0]: "zone-a", LEVELS[1]: "spine-1", LEVELS[2]: "leaf-1"}, gpus=0)
+           for i in range(3)]
+    cpu += [demo.make_node(f"cpu-pool-{i}", {LEVELS[0]: "zone-cpu", LEVELS[1]: "cpu", LEVELS[2]: "cpu"}, gpus=0)
+            for i in range(3)]
+    data = snapshot(ClusterIndex.from_objects(Config(), nodes + cpu, pods), [], now=0.0)
+    assert data["nodes_drawn"] and (data["node_count"], data["gpu_node_count"]) == (38, 32)
+    assert [zone["name"] for zone in data["tree"]["children"]] == ["zone-a"]
+    assert data["tree"]["domains_without_gpus"] == 1
+    leaf_1 = data["tree"]["children"][0]["children"][0]["children"][0]
+    assert leaf_1["nodes_without_gpus"] == 3 and len(leaf_1["node_list"]) == 4
+    page = render(data)
+    assert "and 1 domain without GPUs" in page and "and 3 nodes without GPUs" in page and "cpu-0" not in page
+
+
 @st.composite
 def clusters(draw):
     """A configuration of one to three of the zone/spine/leaf levels, and nodes of a random tree

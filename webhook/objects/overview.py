@@ -161,7 +161,8 @@ class _Reader:
         self.marked = marked
         self.width = index.tree.width
         self.sizes = sorted({g for g in (1, 2, 4, 8, 16, 32, 64) if g <= self.width} | {self.width})
-        self.draw_all = len(index.nodes) <= NODE_DETAIL_LIMIT
+        self.gpu_nodes = sum(1 for node in index.nodes.values() if node.alloc > 0)
+        self.draw_all = self.gpu_nodes <= NODE_DETAIL_LIMIT
         levels = index.levels
         # The deepest level drawn as blocks; below it only a focused domain opens.
         self.block_depth = max((depth for depth, level in enumerate(levels) if len(level) <= BLOCK_LIMIT), default=-1)
@@ -207,7 +208,9 @@ class _Reader:
                                                      and domain.nodes <= NODE_DETAIL_LIMIT)
         children = list(domain.children.values())
         if children and isinstance(children[0], Domain):  # all domains, or at the last level all nodes
-            deeper = cast("list[Domain]", children)
+            deeper = [child for child in cast("list[Domain]", children) if child.fits_idle(1)]
+            if len(deeper) < len(children):  # CPU pools: nothing to place there
+                block["domains_without_gpus"] = len(children) - len(deeper)
             if domain.ref.level < self.block_depth or open_nodes:
                 deeper.sort(key=lambda child: natural(child.ref.name))
                 block["children"] = [self.domain(child, open_nodes) for child in deeper]
@@ -292,6 +295,7 @@ def snapshot(index: ClusterIndex, decisions: Sequence[RecordedDecision], now: fl
         "generated_at": round(now, 3),
         "levels": levels,
         "node_count": node_count,
+        "gpu_node_count": reader.gpu_nodes,
         "nodes_drawn": reader.draw_all,
         "node_detail_limit": NODE_DETAIL_LIMIT,
         "selection": {"namespace": selection.namespace, "workload": selection.workload, "focus": selection.focus},

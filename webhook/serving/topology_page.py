@@ -104,17 +104,20 @@ def _domain(block: dict, selection: dict, live: bool, leaf_level: str) -> str:
             + "</small>"]
     inner = ""
     if "children" in block:
-        inner = '<div class="c">' + "".join(_domain(child, selection, live, leaf_level) for child in block["children"]) + "</div>"
+        inner = ('<div class="c">' + "".join(_domain(child, selection, live, leaf_level) for child in block["children"])
+                 + "</div>")
     elif "node_list" in block:
         inner = '<div class="ns">' + "".join(_node(node) for node in block["node_list"]) + "</div>"
-        if block["nodes_without_gpus"]:
-            inner += f'<small>+{block["nodes_without_gpus"]} nodes without GPUs</small>'
     else:
         hidden = f'{block["hidden_domains"]} domains' if "hidden_domains" in block else f'{block["nodes"]} nodes'
         if live:  # the link opens this domain's nodes
             query = {**{k: v for k, v in selection.items() if v}, "focus": block["name"]}
             hidden = f'<a href="?{_e(urlencode(query))}">{hidden}</a>'
         head.append(f"<small>{hidden}</small>")
+    without = block.get("nodes_without_gpus") or block.get("domains_without_gpus")
+    if without:
+        what = ("node" if "node_list" in block else "domain") + ("s" if without > 1 else "")
+        inner += f"<small>and {without} {what} without GPUs</small>"
     classes = "d" + (" lf" if block["level"] == leaf_level else "") + (" mark" if block["marked"] else "")
     return (f'<div class="{classes}" data-domain="{_e(block["name"])}" title="{_e(summary)}">'
             f'<div class="h">{"".join(head)}</div>{inner}</div>')
@@ -202,8 +205,8 @@ def render(data: dict, refresh_seconds: int = 0, live: bool = True) -> str:
     legend = "".join(f'<span><i style="background:{colour}"></i> {part}</span>' for part, colour in COLOURS.items())
     notes = []
     if not data["nodes_drawn"]:
-        notes.append(f'{data["node_count"]} nodes: more than {data["node_detail_limit"]}, so the tree is drawn '
-                     "down to domains" + (" (a domain's node count opens it)" if live else ""))
+        notes.append(f'{data["gpu_node_count"]} GPU nodes: more than {data["node_detail_limit"]}, so the tree is '
+                     "drawn down to domains" + (" (a domain's node count opens it)" if live else ""))
     if selection["namespace"] or selection["workload"]:
         notes.append("outlined: where the selected workloads are placed or held")
     filtered = f' for {_e(selection["namespace"] or "every namespace")}' + (
@@ -213,7 +216,8 @@ def render(data: dict, refresh_seconds: int = 0, live: bool = True) -> str:
         '<meta name="viewport" content="width=device-width,initial-scale=1">',
         f"<title>GPU topology &middot; {gpus['free']} of {gpus['total']} free</title><style>{_STYLE}</style></head><body>",
         "<h1>GPU topology</h1>",
-        f'<div class="meta">{when} &middot; {data["node_count"]} nodes &middot; levels '
+        f'<div class="meta">{when} &middot; {data["gpu_node_count"]} GPU nodes'
+        + (f' of {data["node_count"]}' if data["node_count"] != data["gpu_node_count"] else "") + ' &middot; levels '
         f'{_e(" > ".join(data["levels"] + ["node"]))}'
         + (f" &middot; refreshes every {refresh_seconds} s" if refresh_seconds else "") + "</div>",
         f'<div class="sum"><b>{gpus["total"]} GPUs</b><b>{gpus["used"]} used</b><b>{gpus["held"]} held</b>'
