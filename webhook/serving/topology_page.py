@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlencode
 
 from ..core.cluster import ClusterIndex
 from ..core.config import TOPOLOGY_JSON_PATH
-from ..objects.overview import HELD, OUT, USED, RecentDecisions, Selection, snapshot
+from ..objects.overview import FREE, HELD, OUT, USED, RecentDecisions, Selection, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +28,14 @@ MAX_QUERY_FIELDS = 8
 CONTENT_SECURITY_POLICY = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; "
                            "base-uri 'none'; frame-ancestors 'none'")
 COLOURS = {"used": "#475569", "held": "#f59e0b", "free": "#22c55e", "out": "#f87171"}
-_CELL = {USED: "u", HELD: "h", OUT: "x"}  # letter -> CSS class; free is the default cell
+_CLASSES = {"used": USED, "held": HELD, "free": FREE, "out": OUT}  # a GPU cell's CSS class is its letter
 _OUTCOME_ORDER = ("waiting", "placed", "repaired", "denied", "released", "suspended", "not-ready", "failed-open")
 
 _STYLE = """
 body{font:13px/1.35 system-ui,-apple-system,'Segoe UI',sans-serif;margin:12px;color:#1e293b;background:#fff}
 h1{font-size:18px;margin:0 0 2px}h2{font-size:15px;margin:16px 0 4px}
 .meta{color:#475569;margin-bottom:6px}.sum b{margin-right:12px}.note{color:#92400e}
-.legend i,.g i{display:inline-block;width:9px;height:13px;border-radius:1px;background:#22c55e;vertical-align:middle}
+.legend i,.g i{display:inline-block;width:9px;height:13px;border-radius:1px;vertical-align:middle}
 .legend span{margin-right:10px}
 form{margin:6px 0}input{font:inherit;width:12em}
 .c{display:flex;flex-wrap:wrap;align-items:flex-start}
@@ -47,12 +47,10 @@ form{margin:6px 0}input{font:inherit;width:12em}
 .n .nm{font:11px ui-monospace,monospace;min-width:9em}.n em{color:#b91c1c;font-size:11px}
 .n.out{background:#fee2e2}.mark{outline:2px solid #2563eb}
 .g{display:inline-flex;gap:1px;margin-right:3px}
-i.u{background:#475569}i.h{background:#f59e0b}i.x{background:#f87171}
-rect.used{fill:#475569}rect.held{fill:#f59e0b}rect.out{fill:#f87171}rect.free{fill:#22c55e}
 table{border-collapse:collapse}td,th{border-bottom:1px solid #e2e8f0;padding:2px 6px;text-align:left;vertical-align:top}
 td.r{text-align:right}.o-waiting{color:#b45309}.o-placed{color:#15803d}.o-denied{color:#b91c1c}
 ul{margin:0;padding-left:16px}
-"""
+""" + "".join(f"i.{_CLASSES[part]},rect.{part}{{background:{colour};fill:{colour}}}" for part, colour in COLOURS.items())
 
 
 def _e(value: object) -> str:
@@ -125,8 +123,8 @@ def _domain(block: dict, selection: dict, live: bool, leaf_level: str) -> str:
 
 def _node(node: dict) -> str:
     gpus = node["gpus"]
-    groups = "".join('<span class="g">' + "".join(f'<i class={_CELL[s]}></i>' if s in _CELL else "<i></i>"
-                                                  for s in group) + "</span>" for group in node["nvlink"])
+    groups = "".join('<span class="g">' + "".join(f"<i class={letter}></i>" for letter in group) + "</span>"
+                     for group in node["nvlink"])
     classes = "n" + (" out" if node["out"] else "") + (" mark" if node["marked"] else "")
     why = f'<em>{_e(node["out"])}</em>' if node["out"] else ""
     title = f'{node["name"]}: {gpus["used"]} used, {gpus["held"]} held, {gpus["free"]} free' + (
@@ -202,7 +200,7 @@ def render(data: dict, refresh_seconds: int = 0, live: bool = True) -> str:
     gpus = tree["gpus"]
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(data["generated_at"]))
     refresh = f'<meta http-equiv="refresh" content="{refresh_seconds}">' if refresh_seconds else ""
-    legend = "".join(f'<span><i style="background:{colour}"></i> {part}</span>' for part, colour in COLOURS.items())
+    legend = "".join(f"<span><i class={_CLASSES[part]}></i> {part}</span>" for part in COLOURS)
     notes = []
     if not data["nodes_drawn"]:
         notes.append(f'{data["gpu_node_count"]} GPU nodes: more than {data["node_detail_limit"]}, so the tree is '
