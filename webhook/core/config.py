@@ -21,6 +21,8 @@ MUTATE_PATH = "/mutate"
 HEALTHZ_PATH = "/healthz"
 READYZ_PATH = "/readyz"
 METRICS_PATH = "/metrics"
+TOPOLOGY_PATH = "/topology"  # the topology page, on the metrics port
+TOPOLOGY_JSON_PATH = "/topology.json"
 LINK_CLASSES = ("nvlink", "leaf", "spine", "zone", "cluster")
 
 
