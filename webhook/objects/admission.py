@@ -169,6 +169,11 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     # node selection the queue wrote; the template's scheduling fields may change in this update.
     admitted_by_queue = (request.operation == "UPDATE" and workload.suspended(kind, request.old)
                          and not workload.suspended(kind, obj))
+    if (request.operation == "UPDATE" and request.old is not None and workload.suspended(kind, obj)
+            and not workload.suspended(kind, request.old)):
+        # Suspended again (its queue preempted it): its pods go, and so does the hold for the ones
+        # not bound yet; un-suspended later, it is placed afresh.
+        return _released(request, index)
     if request.operation not in KINDS[kind].operations and not admitted_by_queue:
         return _result(request, "ignored")
     if _deeper_than(obj, MAX_DEPTH):
@@ -294,7 +299,7 @@ def _kept(request: _Request, old: dict, config: Config, wanted: workload.Workloa
 
 
 def _released(request: _Request, index: "ClusterIndex") -> AdmissionResult:
-    """A workload we placed is being deleted: free the GPUs its unbound pods still hold. Only the
+    """A workload we placed is being deleted or suspended: free the GPUs its unbound pods still hold. Only the
     workload's own key: a Job's pods and a Deployment's ReplicaSets carry their owner's key, and
     deleting one of them does not end the owner. Dry runs release nothing."""
     kind, old = request.kind, request.old
