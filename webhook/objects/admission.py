@@ -27,15 +27,16 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..core import injection
-from . import mutation, workload
 from ..core.config import Config
 from ..core.gpus import pod_gpus
-from .kinds import KINDS
 from ..core.ledger import held_by, reservation_key
-from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, UNKNOWN_DOMAIN, UNKNOWN_LEVEL, Decision, Outcome,
-                    PlacementRequest, Strategy)
-from .patch import encode, make_patch
+from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, UNKNOWN_DOMAIN, UNKNOWN_LEVEL,
+                          Decision, Outcome, PlacementRequest, Strategy)
 from ..core.placer import group_decision, place, place_group, place_shared, release_shared
+from . import mutation, workload
+from .groups import GROUP_SIZE
+from .kinds import KINDS
+from .patch import encode, make_patch
 
 if TYPE_CHECKING:
     from ..core.cluster import ClusterIndex
@@ -343,7 +344,8 @@ def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str
     """The denial: the object, the annotation that asked for the impossible, and why."""
     reason = decision.reasons[0] if decision.reasons else str(decision.code)
     annotations = workload.annotations_of(kind, obj)
-    culprit = {UNKNOWN_DOMAIN: workload.PREFERRED_DOMAIN, EXCEEDS_CLUSTER: workload.GPU_COUNT}.get(decision.code or "")
+    culprit = {UNKNOWN_DOMAIN: workload.PREFERRED_DOMAIN, EXCEEDS_CLUSTER: workload.GPU_COUNT,
+               GROUP_MISMATCH: GROUP_SIZE}.get(decision.code or "")
     if decision.code in (UNKNOWN_LEVEL, EXCEEDS_MAX_DOMAIN):
         culprit = next((k for k in (workload.MAX_DOMAIN, *workload.PEER_REQUIRED) if k in annotations), None)
     if culprit in annotations:
