@@ -85,16 +85,18 @@ def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserv
     with _GROUP_LOCKS[zlib.crc32(key.encode()) % len(_GROUP_LOCKS)]:
         with index.lock:
             decision = index.ledger.group(key)
-            claimed = index.ledger.holds.get(key) if decision is None else None
+            claimed = index.ledger.hold(key) if decision is None else None
             nodes = sorted(claimed.sets) if claimed is not None else []
         if decision is not None:
             first = decision.request
             if (first.pods, first.gpus_per_pod) != (request.pods, request.gpus_per_pod):
-                return Decision(Outcome.NEVER, request, None, code=GROUP_MISMATCH, reasons=(
-                    f"{request.workload}: this member declares {request.pods} pod(s) x {request.gpus_per_pod} "
-                    f"GPU(s), but the group was placed for {first.pods} pod(s) x {first.gpus_per_pod} GPU(s) "
-                    "when its first member arrived; allowed: the same size on every member",)), [], True
+                return _mismatch(request, f"{first.pods} pod(s) x {first.gpus_per_pod} GPU(s)"), [], True
             return decision, [], True
+        if claimed is not None and request.pods < claimed.pods:
+            # The hold under this key (another replica's claim, or the workload's own) is never
+            # shrunk by a member that says the group is smaller: labels and owners are the pod's
+            # to write. (Bound members make a claim read smaller, never larger.)
+            return _mismatch(request, f"{claimed.pods} pod(s)"), [], True
         if nodes:  # another replica placed the group first and claimed it: decide on its nodes
             request = _on_nodes(request, nodes)
         decision, alone = place_shared(index, request, key if reserve else None)
@@ -102,6 +104,12 @@ def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserv
             with index.lock:
                 index.ledger.remember_group(key, decision)
         return decision, alone, False
+
+
+def _mismatch(request: PlacementRequest, placed_for: str) -> Decision:
+    return Decision(Outcome.NEVER, request, None, code=GROUP_MISMATCH, reasons=(
+        f"{request.workload}: this member declares {request.pods} pod(s) x {request.gpus_per_pod} GPU(s), but the "
+        f"group was placed for {placed_for} when its first member arrived; allowed: the same size on every member",))
 
 
 def group_decision(index: ClusterIndex, key: str) -> Decision | None:
