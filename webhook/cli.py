@@ -153,6 +153,16 @@ def metrics_dir() -> str | None:
     return path
 
 
+def reread(path: str | None, previous: Config) -> Config:
+    """The settings file as it is now, or `previous` (logged) when it no longer reads: a SIGHUP
+    after a bad edit keeps the webhook serving on the last settings that read."""
+    try:
+        return load_config(path)
+    except ConfigError as err:
+        log.error("%s; keeping the settings in use", err)
+        return previous
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers != 1:
         raise UsageError(f"--workers {args.workers}: serve runs exactly 1 worker process, because the cluster "
@@ -183,10 +193,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_client_from(args.kubeconfig)  # a bad kubeconfig stops start-up here, in one line
     cluster = ([], []) if live else read_cluster(args)
     cert, key = serving_certs(args, target)
-    options = ServeOptions(bind=args.bind, cert=cert, key=key, client_ca=args.client_ca,
-                           max_body_bytes=config.max_body_bytes, multiprocess_dir=metrics_dir())
+    def reload_settings() -> None:  # SIGHUP: workers forked from now on take the file as it is now
+        nonlocal config
+        config = reread(args.config, config)
 
-    def build_app():  # runs in the worker, after the fork, so the watch threads start there
+    options = ServeOptions(bind=args.bind, cert=cert, key=key, client_ca=args.client_ca,
+                           max_body_bytes=config.max_body_bytes, multiprocess_dir=metrics_dir(),
+                           on_reload=reload_settings)
+
+    def build_app():  # runs in the worker, after the fork, so the watch threads start there; `config` as
+        # the server process last read it
         metrics = Metrics.create(options.multiprocess_dir)
         decisions = None if args.no_topology_page else RecentDecisions()
         if live:

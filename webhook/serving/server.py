@@ -71,6 +71,7 @@ class ServeOptions:
     threads: int = THREADS_PER_WORKER
     max_body_bytes: int = 3 * 1024 * 1024  # a longer body is handed over at once, for the app's 413
     multiprocess_dir: str | None = None  # shared metrics directory (kept over worker restarts)
+    on_reload: Callable[[], None] | None = None  # SIGHUP, in the server process, before new workers start
 
 
 def request_complete(received: bytes, max_body_bytes: int) -> bool:
@@ -295,7 +296,9 @@ class WebhookServer(BaseApplication):
         self.options = options
         # Loaded now so a bad certificate stops start-up with a clear message; workers inherit it.
         self.tls = ReloadingContext(options.cert, options.key, client_ca=options.client_ca)
-        super().__init__()
+        self._started = False
+        super().__init__()  # loads the config the first time
+        self._started = True
 
     def _ssl_context(self, _config: Any, _default_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
         # gunicorn asks for a context on every new connection: hand out the current one.
@@ -308,6 +311,9 @@ class WebhookServer(BaseApplication):
             mark_worker_dead(worker.pid, self.options.multiprocess_dir)
 
     def load_config(self) -> None:
+        """gunicorn's settings; called again on SIGHUP, when our own settings are re-read too."""
+        if self._started and self.options.on_reload is not None:
+            self.options.on_reload()
         settings = {
             "bind": [self.options.bind],
             # One process: the cluster view and the reservation ledger live in it, so a second
