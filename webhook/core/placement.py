@@ -21,6 +21,7 @@ import heapq
 import math
 from typing import Iterable, Iterator, Sequence, Union
 
+from . import orderings
 from .config import HOSTNAME_LABEL, HardwareProfile
 from .filters import node_matches, tolerates
 from .model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN,
@@ -204,9 +205,7 @@ def _tightest_fit(subset: TopologyTree, scope: Member, pods: int, gpus: int) -> 
             continue
         fitting = [d for d in _at_level(scope, level) if d.fits(gpus) >= pods]
         if fitting:
-            # Among equal fits, the one with fewer partly used nodes: jobs that span nodes stay
-            # apart from where small jobs run, the mirror of _tightest_node's rule.
-            return min(fitting, key=lambda d: (d.fits(gpus), d.partly_used, d.free_gpus, d.path))
+            return min(fitting, key=lambda d: orderings.best_fit(d, gpus))
     return scope if scope.fits(gpus) >= pods else None
 
 
@@ -221,8 +220,8 @@ def _tightest_node(subset: TopologyTree, scope: Member, need: int, gpus: int) ->
     while member.children:
         kids = [c for c in member.children.values() if c.has_free(best)]
         if not kids[0].children:  # nodes, the tree's leaves
-            return min(_nodes(kids), key=lambda n: aligned_first(n, gpus))
-        member = min(kids, key=lambda d: with_small_jobs_first(d, gpus))
+            return min(_nodes(kids), key=lambda n: orderings.aligned_first(n, gpus))
+        member = min(kids, key=lambda d: orderings.with_small_jobs_first(d, gpus))
     return _node(member)
 
 
@@ -234,24 +233,6 @@ def _node(member: Member) -> NodeState:
 
 def _nodes(members: list[Member]) -> list[NodeState]:
     return [_node(m) for m in members]
-
-
-def aligned_first(node: NodeState, gpus: int) -> tuple:
-    """Rule for a single-node pod among equally full nodes: one whose NVLink domain holds the pod
-    whole wins."""
-    return not _aligned(node, gpus), node.name
-
-
-def with_small_jobs_first(domain: Member, gpus: int) -> tuple:
-    """Rule for a single-node pod on its way down the tree: where small jobs already run, then the
-    fullest. The gaps of a domain that a big job holds would break that domain up when the job
-    ends (bench/RESULTS.md measures this)."""
-    return -domain.partly_used, domain.fits(gpus), domain.free_gpus, domain.path
-
-
-def _aligned(node: NodeState, gpus: int) -> bool:
-    ids = node.pick_gpus(gpus, node.taken_ids)
-    return _pod_link(node, ids) is Interconnect.NVLINK
 
 
 def _split(member: Member, pods: int, gpus: int) -> list[tuple[NodeState, int]]:
@@ -434,7 +415,7 @@ def _placed(subset: TopologyTree, request: PlacementRequest, scope: Member, spli
             ids = node.pick_gpus(gpus, taken)
             taken.update(ids)
             sets.append(ids)
-        links = [_pod_link(node, ids) for ids in sets]
+        links = [node.link_for(ids) for ids in sets]
         assignment.append(NodeAssignment(node.name, count, tuple(sets), max(links, key=lambda lk: lk.rank)))
     interconnect, bandwidth, profile = _estimate(subset, request, assignment)
     # The switches used below the scope (its children that are domains, not nodes).
@@ -467,12 +448,6 @@ def _why(subset: TopologyTree, request: PlacementRequest, scope: Member, domains
                 f"no single {domains[0].level_name} holds them; fewest {domains[0].level_name}s, balanced")
     return (f"{shape} in {scope.label}: the tightest {scope.ref.level_name} that holds them "
             f"({scope.fits(request.gpus_per_pod)} such pod(s) fit there)")
-
-
-def _pod_link(node: NodeState, ids: tuple[int, ...]) -> Interconnect:
-    if len(ids) <= 1 or any(set(ids) <= set(group) for group in node.nvlink_domains):
-        return Interconnect.NVLINK
-    return Interconnect.PCIE
 
 
 def _estimate(subset: TopologyTree, request: PlacementRequest, assignment: list[NodeAssignment]
