@@ -30,10 +30,10 @@ def clusters(draw):
     return nodes
 
 
-def build(nodes):
+def build(nodes, config=Config()):
     objs = [make_node(name, dict(zip(LEVELS, path)), gpus) for name, path, gpus, _ in nodes]
     pods = [make_pod(f"use-{name}", name, used) for name, _, _, used in nodes if used]
-    return ClusterIndex.from_objects(Config(), objs, pods)
+    return ClusterIndex.from_objects(config, objs, pods)
 
 
 def oracle_levels(nodes, pods, gpus):
@@ -54,16 +54,18 @@ requests = st.tuples(st.integers(1, 6), st.sampled_from([1, 2, 4, 8]))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(clusters(), requests)
-def test_consolidated_matches_the_oracle(nodes, shape):
+@given(clusters(), requests, st.booleans())
+def test_consolidated_matches_the_oracle(nodes, shape, refuse_unplaceable):
     pods, gpus = shape
-    index = build(nodes)
+    index = build(nodes, Config(refuse_unplaceable=refuse_unplaceable))
     decision = place(index, PlacementRequest("Job p/x", pods, gpus, Strategy.CONSOLIDATED))
     groups = oracle_levels(nodes, pods, gpus)
     free = {name: gpus_ - used for name, _, gpus_, used in nodes}
     idle_fit = sum(g // gpus for _, _, g, _ in nodes)
-    if idle_fit < pods:
-        assert decision.outcome is Outcome.NEVER
+    if idle_fit < pods:  # only nodes added later could hold it: it waits for them, pinned to none of these
+        never = refuse_unplaceable or idle_fit == 0
+        assert decision.outcome is (Outcome.NEVER if never else Outcome.WAIT)
+        assert decision.requirements == ()
         return
     if groups[-1][()] < pods:
         assert decision.outcome is Outcome.WAIT

@@ -119,6 +119,9 @@ class Config:
     scheduler_names: tuple[str, ...] = ("topology-aware-scheduler",)  # ours: reset to default_scheduler
     default_scheduler: str = "default-scheduler"
     pin_when_waiting: bool = True  # consolidated workloads wait for locality instead of scattering
+    # Deny a workload the nodes there are cannot hold even when idle (a cluster that never grows).
+    # Off: it is admitted to wait for nodes an autoscaler (or a person) adds, with a warning.
+    refuse_unplaceable: bool = False
     # Weight of our preferred node affinity (balanced). 100, the scheduler's maximum, outweighs a
     # user's weaker preferences; lower it to let theirs count more.
     preferred_weight: int = 100
@@ -325,7 +328,7 @@ def config_from_mapping(data: Mapping[str, Any]) -> Config:
             values[key] = tuple(_text(f"scheduler_names[{i}]", name) for i, name in enumerate(value))
         elif key == "default_scheduler":
             values[key] = _text(key, value)
-        elif key == "pin_when_waiting":
+        elif key in ("pin_when_waiting", "refuse_unplaceable"):
             values[key] = _flag(key, value)
     return Config(**values)
 

@@ -12,18 +12,19 @@ Consolidated (and balanced, which only changes how the mutation enforces it):
 Distributed: one pod per node where possible, round-robin over leaves for failure isolation;
 latency-sensitive workloads stay inside one domain of the level above the leaves.
 Nothing fits now: the domain at the deepest level that could ever hold it and is closest to fitting
-is named, with how much fits per level. Nothing could ever fit: said plainly.
+is named, with how much fits per level. The nodes there are cannot hold it even idle: it waits for
+nodes to be added, pinned to nothing. No node could take even one of its pods: said plainly.
 """
 from __future__ import annotations
 
 import dataclasses
 import heapq
 import math
-from typing import Iterable, Iterator, Union
+from typing import Callable, Iterable, Iterator, Union
 
 from .config import HOSTNAME_LABEL, HardwareProfile
 from .filters import node_matches, tolerates
-from .model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN,
+from .model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, EXCEEDS_NODES, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN,
                     UNKNOWN_LEVEL, Decision, DomainRef, Interconnect, NodeAssignment, NodeRequirement, Outcome,
                     PlacementRequest, Strategy)
 from .topology import Domain, NodeState, TopologyTree
@@ -78,14 +79,8 @@ def decide(index: TopologyTree, request: PlacementRequest, subset: TopologyTree)
     if gpus < 1 or pods < 1:
         raise ValueError(f"a placement needs at least one pod and one GPU per pod, got {pods} x {gpus}")
     shape = f"{pods} pod(s) x {gpus} GPU(s)"
-    if subset.root.fits_idle(1) == 0:
-        return Decision(Outcome.NEVER, request, None, code=NO_MATCHING_NODES,
-                        reasons=(f"no GPU node is open to {request.workload}: " + _exclusions(index, request),))
     if subset.root.fits_idle(gpus) < pods:
-        largest = max((n.alloc for n in subset.nodes.values()), default=0)
-        return Decision(Outcome.NEVER, request, None, code=EXCEEDS_CLUSTER, reasons=(
-            f"{request.workload} needs {shape}; even with every GPU free the nodes it may use hold "
-            f"{subset.root.fits_idle(gpus)} such pod(s) (largest node: {largest} GPUs)",))
+        return _beyond_the_nodes(index, subset, request)
     narrowest = _max_level(subset, request)
     if isinstance(narrowest, Decision):
         return narrowest
@@ -497,7 +492,70 @@ def _common_prefix(paths: list[tuple]) -> tuple:
     return first[:size]
 
 
-# -- nothing fits now, or ever ------------------------------------------------------------------------------
+# -- nothing fits now, or not on the nodes there are, or ever ---------------------------------------------
+
+def _beyond_the_nodes(index: TopologyTree, subset: TopologyTree, request: PlacementRequest) -> Decision:
+    """The nodes the request may use cannot hold it even when idle. Kubernetes keeps such pods
+    Pending until nodes are added, so this is a WAIT pinned to nothing (a pin on the labels of the
+    nodes there are would keep the new ones out). NEVER when no node could take even one pod by
+    its size (no node type it may use is large enough), when a max-domain ceiling no domain holds,
+    and for every case with `refuse_unplaceable` (a cluster that never grows)."""
+    gpus, pods = request.gpus_per_pod, request.pods
+    shape = f"{pods} pod(s) x {gpus} GPU(s)"
+    if subset.root.fits_idle(1) == 0:
+        refused_code = waiting_code = NO_MATCHING_NODES
+        reason = f"no GPU node is open to {request.workload}: " + _exclusions(index, request)
+        too_large = _no_node_holds_one_pod(index, request)
+    else:
+        ceiling = _max_level(subset, request)
+        if isinstance(ceiling, Decision):
+            return ceiling
+        refused_code, waiting_code = EXCEEDS_CLUSTER, EXCEEDS_NODES
+        largest = max((n.alloc for n in subset.nodes.values()), default=0)
+        reason = (f"{request.workload} needs {shape}; even with every GPU free the nodes it may use hold "
+                  f"{subset.root.fits_idle(gpus)} such pod(s) (largest node: {largest} GPUs)")
+        too_large = subset.root.fits_idle(gpus) == 0
+    if too_large or subset.config.refuse_unplaceable:
+        why = f"; no node it may use takes a pod of {gpus} GPU(s)" if too_large else ""
+        return Decision(Outcome.NEVER, request, None, code=refused_code, reasons=(reason + why,))
+    reasons = [f"{reason}; it waits for nodes to be added"]
+    reasons.extend(_out_of_service(subset))
+    reasons.extend(_per_level(subset, pods, lambda d: d.fits_idle(gpus), " when idle"))
+    return Decision(Outcome.WAIT, request, None, code=waiting_code, reasons=tuple(reasons))
+
+
+def _no_node_holds_one_pod(index: TopologyTree, request: PlacementRequest) -> bool:
+    """Whether no GPU node of the cluster, whatever its labels and taints, could take one pod by
+    its size: its GPUs, and the other resources it requests. False when the cluster has no GPU
+    node at all: then there is no node type to judge by. The slow path only (a scan)."""
+    gpus = request.gpus_per_pod
+    if index.root.fits_idle(1) == 0:
+        return False
+    if index.root.fits_idle(gpus) == 0:
+        return True
+    return bool(request.resources) and not any(
+        node.alloc >= gpus and all(node.allocatable.get(name, 0) >= amount for name, amount in request.resources)
+        for node in index.nodes.values())
+
+
+def _out_of_service(subset: TopologyTree) -> list[str]:
+    if not subset.out_of_service:
+        return []
+    out = sorted(subset.out_of_service.items())
+    return [f"{len(out)} GPU node(s) out of service for now may return: " + ", ".join(
+        f"{name} ({why})" for name, why in out[:5]) + (", ..." if len(out) > 5 else "")]
+
+
+def _per_level(subset: TopologyTree, pods: int, fitting: Callable[[Domain], int], when: str = "") -> list[str]:
+    """Per level, narrowest first, the three domains where the most pods fit, and how many."""
+    lines = []
+    for level in range(len(subset.levels) - 1, -1, -1):
+        ranked = heapq.nsmallest(3, subset.levels[level].values(), key=lambda d: (-fitting(d), d.path))
+        if ranked:
+            lines.append(f"{subset.config.levels[level].name}: " + ", ".join(
+                f"{d.ref.name} {min(fitting(d), pods)} of {pods} pods fit{when}" for d in ranked))
+    return lines
+
 
 def _waiting(subset: TopologyTree, request: PlacementRequest, chain: list[Member]) -> Decision:
     """Name the domain that will fit first: the deepest level with a domain that could ever hold
@@ -522,15 +580,8 @@ def _waiting(subset: TopologyTree, request: PlacementRequest, chain: list[Member
     freeing = f", {target.freeing} GPU(s) there being freed by terminating pods" if target.freeing else ""
     reasons = [f"no domain has room for {pods} pod(s) x {gpus} GPU(s) now; {target.label} will fit first "
                f"({target.fits(gpus)} of {pods} fit now, {target.fits_idle(gpus)} when idle{freeing})"]
-    if subset.out_of_service:
-        out = sorted(subset.out_of_service.items())
-        reasons.append(f"{len(out)} GPU node(s) out of service for now may return: " + ", ".join(
-            f"{name} ({why})" for name, why in out[:5]) + (", ..." if len(out) > 5 else ""))
-    for level in range(len(subset.levels) - 1, -1, -1):
-        ranked = heapq.nsmallest(3, subset.levels[level].values(), key=lambda d: (-d.fits(gpus), d.path))
-        if ranked:
-            reasons.append(f"{subset.config.levels[level].name}: " + ", ".join(
-                f"{d.ref.name} {min(d.fits(gpus), pods)} of {pods} pods fit" for d in ranked))
+    reasons.extend(_out_of_service(subset))
+    reasons.extend(_per_level(subset, pods, lambda d: d.fits(gpus)))
     return Decision(Outcome.WAIT, request, target.ref, domains=(target.ref,),
                     requirements=_requirements(subset, target), code=NO_ROOM_NOW, reasons=tuple(reasons))
 

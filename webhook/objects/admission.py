@@ -64,7 +64,8 @@ class AdmissionResult:
     kind: str  # "Pod", "Job", ... ("" when the review had none)
     namespace: str
     name: str  # metadata.name, else generateName
-    # "ignored", "placed", "waiting", "denied", "failed-open", "not-ready", "released", "suspended", "repaired"
+    # "ignored", "placed", "waiting", "waiting-for-nodes", "denied", "failed-open", "not-ready", "released",
+    # "suspended", "repaired"
     outcome: str
     strategy: str | None
     decision: Decision | None
@@ -222,7 +223,8 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     if decision.outcome is Outcome.NEVER:
         return _denied(request, _never_message(who, obj, kind, decision), decision)
     mutated = mutation.mutate(obj, kind, decision, config, key)
-    return _result(request, _OUTCOMES[decision.outcome], decision=decision, mutated=mutated,
+    outcome = "waiting-for-nodes" if decision.code in mutation.WAITS_FOR_NODES else _OUTCOMES[decision.outcome]
+    return _result(request, outcome, decision=decision, mutated=mutated,
                    warnings=[*wanted.warnings, *mutation.warnings(decision, config), *alone])
 
 
