@@ -49,10 +49,12 @@ from urllib.parse import parse_qs, urlsplit
 import jsonpatch
 
 KINDS = {"nodes": "Node", "pods": "Pod", "leases": "Lease", "secrets": "Secret",
-         "mutatingwebhookconfigurations": "MutatingWebhookConfiguration"}
+         "mutatingwebhookconfigurations": "MutatingWebhookConfiguration", "nodepools": "NodePool"}
 API_VERSIONS = {"nodes": "v1", "pods": "v1", "leases": "coordination.k8s.io/v1", "secrets": "v1",
-                "mutatingwebhookconfigurations": "admissionregistration.k8s.io/v1"}
-CLUSTER_SCOPED = {"nodes", "mutatingwebhookconfigurations"}
+                "mutatingwebhookconfigurations": "admissionregistration.k8s.io/v1", "nodepools": "karpenter.sh/v1"}
+CLUSTER_SCOPED = {"nodes", "mutatingwebhookconfigurations", "nodepools"}
+# Lists and watches of whole collections: the core ones, and Karpenter's NodePools when `serve_nodepools`.
+COLLECTIONS = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods", "/apis/karpenter.sh/v1/nodepools": "nodepools"}
 LEASES = re.compile(r"/apis/coordination\.k8s\.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?")
 SECRETS = re.compile(r"/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?")
 WEBHOOK_CONFIGURATIONS = re.compile(r"/apis/admissionregistration\.k8s\.io/v1/mutatingwebhookconfigurations/([^/]+)")
@@ -98,6 +100,7 @@ class FakeApiServer:
         self.refuse_until = 0.0
         self.gone_as_status = False
         self.answer_status: int | None = None  # answer every request with this HTTP error (403: no RBAC)
+        self.serve_nodepools = False  # a cluster with Karpenter serves karpenter.sh/v1 NodePools
         self.forbidden: set[str] = set()  # resources whose every request is 403, e.g. {"secrets"}
         self.write_delay_seconds = 0.0
         self.refuse_writes = False
@@ -374,8 +377,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if named:
             kind, namespace, name = named
-        elif url.path in ("/api/v1/nodes", "/api/v1/pods"):
-            kind, namespace, name = url.path.rsplit("/", 1)[-1], None, None
+        elif url.path in COLLECTIONS and (COLLECTIONS[url.path] != "nodepools" or fake.serve_nodepools):
+            kind, namespace, name = COLLECTIONS[url.path], None, None
         else:
             self._send_json(404, json.dumps(_status(404, "NotFound", f"{url.path} not found")).encode())
             return

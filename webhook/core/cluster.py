@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Mapping
 from .config import HOSTNAME_LABEL, Config
 from .filters import ConstrainedSubsets, NodeFilters
 from .gpus import parse_nvlink_domains, pod_gpus
+from .growth import GrowthState, Pool, is_growth_object, object_key
 from .injection import GPU_IDS, RESERVATION
 from .ledger import ReservationLedger, held_by
 from .model import PlacementRequest
@@ -92,15 +93,16 @@ class ClusterIndex:
         self.usage_on: dict[str, dict[str, int]] = {}  # node name -> summed requests (NodeState.requested)
         self.holders: dict[str, set[str]] = {}  # reservation key -> bound pods carrying it
         self.pod_reservations: dict[str, str] = {}  # bound pod key -> the reservation key it carries
+        self.growth = GrowthState()  # autoscalers' pools: how the cluster can grow
 
     @classmethod
     def from_objects(cls, config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = (),
                      clock: Callable[[], float] = time.monotonic) -> "ClusterIndex":
         nodes = list(nodes)
-        width = max([8] + [parse_node(n, config).alloc for n in nodes])
+        width = max([8] + [parse_node(n, config).alloc for n in nodes if not is_growth_object(n)])
         index = cls(config, width, clock)
-        for node in nodes:
-            index.upsert_node(node)
+        for node in nodes:  # autoscalers' objects come with the Nodes, as `kubectl get nodes,nodepools` lists them
+            (index.upsert_growth if is_growth_object(node) else index.upsert_node)(node)
         for pod in pods:
             index.upsert_pod(pod)
         return index
@@ -147,6 +149,7 @@ class ClusterIndex:
                 self.tree.detach(old)
             else:
                 fresh.pods = self.orphan_pods.pop(fresh.name, {})
+            self.growth.node_changed(fresh.name, old.labels if old is not None else {}, fresh.labels)
             fresh.held = list(self.ledger.held_on(fresh.name))
             fresh.requested = self.usage_on.setdefault(fresh.name, {})
             self.tree.attach(fresh)
@@ -158,11 +161,37 @@ class ClusterIndex:
         with self.lock:
             node = self.tree.nodes.get(name)
             if node is not None:
+                self.growth.node_changed(name, node.labels, {})
                 self.subsets.node_deleted(name)
                 self.filters.count(node, -1)
                 self.tree.detach(node)
                 if node.pods:  # its pods may still be deleted later; keep them until then
                     self.orphan_pods[name] = node.pods
+
+    # -- autoscalers' pools ------------------------------------------------------------------
+
+    def upsert_growth(self, obj: Mapping) -> None:
+        """A NodePool or cluster-autoscaler's status ConfigMap, added or changed."""
+        with self.lock:
+            self.growth.upsert(obj)
+
+    def delete_growth(self, obj: Mapping) -> None:
+        with self.lock:
+            self.growth.forget(object_key(obj))
+
+    def growth_keys(self, kind: str) -> set[str]:
+        """Keys of the autoscaler objects of `kind` the index holds (a relist forgets the others)."""
+        with self.lock:
+            return {key for key in self.growth.objects if key.startswith(kind + "/")}
+
+    def forget_growth(self, key: str) -> None:
+        with self.lock:
+            self.growth.forget(key)
+
+    def pools(self) -> tuple[Pool, ...]:
+        """Pools that can add nodes, heaviest first (rebuilt only after a change they depend on)."""
+        with self.lock:
+            return self.growth.pools(self.tree.nodes, self.config)
 
     # -- pods --------------------------------------------------------------------------------
 

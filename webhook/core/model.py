@@ -34,6 +34,7 @@ NO_ROOM_NOW = "NoRoomNow"  # WAIT: the topology could hold it once running work 
 # WAIT (NEVER with refuse_unplaceable): nodeSelector/affinity/taints/bandwidth leave no GPU node now
 NO_MATCHING_NODES = "NoMatchingNodes"
 EXCEEDS_NODES = "ExceedsNodes"  # WAIT (NEVER with refuse_unplaceable): the nodes there are hold too few, even idle
+GROWS_POOL = "GrowsPool"  # WAIT: steered to a pool that can add nodes for it (the nodes there are have no room)
 EXCEEDS_CLUSTER = "ExceedsCluster"  # NEVER: a pod larger than any node (or growable pool) it may use
 UNKNOWN_DOMAIN = "UnknownPreferredDomain"  # NEVER: preferred-domain names no domain
 UNKNOWN_LEVEL = "UnknownMaxDomain"  # NEVER: max-domain names no level

@@ -32,7 +32,7 @@ from ..core.config import Config
 from ..core.gpus import pod_gpus
 from .kinds import KINDS
 from ..core.ledger import held_by, reservation_key
-from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, UNKNOWN_DOMAIN, UNKNOWN_LEVEL, Decision, Outcome,
+from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROWS_POOL, UNKNOWN_DOMAIN, UNKNOWN_LEVEL, Decision, Outcome,
                     PlacementRequest, Strategy)
 from .patch import encode, make_patch
 from ..core.placer import group_decision, place, place_group, place_shared, release_shared
@@ -50,6 +50,8 @@ MAX_DEPTH = 100
 QUOTED_MAX_CHARS = 60  # a client's kind or apiVersion quoted in a 400 answer
 DENIED_CODE = 403
 _OUTCOMES = {Outcome.PLACED: "placed", Outcome.WAIT: "waiting"}
+# Waits the nodes there are cannot end, counted apart: only added nodes (a pool's, or any) can.
+_WAITS_BY_CODE = {GROWS_POOL: "waiting-for-growth", **dict.fromkeys(mutation.WAITS_FOR_NODES, "waiting-for-nodes")}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
 
@@ -64,8 +66,8 @@ class AdmissionResult:
     kind: str  # "Pod", "Job", ... ("" when the review had none)
     namespace: str
     name: str  # metadata.name, else generateName
-    # "ignored", "placed", "waiting", "waiting-for-nodes", "denied", "failed-open", "not-ready", "released",
-    # "suspended", "repaired"
+    # "ignored", "placed", "waiting", "waiting-for-nodes", "waiting-for-growth", "denied", "failed-open",
+    # "not-ready", "released", "suspended", "repaired"
     outcome: str
     strategy: str | None
     decision: Decision | None
@@ -223,7 +225,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     if decision.outcome is Outcome.NEVER:
         return _denied(request, _never_message(who, obj, kind, decision), decision)
     mutated = mutation.mutate(obj, kind, decision, config, key)
-    outcome = "waiting-for-nodes" if decision.code in mutation.WAITS_FOR_NODES else _OUTCOMES[decision.outcome]
+    outcome = _WAITS_BY_CODE.get(decision.code or "", _OUTCOMES[decision.outcome])
     return _result(request, outcome, decision=decision, mutated=mutated,
                    warnings=[*wanted.warnings, *mutation.warnings(decision, config), *alone])
 
