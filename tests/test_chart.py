@@ -631,6 +631,20 @@ def test_webhook_writes_only_leases_in_the_release_namespace():
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
 
 
+def test_webhook_may_read_the_autoscalers_pools_and_nothing_else_of_theirs():
+    assert rules_of("defaults", f"{FULLNAME}-autoscalers") == [
+        {"apiGroups": ["karpenter.sh"], "resources": ["nodepools"], "verbs": ["get", "list", "watch"]}]
+    role = one("defaults", "Role", f"{FULLNAME}-autoscaler-status")
+    assert role["metadata"]["namespace"] == "kube-system"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["cluster-autoscaler-status"], "verbs": ["get", "list", "watch"]}]
+    binding = one("defaults", "RoleBinding", f"{FULLNAME}-autoscaler-status")
+    assert binding["metadata"]["namespace"] == "kube-system" and binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    manifests = chart().render({"autoscalers": {"read": False}}, name=RELEASE, namespace=NAMESPACE)
+    assert "autoscaler" not in "".join(manifests.values())
+
+
 def test_discovery_agent_runs_on_gpu_nodes_only_with_node_patch_rights_only():
     assert not objects("defaults", "DaemonSet")
     name = f"{FULLNAME}-discovery"

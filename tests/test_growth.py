@@ -12,7 +12,7 @@ import copy
 import pytest
 import yaml
 
-from conftest import assert_valid_kubernetes_object
+from conftest import assert_valid_kubernetes_object, eventually
 from tests.fixtures.builders import gpu_job
 from webhook.cli import main
 from webhook.core.cluster import ClusterIndex
@@ -308,3 +308,33 @@ def test_a_nodes_file_may_only_hold_nodes_and_autoscaler_objects(tmp_path, capsy
     stray = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "other", "namespace": "kube-system"}}
     code, _, err = mutate(capsys, tmp_path, gpu_job("j", 1, 8), *gke_nodes("h100", 1), stray)
     assert code == 2 and "ConfigMap other found; this file may only hold Node objects, Karpenter NodePools" in err
+
+
+# -- the live view ----------------------------------------------------------------------------------------
+
+def test_the_live_view_watches_nodepools_when_served(fake, make_view):
+    fake.serve_nodepools = True
+    for node in karpenter_nodes():
+        fake.put_node(node)
+    fake.put("nodepools", NODEPOOL)
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(15)
+    eventually(lambda: [p.name for p in view.index.pools()] == ["gpu-h100"], what="the NodePool")
+    assert {s.kind: s.objects for s in view.status()}["nodepools"] == 1
+    static = copy.deepcopy(NODEPOOL)
+    static["spec"]["replicas"] = 4
+    fake.put("nodepools", static)
+    eventually(lambda: view.index.pools() == (), what="the NodePool made static")
+    fake.delete("nodepools", "gpu-h100")
+    eventually(lambda: view.index.growth_keys("NodePool") == set(), what="the NodePool deleted")
+
+
+def test_without_karpenter_or_cluster_autoscaler_the_live_view_is_ready_and_knows_no_pool(fake, make_view):
+    for node in karpenter_nodes():
+        fake.put_node(node)
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(15)
+    assert view.readiness()[0] and view.index.pools() == ()
+    assert {s.kind: s.last_error for s in view.status()}["nodepools"] == "not served"
