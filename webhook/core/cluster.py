@@ -359,12 +359,15 @@ class ClusterIndex:
         return self.subsets.for_request(request, self.tree, self.filters)
 
     def room_ever(self, expressions: Iterable[Mapping], gpus: int, reservation: str | None) -> int:
-        """Pods of `gpus` GPUs that the in-service nodes matching every `In` expression could hold
-        once everything else on them has ended, except the bound pods carrying `reservation` (the
-        workload's own pods, which run as long as it does). 0: that capacity is gone, not busy."""
+        """Pods of `gpus` GPUs that the in-service nodes matching every `In` and `DoesNotExist`
+        expression could hold once everything else on them has ended, except the bound pods
+        carrying `reservation` (the workload's own pods, which run as long as it does). 0: that
+        capacity is gone, not busy."""
         with self.lock:
+            expressions = list(expressions)
             wanted = [(str(e.get("key")), {str(v) for v in e.get("values") or ()}) for e in expressions
                       if e.get("operator") == "In"]
+            absent = {str(e.get("key")) for e in expressions if e.get("operator") == "DoesNotExist"}
             if not wanted:
                 return 0
             narrowest = min(wanted, key=lambda kv: sum(len(self.filters.by_label.get((kv[0], v), ())) for v in kv[1]))
@@ -378,7 +381,8 @@ class ClusterIndex:
             room = 0
             for name in names:
                 node = self.tree.nodes.get(name)
-                if node is not None and node.eligible and all(node.labels.get(k) in values for k, values in wanted):
+                if node is not None and node.eligible and all(node.labels.get(k) in values for k, values in wanted) \
+                        and absent.isdisjoint(node.labels):
                     room += (node.alloc - siblings.get(name, 0)) // gpus
             return room
 

@@ -395,9 +395,11 @@ def _requirements(subset: TopologyTree, scope: Member, used: Iterable[NodeState]
 
     merged: dict[str, tuple[str, ...]] = {}
     for key, name in scope.path:
-        if name:  # an unnamed domain (label missing above a deeper one) is pinned by the deeper labels
-            merged[key] = (value(key, name),)
-    lowest = {node.parent.path[-1] for node in used}
+        # An unnamed domain (its nodes lack the label, above a deeper one they carry) is the nodes
+        # without the label: the deeper label's value alone may name domains under other parents.
+        merged[key] = (value(key, name),) if name else ()
+    # A node right under the cluster (no levels, e.g. hostname-only) is its own lowest domain.
+    lowest = {node.parent.path[-1] if node.parent.path else (HOSTNAME_LABEL, node.name) for node in used}
     if len({key for key, _ in lowest}) == 1:
         key = next(iter(lowest))[0]
         merged[key] = tuple(sorted({value(key, name) for _, name in lowest}))

@@ -154,7 +154,7 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
              config: Config) -> Injection:
     if decision is None or decision.outcome is Outcome.NEVER:
         return Injection()
-    expressions = tuple({"key": r.key, "operator": "In", "values": list(r.values)} for r in decision.requirements)
+    expressions = tuple(r.expression for r in decision.requirements)
     required: tuple[tuple[dict, ...], ...] = ()
     preferred = None
     if expressions and pins(decision, config):
