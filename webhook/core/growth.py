@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import yaml
 
@@ -110,7 +110,8 @@ class Pool:
 
     def allows(self, expression: Mapping) -> bool:
         """Whether some node the pool adds can satisfy one matchExpression."""
-        key, op, wanted = str(expression.get("key")), expression.get("operator"), expression.get("values") or ()
+        key, op = str(expression.get("key")), expression.get("operator")
+        wanted: list = list(expression.get("values") or ())
         values, may_lack = self._values(key)
         excluded = self.excluded.get(key, frozenset())
         if op == "In":
@@ -259,8 +260,7 @@ def node_groups(status: Mapping) -> list[tuple[str, int]]:
     for group in groups if isinstance(groups, list) else ():
         if not isinstance(group, dict):
             continue
-        health = group.get("health") if isinstance(group.get("health"), dict) else {}
-        scale_up = group.get("scaleUp") if isinstance(group.get("scaleUp"), dict) else {}
+        health, scale_up = _field(group, "health"), _field(group, "scaleUp")
         if health.get("status", "Healthy") != "Healthy" or scale_up.get("status") == "Backoff":
             continue
         try:
@@ -299,16 +299,15 @@ def node_group(member: tuple[str, str], sample: list[NodeState], headroom: int, 
 def nodepool(obj: Mapping, members: list[NodeState]) -> Pool | None:
     """A Karpenter NodePool as a pool; None when it does not grow for pods (static, not Ready,
     or no name)."""
-    meta, spec, status = (obj.get(k) if isinstance(obj.get(k), dict) else {} for k in ("metadata", "spec", "status"))
+    meta, spec, status = _field(obj, "metadata"), _field(obj, "spec"), _field(obj, "status")
     name = str(meta.get("name") or "")
     if not name or spec.get("replicas") is not None:
         return None
     if any(isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "False"
            for c in status.get("conditions") or ()):
         return None
-    template = spec.get("template") if isinstance(spec.get("template"), dict) else {}
-    template_meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
-    template_spec = template.get("spec") if isinstance(template.get("spec"), dict) else {}
+    template = _field(spec, "template")
+    template_meta, template_spec = _field(template, "metadata"), _field(template, "spec")
     fixed = {str(k): str(v) for k, v in (template_meta.get("labels") or {}).items()}
     fixed[NODEPOOL_LABEL] = name
     choices: dict[str, tuple[str, ...]] = {}
@@ -338,7 +337,7 @@ def nodepool(obj: Mapping, members: list[NodeState]) -> Pool | None:
     taints = tuple((str(t.get("key", "")), str(t.get("value", "") or ""), str(t.get("effect", "")))
                    for t in template_spec.get("taints") or () if isinstance(t, dict)
                    and t.get("effect") in ("NoSchedule", "NoExecute"))
-    room_nodes, room_gpus = _room(spec.get("limits"), status)
+    room_nodes, room_gpus = _room(_field(spec, "limits"), status)
     try:
         weight = int(spec.get("weight") or 0)
     except (TypeError, ValueError):
@@ -366,10 +365,16 @@ def _gpus_per_node(fixed: Mapping[str, str], choices: Mapping[str, tuple[str, ..
     return max((n.alloc for n in members), default=None)
 
 
-def _room(limits: object, status: Mapping) -> tuple[int | None, int | None]:
+def _field(obj: Mapping, key: str) -> Mapping[str, Any]:
+    """A mapping field of an API object; {} when it is missing or not a mapping (input we read
+    is never trusted to have its schema's shape)."""
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _room(limits: Mapping, status: Mapping) -> tuple[int | None, int | None]:
     """(nodes, GPUs) a NodePool may still add under its limits; None where it sets none."""
-    limits = limits if isinstance(limits, dict) else {}
-    used = status.get("resources") if isinstance(status.get("resources"), dict) else {}
+    used = _field(status, "resources")
     out: list[int | None] = []
     for resource, in_use in (("nodes", status.get("nodes", used.get("nodes", 0))),
                              (GPU_RESOURCE, used.get(GPU_RESOURCE, 0))):

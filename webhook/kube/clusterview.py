@@ -111,9 +111,10 @@ def _growth_streams(index: ClusterIndex, core: k8s_client.CoreV1Api,
     nodepools = functools.partial(custom.list_cluster_custom_object, NODEPOOL_GROUP, NODEPOOL_VERSION, "nodepools")
     status = functools.partial(core.list_namespaced_config_map, CA_STATUS_NAMESPACE,
                                field_selector=f"metadata.name={CA_STATUS_NAME}")
+    calls: tuple[tuple[str, Callable], ...] = ((NODEPOOL_KIND, nodepools), ("ConfigMap", status))
     return tuple(_Stream(kind, call, object_key, index.upsert_growth, index.delete_growth,
                          functools.partial(index.growth_keys, object_kind), index.forget_growth, optional=True)
-                 for kind, object_kind, call in zip(GROWTH_STREAMS, (NODEPOOL_KIND, "ConfigMap"), (nodepools, status)))
+                 for kind, (object_kind, call) in zip(GROWTH_STREAMS, calls))
 
 
 class _DictWatch(k8s_watch.Watch):
@@ -190,7 +191,7 @@ class ApiFeed:
                          for kind in ("nodes", "pods", "leases", *GROWTH_STREAMS)}
         core = k8s_client.CoreV1Api(api_client)
         index = self.index
-        self._streams = (
+        self._streams: tuple[_Stream, ...] = (
             _Stream("nodes", core.list_node, lambda node: (node.get("metadata") or {}).get("name", ""),
                     index.upsert_node, lambda node: index.delete_node(node["metadata"]["name"]),
                     lambda: set(index.nodes), index.delete_node),
