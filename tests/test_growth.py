@@ -338,3 +338,12 @@ def test_without_karpenter_or_cluster_autoscaler_the_live_view_is_ready_and_know
     assert view.wait_synced(15)
     assert view.readiness()[0] and view.index.pools() == ()
     assert {s.kind: s.last_error for s in view.status()}["nodepools"] == "not served"
+
+
+def test_a_single_zone_node_group_keeps_its_zone_when_zone_is_a_topology_level():
+    """The zone of a node group's nodes is its own, known before a node exists; the leaf is not."""
+    nodes = [make_node(f"gke-prod-h100-{i}", {GKE_POOL: "h100", ZONE: "us-central1-a", SPINE: "s1", LEAF: f"l{i}"})
+             for i in range(2)]
+    index = ClusterIndex.from_objects(Config(), [*nodes, ca_status(("gke-prod-h100-x-grp", 2, 8))])
+    decision = place(index, PlacementRequest("Job ml/x", 4, 8, Strategy.CONSOLIDATED))
+    assert {r.key: r.values for r in decision.requirements} == {GKE_POOL: ("h100",), ZONE: ("us-central1-a",)}

@@ -282,7 +282,7 @@ def node_group(member: tuple[str, str], sample: list[NodeState], headroom: int, 
             seen.setdefault(key, set()).add(value)
         shared = {k: v for k, v in shared.items() if node.labels.get(k) == v}
     compact = any(key in shared for key in COMPACT_LABELS)
-    launched = {lv.label for lv in config.levels} | {HOSTNAME_LABEL}
+    launched = ({lv.label for lv in config.levels} - set(TOPOLOGY_IN_ADVANCE)) | {HOSTNAME_LABEL}
     unknown = {k for k in launched if k in seen and not (compact and k in shared and k != HOSTNAME_LABEL)}
     fixed = {k: v for k, v in shared.items() if k not in unknown}
     choices = {k: tuple(sorted(seen[k])) for k in TOPOLOGY_IN_ADVANCE if k in seen and k not in shared}

@@ -513,8 +513,8 @@ def _onto_growth(subset: TopologyTree, request: PlacementRequest, pools: Sequenc
         if not pool.takes(request) or (request.max_domain is not None and ceiling not in pool.fixed
                                        and ceiling not in pool.choices and not (ceiling == HOSTNAME_LABEL and pods == 1)):
             continue  # a max-domain ceiling is kept only where the pool fixes that level in advance
-        free = sum(subset.nodes[name].fits(gpus) for name in pool.members if name in subset.nodes)
-        if not pool.room_for(request, free):
+        if not pool.room_for(request, 0) and not pool.room_for(request, sum(  # its nodes only when needed
+                subset.nodes[name].fits(gpus) for name in pool.members if name in subset.nodes)):
             continue
         pins = _pool_pins(subset, request, pool)
         inside = ", ".join(f"{r.key}={r.values[0]}" for r in pins[1:])
