@@ -1,4 +1,5 @@
-"""The placement core against the rules users expect (seed README) and the issue's must-holds.
+"""The placement core against the rules users expect (the README of the seed project,
+https://github.com/nod-ai/topology-aware-scheduler) and the issue's must-holds.
 
 Cluster used by most cases (2 spines x 4 leaves x 4 nodes x 8 H100, one NVSwitch domain each):
 

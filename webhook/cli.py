@@ -13,7 +13,7 @@ import re
 import socket
 import sys
 import uuid
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -88,7 +88,8 @@ def listed_nodes(kubeconfig: str | None) -> list[dict]:
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
     try:
-        response = k8s_client.CoreV1Api(api_client_from(kubeconfig)).list_node(_preload_content=False)
+        core: Any = k8s_client.CoreV1Api(api_client_from(kubeconfig))  # raw JSON: hints describe models only
+        response = core.list_node(_preload_content=False)
     except (ApiException, HTTPError) as err:
         raise ConfigError(f"levels: auto needs the nodes' labels, and listing them failed: "
                           f"{getattr(err, 'reason', None) or type(err).__name__}") from None
@@ -202,7 +203,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--claims-budget {args.claims_budget} must be a positive number of seconds")
     if live:
         api_client_from(args.kubeconfig)  # a bad kubeconfig stops start-up here, in one line
-    cluster = None if live else read_cluster(args)
+    cluster = ([], []) if live else read_cluster(args)
     if config.levels_auto:
         config = settled(config, listed_nodes(args.kubeconfig) if live else cluster[0], log.warning)
     cert, key = serving_certs(args, target)

@@ -10,10 +10,11 @@ request), and the one lock that watch threads and request threads share.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from .config import HOSTNAME_LABEL, Config
 from .filters import ConstrainedSubsets, NodeFilters
@@ -61,12 +62,23 @@ def pending_hold(annotations: Mapping, spec: Mapping, gpus: int) -> tuple[str, s
     named: set[str] = set()
     for term in terms:
         for expr in (term or {}).get("matchExpressions") or ():
-            values = expr.get("values") or ()
+            values: Sequence = expr.get("values") or ()
             if expr.get("key") == HOSTNAME_LABEL and expr.get("operator") == "In" and len(values) == 1:
                 named.add(str(values[0]))
     if len(named) != 1 or len(held) != gpus:
         return None
     return str(reservation), named.pop(), held
+
+
+class SharedClaims(Protocol):
+    """Holds shared with other replicas; see webhook/kube/claims.py."""
+
+    budget_seconds: float
+
+    def basis(self) -> int: ...  # the claims version decisions now see (read under the index lock)
+    def claim(self, key: str, basis: int, deadline: float) -> str | None: ...  # None, CONFLICT or why not
+    def unclaim(self, key: str, deadline: float) -> str | None: ...
+    def alone(self, what: str, why: str) -> str: ...  # counts and logs; the warning to give
 
 
 class ClusterIndex:
@@ -86,7 +98,7 @@ class ClusterIndex:
         self.filters = NodeFilters()
         self.subsets = ConstrainedSubsets()
         self.ledger = ReservationLedger(config.reservation_ttl_seconds, clock)
-        self.claims = None  # placer.SharedClaims when replicas share their holds (set by the live view)
+        self.claims: SharedClaims | None = None  # holds shared with other replicas (share_claims)
         self.orphan_pods: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {}  # pods bound to unknown nodes
         self.pod_nodes: dict[str, str] = {}  # pod key -> node name its GPUs are counted on
         self.usage: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}  # pod key -> (node, its requests)
@@ -119,7 +131,7 @@ class ClusterIndex:
     def root(self) -> Domain:
         return self.tree.root
 
-    def _change(self, node: NodeState, mutate: Callable[[], None]) -> None:
+    def _change(self, node: NodeState, mutate: Callable[[], object]) -> None:
         """Apply `mutate` (pods, holds or requests, never labels or allocatable) to a node, with
         its aggregates, and those of subsets holding it, kept exact."""
         before = node.free
@@ -348,9 +360,16 @@ class ClusterIndex:
         for name in names:
             node = self.tree.nodes.get(name)
             if node is not None:
-                self._change(node, lambda n=node: n.held.__setitem__(slice(None), self.ledger.held_on(n.name)))
+                self._change(node, functools.partial(self._copy_holds, node))
+
+    def _copy_holds(self, node: NodeState) -> None:
+        node.held[:] = self.ledger.held_on(node.name)
 
     # -- reading -----------------------------------------------------------------------------
+
+    def share_claims(self, claims: SharedClaims) -> None:
+        """Holds from now on also go through `claims`, shared with the other replicas."""
+        self.claims = claims
 
     def restricted_to(self, request: PlacementRequest) -> TopologyTree:
         """The whole tree, or the constrained subset holding only the nodes the request may use."""

@@ -36,7 +36,8 @@ class Level:
     name: str  # short name used in reasons and metrics ("zone", "spine", "leaf", "clique")
     link: str  # traffic between nodes inside one domain of this level crosses this link class
     # Bandwidth divisor once traffic crosses this domain's children (leaf->spine uplinks for a
-    # spine). Defaults are the middle of the ranges swept in traces-and-metrics.md 3.2 (estimates).
+    # spine). Defaults are estimates: leaf uplinks 1-4:1 and zone tiers 4-15:1 are the usual sweep
+    # (docs/design/cost-model.md).
     oversubscription: float = 1.0
 
 
@@ -72,8 +73,9 @@ PRESETS: dict[str, tuple[Level, ...]] = {
 class HardwareProfile:
     """All-reduce bus bandwidths (GB/s, nccl-tests busbw) per link class for one kind of node.
 
-    Figures are from ../shared/reference/traces-and-metrics.md section 3.2; `estimate` marks
-    profiles with at least one figure that is not a measurement.
+    Figures are nccl-tests busbw measurements reported in NVIDIA/nccl and NVIDIA/nccl-tests issues
+    (each source in docs/design/cost-model.md); `estimate` marks profiles with at least one figure
+    that is not a measurement.
     """
 
     name: str

@@ -1,5 +1,5 @@
-"""The API feed: Nodes and Pods (and the autoscalers' pools) from the Kubernetes API, kept current by list+watch, fed into the
-cluster index (what README calls the live cluster view).
+"""The API feed: Nodes and Pods (and the autoscalers' pools) from the Kubernetes API, kept current by
+list+watch, fed into the cluster index (the live cluster view of docs/operations/replicas.md).
 
 Names, so that "view" means one thing: the `ClusterIndex` is the state placement reads, a
 constrained subset is the part of it one request may use (filters.py), and the `ApiFeed` is what
@@ -200,8 +200,8 @@ class ApiFeed:
         )
         self._streams += _growth_streams(index, core, k8s_client.CustomObjectsApi(api_client))
         if claims_namespace:
-            claims = index.claims = ApiClaims(index, api_client, claims_namespace, claims_budget_seconds,
-                                              on_alone=on_alone)
+            claims = ApiClaims(index, api_client, claims_namespace, claims_budget_seconds, on_alone=on_alone)
+            index.share_claims(claims)
             # Only the claims Lease: other Leases of the namespace (leader elections) are none of ours.
             leases = functools.partial(k8s_client.CoordinationV1Api(api_client).list_namespaced_lease,
                                        claims_namespace, field_selector=f"metadata.name={LEASE_NAME}")
@@ -249,7 +249,7 @@ class ApiFeed:
         now = self.clock()
         limit = self.config.stale_after_seconds
         for stream in self._streams:
-            age = now - stream.last_progress
+            age = now - (stream.last_progress or 0.0)  # every stream is synced here, so it made progress
             if age > limit:
                 detail = f"; last error: {stream.last_error}" if stream.last_error else ""
                 return False, (f"cluster view is stale: no list or watch progress on {stream.kind} for "
@@ -259,9 +259,10 @@ class ApiFeed:
     def age(self) -> float | None:
         """Seconds since the stream heard from least recently made progress (None before every
         stream has been listed once): how stale the index may be."""
-        if any(s.last_progress is None for s in self._streams):
+        progress = [s.last_progress for s in self._streams]
+        if None in progress:
             return None
-        return self.clock() - min(s.last_progress for s in self._streams)
+        return self.clock() - min(p for p in progress if p is not None)
 
     def status(self) -> tuple[StreamStatus, ...]:
         now = self.clock()
@@ -324,7 +325,7 @@ class ApiFeed:
     def _timeouts(self) -> tuple[float, float]:
         return CONNECT_TIMEOUT_SECONDS, self.watch_timeout_seconds + READ_GRACE_SECONDS
 
-    def _pages(self, stream: _Stream) -> Iterator[tuple[str, list[dict]]]:
+    def _pages(self, stream: _Stream) -> Iterator[tuple[str | None, list[dict]]]:
         """(resourceVersion, items) per page of one consistent list."""
         token = None
         while True:

@@ -14,7 +14,7 @@ def make_node(name: str, labels: dict[str, str], gpus: int = 8, product: str = "
               annotations: dict[str, str] | None = None, unschedulable: bool = False, ready: bool = True,
               taints: list[dict] | None = None) -> dict:
     """A Node object as the API returns it (only the fields placement reads, plus the usual ones)."""
-    node = {
+    node: dict = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {

@@ -110,7 +110,7 @@ def make_review(obj: Mapping, operation: str = "CREATE", namespace: str | None =
                 uid: str | None = None) -> dict:
     """A v1 AdmissionReview for `obj` shaped as the apiserver sends it (offline `mutate`, tests).
     Without a uid, one is derived from the object so the same manifest gives the same review."""
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    meta = workload.mapping_of(obj.get("metadata"))
     group, _, version = str(obj.get("apiVersion") or "").rpartition("/")
     kind = str(obj.get("kind") or "")
     if uid is None:
@@ -145,8 +145,8 @@ def _parse(body: object) -> _Request:
     obj = request.get("object")
     if operation in ("CREATE", "UPDATE") and not isinstance(obj, dict):
         raise MalformedReview(f"request.object is not an object on {operation}")
-    gvk = request.get("kind") if isinstance(request.get("kind"), Mapping) else {}
-    meta = obj.get("metadata") if isinstance(obj, dict) and isinstance(obj.get("metadata"), Mapping) else {}
+    gvk = workload.mapping_of(request.get("kind"))
+    meta = workload.mapping_of(obj.get("metadata") if isinstance(obj, dict) else None)
     group = gvk.get("group")
     if group is None and isinstance(obj, dict):
         group = str(obj.get("apiVersion") or "").rpartition("/")[0]
@@ -182,7 +182,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
     if workload.controller_owned(obj) and _placed(kind, obj) and _placed_by_owner(kind, obj):
-        return _repaired(request, index, config) if kind == "Pod" else _result(request, "ignored")
+        return _repaired(request, obj, index, config) if kind == "Pod" else _result(request, "ignored")
     if workload.bound(kind, obj):
         return _result(request, "ignored")  # the scheduler is bypassed: affinity could only get it rejected
     if workload.made_for_group(kind, obj):
@@ -202,7 +202,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
     if request.old is not None and _placed(kind, request.old) and not admitted_by_queue:
-        return _kept(request, config, wanted)
+        return _kept(request, request.old, config, wanted)
     if workload.suspended(kind, obj):
         return _result(request, "suspended", warnings=[
             *wanted.warnings, f"{who} is suspended: nothing is placed or held until it is un-suspended"])
@@ -240,13 +240,12 @@ def _joined_notes(who: str, request: PlacementRequest, decision: Decision) -> li
             f"{first.gpus_per_pod} GPUs by its first pod; pinned with the group"]
 
 
-def _repaired(request: _Request, index: "ClusterIndex", config: Config) -> AdmissionResult:
+def _repaired(request: _Request, obj: dict, index: "ClusterIndex", config: Config) -> AdmissionResult:
     """A pod its controller made from a template we placed (a replacement, after a node was lost)
     keeps that placement, unless the domain it is pinned to can never hold it again: in-service
     capacity there, less what the workload's own bound pods take, has no room for one more pod.
     Then this pod alone is pinned to the nearest domain with room (as preferred-domain widens),
     never wider than the workload's max-domain and always inside the user's own constraints."""
-    obj = request.obj
     pinned = injection.recorded(obj).required
     if not pinned or not pinned[0]:
         return _result(request, "ignored")  # only preferred: the scheduler already goes elsewhere
@@ -281,10 +280,11 @@ def _repaired(request: _Request, index: "ClusterIndex", config: Config) -> Admis
         f"{decision.scope}, the nearest domain with room"])
 
 
-def _kept(request: _Request, config: Config, wanted: workload.Workload) -> AdmissionResult:
+def _kept(request: _Request, old: dict, config: Config, wanted: workload.Workload) -> AdmissionResult:
     """An UPDATE of a workload we placed: put our placement back, never move running work. If what
     it asks for changed, say so: re-placing would roll every pod."""
-    kind, obj, old = request.kind, request.obj, request.old
+    kind, obj = request.kind, request.obj
+    assert obj is not None, "an UPDATE carries its object (_parse checked)"
     warnings = list(wanted.warnings)
     try:
         before = workload.read(kind, mutation.without_injection(old, kind), request.namespace).request

@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from gunicorn import http
 from gunicorn import sock as gunicorn_sock
@@ -190,7 +190,7 @@ def start_metrics_server(address: tuple[str, int], registry: CollectorRegistry, 
 
     family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
     server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
-    httpd = make_server(address[0], address[1], app, server_class, handler_class=_QuietHandler)
+    httpd: WSGIServer = make_server(address[0], address[1], app, server_class, handler_class=_QuietHandler)
     threading.Thread(target=httpd.serve_forever, name="metrics-server", daemon=True).start()
 
 
@@ -218,7 +218,8 @@ class WebhookServer(BaseApplication):
         settings = {
             "bind": [self.options.bind],
             # One process: the cluster view and the reservation ledger live in it, so a second
-            # worker would book the same GPUs again (replicas share nothing either; see README).
+            # worker would book the same GPUs again (replicas share holds only through the API:
+            # docs/operations/replicas.md).
             "workers": 1,
             "worker_class": GuardedThreadWorker,
             "threads": self.options.threads,
