@@ -214,7 +214,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics = Metrics.create(options.multiprocess_dir)
         if live:
             feed = ApiFeed(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
-                           claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc)
+                           claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc,
+                           on_scale_up=metrics.scale_up)
             feed.start()
             metrics.watch_feed(feed.age)
             app = create_app(config, feed.index, feed.readiness, metrics)

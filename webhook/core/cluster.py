@@ -81,6 +81,14 @@ class SharedClaims(Protocol):
     def alone(self, what: str, why: str) -> str: ...  # counts and logs; the warning to give
 
 
+class ScaleUps(Protocol):
+    """Scale-up requests (ProvisioningRequests) made for groups that wait for nodes; see
+    webhook/kube/scaleups.py."""
+
+    def create(self, objects: Sequence[Mapping]) -> str | None: ...  # None: they exist now; else why not
+    def delete(self, namespace: str, name: str) -> None: ...
+
+
 class ClusterIndex:
     """Nodes, pods and reservations, with capacity aggregated per topology domain.
 
@@ -106,6 +114,7 @@ class ClusterIndex:
         self.holders: dict[str, set[str]] = {}  # reservation key -> bound pods carrying it
         self.pod_reservations: dict[str, str] = {}  # bound pod key -> the reservation key it carries
         self.growth = GrowthState()  # autoscalers' pools: how the cluster can grow
+        self.scale_ups: ScaleUps | None = None  # ProvisioningRequests, with a class configured and an API
 
     @classmethod
     def from_objects(cls, config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = (),

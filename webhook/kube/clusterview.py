@@ -42,6 +42,7 @@ from kubernetes import client as k8s_client
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
+from .scaleups import ApiScaleUps
 from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
 from ..core.cluster import ClusterIndex, pod_key
 from ..core.config import Config
@@ -177,7 +178,8 @@ class ApiFeed:
                  watch_timeout_seconds: int | None = None, page_size: int = LIST_PAGE_SIZE,
                  expire_interval_seconds: float = EXPIRE_INTERVAL_SECONDS, claims_namespace: str | None = None,
                  claims_budget_seconds: float = DEFAULT_BUDGET_SECONDS,
-                 on_alone: Callable[[], None] = lambda: None) -> None:
+                 on_alone: Callable[[], None] = lambda: None,
+                 on_scale_up: Callable[[str], None] = lambda _: None) -> None:
         self.config = config
         self.clock = clock
         self.index = ClusterIndex(config, clock=clock)
@@ -199,6 +201,8 @@ class ApiFeed:
                     index.counted_pods, lambda key: index.delete_pod({"metadata": {"uid": key}})),
         )
         self._streams += _growth_streams(index, core, k8s_client.CustomObjectsApi(api_client))
+        if config.provisioning_request_class:
+            index.scale_ups = ApiScaleUps(api_client, on_scale_up)
         if claims_namespace:
             claims = ApiClaims(index, api_client, claims_namespace, claims_budget_seconds, on_alone=on_alone)
             index.share_claims(claims)

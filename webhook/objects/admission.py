@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..core import injection
-from . import mutation, workload
+from . import mutation, provisioning, workload
 from ..core.config import Config
 from ..core.gpus import pod_gpus
 from .kinds import KINDS
@@ -38,7 +38,7 @@ from .patch import encode, make_patch
 from ..core.placer import group_decision, place, place_group, place_shared, release_shared
 
 if TYPE_CHECKING:
-    from ..core.cluster import ClusterIndex
+    from ..core.cluster import ClusterIndex, ScaleUps
 
 log = logging.getLogger(__name__)
 
@@ -224,10 +224,32 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
         decision, alone = place_shared(index, wanted.request, reserve)
     if decision.outcome is Outcome.NEVER:
         return _denied(request, _never_message(who, obj, kind, decision), decision)
-    mutated = mutation.mutate(obj, kind, decision, config, key)
+    mutated = provisioning.consumed_by(mutation.mutate(obj, kind, decision, config, key), kind, None)
+    if provisioning.wanted(decision, config) and index.scale_ups is not None and not request.dry_run:
+        mutated, note = _scale_up(request, index.scale_ups, mutated, decision, key, config)
+        alone = [*alone, note]
     outcome = _WAITS_BY_CODE.get(decision.code or "", _OUTCOMES[decision.outcome])
     return _result(request, outcome, decision=decision, mutated=mutated,
                    warnings=[*wanted.warnings, *mutation.warnings(decision, config), *alone])
+
+
+def _scale_up(request: _Request, scale_ups: "ScaleUps", mutated: dict, decision: Decision, key: str,
+              config: Config) -> tuple[dict, str]:
+    """A ProvisioningRequest for the group's pods, as admitted (created once per workload: again,
+    it is found there), and the pods made to consume it; without it, they wait for an ordinary
+    scale-up. Returns the object and the warning that says which."""
+    who, kind, namespace = decision.request.workload, request.kind, request.namespace
+    name, provisioning_class = provisioning.request_name(key), config.provisioning_request_class
+    owner = next((o for o in (mutated.get("metadata") or {}).get("ownerReferences") or ()
+                  if isinstance(o, Mapping) and o.get("controller") is True and o.get("uid")), None)
+    objects = provisioning.request_objects(namespace, name, workload.pod_template(kind, mutated) or {},
+                                           decision.request.pods, provisioning_class, owner)
+    problem = scale_ups.create(objects)
+    if problem is not None:
+        return mutated, f"{who}: no ProvisioningRequest ({problem}); it waits for an ordinary scale-up"
+    return (provisioning.consumed_by(mutated, kind, name, provisioning_class),
+            f"{who}: ProvisioningRequest {namespace}/{name} ({provisioning_class}) asks for the nodes of its "
+            f"{decision.request.pods} pods at once")
 
 
 def _joined_notes(who: str, request: PlacementRequest, decision: Decision) -> list[str]:
@@ -307,6 +329,9 @@ def _released(request: _Request, index: "ClusterIndex") -> AdmissionResult:
     key = injection.reservation_of(workload.pod_template(kind, old))
     if key is None or not held_by(key, request.namespace, kind):
         return _result(request, "ignored")
+    consumed = workload.annotations_of(kind, old).get(provisioning.CONSUME)
+    if index.scale_ups is not None and consumed == provisioning.request_name(key):
+        index.scale_ups.delete(request.namespace, consumed)  # the group is gone: so is its scale-up
     release_shared(index, key)
     return _result(request, "released")
 
