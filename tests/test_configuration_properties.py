@@ -18,7 +18,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from test_idempotence_properties import allowed_nodes_of
-from webhook.cli import settled
 from webhook.core.cluster import ClusterIndex
 from webhook.core.config import HOSTNAME_LABEL, PRESETS, Config, levels_from
 from webhook.core.model import Outcome
@@ -45,16 +44,16 @@ OPERATOR_OBJECTS = [o for path in sorted((pathlib.Path(__file__).parents[1] / "e
 def configurations(draw) -> Config:
     shape = draw(st.sampled_from(["list", "hostname-only", "preset", "auto"]))
     pin = draw(st.booleans())
-    if shape == "auto":
-        return Config(levels_auto=True, pin_when_waiting=pin)
+    if shape == "auto":  # the default: the index picks the preset from the nodes' labels
+        return Config(pin_when_waiting=pin)
     if shape == "preset":
-        return Config(levels=PRESETS[draw(st.sampled_from(sorted(PRESETS)))], pin_when_waiting=pin)
+        return Config(levels=PRESETS[draw(st.sampled_from(sorted(PRESETS)))], levels_auto=False, pin_when_waiting=pin)
     if shape == "hostname-only":
-        return Config(levels=levels_from([HOSTNAME_LABEL]), pin_when_waiting=pin)
+        return Config(levels=levels_from([HOSTNAME_LABEL]), levels_auto=False, pin_when_waiting=pin)
     keys = draw(st.lists(st.sampled_from(LEVEL_KEYS), min_size=1, max_size=5, unique=True))
     if draw(st.booleans()):
         keys.append(HOSTNAME_LABEL)
-    return Config(levels=levels_from(keys), pin_when_waiting=pin)
+    return Config(levels=levels_from(keys), levels_auto=False, pin_when_waiting=pin)
 
 
 @st.composite
@@ -83,7 +82,8 @@ def workloads(draw, config: Config, nodes: list[dict]) -> dict:
     kind = draw(st.sampled_from(KINDS))
     annotations: dict[str, str] = {
         "topology.scheduler/placement-strategy": draw(st.sampled_from(["consolidated", "balanced", "distributed"]))}
-    level_names = [lv.name for lv in config.levels] + [lv.label for lv in config.levels] + ["node"]
+    levels = [lv for preset in PRESETS.values() for lv in preset] if config.levels_auto else list(config.levels)
+    level_names = [lv.name for lv in levels] + [lv.label for lv in levels] + ["node"]
     values = sorted({v for n in nodes for v in n["metadata"]["labels"].values()} | {"nowhere"})
     if draw(st.integers(0, 3)) == 0 and level_names:
         annotations["topology.scheduler/max-domain"] = draw(st.sampled_from(level_names))
@@ -91,9 +91,9 @@ def workloads(draw, config: Config, nodes: list[dict]) -> dict:
         annotations["topology.scheduler/preferred-domain"] = draw(st.sampled_from(values))
     if draw(st.integers(0, 5)) == 0:
         annotations["topology.scheduler/latency-sensitive"] = "true"
-    if draw(st.integers(0, 5)) == 0 and config.levels:
+    if draw(st.integers(0, 5)) == 0 and levels:
         peer = draw(st.sampled_from(PEER_REQUIRED + PEER_PREFERRED))
-        annotations = {peer: draw(st.sampled_from([lv.label for lv in config.levels]))}
+        annotations = {peer: draw(st.sampled_from([lv.label for lv in levels]))}
     gpus = draw(st.sampled_from([1, 2, 4, 8]))
     replicas = draw(st.integers(1, 6))
     spec: dict = {}
@@ -131,7 +131,6 @@ def wire_patch(response: dict) -> list:
 def cases(draw):
     config = draw(configurations())
     nodes, pods = draw(clusters(config))
-    config = settled(config, nodes, lambda _warning: None)
     return config, nodes, pods, draw(workloads(config, nodes))
 
 

@@ -347,3 +347,12 @@ def test_a_single_zone_node_group_keeps_its_zone_when_zone_is_a_topology_level()
     index = ClusterIndex.from_objects(Config(), [*nodes, ca_status(("gke-prod-h100-x-grp", 2, 8))])
     decision = place(index, PlacementRequest("Job ml/x", 4, 8, Strategy.CONSOLIDATED))
     assert {r.key: r.values for r in decision.requirements} == {GKE_POOL: ("h100",), ZONE: ("us-central1-a",)}
+
+
+def test_pools_follow_the_levels_auto_chooses():
+    """A block label is a level only on the gke preset: only then is it one a new node learns at launch."""
+    index = ClusterIndex.from_objects(Config(), [*gke_nodes("h100", 2), ca_status(("gke-prod-h100-x-grp", 2, 8))])
+    assert index.preset == "gke" and BLOCK in index.pools()[0].unknown
+    for i in range(3):  # more nodes marking the default preset than the gke one: the levels change
+        index.upsert_node(make_node(f"rack-{i}", {SPINE: "s1", LEAF: "l1"}))
+    assert index.preset == "default" and index.pools()[0].fixed[BLOCK] == "block-1"

@@ -10,13 +10,14 @@ request), and the one lock that watch threads and request threads share.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
-from .config import HOSTNAME_LABEL, Config
+from .config import HOSTNAME_LABEL, PRESETS, Config, choose_preset, preset_marks
 from .filters import ConstrainedSubsets, NodeFilters
 from .gpus import parse_nvlink_domains, pod_gpus
 from .growth import GrowthState, Pool, is_growth_object, object_key
@@ -37,6 +38,8 @@ class ClusterStats:
     allocation_ratio: float
     fragmentation_ratio: float  # free GPUs stranded on partly used nodes / all free GPUs
     domain_utilization: tuple[tuple[str, str, float], ...]  # (level name, domain, used share)
+    levels: tuple[str, ...] = ()  # the level label keys in use, widest first
+    preset: str = "configured"  # the preset `levels: auto` chose, or "configured"
 
 
 def pod_key(pod: Mapping) -> str:
@@ -115,6 +118,12 @@ class ClusterIndex:
         self.pod_reservations: dict[str, str] = {}  # bound pod key -> the reservation key it carries
         self.growth = GrowthState()  # autoscalers' pools: how the cluster can grow
         self.scale_ups: ScaleUps | None = None  # ProvisioningRequests, with a class configured and an API
+        # `levels: auto`: the preset the nodes' labels call for (None: levels as configured), the
+        # presets each node's labels mark and how many nodes mark each, and why none fits.
+        self.preset: str | None = None
+        self._node_presets: dict[str, frozenset[str]] = {}
+        self._preset_counts: dict[str, int] = {}
+        self.levels_warning: str | None = None
 
     @classmethod
     def from_objects(cls, config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = (),
@@ -177,6 +186,7 @@ class ClusterIndex:
             self.filters.count(fresh, +1)
             self.filters.headroom_changed.add(fresh.name)
             self.subsets.node_changed(fresh)
+            self._mark_presets(fresh.name, preset_marks(fresh.labels))
 
     def delete_node(self, name: str) -> None:
         with self.lock:
@@ -188,6 +198,34 @@ class ClusterIndex:
                 self.tree.detach(node)
                 if node.pods:  # its pods may still be deleted later; keep them until then
                     self.orphan_pods[name] = node.pods
+                self._mark_presets(name, None)
+
+    def _mark_presets(self, name: str, marks: frozenset[str] | None) -> None:
+        """With `levels: auto`, count the presets a node's labels mark (None: the node is gone)
+        and move to the levels the nodes now call for when that changes."""
+        if not self.config.levels_auto or self._node_presets.get(name) == marks:
+            return
+        for preset in self._node_presets.pop(name, ()):
+            self._preset_counts[preset] -= 1
+        if marks is not None:
+            self._node_presets[name] = marks
+            for preset in marks:
+                self._preset_counts[preset] = self._preset_counts.get(preset, 0) + 1
+        preset, self.levels_warning = choose_preset(self._preset_counts, len(self._node_presets))
+        if preset != self.preset:
+            self._relevel(preset)
+
+    def _relevel(self, preset: str) -> None:
+        """Rebuild the tree on the preset's levels, every node with its pods and holds: O(nodes),
+        and rare (the first nodes read, a relist, nodes of another kind joining)."""
+        self.preset = preset
+        self.config = dataclasses.replace(self.config, levels=PRESETS[preset])
+        tree = TopologyTree(self.config, self.tree.width)
+        for node in list(self.tree.nodes.values()):
+            node.parent = None
+            tree.attach(node)
+        self.tree = tree
+        self.subsets.clear()
 
     # -- autoscalers' pools ------------------------------------------------------------------
 
@@ -430,4 +468,5 @@ class ClusterIndex:
                 gpus_total=total, gpus_used=total - free - reserved, gpus_reserved=reserved,
                 allocation_ratio=(total - free) / total if total else 0.0,
                 fragmentation_ratio=stranded / free if free else 0.0,
-                domain_utilization=utilization)
+                domain_utilization=utilization, levels=tuple(lv.label for lv in self.config.levels),
+                preset=self.preset or "configured")

@@ -184,6 +184,7 @@ class GrowthState:
         self.objects: dict[str, Mapping] = {}  # object_key -> NodePool or status ConfigMap
         self.members: dict[tuple[str, str], set[str]] = {}  # (pool label, value) -> node names
         self._cached: tuple[Pool, ...] | None = None
+        self._levels: tuple = ()  # the levels the cache was made for (`levels: auto` may change them)
 
     def upsert(self, obj: Mapping) -> None:
         self.objects[object_key(obj)] = obj
@@ -213,7 +214,8 @@ class GrowthState:
 
     def pools(self, nodes: Mapping[str, NodeState], config: Config) -> tuple[Pool, ...]:
         """Every pool that can grow, heaviest first."""
-        if self._cached is None:
+        if self._cached is None or self._levels != config.levels:
+            self._levels = config.levels
             found: list[Pool] = []
             for obj in self.objects.values():
                 if obj.get("kind") == NODEPOOL_KIND:

@@ -195,8 +195,8 @@ class ApiFeed:
         index = self.index
         self._streams: tuple[_Stream, ...] = (
             _Stream("nodes", core.list_node, lambda node: (node.get("metadata") or {}).get("name", ""),
-                    index.upsert_node, lambda node: index.delete_node(node["metadata"]["name"]),
-                    lambda: set(index.nodes), index.delete_node),
+                    self._upsert_node, lambda node: self._delete_node(node["metadata"]["name"]),
+                    lambda: set(index.nodes), self._delete_node),
             _Stream("pods", core.list_pod_for_all_namespaces, pod_key, index.upsert_pod, index.delete_pod,
                     index.counted_pods, lambda key: index.delete_pod({"metadata": {"uid": key}})),
         )
@@ -214,6 +214,24 @@ class ApiFeed:
                 claims.deleted, claims.names, claims.forget),)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._levels_said: str | None = None
+
+    def _upsert_node(self, node: dict) -> None:
+        self.index.upsert_node(node)
+        self._say_levels()
+
+    def _delete_node(self, name: str) -> None:
+        self.index.delete_node(name)
+        self._say_levels()
+
+    def _say_levels(self) -> None:
+        """Log each preset `levels: auto` moves to, as the nodes' labels call for it."""
+        preset = self.index.preset
+        if preset is not None and preset != self._levels_said:
+            self._levels_said = preset
+            log.info("levels: auto chose the %s preset: %s%s", preset,
+                     ", ".join(lv.label for lv in self.index.config.levels),
+                     f" ({self.index.levels_warning})" if self.index.levels_warning else "")
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
