@@ -12,7 +12,7 @@ import copy
 import pytest
 import yaml
 
-from conftest import assert_valid_kubernetes_object, eventually
+from conftest import assert_valid_kubernetes_object, eventually, review_of
 from tests.fixtures.builders import gpu_job
 from webhook.cli import main
 from webhook.core.cluster import ClusterIndex
@@ -22,6 +22,7 @@ from webhook.core.growth import NODEPOOL_LABEL, nodepool, node_groups
 from webhook.core.model import EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
 from webhook.core.placer import place
 from webhook.kube.demo import make_node, make_pod
+from webhook.objects.admission import review
 
 ZONE = "topology.kubernetes.io/zone"
 SPINE, LEAF = "topology.scheduler/spine", "topology.scheduler/leaf"
@@ -356,3 +357,18 @@ def test_pools_follow_the_levels_auto_chooses():
     for i in range(3):  # more nodes marking the default preset than the gke one: the levels change
         index.upsert_node(make_node(f"rack-{i}", {SPINE: "s1", LEAF: "l1"}))
     assert index.preset == "default" and index.pools()[0].fixed[BLOCK] == "block-1"
+
+
+def test_pods_of_a_job_steered_to_a_pool_at_zero_nodes_keep_the_pool_not_repaired_onto_other_nodes():
+    """The pool's nodes are yet to come: that is not capacity lost, so no pod is moved to the nodes there are."""
+    fixed = [make_node(f"fixed-{i}", {ZONE: "us-east-1a", SPINE: "s1", LEAF: "l1"}) for i in range(2)]
+    index = ClusterIndex.from_objects(Config(), [*fixed, NODEPOOL])
+    job = tolerating(gpu_job("big", 5, 8, placement_strategy="consolidated"))
+    admitted = review(review_of(job), index, Config()).admitted
+    template = copy.deepcopy(admitted["spec"]["template"])
+    pod = {"apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
+           "metadata": {**template["metadata"], "name": "big-0", "namespace": "ml", "uid": "uid-big-0",
+                        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "big", "uid": "uid-job",
+                                             "controller": True}]}}
+    result = review(review_of(pod), index, Config())
+    assert result.outcome == "ignored" and not result.patch

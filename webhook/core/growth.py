@@ -42,6 +42,8 @@ CA_STATUS_NAMESPACE = "kube-system"
 CA_STATUS_NAME = "cluster-autoscaler-status"
 # The label each platform puts on every node of a node group (cluster-autoscaler sets none itself).
 GROUP_LABELS = ("cloud.google.com/gke-nodepool", "eks.amazonaws.com/nodegroup", "kubernetes.azure.com/agentpool")
+# The label naming a node's pool, whichever autoscaler grows it.
+POOL_LABELS = (NODEPOOL_LABEL, *GROUP_LABELS)
 ZONE_LABEL = "topology.kubernetes.io/zone"
 # Topology labels a pool fixes before its nodes exist: pinning one of them keeps a group in one
 # domain without keeping new nodes out.
@@ -198,7 +200,7 @@ class GrowthState:
         """A node was added (`before` empty), removed (`after` empty) or changed. A pool's new nodes
         are modelled on its nodes there are, so any change to one of them counts."""
         member = False
-        for key in (NODEPOOL_LABEL, *GROUP_LABELS):
+        for key in POOL_LABELS:
             member = member or key in before or key in after
             if before.get(key) == after.get(key):
                 continue

@@ -30,6 +30,7 @@ from ..core import injection
 from . import mutation, provisioning, workload
 from ..core.config import Config
 from ..core.gpus import pod_gpus
+from ..core.growth import POOL_LABELS
 from .kinds import KINDS
 from ..core.ledger import held_by, reservation_key
 from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROWS_POOL, UNKNOWN_DOMAIN, UNKNOWN_LEVEL, Decision, Outcome,
@@ -271,6 +272,8 @@ def _repaired(request: _Request, obj: dict, index: "ClusterIndex", config: Confi
     pinned = injection.recorded(obj).required
     if not pinned or not pinned[0]:
         return _result(request, "ignored")  # only preferred: the scheduler already goes elsewhere
+    if any(e.get("key") in POOL_LABELS for e in pinned[0]):
+        return _result(request, "ignored")  # steered to a pool that grows: its nodes are yet to come
     key = injection.reservation_of(obj)
     try:
         gpus = pod_gpus(obj.get("spec") or {})
