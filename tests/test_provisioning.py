@@ -10,6 +10,7 @@ import pathlib
 import jsonschema
 from conftest import assert_valid_kubernetes_object, review_of
 from test_admission import deletion
+from test_groups import pytorchjob_pods
 from test_growth import GPU_TOLERATION, NODEPOOL, karpenter_nodes
 
 from tests.fixtures.builders import gpu_job
@@ -116,6 +117,22 @@ def test_a_queue_s_own_consume_annotation_is_never_touched():
     result = review(review_of(job), demo_index(scale_ups=Recorded()), CONFIG)
     assert result.outcome == "placed"
     assert annotations(result.admitted)[provisioning.CONSUME] == "kueue-made"
+
+
+def test_a_pod_group_larger_than_the_cluster_gets_one_request_owned_by_its_operator_s_object():
+    scale_ups = Recorded()
+    index = demo_index(scale_ups=scale_ups)
+    pods = pytorchjob_pods("huge", workers=40)  # 41 pods x 8 GPUs on 32 nodes of 8
+    results = [review(review_of(pod), index, CONFIG) for pod in pods]
+    assert {r.outcome for r in results} == {"waiting-for-nodes"}
+    names = {request["metadata"]["name"] for _, request in scale_ups.created}
+    assert len(names) == 1 and len(scale_ups.created) == len(pods)  # one request, asked for again by each member
+    _, request = scale_ups.created[0]
+    assert request["spec"]["podSets"][0]["count"] == 41
+    (owner,) = request["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("PyTorchJob", "huge") and owner["uid"]
+    jsonschema.validate(request, SCHEMA)
+    assert {annotations(r.admitted)[provisioning.CONSUME] for r in results} == names
 
 
 # -- over the API ---------------------------------------------------------------------------------------
