@@ -157,6 +157,28 @@ def test_our_group_annotation_groups_any_pods_and_group_size_sizes_the_group(fre
     assert fresh_index.stats().gpus_reserved == 8
 
 
+def test_a_member_declaring_another_size_is_denied_naming_both_sizes(fresh_index):
+    annotations = {"topology.scheduler/group": "sweep-8", "topology.scheduler/group-size": "2"}
+    first = admit(operator_pod("a", {}, annotations, gpus=4), fresh_index)
+    assert first.outcome == "placed"
+    other = review(review_of(operator_pod("b", {}, {**annotations, "topology.scheduler/group-size": "3"}, gpus=4)),
+                   fresh_index, Config())
+    message = other.review["response"]["status"]["message"]
+    assert other.outcome == "denied" and "topology.scheduler/group-size='3'" in message
+    assert "declares 3 pod(s) x 4 GPU(s)" in message and "placed for 2 pod(s) x 4 GPU(s)" in message
+    honest = admit(operator_pod("c", {}, annotations, gpus=4), fresh_index)
+    assert honest.outcome == "placed" and honest.decision is first.decision
+
+
+def test_a_denied_first_member_does_not_decide_for_the_members_after_it(fresh_index):
+    annotations = {"topology.scheduler/group": "sweep-9", "topology.scheduler/placement-strategy": "consolidated"}
+    bad = review(review_of(operator_pod("a", {}, {**annotations, "topology.scheduler/preferred-domain": "nowhere",
+                                                  "topology.scheduler/group-size": "2"})), fresh_index, Config())
+    assert bad.outcome == "denied"
+    honest = admit(operator_pod("b", {}, {**annotations, "topology.scheduler/group-size": "2"}), fresh_index)
+    assert honest.outcome == "placed" and honest.decision.request.pods == 2
+
+
 @pytest.mark.parametrize("annotations, fragment", [
     ({"topology.scheduler/group": "sweep", "topology.scheduler/group-size": "zero"},
      'topology.scheduler/group-size="zero" is not allowed; allowed: a whole number of pods from 1 to'),

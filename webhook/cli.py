@@ -12,6 +12,7 @@ import os
 import re
 import socket
 import sys
+import time
 import uuid
 from typing import Callable, Sequence
 
@@ -30,8 +31,10 @@ from .core.config import DEFAULT_PORT, ConfigError, Config, load_config
 from .core.growth import is_growth_object
 from .kube.kubeclient import api_client_from
 from .objects.manifests import ManifestError, read_objects
+from .objects.overview import RecentDecisions
 from .serving.metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
 from .serving.server import METRICS_BACKLOG, THREADS_PER_WORKER, ServeOptions, WebhookServer, start_metrics_server
+from .serving.topology_page import page_app, write_page
 
 PROG = "topology-webhook"
 DEV_CERT_DIR = "certs"
@@ -198,18 +201,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     def build_app():  # runs in the worker, after the fork, so the watch threads start there
         metrics = Metrics.create(options.multiprocess_dir)
+        decisions = None if args.no_topology_page else RecentDecisions()
         if live:
             feed = ApiFeed(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
                            claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc,
                            on_scale_up=metrics.scale_up)
             feed.start()
             metrics.watch_feed(feed.age)
-            app = create_app(config, feed.index, feed.readiness, metrics)
+            index, readiness = feed.index, feed.readiness
         else:
             index, readiness = file_index(config, cluster)
             say_levels(index, log.warning)
-            app = create_app(config, index, readiness, metrics)
-        start_metrics_server(metrics_listener, metrics.registry, app)
+        app = create_app(config, index, readiness, metrics, decisions)
+        start_metrics_server(metrics_listener, metrics.registry, app,
+                             None if decisions is None else page_app(index, decisions))
         if target is not None:  # the worker keeps the certificate and the caBundle current while it serves
             certbootstrap.keep_current(api_client_from(args.kubeconfig), target, cert, key)
         return app
@@ -217,8 +222,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = WebhookServer(build_app, options)  # loads the certificate: a bad one stops us here
     source = (f"the cluster of {args.kubeconfig}" if args.kubeconfig else "this cluster (in-cluster config)") \
         if live else args.nodes or "the built-in demo cluster"
-    log.info("serving https://%s/mutate with %s; metrics on http://%s/metrics%s", args.bind, source,
-             args.metrics_bind, "; client certificates required" if args.client_ca else "")
+    page = "" if args.no_topology_page else f", the topology page on http://{args.metrics_bind}/topology"
+    log.info("serving https://%s/mutate with %s; metrics on http://%s/metrics%s%s", args.bind, source,
+             args.metrics_bind, page, "; client certificates required" if args.client_ca else "")
     server.run()
     return 0
 
@@ -267,12 +273,14 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     if not objects:
         raise UsageError(f"no objects passed to mutate: {', '.join(args.filename)} hold(s) no Kubernetes object")
     mutated, patches, denied = [], [], 0
+    decisions = RecentDecisions()
     for position, obj in enumerate(objects):
         namespace = (obj.get("metadata") or {}).get("namespace") or "default"
         label = describe(obj, namespace)
         # A CREATE as the apiserver sends it; not dryRun, so later objects see this one's reservation.
         uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{PROG}/mutate/{position}/{label}"))
         result = admission.review(admission.make_review(obj, namespace=namespace, uid=uid), index, config)
+        decisions.record(result, time.time())
         response = result.review["response"]
         for warning in result.warnings:
             print(f"Warning: {warning}", file=sys.stderr)  # as kubectl prints them; they name the object
@@ -294,6 +302,11 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         print(json.dumps(single, indent=2))
     elif mutated:
         sys.stdout.write(yaml.safe_dump_all(mutated, sort_keys=False, explicit_start=len(mutated) > 1))
+    if args.html:
+        try:
+            write_page(args.html, index, decisions, time.time())
+        except OSError as err:
+            raise UsageError(f"--html {args.html}: cannot write it ({err.strerror})") from None
     return 1 if denied else 0
 
 
@@ -354,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "view and reservations are in that process; a second would book the same GPUs again)")
     serve.add_argument("--metrics-bind", metavar="HOST:PORT", default=DEFAULT_METRICS_BIND,
                        help="plain-HTTP listen address of /metrics (default: %(default)s)")
+    serve.add_argument("--no-topology-page", action="store_true",
+                       help="do not serve /topology and /topology.json on the metrics port (they name "
+                            "namespaces, workloads and nodes to whoever reaches that port)")
     serve.add_argument("--client-ca", metavar="FILE",
                        help="require client certificates signed by this CA (mutual TLS with the apiserver)")
     serve.add_argument("--claims-namespace", metavar="NS",
@@ -380,6 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="mutated objects as YAML or JSON, or per admitted object one line holding its JSON "
                              "Patch, as `kubectl patch --type=json -p` takes it (default: yaml)")
     mutate.add_argument("--explain", action="store_true", help="print each decision and its reasons on stderr")
+    mutate.add_argument("--html", metavar="FILE",
+                        help="also write the topology page (the cluster with these objects placed and held, and "
+                             "their decisions) to FILE, one self-contained HTML file")
     mutate.set_defaults(func=cmd_mutate)
 
     certs_cmd = subparsers.add_parser(

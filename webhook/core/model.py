@@ -39,6 +39,7 @@ EXCEEDS_CLUSTER = "ExceedsCluster"  # NEVER: a pod larger than any node (or grow
 UNKNOWN_DOMAIN = "UnknownPreferredDomain"  # NEVER: preferred-domain names no domain
 UNKNOWN_LEVEL = "UnknownMaxDomain"  # NEVER: max-domain names no level
 EXCEEDS_MAX_DOMAIN = "ExceedsMaxDomain"  # NEVER: no domain of the max-domain level could ever hold it
+GROUP_MISMATCH = "GroupSizeMismatch"  # NEVER: a group member's size differs from the one its group was decided for
 
 
 class Interconnect(str, enum.Enum):

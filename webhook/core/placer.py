@@ -15,7 +15,7 @@ import time
 import zlib
 
 from .cluster import ClusterIndex
-from .model import Decision, Outcome, PlacementRequest, Strategy
+from .model import GROUP_MISMATCH, Decision, Outcome, PlacementRequest, Strategy
 from .placement import decide
 from .topology import TopologyTree
 
@@ -88,11 +88,17 @@ def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserv
             claimed = index.ledger.holds.get(key) if decision is None else None
             nodes = sorted(claimed.sets) if claimed is not None else []
         if decision is not None:
+            first = decision.request
+            if (first.pods, first.gpus_per_pod) != (request.pods, request.gpus_per_pod):
+                return Decision(Outcome.NEVER, request, None, code=GROUP_MISMATCH, reasons=(
+                    f"{request.workload}: this member declares {request.pods} pod(s) x {request.gpus_per_pod} "
+                    f"GPU(s), but the group was placed for {first.pods} pod(s) x {first.gpus_per_pod} GPU(s) "
+                    "when its first member arrived; allowed: the same size on every member",)), [], True
             return decision, [], True
         if nodes:  # another replica placed the group first and claimed it: decide on its nodes
             request = _on_nodes(request, nodes)
         decision, alone = place_shared(index, request, key if reserve else None)
-        if reserve:
+        if reserve and decision.outcome is not Outcome.NEVER:  # a denial is the member's alone
             with index.lock:
                 index.ledger.remember_group(key, decision)
         return decision, alone, False

@@ -27,16 +27,17 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..core import injection
-from . import mutation, provisioning, workload
 from ..core.config import Config
 from ..core.gpus import pod_gpus
 from ..core.growth import POOL_LABELS
-from .kinds import KINDS
 from ..core.ledger import held_by, reservation_key
-from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROWS_POOL, UNKNOWN_DOMAIN, UNKNOWN_LEVEL, Decision, Outcome,
-                    PlacementRequest, Strategy)
-from .patch import encode, make_patch
+from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, GROWS_POOL, UNKNOWN_DOMAIN,
+                          UNKNOWN_LEVEL, Decision, Outcome, PlacementRequest, Strategy)
 from ..core.placer import group_decision, place, place_group, place_shared, release_shared
+from . import mutation, provisioning, workload
+from .groups import GROUP_SIZE
+from .kinds import KINDS
+from .patch import encode, make_patch
 
 if TYPE_CHECKING:
     from ..core.cluster import ClusterIndex, ScaleUps
@@ -173,6 +174,11 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     # node selection the queue wrote; the template's scheduling fields may change in this update.
     admitted_by_queue = (request.operation == "UPDATE" and workload.suspended(kind, request.old)
                          and not workload.suspended(kind, obj))
+    if (request.operation == "UPDATE" and request.old is not None and workload.suspended(kind, obj)
+            and not workload.suspended(kind, request.old)):
+        # Suspended again (its queue preempted it): its pods go, and so does the hold for the ones
+        # not bound yet; un-suspended later, it is placed afresh.
+        return _released(request, index)
     if request.operation not in KINDS[kind].operations and not admitted_by_queue:
         return _result(request, "ignored")
     if _deeper_than(obj, MAX_DEPTH):
@@ -323,7 +329,7 @@ def _kept(request: _Request, old: dict, config: Config, wanted: workload.Workloa
 
 
 def _released(request: _Request, index: "ClusterIndex") -> AdmissionResult:
-    """A workload we placed is being deleted: free the GPUs its unbound pods still hold. Only the
+    """A workload we placed is being deleted or suspended: free the GPUs its unbound pods still hold. Only the
     workload's own key: a Job's pods and a Deployment's ReplicaSets carry their owner's key, and
     deleting one of them does not end the owner. Dry runs release nothing."""
     kind, old = request.kind, request.old
@@ -370,7 +376,8 @@ def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str
     """The denial: the object, the annotation that asked for the impossible, and why."""
     reason = decision.reasons[0] if decision.reasons else str(decision.code)
     annotations = workload.annotations_of(kind, obj)
-    culprit = {UNKNOWN_DOMAIN: workload.PREFERRED_DOMAIN, EXCEEDS_CLUSTER: workload.GPU_COUNT}.get(decision.code or "")
+    culprit = {UNKNOWN_DOMAIN: workload.PREFERRED_DOMAIN, EXCEEDS_CLUSTER: workload.GPU_COUNT,
+               GROUP_MISMATCH: GROUP_SIZE}.get(decision.code or "")
     if decision.code in (UNKNOWN_LEVEL, EXCEEDS_MAX_DOMAIN):
         culprit = next((k for k in (workload.MAX_DOMAIN, *workload.PEER_REQUIRED) if k in annotations), None)
     if culprit in annotations:

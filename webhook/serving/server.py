@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from .certs import ReloadingContext
-from ..core.config import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
+from ..core.config import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, TOPOLOGY_JSON_PATH, TOPOLOGY_PATH
 from .logs import GunicornLogger
 from .metrics import mark_worker_dead
 
@@ -258,12 +258,17 @@ class MetricsServer(ThreadingWSGIServer):
 
 
 def start_metrics_server(listener: socket.socket, registry: CollectorRegistry, webhook_app: Any,
-                         threads: int = METRICS_THREADS, deadline_seconds: float = REQUEST_SECONDS) -> None:
+                         topology_app: Any | None = None, threads: int = METRICS_THREADS,
+                         deadline_seconds: float = REQUEST_SECONDS) -> None:
     """/metrics over plain HTTP on its own port, in a daemon thread of the worker: scrapers reach
     this port and the apiserver the TLS one, so a NetworkPolicy can tell them apart. /healthz and
     /readyz answer here too (from the webhook app): with --client-ca, kubelet's probes carry no
-    client certificate, so they are pointed at this port. /mutate is never served here."""
+    client certificate, so they are pointed at this port. The topology page (topology_page.py)
+    is here, beside the metrics it draws, and read-only (None: not served). /mutate is never
+    served here."""
     metrics_app = make_wsgi_app(registry)
+    paths = [METRICS_PATH, HEALTHZ_PATH, READYZ_PATH] + ([TOPOLOGY_PATH, TOPOLOGY_JSON_PATH] if topology_app else [])
+    not_found = f"not found: this port serves {', '.join(paths)}\n".encode()
 
     def app(environ: dict, start_response: Callable) -> Any:
         path = environ.get("PATH_INFO")
@@ -271,8 +276,10 @@ def start_metrics_server(listener: socket.socket, registry: CollectorRegistry, w
             return metrics_app(environ, start_response)
         if path in (HEALTHZ_PATH, READYZ_PATH):
             return webhook_app(environ, start_response)
+        if path in (TOPOLOGY_PATH, TOPOLOGY_JSON_PATH) and topology_app is not None:
+            return topology_app(environ, start_response)
         start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not found: this port serves /metrics, /healthz and /readyz\n"]
+        return [not_found]
 
     httpd = MetricsServer(listener, app, threads, deadline_seconds)
     threading.Thread(target=httpd.deadlines.watch, args=(min(1.0, deadline_seconds / 4),),
