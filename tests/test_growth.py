@@ -372,3 +372,16 @@ def test_pods_of_a_job_steered_to_a_pool_at_zero_nodes_keep_the_pool_not_repaire
                                              "controller": True}]}}
     result = review(review_of(pod), index, Config())
     assert result.outcome == "ignored" and not result.patch
+
+
+@pytest.mark.parametrize("requirements, members, gpus", [
+    ([{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5.48xlarge", "p4d.24xlarge"]}], 0, 8),
+    ([{"key": "eks.amazonaws.com/instance-gpu-count", "operator": "Lt", "values": ["5"]}], 0, 4),
+    ([{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["x9.metal"]}], 2, 8),  # its nodes say
+    ([{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["x9.metal"]}], 0, None),
+], ids=["instance types", "a GPU count bound", "from its nodes", "unknown"])
+def test_a_nodepool_s_gpus_per_node_come_from_what_it_says_else_from_its_nodes(requirements, members, gpus):
+    pool = copy.deepcopy(NODEPOOL)
+    pool["spec"]["template"]["spec"]["requirements"] = requirements
+    assert nodepool(pool, [ClusterIndex.from_objects(Config(), karpenter_nodes(members)).nodes[f"ip-10-0-0-{i}"]
+                           for i in range(members)]).gpus_per_node == gpus
