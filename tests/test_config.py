@@ -73,6 +73,9 @@ def test_mapping_rejects_bad_profile():
     ("preferred_weight: 101\n", "preferred_weight: 101 is out of range; allowed: 1 to 100"),
     ("max_body_bytes: 2048.5\n", "max_body_bytes: 2048.5 is not a whole number"),
     ("pin_when_waiting: maybe\n", "pin_when_waiting: 'maybe' is not allowed; allowed: true, false"),
+    ("refuse_unplaceable: 1\n", "refuse_unplaceable: 1 is not allowed; allowed: true, false"),
+    ("provisioning_request_class: atomic\n", "provisioning_request_class: 'atomic' is not allowed; allowed: an empty "
+     "string (none), best-effort-atomic-scale-up.autoscaling.x-k8s.io, check-capacity.autoscaling.x-k8s.io"),
     ("stale_after_seconds: true\n", "stale_after_seconds: True is not a number"),
     ("scheduler_names: my-scheduler\n", "scheduler_names: 'my-scheduler' is not a list"),
     ("nccl_profiles: {leaf: {NCCL_CROSS_NIC: [1]}}\n", "nccl_profiles.leaf.NCCL_CROSS_NIC: [1] is not allowed"),

@@ -28,6 +28,7 @@ from .core.cluster import ClusterIndex
 from .kube.claims import DEFAULT_BUDGET_SECONDS
 from .kube.clusterview import ApiFeed, own_namespace
 from .core.config import DEFAULT_PORT, ConfigError, Config, load_config
+from .core.growth import is_growth_object
 from .kube.kubeclient import api_client_from
 from .objects.manifests import ManifestError, read_objects
 from .objects.overview import RecentDecisions
@@ -54,9 +55,21 @@ def read_cluster(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
         if args.pods:
             raise UsageError("--pods needs --nodes (without --nodes the built-in demo cluster is used)")
         return demo.demo_cluster()
-    nodes = read_objects(args.nodes, kind="Node")
+    nodes = node_file(args.nodes)
     pods = read_objects(args.pods, kind="Pod") if args.pods else []
     return nodes, pods
+
+
+def node_file(path: str) -> list[dict]:
+    """Node objects, with the autoscaler objects that say how the cluster can grow among them, as
+    `kubectl get nodes,nodepools -o yaml` prints them (plus cluster-autoscaler's status ConfigMap)."""
+    objects = read_objects(path)
+    for obj in objects:
+        if obj["kind"] != "Node" and not is_growth_object(obj):
+            raise ManifestError(f"{path}: {obj['kind']} {(obj.get('metadata') or {}).get('name', '?')} found; this "
+                                "file may only hold Node objects, Karpenter NodePools and the ConfigMap "
+                                "kube-system/cluster-autoscaler-status")
+    return objects
 
 
 def say_levels(index: ClusterIndex, warn: Callable[[str], None], level: int = logging.INFO) -> None:
@@ -207,7 +220,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         decisions = None if args.no_topology_page else RecentDecisions()
         if live:
             feed = ApiFeed(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
-                           claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc)
+                           claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc,
+                           on_scale_up=metrics.scale_up)
             feed.start()
             metrics.watch_feed(feed.age)
             index, readiness = feed.index, feed.readiness
@@ -389,7 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "ones before). Exit 0 when all are admitted, 1 when any is denied, 2 on bad input.")
     mutate.add_argument("-f", "--filename", metavar="FILE", action="append", required=True,
                         help="YAML or JSON manifests, a directory of them, '-' for stdin; repeatable")
-    mutate.add_argument("--nodes", metavar="FILE", required=True, help="Node objects (kubectl get nodes -o yaml)")
+    mutate.add_argument("--nodes", metavar="FILE", required=True,
+                        help="Node objects, and Karpenter NodePools or cluster-autoscaler's status ConfigMap to "
+                             "know how the cluster can grow (kubectl get nodes,nodepools -o yaml)")
     mutate.add_argument("--pods", metavar="FILE", help="Pod objects (kubectl get pods -A -o yaml)")
     mutate.add_argument("--config", metavar="FILE", help="settings file (YAML)")
     mutate.add_argument("-o", "--output", choices=("yaml", "json", "patch"), default="yaml",

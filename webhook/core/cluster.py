@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Mapping, Protocol, Sequence
 from .config import HOSTNAME_LABEL, PRESETS, Config, choose_preset, preset_marks
 from .filters import ConstrainedSubsets, NodeFilters
 from .gpus import parse_nvlink_domains, pod_gpus
+from .growth import GrowthState, Pool, is_growth_object, object_key
 from .injection import GPU_IDS, RESERVATION
 from .ledger import ReservationLedger, held_by
 from .model import PlacementRequest
@@ -83,6 +84,14 @@ class SharedClaims(Protocol):
     def alone(self, what: str, why: str) -> str: ...  # counts and logs; the warning to give
 
 
+class ScaleUps(Protocol):
+    """Scale-up requests (ProvisioningRequests) made for groups that wait for nodes; see
+    webhook/kube/scaleups.py."""
+
+    def create(self, objects: Sequence[Mapping]) -> str | None: ...  # None: they exist now; else why not
+    def delete(self, namespace: str, name: str) -> None: ...
+
+
 class ClusterIndex:
     """Nodes, pods and reservations, with capacity aggregated per topology domain.
 
@@ -107,6 +116,8 @@ class ClusterIndex:
         self.usage_on: dict[str, dict[str, int]] = {}  # node name -> summed requests (NodeState.requested)
         self.holders: dict[str, set[str]] = {}  # reservation key -> bound pods carrying it
         self.pod_reservations: dict[str, str] = {}  # bound pod key -> the reservation key it carries
+        self.growth = GrowthState()  # autoscalers' pools: how the cluster can grow
+        self.scale_ups: ScaleUps | None = None  # ProvisioningRequests, with a class configured and an API
         # `levels: auto`: the preset the nodes' labels call for (None: levels as configured), the
         # presets each node's labels mark and how many nodes mark each, and why none fits.
         self.preset: str | None = None
@@ -118,10 +129,10 @@ class ClusterIndex:
     def from_objects(cls, config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = (),
                      clock: Callable[[], float] = time.monotonic) -> "ClusterIndex":
         nodes = list(nodes)
-        width = max([8] + [parse_node(n, config).alloc for n in nodes])
+        width = max([8] + [parse_node(n, config).alloc for n in nodes if not is_growth_object(n)])
         index = cls(config, width, clock)
-        for node in nodes:
-            index.upsert_node(node)
+        for node in nodes:  # autoscalers' objects come with the Nodes, as `kubectl get nodes,nodepools` lists them
+            (index.upsert_growth if is_growth_object(node) else index.upsert_node)(node)
         for pod in pods:
             index.upsert_pod(pod)
         return index
@@ -168,6 +179,7 @@ class ClusterIndex:
                 self.tree.detach(old)
             else:
                 fresh.pods = self.orphan_pods.pop(fresh.name, {})
+            self.growth.node_changed(fresh.name, old.labels if old is not None else {}, fresh.labels)
             fresh.held = list(self.ledger.held_on(fresh.name))
             fresh.requested = self.usage_on.setdefault(fresh.name, {})
             self.tree.attach(fresh)
@@ -180,6 +192,7 @@ class ClusterIndex:
         with self.lock:
             node = self.tree.nodes.get(name)
             if node is not None:
+                self.growth.node_changed(name, node.labels, {})
                 self.subsets.node_deleted(name)
                 self.filters.count(node, -1)
                 self.tree.detach(node)
@@ -213,6 +226,31 @@ class ClusterIndex:
             tree.attach(node)
         self.tree = tree
         self.subsets.clear()
+
+    # -- autoscalers' pools ------------------------------------------------------------------
+
+    def upsert_growth(self, obj: Mapping) -> None:
+        """A NodePool or cluster-autoscaler's status ConfigMap, added or changed."""
+        with self.lock:
+            self.growth.upsert(obj)
+
+    def delete_growth(self, obj: Mapping) -> None:
+        with self.lock:
+            self.growth.forget(object_key(obj))
+
+    def growth_keys(self, kind: str) -> set[str]:
+        """Keys of the autoscaler objects of `kind` the index holds (a relist forgets the others)."""
+        with self.lock:
+            return {key for key in self.growth.objects if key.startswith(kind + "/")}
+
+    def forget_growth(self, key: str) -> None:
+        with self.lock:
+            self.growth.forget(key)
+
+    def pools(self) -> tuple[Pool, ...]:
+        """Pools that can add nodes, heaviest first (rebuilt only after a change they depend on)."""
+        with self.lock:
+            return self.growth.pools(self.tree.nodes, self.config)
 
     # -- pods --------------------------------------------------------------------------------
 

@@ -24,6 +24,10 @@ METRICS_PATH = "/metrics"
 TOPOLOGY_PATH = "/topology"  # the topology page, on the metrics port
 TOPOLOGY_JSON_PATH = "/topology.json"
 LINK_CLASSES = ("nvlink", "leaf", "spine", "zone", "cluster")
+# ProvisioningRequest classes (https://github.com/kubernetes/autoscaler/blob/master/cluster-autoscaler/proposals/provisioning-request.md):
+# scale up all the group's nodes or none; only check that they fit; GKE's queued provisioning.
+PROVISIONING_CLASSES = ("best-effort-atomic-scale-up.autoscaling.x-k8s.io", "check-capacity.autoscaling.x-k8s.io",
+                        "queued-provisioning.gke.io")
 
 
 class ConfigError(ValueError):
@@ -124,6 +128,12 @@ class Config:
     scheduler_names: tuple[str, ...] = ("topology-aware-scheduler",)  # ours: reset to default_scheduler
     default_scheduler: str = "default-scheduler"
     pin_when_waiting: bool = True  # consolidated workloads wait for locality instead of scattering
+    # Deny a workload the nodes there are cannot hold even when idle (a cluster that never grows).
+    # Off: it is admitted to wait for nodes an autoscaler (or a person) adds, with a warning.
+    refuse_unplaceable: bool = False
+    # A ProvisioningRequest class: a group that waits for nodes gets a ProvisioningRequest of it, for
+    # an all-or-nothing scale-up by cluster-autoscaler. "": none (the default).
+    provisioning_request_class: str = ""
     # Weight of our preferred node affinity (balanced). 100, the scheduler's maximum, outweighs a
     # user's weaker preferences; lower it to let theirs count more.
     preferred_weight: int = 100
@@ -357,7 +367,12 @@ def config_from_mapping(data: Mapping[str, Any]) -> Config:
             values[key] = tuple(_scheduler_name(f"scheduler_names[{i}]", name) for i, name in enumerate(value))
         elif key == "default_scheduler":
             values[key] = _scheduler_name(key, value)
-        elif key == "pin_when_waiting":
+        elif key == "provisioning_request_class":
+            if value not in ("", *PROVISIONING_CLASSES):
+                raise ConfigError(f"{key}: {_show(value)} is not allowed; allowed: an empty string (none), "
+                                  + ", ".join(PROVISIONING_CLASSES))
+            values[key] = value
+        elif key in ("pin_when_waiting", "refuse_unplaceable"):
             values[key] = _flag(key, value)
     return Config(**values)
 

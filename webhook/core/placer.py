@@ -28,7 +28,7 @@ _GROUP_LOCKS = tuple(threading.Lock() for _ in range(64))
 def place(index: ClusterIndex, request: PlacementRequest) -> Decision:
     """Decide without holding anything (dry runs, explanations, benchmarks)."""
     with index.lock:
-        return decide(index.tree, request, _prepared(index, request))
+        return decide(index.tree, request, _prepared(index, request), index.pools)
 
 
 def _prepared(index: ClusterIndex, request: PlacementRequest) -> TopologyTree:
@@ -45,9 +45,9 @@ def place_and_reserve(index: ClusterIndex, request: PlacementRequest, key: str |
     with index.lock:
         index.expire_reservations()
         if key is None:
-            return decide(index.tree, request, _prepared(index, request))
+            return decide(index.tree, request, _prepared(index, request), index.pools)
         index.release(key)
-        decision = decide(index.tree, request, _prepared(index, request))
+        decision = decide(index.tree, request, _prepared(index, request), index.pools)
         if decision.outcome is Outcome.PLACED:
             sets: dict[str, list[tuple[int, ...]]] = {}
             for assigned in decision.assignment:

@@ -1,5 +1,5 @@
-"""The API feed: Nodes and Pods from the Kubernetes API, kept current by list+watch, fed into the
-cluster index (the live cluster view of docs/operations/replicas.md).
+"""The API feed: Nodes and Pods (and the autoscalers' pools) from the Kubernetes API, kept current by
+list+watch, fed into the cluster index (the live cluster view of docs/operations/replicas.md).
 
 Names, so that "view" means one thing: the `ClusterIndex` is the state placement reads, a
 constrained subset is the part of it one request may use (filters.py), and the `ApiFeed` is what
@@ -42,13 +42,19 @@ from kubernetes import client as k8s_client
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
+from .scaleups import ApiScaleUps
 from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
 from ..core.cluster import ClusterIndex, pod_key
 from ..core.config import Config
+from ..core.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND, object_key
 
 log = logging.getLogger(__name__)
 
 GONE = 410
+FORBIDDEN = 403
+NOT_FOUND = 404
+GROWTH_STREAMS = ("nodepools", "autoscaler-status")
+NODEPOOL_VERSION = "v1"
 LIST_PAGE_SIZE = 500  # as client-go's reflector: big lists arrive in pages, not one huge response
 CONNECT_TIMEOUT_SECONDS = 10.0
 READ_GRACE_SECONDS = 15.0  # how long past a watch's own timeout the socket may stay silent
@@ -87,7 +93,7 @@ class Backoff:
 class StreamStatus:
     """One kind's list+watch state, for readiness, metrics and logs."""
 
-    kind: str  # "nodes", "pods" or "leases"
+    kind: str  # "nodes", "pods", "leases", "nodepools" or "autoscaler-status"
     synced: bool  # a full list has been applied at least once
     resource_version: str | None  # where the next watch starts; None means a relist is due
     seconds_since_progress: float | None  # None before the first successful list
@@ -96,6 +102,20 @@ class StreamStatus:
     lists: int  # full lists applied, the first one included
     failures: int  # lists or watches that ended in an error
     last_error: str | None
+
+
+def _growth_streams(index: ClusterIndex, core: k8s_client.CoreV1Api,
+                    custom: k8s_client.CustomObjectsApi) -> tuple[_Stream, ...]:
+    """What autoscalers publish about how the cluster can grow (webhook/core/growth.py): Karpenter
+    NodePools, and cluster-autoscaler's status ConfigMap (only that one, by name). Either may be
+    missing: a cluster without that autoscaler."""
+    nodepools = functools.partial(custom.list_cluster_custom_object, NODEPOOL_GROUP, NODEPOOL_VERSION, "nodepools")
+    status = functools.partial(core.list_namespaced_config_map, CA_STATUS_NAMESPACE,
+                               field_selector=f"metadata.name={CA_STATUS_NAME}")
+    calls: tuple[tuple[str, Callable], ...] = ((NODEPOOL_KIND, nodepools), ("ConfigMap", status))
+    return tuple(_Stream(kind, call, object_key, index.upsert_growth, index.delete_growth,
+                         functools.partial(index.growth_keys, object_kind), index.forget_growth, optional=True)
+                 for kind, (object_kind, call) in zip(GROWTH_STREAMS, calls))
 
 
 class _DictWatch(k8s_watch.Watch):
@@ -122,8 +142,11 @@ class _Stream:
 
     def __init__(self, kind: str, list_call: Callable, key: Callable[[dict], str],
                  upsert: Callable[[dict], None], delete: Callable[[dict], None],
-                 counted: Callable[[], set[str]], forget: Callable[[str], None]) -> None:
+                 counted: Callable[[], set[str]], forget: Callable[[str], None], optional: bool = False) -> None:
         self.kind = kind
+        # An API the cluster may not serve (or the chart's RBAC may not grant): its absence is an
+        # empty list, checked again at each watch interval, never a readiness failure.
+        self.optional = optional
         self.list_call = list_call
         self.key = key  # the key the index counts an object under
         self.upsert = upsert
@@ -155,7 +178,8 @@ class ApiFeed:
                  watch_timeout_seconds: int | None = None, page_size: int = LIST_PAGE_SIZE,
                  expire_interval_seconds: float = EXPIRE_INTERVAL_SECONDS, claims_namespace: str | None = None,
                  claims_budget_seconds: float = DEFAULT_BUDGET_SECONDS,
-                 on_alone: Callable[[], None] = lambda: None) -> None:
+                 on_alone: Callable[[], None] = lambda: None,
+                 on_scale_up: Callable[[str], None] = lambda _: None) -> None:
         self.config = config
         self.clock = clock
         self.index = ClusterIndex(config, clock=clock)
@@ -166,7 +190,7 @@ class ApiFeed:
         self.expire_interval_seconds = expire_interval_seconds
         rng = rng or random.Random()
         self._backoff = {kind: Backoff(backoff_base, backoff_cap, random.Random(rng.random()))
-                         for kind in ("nodes", "pods", "leases")}
+                         for kind in ("nodes", "pods", "leases", *GROWTH_STREAMS)}
         core = k8s_client.CoreV1Api(api_client)
         index = self.index
         self._streams: tuple[_Stream, ...] = (
@@ -176,6 +200,9 @@ class ApiFeed:
             _Stream("pods", core.list_pod_for_all_namespaces, pod_key, index.upsert_pod, index.delete_pod,
                     index.counted_pods, lambda key: index.delete_pod({"metadata": {"uid": key}})),
         )
+        self._streams += _growth_streams(index, core, k8s_client.CustomObjectsApi(api_client))
+        if config.provisioning_request_class:
+            index.scale_ups = ApiScaleUps(api_client, on_scale_up)
         if claims_namespace:
             claims = ApiClaims(index, api_client, claims_namespace, claims_budget_seconds, on_alone=on_alone)
             index.share_claims(claims)
@@ -282,6 +309,9 @@ class ApiFeed:
                              stream.resource_version)
                     stream.resource_version = None
                     continue
+                if stream.optional and err.status in (FORBIDDEN, NOT_FOUND):
+                    self._absent(stream, err)
+                    continue
                 self._failed(stream, err, backoff)
             except Exception as err:  # noqa: BLE001 - any transport failure means: back off, retry
                 if self._stop.is_set():
@@ -294,6 +324,22 @@ class ApiFeed:
         delay = backoff.next_delay()
         log.warning("%s list/watch failed (%s); retrying in %.1fs", stream.kind, stream.last_error, delay)
         self._stop.wait(delay)
+
+    def _absent(self, stream: _Stream, err: ApiException) -> None:
+        """An optional API is not served, or not granted: nothing of its kind is there. Said once
+        in the log; the list is tried again after a watch interval."""
+        why = "not served" if err.status == NOT_FOUND else "not granted by RBAC"
+        if stream.last_error != why:
+            log.info("%s: the API is %s (%s); the view goes on without them", stream.kind, why, err.status)
+        with self.index.lock:
+            for key in stream.counted():
+                stream.forget(key)
+        stream.last_error = why
+        stream.resource_version = None
+        stream.listed = 0
+        stream.synced = True
+        self._progress(stream)
+        self._stop.wait(self.watch_timeout_seconds)
 
     def _progress(self, stream: _Stream) -> None:
         stream.last_progress = self.clock()

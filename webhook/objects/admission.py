@@ -29,17 +29,18 @@ from typing import TYPE_CHECKING
 from ..core import injection
 from ..core.config import Config
 from ..core.gpus import pod_gpus
+from ..core.growth import POOL_LABELS
 from ..core.ledger import held_by, reservation_key
-from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, UNKNOWN_DOMAIN, UNKNOWN_LEVEL,
-                          Decision, Outcome, PlacementRequest, Strategy)
+from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, GROWS_POOL, UNKNOWN_DOMAIN,
+                          UNKNOWN_LEVEL, Decision, Outcome, PlacementRequest, Strategy)
 from ..core.placer import group_decision, place, place_group, place_shared, release_shared
-from . import mutation, workload
+from . import mutation, provisioning, workload
 from .groups import GROUP_SIZE
 from .kinds import KINDS
 from .patch import encode, make_patch
 
 if TYPE_CHECKING:
-    from ..core.cluster import ClusterIndex
+    from ..core.cluster import ClusterIndex, ScaleUps
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ MAX_DEPTH = 100
 QUOTED_MAX_CHARS = 60  # a client's kind or apiVersion quoted in a 400 answer
 DENIED_CODE = 403
 _OUTCOMES = {Outcome.PLACED: "placed", Outcome.WAIT: "waiting"}
+# Waits the nodes there are cannot end, counted apart: only added nodes (a pool's, or any) can.
+_WAITS_BY_CODE = {GROWS_POOL: "waiting-for-growth", **dict.fromkeys(mutation.WAITS_FOR_NODES, "waiting-for-nodes")}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
 
@@ -65,7 +68,8 @@ class AdmissionResult:
     kind: str  # "Pod", "Job", ... ("" when the review had none)
     namespace: str
     name: str  # metadata.name, else generateName
-    # "ignored", "placed", "waiting", "denied", "failed-open", "not-ready", "released", "suspended", "repaired"
+    # "ignored", "placed", "waiting", "waiting-for-nodes", "waiting-for-growth", "denied", "failed-open",
+    # "not-ready", "released", "suspended", "repaired"
     outcome: str
     strategy: str | None
     decision: Decision | None
@@ -227,9 +231,32 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
         decision, alone = place_shared(index, wanted.request, reserve)
     if decision.outcome is Outcome.NEVER:
         return _denied(request, _never_message(who, obj, kind, decision), decision)
-    mutated = mutation.mutate(obj, kind, decision, config, key)
-    return _result(request, _OUTCOMES[decision.outcome], decision=decision, mutated=mutated,
+    mutated = provisioning.consumed_by(mutation.mutate(obj, kind, decision, config, key), kind, None)
+    if provisioning.wanted(decision, config) and index.scale_ups is not None and not request.dry_run:
+        mutated, note = _scale_up(request, index.scale_ups, mutated, decision, key, config)
+        alone = [*alone, note]
+    outcome = _WAITS_BY_CODE.get(decision.code or "", _OUTCOMES[decision.outcome])
+    return _result(request, outcome, decision=decision, mutated=mutated,
                    warnings=[*wanted.warnings, *mutation.warnings(decision, config), *alone])
+
+
+def _scale_up(request: _Request, scale_ups: "ScaleUps", mutated: dict, decision: Decision, key: str,
+              config: Config) -> tuple[dict, str]:
+    """A ProvisioningRequest for the group's pods, as admitted (created once per workload: again,
+    it is found there), and the pods made to consume it; without it, they wait for an ordinary
+    scale-up. Returns the object and the warning that says which."""
+    who, kind, namespace = decision.request.workload, request.kind, request.namespace
+    name, provisioning_class = provisioning.request_name(key), config.provisioning_request_class
+    owner = next((o for o in (mutated.get("metadata") or {}).get("ownerReferences") or ()
+                  if isinstance(o, Mapping) and o.get("controller") is True and o.get("uid")), None)
+    objects = provisioning.request_objects(namespace, name, workload.pod_template(kind, mutated) or {},
+                                           decision.request.pods, provisioning_class, owner)
+    problem = scale_ups.create(objects)
+    if problem is not None:
+        return mutated, f"{who}: no ProvisioningRequest ({problem}); it waits for an ordinary scale-up"
+    return (provisioning.consumed_by(mutated, kind, name, provisioning_class),
+            f"{who}: ProvisioningRequest {namespace}/{name} ({provisioning_class}) asks for the nodes of its "
+            f"{decision.request.pods} pods at once")
 
 
 def _joined_notes(who: str, request: PlacementRequest, decision: Decision) -> list[str]:
@@ -251,6 +278,8 @@ def _repaired(request: _Request, obj: dict, index: "ClusterIndex", config: Confi
     pinned = injection.recorded(obj).required
     if not pinned or not pinned[0]:
         return _result(request, "ignored")  # only preferred: the scheduler already goes elsewhere
+    if any(e.get("key") in POOL_LABELS for e in pinned[0]):
+        return _result(request, "ignored")  # steered to a pool that grows: its nodes are yet to come
     key = injection.reservation_of(obj)
     try:
         gpus = pod_gpus(obj.get("spec") or {})
@@ -309,6 +338,9 @@ def _released(request: _Request, index: "ClusterIndex") -> AdmissionResult:
     key = injection.reservation_of(workload.pod_template(kind, old))
     if key is None or not held_by(key, request.namespace, kind):
         return _result(request, "ignored")
+    consumed = workload.annotations_of(kind, old).get(provisioning.CONSUME)
+    if index.scale_ups is not None and consumed == provisioning.request_name(key):
+        index.scale_ups.delete(request.namespace, consumed)  # the group is gone: so is its scale-up
     release_shared(index, key)
     return _result(request, "released")
 

@@ -29,7 +29,8 @@ CONTENT_SECURITY_POLICY = ("default-src 'none'; style-src 'unsafe-inline'; img-s
                            "base-uri 'none'; frame-ancestors 'none'")
 COLOURS = {"used": "#475569", "held": "#f59e0b", "free": "#22c55e", "out": "#f87171"}
 _CLASSES = {"used": USED, "held": HELD, "free": FREE, "out": OUT}  # a GPU cell's CSS class is its letter
-_OUTCOME_ORDER = ("waiting", "placed", "repaired", "denied", "released", "suspended", "not-ready", "failed-open")
+_OUTCOME_ORDER = ("waiting", "waiting-for-growth", "waiting-for-nodes", "placed", "repaired", "denied", "released",
+                  "suspended", "not-ready", "failed-open")
 
 _STYLE = """
 body{font:13px/1.35 system-ui,-apple-system,'Segoe UI',sans-serif;margin:12px;color:#1e293b;background:#fff}
@@ -48,7 +49,7 @@ form{margin:6px 0}input{font:inherit;width:12em}
 .n.out{background:#fee2e2}.mark{outline:2px solid #2563eb}
 .g{display:inline-flex;gap:1px;margin-right:3px}
 table{border-collapse:collapse}td,th{border-bottom:1px solid #e2e8f0;padding:2px 6px;text-align:left;vertical-align:top}
-td.r{text-align:right}.o-waiting{color:#b45309}.o-placed{color:#15803d}.o-denied{color:#b91c1c}
+td.r{text-align:right}.o-waiting,.o-waiting-for-growth,.o-waiting-for-nodes{color:#b45309}.o-placed{color:#15803d}.o-denied{color:#b91c1c}
 ul{margin:0;padding-left:16px}
 """ + "".join(f"i.{_CLASSES[part]},rect.{part}{{background:{colour};fill:{colour}}}" for part, colour in COLOURS.items())
 
