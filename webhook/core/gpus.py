@@ -45,6 +45,11 @@ def parse_nvlink_domains(text: str) -> tuple[tuple[int, ...], ...]:
     return tuple(sorted(domains))
 
 
+def parse_gpu_set(text: str) -> tuple[int, ...]:
+    """`0-3+6` (format_gpu_set's output, or several domains) -> (0, 1, 2, 3, 6). Raises ValueError."""
+    return tuple(i for domain in parse_nvlink_domains(text) for i in domain)
+
+
 def format_gpu_set(gpus: Iterable[int]) -> str:
     """(0, 1, 2, 3, 6) -> `0-3+6`: ranges of one domain, joined by `+`."""
     ordered = sorted(set(gpus))
