@@ -26,7 +26,7 @@ deadline); the ratio of the two p99s is what the held connections cost.
 and prints the paired ratios: how a change moved the decision path's cost, with the machine's
 drift during the run cancelled as far as alternation can.
 
---coordination starts the local fake API server (bench/fakeapiserver.py) with the cluster loaded
+--coordination starts the local fake API server (tests/integration/fakeapiserver.py) with the cluster loaded
 and two webhooks watching it (`serve --kubeconfig`), one sharing claims through the API
 (`--claims-namespace`: one Lease write per placed workload) and one not, and drives both with the
 same reviews, alternating measurement by measurement, so the ratio is what coordination costs.
@@ -297,7 +297,7 @@ def fake_api_server(nodes_wanted: int, pipe) -> None:
     """The fake API server with the cluster loaded, in a process of its own (not competing with
     the driver's threads for one interpreter): sends its URL, then on each message the count of
     Lease writes and of those answered 409; None stops it."""
-    from bench.fakeapiserver import FakeApiServer
+    from tests.integration.fakeapiserver import FakeApiServer
 
     api = FakeApiServer(bookmark_interval=5.0).start()
     nodes, pods = cluster(nodes_wanted)

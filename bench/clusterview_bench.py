@@ -5,7 +5,7 @@
 
 Each size runs in a fresh process (so resident memory is that size's alone) holding one
 ApiFeed, the real `kubernetes` client and the real ClusterIndex; the fake API server
-(bench/fakeapiserver.py) runs in a second process, so the two do not share a core or the GIL.
+(tests/integration/fakeapiserver.py) runs in a second process, so the two do not share a core or the GIL.
 Per node there are 10 pods: 6 ask for one GPU each, 4 for none (8-GPU nodes, 75 % allocated).
 
 Figures:
@@ -55,7 +55,7 @@ def rss_mib() -> float:
 # ---- the fake API server's process --------------------------------------------------------------
 def serve_fake(conn, nodes: int) -> None:
     """Build the cluster, serve it, and run churn commands sent over `conn` until told to stop."""
-    from bench.fakeapiserver import FakeApiServer
+    from tests.integration.fakeapiserver import FakeApiServer
     from webhook.kube.demo import leaf_spine_nodes, make_pod
 
     server = FakeApiServer(bookmark_interval=5.0)

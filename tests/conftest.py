@@ -26,7 +26,7 @@ import pytest
 import requests
 from kubernetes.client import ApiClient, Configuration
 
-from bench.fakeapiserver import FakeApiServer
+from tests.integration.fakeapiserver import FakeApiServer
 from tests.fixtures.builders import schema_error
 from webhook.serving import certs
 from webhook.kube import demo
@@ -236,7 +236,7 @@ def eventually(check, timeout: float = 10.0, what: str = "condition"):
 
 @pytest.fixture
 def fake() -> FakeApiServer:
-    """A local fake of kube-apiserver (bench/fakeapiserver.py), stopped at teardown."""
+    """A local fake of kube-apiserver (tests/integration/fakeapiserver.py), stopped at teardown."""
     server = FakeApiServer(bookmark_interval=0.2).start()
     yield server
     server.stop()

@@ -1,7 +1,7 @@
 """Replicas that agree: two real `serve --kubeconfig --claims-namespace` processes against one fake
 API server, sharing holds through the claims Lease (webhook/kube/claims.py).
 
-Each replica is the real gunicorn server over TLS with its live view of bench/fakeapiserver.py;
+Each replica is the real gunicorn server over TLS with its live view of tests/integration/fakeapiserver.py;
 requests go to them as the apiserver's Service would spread them. Waits are bounded polls.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """tls.mode selfManaged: the webhook keeps its own CA in a Secret and patches its own caBundle,
-against the fake API server (bench/fakeapiserver.py) with the real `kubernetes` client, and the
+against the fake API server (tests/integration/fakeapiserver.py) with the real `kubernetes` client, and the
 real server (gunicorn over TLS) serving what it ensured."""
 import base64
 import datetime

@@ -1,6 +1,6 @@
 """The live cluster view against a local fake of the API's list/watch protocol, through the real client.
 
-Every test runs the real `kubernetes` client over HTTP against bench/fakeapiserver.py; nothing in
+Every test runs the real `kubernetes` client over HTTP against tests/integration/fakeapiserver.py; nothing in
 the client library is mocked. Waits are bounded polls (`eventually`), never bare sleeps.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from bench.fakeapiserver import FakeApiServer
+from tests.integration.fakeapiserver import FakeApiServer
 from conftest import LABELS, LEAF, ApiServer, eventually, start_server, stop_server, write_kubeconfig
 from webhook.core.injection import RESERVATION as RESERVATION_ANNOTATION
 from webhook.kube.clusterview import Backoff, ApiFeed

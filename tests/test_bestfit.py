@@ -1,0 +1,70 @@
+"""bestfit.LevelOrders on its own: after any sequence of changes, an order read after catching up
+answers what a full sort of the level's domains by its ordering would."""
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from webhook.core import orderings
+from webhook.core.bestfit import FIT, OPEN, LevelOrders
+
+
+class FakeDomain:
+    """A domain as the orders read it: room per pod size, partly used nodes, free GPUs, path."""
+
+    def __init__(self, path: tuple, width: int = 8) -> None:
+        self.path = path
+        self.free_by_node: list[int] = []
+        self.width = width
+        self.touched = -1
+
+    def fits(self, gpus: int) -> int:
+        return sum(free // gpus for free in self.free_by_node)
+
+    def slots(self, gpus: int) -> int:
+        return sum(1 for free in self.free_by_node if free >= gpus)
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(self.free_by_node)
+
+    @property
+    def partly_used(self) -> int:
+        return sum(1 for free in self.free_by_node if 0 < free < self.width)
+
+
+change = st.tuples(st.integers(0, 7), st.integers(0, 3), st.integers(0, 8))  # (domain, node, free GPUs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(change, max_size=6), min_size=1, max_size=6), st.sampled_from([1, 2, 4, 8]),
+       st.integers(1, 6))
+def test_an_order_caught_up_after_any_changes_answers_as_a_full_sort_would(rounds, gpus, pods):
+    domains = {(("leaf", f"l{i}"),): FakeDomain((("leaf", f"l{i}"),)) for i in range(8)}
+    for domain in domains.values():
+        domain.free_by_node = [8, 8, 8, 8]
+    level = LevelOrders(lambda: domains)
+    by_index = list(domains.values())
+    for changes in rounds:
+        for which, node, free in changes:
+            by_index[which].free_by_node[node] = free
+            level.touch(by_index[which])
+        level.catch_up(FIT, gpus)
+        level.catch_up(OPEN, gpus)
+        fitting = [d for d in domains.values() if d.fits(gpus) >= pods]
+        want = min(fitting, key=lambda d: orderings.best_fit(d, gpus)) if fitting else None
+        assert level.best_fit(gpus, pods) is want
+        open_ones = sorted((d for d in domains.values() if d.slots(gpus)), key=lambda d: orderings.roomiest(d, gpus))
+        assert level.roomiest(gpus, 3) == open_ones[:3]
+
+
+def test_a_domain_pruned_since_it_was_touched_is_never_answered():
+    domains = {(("leaf", "a"),): FakeDomain((("leaf", "a"),)), (("leaf", "b"),): FakeDomain((("leaf", "b"),))}
+    for domain in domains.values():
+        domain.free_by_node = [8]
+    level = LevelOrders(lambda: domains)
+    level.catch_up(FIT, 8)
+    gone = domains.pop((("leaf", "a"),))
+    level.touch(gone)
+    level.catch_up(FIT, 8)
+    assert level.best_fit(8, 1) is domains[(("leaf", "b"),)]

@@ -1,0 +1,81 @@
+"""core/filters.py on its own: a request's node constraints as kube-scheduler reads them, and the
+inverted indexes that answer "does this leave any node out?" without visiting nodes, which must
+never be wrong in the direction that matters (a node left out, or a matching node not listed)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from webhook.core.config import Config
+from webhook.core.filters import NodeFilters, node_matches, tolerates
+from webhook.core.model import PlacementRequest
+from webhook.core.topology import parse_node
+from webhook.kube.demo import make_node
+
+CONFIG = Config()
+KEYS = ["pool", "zone", "example.com/gen"]
+VALUES = ["a", "b", "7", "12"]
+
+
+def request(**constraints) -> PlacementRequest:
+    return PlacementRequest("Job ml/t", 1, 1, **constraints)
+
+
+@pytest.mark.parametrize("expression, labels, matches", [
+    ({"key": "pool", "operator": "In", "values": ["a", "b"]}, {"pool": "b"}, True),
+    ({"key": "pool", "operator": "In", "values": ["a"]}, {}, False),
+    ({"key": "pool", "operator": "NotIn", "values": ["a"]}, {}, True),  # absent is not in
+    ({"key": "pool", "operator": "Exists"}, {"pool": ""}, True),
+    ({"key": "pool", "operator": "DoesNotExist"}, {"pool": "a"}, False),
+    ({"key": "gen", "operator": "Gt", "values": ["9"]}, {"gen": "12"}, True),  # numbers, not text
+    ({"key": "gen", "operator": "Lt", "values": ["9"]}, {"gen": "x"}, False),  # not a number: no match
+], ids=["in", "in-absent", "notin-absent", "exists-empty", "doesnotexist", "gt-numeric", "lt-not-a-number"])
+def test_an_expression_matches_as_kube_scheduler_reads_it(expression, labels, matches):
+    node = parse_node(make_node("n", labels), CONFIG)
+    assert node_matches(node, request(required_node_terms=({"matchExpressions": [expression]},))) is matches
+
+
+@pytest.mark.parametrize("toleration, tolerated", [
+    ({"operator": "Exists"}, True),  # no key: tolerates every taint
+    ({"key": "gpu", "operator": "Exists", "effect": "NoExecute"}, False),  # another effect
+    ({"key": "gpu", "value": "shared", "effect": "NoSchedule"}, True),  # Equal is the default operator
+    ({"key": "gpu", "value": "other"}, False),
+])
+def test_tolerations(toleration, tolerated):
+    assert tolerates([toleration], ("gpu", "shared", "NoSchedule")) is tolerated
+
+
+expression = st.builds(lambda key, op, values: {"key": key, "operator": op,
+                                                **({"values": values} if op in ("In", "NotIn", "Gt", "Lt") else {})},
+                       st.sampled_from(KEYS), st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist", "Gt"]),
+                       st.lists(st.sampled_from(VALUES), min_size=1, max_size=2, unique=True))
+node_strategy = st.builds(lambda labels, tainted, gpus: (labels, tainted, gpus),
+                          st.dictionaries(st.sampled_from(KEYS), st.sampled_from(VALUES), max_size=3),
+                          st.booleans(), st.sampled_from([0, 8]))
+request_strategy = st.builds(
+    lambda selector, terms, tolerate: request(
+        node_selector=selector, required_node_terms=tuple({"matchExpressions": t} for t in terms),
+        tolerations=({"key": "dedicated", "operator": "Exists"},) if tolerate else ()),
+    st.dictionaries(st.sampled_from(KEYS), st.sampled_from(VALUES), max_size=1),
+    st.lists(st.lists(expression, min_size=1, max_size=2), max_size=2), st.booleans())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(node_strategy, min_size=1, max_size=8), request_strategy)
+def test_the_indexes_never_leave_out_a_node_a_request_may_use(specs, wanted):
+    nodes = {}
+    filters = NodeFilters()
+    for i, (labels, tainted, gpus) in enumerate(specs):
+        taints = [{"key": "dedicated", "value": "x", "effect": "NoSchedule"}] if tainted else None
+        state = parse_node(make_node(f"n{i}", labels, gpus, taints=taints), CONFIG)
+        nodes[state.name] = state
+        filters.count(state, +1)
+    gpu_nodes = {name: n for name, n in nodes.items() if n.alloc > 0}
+    matching = {name for name, n in gpu_nodes.items() if node_matches(n, wanted)}
+    if filters.filters_nothing(wanted, gpu_nodes):
+        assert matching == set(gpu_nodes)  # "nothing filtered" is only said when it is true
+    assert matching <= {n.name for n in filters.candidates(wanted, gpu_nodes)}
+    for state in nodes.values():  # counting out restores the empty index
+        filters.count(state, -1)
+    assert filters.gpu_nodes == 0 and not filters.by_label and not any(filters.taint_counts.values())
