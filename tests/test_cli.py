@@ -138,7 +138,9 @@ def test_explain_prints_each_decision_with_its_reasons(tmp_path, capsys, cluster
 @pytest.mark.parametrize("content, message", [
     ("kind: [unclosed", "not valid YAML or JSON"),
     ("- 1\n- 2\n", "document 1 item 1 is not a Kubernetes object"),
-    ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n", "Pod p found; this file may only hold Node objects"),
+    ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n",
+     "Pod p found; this file may only hold Node, ResourceSlice, ResourceClaim, ResourceClaimTemplate, DeviceClass, "
+     "PodGroup objects"),
     ("kind: Node\nmetadata: {name: n}\nspec: 5\n", "document 1 (Node): spec is 5, not a mapping"),
 ])
 def test_bad_nodes_file_gives_one_line_naming_the_file_and_exit_2(tmp_path, capsys, content, message):

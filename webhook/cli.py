@@ -24,6 +24,7 @@ from .objects import admission
 from .serving import certs, logs
 from .serving.app import Readiness, create_app
 from .core.cluster import ClusterIndex
+from .core.dra import DRA_KINDS, in_namespace
 from .kube.claims import DEFAULT_BUDGET_SECONDS
 from .kube.clusterview import ApiFeed, own_namespace
 from .core.config import DEFAULT_PORT, ConfigError, Config, load_config
@@ -46,13 +47,15 @@ class UsageError(ValueError):
 # ----- the cluster view ---------------------------------------------------------------------------
 
 def read_cluster(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
-    """Node and Pod objects from --nodes / --pods, or the built-in demo cluster without --nodes."""
+    """Node and Pod objects from --nodes / --pods, each file with any of the DRA kinds mixed in
+    (ResourceSlices, DeviceClasses, ResourceClaims, their templates, PodGroups), or the built-in
+    demo cluster without --nodes."""
     if not args.nodes:
         if args.pods:
             raise UsageError("--pods needs --nodes (without --nodes the built-in demo cluster is used)")
         return demo.demo_cluster()
-    nodes = read_objects(args.nodes, kind="Node")
-    pods = read_objects(args.pods, kind="Pod") if args.pods else []
+    nodes = read_objects(args.nodes, kind=("Node", *DRA_KINDS))
+    pods = read_objects(args.pods, kind=("Pod", *DRA_KINDS)) if args.pods else []
     return nodes, pods
 
 
@@ -61,7 +64,7 @@ def settled(config: Config, nodes: list[dict], warn: Callable[[str], None]) -> C
     when no preset fits)."""
     if not config.levels_auto:
         return config
-    settled_config, warning = config.for_nodes(nodes)
+    settled_config, warning = config.for_nodes([n for n in nodes if n.get("kind", "Node") == "Node"])
     log.info("levels: auto chose the levels %s", ", ".join(lv.label for lv in settled_config.levels))
     if warning:
         warn(warning)
@@ -86,7 +89,10 @@ def file_index(config: Config, cluster: tuple[list[dict], list[dict]]) -> tuple[
     """The cluster index and its readiness check from files or the demo: complete at once, so
     always ready."""
     nodes, pods = cluster
-    return ClusterIndex.from_objects(config, nodes, pods), lambda: (True, "")
+    index = ClusterIndex.from_objects(config, nodes, pods)
+    for warning in index.inventory_warnings():
+        log.warning("%s", warning)
+    return index, lambda: (True, "")
 
 
 def live_source(args: argparse.Namespace) -> bool:
@@ -285,6 +291,8 @@ def cmd_mutate(args: argparse.Namespace) -> int:
             continue
         patches.append(list(result.patch))
         mutated.append(result.admitted)
+        if obj.get("kind") in DRA_KINDS:  # a workload's ResourceClaimTemplate or PodGroup, ahead of it
+            index.upsert(in_namespace(result.admitted, namespace))
     if args.output == "patch":  # one line per admitted object, each what `kubectl patch --type=json -p` takes
         for patch in patches:
             print(json.dumps(patch, separators=(",", ":")))

@@ -45,10 +45,12 @@ from kubernetes.client.exceptions import ApiException
 from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
 from ..core.cluster import ClusterIndex, pod_key
 from ..core.config import Config
+from ..core.dra import object_key
 
 log = logging.getLogger(__name__)
 
 GONE = 410
+NOT_FOUND = 404
 LIST_PAGE_SIZE = 500  # as client-go's reflector: big lists arrive in pages, not one huge response
 CONNECT_TIMEOUT_SECONDS = 10.0
 READ_GRACE_SECONDS = 15.0  # how long past a watch's own timeout the socket may stay silent
@@ -122,8 +124,11 @@ class _Stream:
 
     def __init__(self, kind: str, list_call: Callable, key: Callable[[dict], str],
                  upsert: Callable[[dict], None], delete: Callable[[dict], None],
-                 counted: Callable[[], set[str]], forget: Callable[[str], None]) -> None:
+                 counted: Callable[[], set[str]], forget: Callable[[str], None], optional: bool = False) -> None:
         self.kind = kind
+        # An API the cluster may not serve (DRA, PodGroups): a 404 means "none", not an error.
+        self.optional = optional
+        self.served = True
         self.list_call = list_call
         self.key = key  # the key the index counts an object under
         self.upsert = upsert
@@ -166,7 +171,7 @@ class ApiFeed:
         self.expire_interval_seconds = expire_interval_seconds
         rng = rng or random.Random()
         self._backoff = {kind: Backoff(backoff_base, backoff_cap, random.Random(rng.random()))
-                         for kind in ("nodes", "pods", "leases")}
+                         for kind in ("nodes", "pods", "leases", *(plural for plural, _, _ in DRA_LISTS))}
         core = k8s_client.CoreV1Api(api_client)
         index = self.index
         self._streams = (
@@ -185,6 +190,7 @@ class ApiFeed:
             self._streams += (_Stream(
                 "leases", leases, lambda lease: (lease.get("metadata") or {}).get("name", ""), claims.apply,
                 claims.deleted, claims.names, claims.forget),)
+        self._streams += dra_streams(api_client, index)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -258,6 +264,9 @@ class ApiFeed:
                     backoff.reset()
                 self._watch(stream, backoff)
             except ApiException as err:
+                if err.status == NOT_FOUND and stream.optional:
+                    self._not_served(stream)
+                    continue
                 if err.status == GONE:
                     log.info("%s: resourceVersion %s is gone (410); relisting", stream.kind,
                              stream.resource_version)
@@ -268,6 +277,18 @@ class ApiFeed:
                 if self._stop.is_set():
                     break
                 self._failed(stream, err, backoff)
+
+    def _not_served(self, stream: _Stream) -> None:
+        """The API does not serve this kind: there are none, which is in sync; asked again at every
+        watch timeout, so an API enabled later is picked up."""
+        if stream.served:
+            log.info("%s: not served by this cluster's API; none counted", stream.kind)
+        with self.index.lock:
+            for key in stream.counted():
+                stream.forget(key)
+        stream.served, stream.synced, stream.last_error, stream.resource_version = False, True, None, None
+        self._progress(stream)
+        self._stop.wait(self.watch_timeout_seconds)
 
     def _failed(self, stream: _Stream, err: BaseException, backoff: Backoff) -> None:
         stream.failures += 1
@@ -309,16 +330,20 @@ class ApiFeed:
             for key in stream.counted() - seen:
                 stream.forget(key)
         stream.listed = len(seen)
+        stream.served = True
         stream.resource_version = resource_version
         stream.lists += 1
         stream.synced = True
         stream.last_error = None
         self._progress(stream)
         log.info("%s: listed %d at resourceVersion %s", stream.kind, len(seen), resource_version)
+        if stream.kind == "resourceslices":
+            for warning in self.index.inventory_warnings():
+                log.warning("%s", warning)
 
     def _watch(self, stream: _Stream, backoff: Backoff) -> None:
         """One watch call from the last resourceVersion until the server ends it."""
-        stream.watch = _DictWatch()
+        stream.watch = _DictWatch(return_type=dict)  # objects stay dicts: no model lookup by name
         try:
             for event in stream.watch.stream(stream.list_call, resource_version=stream.resource_version,
                                              allow_watch_bookmarks=True,
@@ -359,3 +384,29 @@ class ApiFeed:
     def _expire_loop(self) -> None:
         while not self._stop.wait(self.expire_interval_seconds):
             self.index.expire_reservations()
+
+
+# ----- Dynamic Resource Allocation and PodGroups ------------------------------------------------------
+
+# (stream name, the kind, the API's list-for-all-namespaces call) per kind the inventory reads (core/dra.py)
+DRA_LISTS = (
+    ("resourceslices", "ResourceSlice", lambda api: k8s_client.ResourceV1Api(api).list_resource_slice),
+    ("deviceclasses", "DeviceClass", lambda api: k8s_client.ResourceV1Api(api).list_device_class),
+    ("resourceclaims", "ResourceClaim", lambda api: k8s_client.ResourceV1Api(api).list_resource_claim_for_all_namespaces),
+    ("resourceclaimtemplates", "ResourceClaimTemplate",
+     lambda api: k8s_client.ResourceV1Api(api).list_resource_claim_template_for_all_namespaces),
+    ("podgroups", "PodGroup", lambda api: k8s_client.SchedulingV1beta1Api(api).list_pod_group_for_all_namespaces),
+)
+
+
+def dra_streams(api_client: k8s_client.ApiClient, index: ClusterIndex) -> tuple[_Stream, ...]:
+    """List+watch of every DRA kind and PodGroups, each optional (an API the cluster does not
+    serve has none). List items carry no kind, so each stream names its own."""
+    def stream(plural: str, kind: str, list_call: Callable) -> _Stream:
+        def forget(key: str) -> None:
+            namespace, _, name = key.rpartition("/")
+            index.put_dra(kind, {"metadata": {"name": name, "namespace": namespace or None}}, present=False)
+        return _Stream(plural, list_call, object_key, lambda obj: index.put_dra(kind, obj, present=True),
+                       lambda obj: index.put_dra(kind, obj, present=False), lambda: index.dra_keys(kind),
+                       forget, optional=True)
+    return tuple(stream(plural, kind, make(api_client)) for plural, kind, make in DRA_LISTS)

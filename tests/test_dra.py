@@ -1,0 +1,228 @@
+"""GPUs through Dynamic Resource Allocation: nodes whose GPUs are ResourceSlice devices (no
+nvidia.com/gpu in allocatable), GPUs in use allocated in ResourceClaims, and the same decisions
+as under the device plugin."""
+from __future__ import annotations
+
+import copy
+
+import kubernetes_validate
+import pytest
+import yaml
+from conftest import eventually, review_of
+
+from webhook.cli import main
+from webhook.core.cluster import ClusterIndex
+from webhook.core.config import Config
+from webhook.core.model import Outcome
+from webhook.kube import demo
+from webhook.objects.admission import review
+from tests.fixtures.builders import gpu_job
+
+LEAF = "topology.scheduler/leaf"
+FREE_LEAVES = {"leaf-3", "leaf-7"}  # the demo's leaves with four wholly free nodes
+
+
+def valid_137(obj: dict) -> dict:
+    kubernetes_validate.validate(obj, "1.37.0", strict=True)
+    return obj
+
+
+def leaf_of(index: ClusterIndex, node: str) -> str:
+    return index.nodes[node].labels[LEAF]
+
+
+def placed_leaves(index: ClusterIndex, job: dict) -> set[str]:
+    result = review(review_of(job), index, Config())
+    assert result.outcome == "placed", result.warnings
+    valid_137(result.admitted)
+    return {leaf_of(index, a.node) for a in result.decision.assignment}
+
+
+@pytest.fixture
+def dra_cluster():
+    return demo.dra_demo_cluster()
+
+
+def test_the_dra_demo_cluster_is_valid_for_kubernetes_137_and_publishes_no_gpu_allocatable(dra_cluster):
+    nodes, claims = dra_cluster
+    for obj in nodes + claims:
+        valid_137(obj)
+    assert not any("nvidia.com/gpu" in n["status"]["allocatable"] for n in nodes if n["kind"] == "Node")
+
+
+def test_a_dra_only_cluster_counts_slices_and_claims_as_the_device_plugin_cluster_counts_allocatable_and_pods(
+        dra_cluster):
+    dra_index = ClusterIndex.from_objects(Config(), *dra_cluster)
+    plugin_index = ClusterIndex.from_objects(Config(), *demo.demo_cluster())
+    assert dra_index.stats() == plugin_index.stats()
+    assert {n: (s.alloc, s.free) for n, s in dra_index.nodes.items()} == \
+        {n: (s.alloc, s.free) for n, s in plugin_index.nodes.items()}
+
+
+def test_on_a_dra_only_cluster_a_4x8_consolidated_job_goes_to_a_leaf_of_four_wholly_free_nodes(dra_cluster):
+    index = ClusterIndex.from_objects(Config(), *dra_cluster)
+    leaves = placed_leaves(index, gpu_job("train", 4, 8, placement_strategy="consolidated"))
+    assert len(leaves) == 1 and leaves <= FREE_LEAVES
+
+
+def test_nodes_whose_devices_are_allocated_in_claims_are_not_counted_free(dra_cluster):
+    nodes, claims = dra_cluster
+    # one GPU of one node in each wholly free leaf is taken through a claim: no leaf has 4 free nodes
+    taken = [demo.make_allocated_claim(f"taken-{leaf}", node, ["gpu-5"], namespace="other")
+             for leaf, node in (("3", "gpu-s1-l3-n2"), ("7", "gpu-s2-l7-n4"))]
+    index = ClusterIndex.from_objects(Config(), nodes, claims + taken)
+    assert index.nodes["gpu-s1-l3-n2"].free == 7
+    in_a_leaf = gpu_job("train", 4, 8, placement_strategy="consolidated", max_domain="leaf")
+    assert review(review_of(in_a_leaf), index, Config()).decision.outcome is Outcome.WAIT
+    spanning = review(review_of(gpu_job("spans", 4, 8, placement_strategy="consolidated")), index, Config())
+    assert not {"gpu-s1-l3-n2", "gpu-s2-l7-n4"} & set(spanning.decision.nodes)
+    index.release("ml/Job/spans")
+    index.delete(taken[0])  # the claim is gone: its node is wholly free again
+    assert index.nodes["gpu-s1-l3-n2"].free == 8
+    assert placed_leaves(index, gpu_job("train2", 4, 8, placement_strategy="consolidated")) == {"leaf-3"}
+
+
+def test_a_cluster_mixing_device_plugin_and_dra_nodes_counts_both(dra_cluster):
+    plugin_nodes, pods = demo.demo_cluster()
+    dra_objects, claims = dra_cluster
+    spine_1 = {n["metadata"]["name"] for n in plugin_nodes
+               if n["metadata"]["labels"]["topology.scheduler/spine"] == "spine-1"}
+    mixed = ([n for n in plugin_nodes if n["metadata"]["name"] in spine_1]
+             + [o for o in dra_objects if o["kind"] == "DeviceClass"
+                or (o["metadata"]["name"] if o["kind"] == "Node" else o["spec"]["nodeName"]) not in spine_1]
+             + [p for p in pods if p["spec"]["nodeName"] in spine_1]
+             + [c for c in claims if "gpu-s2" in c["metadata"]["name"]])
+    index = ClusterIndex.from_objects(Config(), [o for o in mixed if o["kind"] != "Pod"],
+                                      [o for o in mixed if o["kind"] == "Pod"])
+    plugin_index = ClusterIndex.from_objects(Config(), plugin_nodes, pods)
+    assert index.stats() == plugin_index.stats()
+    assert index.nodes["gpu-s1-l1-n2"].devices == () and len(index.nodes["gpu-s2-l5-n2"].devices) == 8
+    first = placed_leaves(index, gpu_job("first", 4, 8, placement_strategy="consolidated"))
+    second = placed_leaves(index, gpu_job("second", 4, 8, placement_strategy="consolidated"))
+    assert first | second == FREE_LEAVES  # one leaf of device-plugin nodes, one of DRA nodes
+    assert not index.inventory_warnings()
+
+
+def test_a_node_with_allocatable_gpus_and_slices_is_counted_once_with_a_warning():
+    node = demo.make_node("both", {LEAF: "leaf-1"}, gpus=8)
+    index = ClusterIndex.from_objects(Config(), [node, demo.make_resource_slice("both", gpus=8)])
+    assert index.nodes["both"].alloc == 8
+    assert index.inventory_warnings() == [
+        "node both has allocatable nvidia.com/gpu and GPU devices in ResourceSlices; its GPUs are counted once, "
+        "from allocatable"]
+
+
+def scheduler_made(pod: dict, node: str, devices: list[str]) -> tuple[dict, dict]:
+    """A running pod asking nvidia.com/gpu on a DRA node and the claim the scheduler made for it."""
+    pod = copy.deepcopy(pod)
+    claim = demo.make_allocated_claim(f"{pod['metadata']['name']}-gpu-x7k2p", node, devices,
+                                      namespace=pod["metadata"]["namespace"], owner_pod=pod, extended=True)
+    pod["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": claim["metadata"]["name"],
+        "requestMappings": [{"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "gpu"}]}
+    return pod, claim
+
+
+@pytest.mark.parametrize("order", ["claim first", "pod first"])
+@pytest.mark.parametrize("pod_status", ["names its claim", "stripped"])
+def test_a_running_pods_extended_resource_request_and_its_scheduler_made_claim_are_counted_once(order, pod_status):
+    node = demo.make_node("n1", {LEAF: "leaf-1"}, dra=True)
+    pod, claim = scheduler_made(demo.make_pod("trainer", "n1", 4, namespace="ml"), "n1",
+                                ["gpu-0", "gpu-1", "gpu-2", "gpu-3"])
+    if pod_status == "stripped":  # a snapshot without the pod's status: the claim's owner says it
+        pod["status"] = {"phase": "Running"}
+    valid_137(pod), valid_137(claim)
+    index = ClusterIndex.from_objects(Config(), [node, demo.make_resource_slice("n1")])
+    for obj in ([claim, pod] if order == "claim first" else [pod, claim]):
+        index.upsert(obj)
+    assert index.nodes["n1"].free == 4
+    assert index.nodes["n1"].taken_ids == {0, 1, 2, 3}
+    index.delete(pod)
+    index.delete(claim)
+    assert index.nodes["n1"].free == 8
+
+
+def test_only_the_newest_generation_of_a_pool_counts_and_an_incomplete_pool_counts_none():
+    node = demo.make_node("n1", {LEAF: "leaf-1"}, dra=True)
+    old = demo.make_resource_slice("n1", gpus=8, generation=1)
+    index = ClusterIndex.from_objects(Config(), [node, old])
+    assert index.nodes["n1"].alloc == 8
+    index.upsert(demo.make_resource_slice("n1", gpus=4, generation=2))
+    assert index.nodes["n1"].alloc == 4  # generation 1 is stale once generation 2 is seen
+    half = demo.make_resource_slice("n1", generation=3, slice_count=2, devices=["gpu-0", "gpu-1"])
+    index.upsert(half)
+    assert index.nodes["n1"].alloc == 0
+    assert index.inventory_warnings() == [
+        "ResourceSlice pool n1 of gpu.nvidia.com has 1 of its 2 slices at generation 3: its GPUs are unknown "
+        "until the rest arrive, so none are counted"]
+    rest = demo.make_resource_slice("n1", generation=3, slice_count=2, devices=["gpu-2", "gpu-3", "gpu-10"])
+    index.upsert(rest)
+    assert index.nodes["n1"].alloc == 5 and not index.inventory_warnings()
+    assert [device for _, device in index.nodes["n1"].devices] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-10"]
+    for obj in (old, half, rest, demo.make_resource_slice("n1", gpus=4, generation=2)):
+        index.delete(obj)
+    assert index.nodes["n1"].alloc == 0 and index.stats().gpus_total == 0
+
+
+def test_mig_devices_are_not_gpus_and_an_allocated_one_takes_its_parent_gpu():
+    node = demo.make_node("n1", {LEAF: "leaf-1"}, dra=True)
+    published = demo.make_resource_slice("n1", gpus=2)
+    published["spec"]["devices"].append({"name": "gpu-1-mig-1g10gb-0-0", "attributes": {
+        "type": {"string": "mig"}, "profile": {"string": "1g.10gb"}}})
+    valid_137(published)
+    claim = demo.make_allocated_claim("mig", "n1", ["gpu-1-mig-1g10gb-0-0"])
+    index = ClusterIndex.from_objects(Config(), [node, published], [claim])
+    assert index.nodes["n1"].alloc == 2 and index.nodes["n1"].taken_ids == {1}
+
+
+def test_claims_of_other_drivers_and_unallocated_claims_take_no_gpu():
+    node = demo.make_node("n1", {LEAF: "leaf-1"}, dra=True)
+    nic = demo.make_allocated_claim("nic", "n1", ["nic-0"])
+    nic["status"]["allocation"]["devices"]["results"][0]["driver"] = "rdma.example.com"
+    pending = demo.make_allocated_claim("pending", "n1", ["gpu-0"])
+    del pending["status"]
+    index = ClusterIndex.from_objects(Config(), [node, demo.make_resource_slice("n1")], [nic, pending])
+    assert index.nodes["n1"].free == 8
+
+
+# ----- the feed: files and the live view ------------------------------------------------------------
+
+def test_mutate_reads_dra_kinds_mixed_into_the_nodes_and_pods_files(tmp_path, capsys, dra_cluster):
+    nodes, claims = dra_cluster
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
+    (tmp_path / "pods.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": claims}))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(gpu_job("train", 4, 8, placement_strategy="consolidated")))
+    assert main(["mutate", "--nodes", str(tmp_path / "nodes.yaml"), "--pods", str(tmp_path / "pods.yaml"),
+                 "-f", str(tmp_path / "job.yaml"), "--explain"]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    terms = out["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    leaves = {v for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"] if e["key"] == LEAF
+              for v in e["values"]}
+    assert leaves and leaves <= FREE_LEAVES
+
+
+def test_the_live_view_counts_slices_and_claims_and_follows_their_changes(fake, make_view):
+    fake.serve_dra = True
+    nodes, claims = demo.dra_demo_cluster()
+    for obj in nodes:
+        fake.put({"Node": "nodes", "ResourceSlice": "resourceslices", "DeviceClass": "deviceclasses"}[obj["kind"]], obj)
+    for claim in claims:
+        fake.put("resourceclaims", claim)
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(10)
+    eventually(lambda: view.index.stats() == ClusterIndex.from_objects(Config(), nodes, claims).stats(),
+               what="the DRA cluster counted")
+    fake.delete("resourceclaims", "research/busy-gpu-s1-l1-n1-gpu")
+    eventually(lambda: view.index.nodes["gpu-s1-l1-n1"].free == 8, what="the freed node")
+    assert view.readiness() == (True, "cluster view in sync")
+
+
+def test_the_live_view_is_ready_when_the_api_serves_no_dra(fake, make_view):
+    for node in demo.leaf_spine_nodes(1, 1, 2):
+        fake.put_node(node)
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(10)
+    assert view.readiness()[0]
+    assert {s.kind for s in view.status() if s.synced} >= {"resourceslices", "resourceclaims", "podgroups"}
