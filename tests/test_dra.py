@@ -226,3 +226,154 @@ def test_the_live_view_is_ready_when_the_api_serves_no_dra(fake, make_view):
     assert view.wait_synced(10)
     assert view.readiness()[0]
     assert {s.kind for s in view.status() if s.synced} >= {"resourceslices", "resourceclaims", "podgroups"}
+
+
+# ----- demand: GPUs asked through resourceClaims ------------------------------------------------------
+
+def claim_template(name: str = "eight-gpus", namespace: str = "ml", **request) -> dict:
+    """A ResourceClaimTemplate with one request `gpu` (ExactCount 8 of gpu.nvidia.com unless given)."""
+    exactly = request or {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 8}
+    body = {"firstAvailable": request["firstAvailable"]} if "firstAvailable" in request else {"exactly": exactly}
+    return valid_137({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                      "metadata": {"name": name, "namespace": namespace},
+                      "spec": {"spec": {"devices": {"requests": [{"name": "gpu", **body}]}}}})
+
+
+def with_claims(job: dict, *claims: dict) -> dict:
+    """The job with its pods' GPUs asked through `claims` (resourceClaims entries) instead of limits."""
+    spec = job["spec"]["template"]["spec"] if job["kind"] == "Job" else job["spec"]
+    spec["resourceClaims"] = list(claims)
+    for container in spec["containers"]:
+        container["resources"] = {"claims": [{"name": c["name"]} for c in claims]}
+    return job
+
+
+def gpu_claim_job(name: str = "train", pods: int = 4, template: str = "eight-gpus", **annotations) -> dict:
+    annotations.setdefault("placement_strategy", "balanced")
+    return with_claims(gpu_job(name, pods, 8, **annotations), {"name": "gpus", "resourceClaimTemplateName": template})
+
+
+@pytest.fixture
+def dra_index(dra_cluster):
+    nodes, claims = dra_cluster
+    return ClusterIndex.from_objects(Config(), nodes, [*claims, claim_template()])
+
+
+def test_a_job_asking_8_gpus_per_pod_through_a_claim_template_is_placed_like_one_asking_nvidia_gpu_8(dra_cluster):
+    nodes, claims = dra_cluster
+    by_claims = ClusterIndex.from_objects(Config(), nodes, [*claims, claim_template()])
+    by_limits = ClusterIndex.from_objects(Config(), nodes, claims)
+    for job_of in (lambda name: gpu_job(name, 4, 8, placement_strategy="consolidated"),
+                   lambda name: gpu_job(name, 2, 8, placement_strategy="balanced"),
+                   lambda name: gpu_job(name, 3, 8, placement_strategy="distributed")):
+        limits = review(review_of(job_of("a")), by_limits, Config())
+        job = with_claims(job_of("a"), {"name": "gpus", "resourceClaimTemplateName": "eight-gpus"})
+        written = copy.deepcopy(job["spec"]["template"]["spec"]["resourceClaims"])
+        claimed = review(review_of(job), by_claims, Config())
+        assert claimed.outcome == limits.outcome == "placed"
+        assert claimed.decision.request.total_gpus == limits.decision.request.total_gpus
+        assert claimed.decision.nodes == limits.decision.nodes and claimed.decision.scope == limits.decision.scope
+        admitted = valid_137(claimed.admitted)
+        assert admitted["spec"]["template"]["spec"]["resourceClaims"] == written  # left as written
+        def placement(obj: dict) -> dict:  # what the webhook writes: the template but for how GPUs are asked
+            spec = {k: v for k, v in obj["spec"]["template"]["spec"].items() if k not in ("containers", "resourceClaims")}
+            return {"metadata": obj["spec"]["template"]["metadata"], "spec": spec}
+        assert placement(admitted) == placement(limits.admitted)
+        for index in (by_claims, by_limits):
+            index.release("ml/Job/a")
+
+
+def test_a_claim_template_not_known_at_admission_is_admitted_unchanged_with_a_warning_naming_it(dra_index):
+    result = review(review_of(gpu_claim_job(template="later", placement_strategy="consolidated")), dra_index, Config())
+    assert result.outcome == "demand-unknown" and not result.patch
+    assert result.warnings == ("Job ml/train: asks for devices through ResourceClaimTemplate ml/later, not known to "
+                               "the webhook yet, so how many GPUs it needs is unknown and it is admitted without "
+                               "placement (create the template before the workload)",)
+
+
+@pytest.mark.parametrize("request_of, per_pod", [
+    (dict(deviceClassName="gpu.nvidia.com", allocationMode="All"), 8),  # every GPU of one node
+    (dict(deviceClassName="gpu.nvidia.com"), 1),  # count defaults to 1
+    (dict(firstAvailable=[{"name": "four", "deviceClassName": "gpu.nvidia.com", "count": 4},
+                          {"name": "two", "deviceClassName": "gpu.nvidia.com", "count": 2}]), 4),
+    (dict(deviceClassName="gpu.nvidia.com", count=2, adminAccess=True), 0),  # watches GPUs, takes none
+    (dict(deviceClassName="mig.nvidia.com", count=2), 0),  # MIG devices are not whole GPUs
+])
+def test_gpus_per_pod_from_a_templates_request(dra_index, request_of, per_pod):
+    dra_index.upsert(claim_template("t", **request_of))
+    result = review(review_of(gpu_claim_job(pods=2, template="t")), dra_index, Config())
+    if per_pod:
+        assert result.decision.request.gpus_per_pod == per_pod
+    else:
+        assert result.outcome == "ignored" and "requests no nvidia.com/gpu" in result.warnings[-1]
+
+
+def test_a_device_class_counts_as_gpus_when_it_maps_nvidia_gpu_or_selects_the_drivers_gpus(dra_index):
+    mapped = demo.gpu_device_class() | {"metadata": {"name": "big-gpus.example.com"}}
+    mapped["spec"] = {"extendedResourceName": "nvidia.com/gpu"}
+    selected = demo.gpu_device_class() | {"metadata": {"name": "h100.example.com"}}
+    other = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "nic.example.com"},
+             "spec": {"selectors": [{"cel": {"expression": "device.driver == 'rdma.example.com'"}}]}}
+    for device_class, counted in ((mapped, True), (selected, True), (other, False)):
+        valid_137(device_class)
+        dra_index.upsert(device_class)
+        dra_index.upsert(claim_template("t", deviceClassName=device_class["metadata"]["name"], count=2))
+        result = review(review_of(gpu_claim_job(pods=1, template="t")), dra_index, Config())
+        assert (result.outcome == "placed") is counted, result.warnings
+
+
+def test_an_allocated_named_claim_pins_its_pods_to_its_node_and_an_unallocated_one_counts_once(dra_index):
+    claims = ({"name": "gpus", "resourceClaimName": "shared"}, {"name": "more", "resourceClaimTemplateName": "t"})
+    pod = with_claims(gpu_pod_of(0), *claims)
+    dra_index.upsert(claim_template("t", deviceClassName="gpu.nvidia.com", count=2))
+    dra_index.upsert(demo.make_allocated_claim("shared", "gpu-s1-l2-n4", ["gpu-0", "gpu-1"], namespace="ml"))
+    pinned = review(review_of(pod), dra_index, Config())
+    assert pinned.decision.nodes == ("gpu-s1-l2-n4",) and pinned.decision.request.gpus_per_pod == 2
+    unallocated = demo.make_allocated_claim("shared", "gpu-s1-l2-n4", ["gpu-0", "gpu-1"], namespace="ml")
+    del unallocated["status"]
+    dra_index.upsert(unallocated)
+    alone = review(review_of(with_claims(gpu_pod_of(0, "p2"), *claims)), dra_index, Config())
+    assert alone.decision.request.gpus_per_pod == 4  # its template's 2 and the named claim's 2
+    job = with_claims(gpu_job("pair", 2, 0, placement_strategy="balanced"), {"name": "gpus", "resourceClaimName": "shared"})
+    shared = review(review_of(job), dra_index, Config())
+    assert shared.outcome == "ignored"
+    assert "its 2 pods share ResourceClaim ml/shared (2 GPUs" in shared.warnings[0]
+
+
+def gpu_pod_of(gpus: int, name: str = "p") -> dict:
+    """A bare Pod of ours asking `gpus` nvidia.com/gpu."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ml",
+                         "annotations": {"topology.scheduler/placement-strategy": "balanced"}},
+            "spec": gpu_job(name, 1, gpus)["spec"]["template"]["spec"]}
+
+
+def test_a_bound_pod_with_gpus_from_a_template_confirms_its_workloads_hold(dra_index):
+    result = review(review_of(gpu_claim_job(pods=1, name="one")), dra_index, Config())
+    node = result.decision.nodes[0]
+    assert dra_index.nodes[node].free == 0  # held
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "one-x", "namespace": "ml", "uid": "uid-one-x",
+                        "annotations": result.admitted["spec"]["template"]["metadata"]["annotations"]},
+           "spec": {**result.admitted["spec"]["template"]["spec"], "nodeName": node}, "status": {"phase": "Running"}}
+    dra_index.upsert(demo.make_allocated_claim("one-x-gpus", node, [f"gpu-{i}" for i in range(8)], namespace="ml",
+                                               owner_pod=pod))
+    dra_index.upsert(pod)
+    assert dra_index.nodes[node].free == 0 and not dra_index.nodes[node].held  # counted once: by its claim
+    dra_index.delete(pod)
+    dra_index.delete(demo.make_allocated_claim("one-x-gpus", node, [], namespace="ml"))
+    assert dra_index.nodes[node].free == 8
+
+
+def test_mutate_takes_a_workloads_claim_template_ahead_of_it_in_the_same_file(tmp_path, capsys, dra_cluster):
+    nodes, claims = dra_cluster
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
+    template = claim_template()
+    del template["metadata"]["namespace"]
+    job = gpu_claim_job(placement_strategy="consolidated")
+    del job["metadata"]["namespace"]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump_all([template, job]))
+    assert main(["mutate", "--nodes", str(tmp_path / "nodes.yaml"), "-f", str(tmp_path / "job.yaml")]) == 0
+    template_out, job_out = yaml.safe_load_all(capsys.readouterr().out)
+    assert template_out == template
+    assert "affinity" in job_out["spec"]["template"]["spec"]

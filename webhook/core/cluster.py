@@ -10,6 +10,7 @@ request), and the one lock that watch threads and request threads share.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -263,7 +264,13 @@ class ClusterIndex:
     def claims_demand(self, namespace: str, spec: Mapping) -> dra.ClaimDemand:
         """What a pod spec's resourceClaims ask of GPUs, from the templates and claims known now."""
         with self.lock:
-            return dra.claims_demand(namespace, spec, self.dra)
+            demand = dra.claims_demand(namespace, spec, self.dra)
+            if not demand.whole_node:
+                return demand
+            # every GPU of one node: of the largest nodes (the widest g any node holds a pod of)
+            ever = self.tree.root.ever
+            largest = next((g for g in range(len(ever) - 1, 0, -1) if ever[g] > 0), 0)
+            return dataclasses.replace(demand, per_pod=demand.per_pod + largest)
 
     def dra_keys(self, kind: str) -> set[str]:
         """Keys of the DRA objects of `kind` the index holds (a relist forgets the others)."""

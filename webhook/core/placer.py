@@ -102,7 +102,7 @@ def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserv
         if decision is not None:
             return decision, [], True
         if nodes:  # another replica placed the group first and claimed it: decide on its nodes
-            request = _on_nodes(request, nodes)
+            request = on_nodes(request, nodes)
         decision, alone = place_shared(index, request, key if reserve else None)
         if reserve:
             with index.lock:
@@ -116,7 +116,7 @@ def group_decision(index: ClusterIndex, key: str) -> Decision | None:
         return index.ledger.group(key)
 
 
-def _on_nodes(request: PlacementRequest, nodes: list[str]) -> PlacementRequest:
+def on_nodes(request: PlacementRequest, nodes: list[str]) -> PlacementRequest:
     """The request confined to `nodes` (by name, in every ORed term of its own affinity)."""
     by_name = {"key": "metadata.name", "operator": "In", "values": nodes}
     terms = request.required_node_terms or ({},)

@@ -64,7 +64,8 @@ class AdmissionResult:
     kind: str  # "Pod", "Job", ... ("" when the review had none)
     namespace: str
     name: str  # metadata.name, else generateName
-    # "ignored", "placed", "waiting", "denied", "failed-open", "not-ready", "released", "suspended", "repaired"
+    # "ignored", "placed", "waiting", "denied", "failed-open", "not-ready", "released", "suspended", "repaired",
+    # "demand-unknown" (GPUs asked through a ResourceClaimTemplate or claim not known yet)
     outcome: str
     strategy: str | None
     decision: Decision | None
@@ -195,14 +196,16 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
         return _result(request, "not-ready", warnings=[
             f"topology-webhook is not ready ({why or 'no cluster view yet'}); {who} admitted without placement"])
     try:
-        wanted = workload.read(kind, mutation.without_injection(obj, kind), request.namespace)
+        wanted = workload.read(kind, mutation.without_injection(obj, kind), request.namespace, index.claims_demand)
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
     if request.old is not None and _placed(kind, request.old) and not admitted_by_queue:
-        return _kept(request, config, wanted)
+        return _kept(request, index, config, wanted)
     if workload.suspended(kind, obj):
         return _result(request, "suspended", warnings=[
             *wanted.warnings, f"{who} is suspended: nothing is placed or held until it is un-suspended"])
+    if wanted.unknown:  # never a guess: admitted as written, and counted (outcome demand-unknown)
+        return _result(request, "demand-unknown", warnings=list(wanted.warnings))
     key = _reservation_key(request, obj)
     if wanted.request is None:
         group = group_decision(index, key) if workload.group_of(kind, obj, request.namespace) else None
@@ -277,13 +280,14 @@ def _repaired(request: _Request, index: "ClusterIndex", config: Config) -> Admis
         f"{decision.scope}, the nearest domain with room"])
 
 
-def _kept(request: _Request, config: Config, wanted: workload.Workload) -> AdmissionResult:
+def _kept(request: _Request, index: "ClusterIndex", config: Config, wanted: workload.Workload) -> AdmissionResult:
     """An UPDATE of a workload we placed: put our placement back, never move running work. If what
     it asks for changed, say so: re-placing would roll every pod."""
     kind, obj, old = request.kind, request.obj, request.old
     warnings = list(wanted.warnings)
     try:
-        before = workload.read(kind, mutation.without_injection(old, kind), request.namespace).request
+        before = workload.read(kind, mutation.without_injection(old, kind), request.namespace,
+                               index.claims_demand).request
     except workload.InvalidWorkload:
         before = None
     if before != wanted.request:

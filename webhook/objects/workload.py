@@ -3,7 +3,9 @@
 Pure: takes the object as the API sends it and returns values. How many GPUs a workload wants:
 
 - `per_pod` is what the pod template's containers ask for (`nvidia.com/gpu` limits, counted the
-  way kube-scheduler counts them), `replicas` the pods the controller runs at once (Job and
+  way kube-scheduler counts them) plus the GPUs of its `resourceClaims` (Dynamic Resource
+  Allocation: the ResourceClaimTemplates and ResourceClaims they name, as the cluster view knows
+  them, webhook/core/dra.py), `replicas` the pods the controller runs at once (Job and
   CronJob: parallelism, default 1, capped by completions; Deployment, StatefulSet, ReplicaSet:
   replicas, default 1; Pod: 1).
 - Without `gpu-count`: pods = replicas, each with per_pod GPUs.
@@ -19,16 +21,18 @@ import difflib
 import json
 import re
 from dataclasses import dataclass
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..core.config import Config
+from ..core.dra import ClaimDemand
 from ..core.gpus import parse_bandwidth_gbps, pod_gpus
 from . import groups
 from .groups import GROUP_ANNOTATIONS, GROUP_SIZE, InvalidGroup, Membership, membership
 from ..core.injection import OUTPUT_ANNOTATIONS
 from .kinds import ANY, KINDS, Templates
 from ..core.model import ANNOTATION_PREFIX, PlacementRequest, Strategy, quoted
+from ..core.placer import on_nodes
 from ..core.resources import pod_requests
 
 GPU_COUNT = ANNOTATION_PREFIX + "gpu-count"
@@ -85,6 +89,7 @@ class Workload:
     warnings: tuple[str, ...] = ()
     idle: str = ""
     group: Membership | None = None  # a Pod placed as a member of this group (request: the whole group's)
+    unknown: tuple[str, ...] = ()  # claim templates or claims it names that are not known: not placed
 
 
 def supports(group: str, kind: str) -> bool:
@@ -204,19 +209,33 @@ def check_shape(kind: str, obj: Mapping, namespace: str) -> None:
                 _check(template, _TEMPLATE_SHAPE, found_where, who)
 
 
-def read(kind: str, obj: Mapping, namespace: str) -> Workload:
-    """The validated request of one object of ours. Raises InvalidWorkload (or InvalidAnnotation)."""
+# What a pod spec's resourceClaims ask of GPUs (namespace, pod spec -> demand): the cluster view's.
+ClaimsReader = Callable[[str, Mapping], ClaimDemand]
+
+
+def read(kind: str, obj: Mapping, namespace: str, claims: ClaimsReader | None = None) -> Workload:
+    """The validated request of one object of ours. Raises InvalidWorkload (or InvalidAnnotation).
+    `claims` reads GPU demand from resourceClaims; without it only nvidia.com/gpu counts."""
     check_shape(kind, obj, namespace)
     who = display_name(kind, obj, namespace)
     annotations = annotations_of(kind, obj)
-    template, per_pod, running, count_field = _pods(kind, obj, who)
+    def demand_of(spec: Mapping) -> ClaimDemand:
+        return claims(namespace, spec) if claims is not None and spec.get("resourceClaims") else ClaimDemand()
+
+    template, per_pod, running, count_field = _pods(kind, obj, who, lambda spec: demand_of(spec).per_pod)
     spec = template["spec"]
+    demand = demand_of(spec)
+    if demand.unknown:
+        return Workload(None, (f"{who}: asks for devices through {', '.join(demand.unknown)}, not known to the "
+                               "webhook yet, so how many GPUs it needs is unknown and it is admitted without "
+                               "placement (create the template before the workload)",), "", unknown=demand.unknown)
+    per_pod, shared_warnings = _with_shared_claims(who, per_pod, running, demand)
     group = _group(kind, obj, namespace, who, template, annotations) if per_pod else None
     if group is not None:
         group, pods, gpus_per_pod, warnings = _group_size(who, group, per_pod, annotations.get(GPU_COUNT))
     else:
         pods, gpus_per_pod, warnings = _size(kind, who, per_pod, running, annotations.get(GPU_COUNT))
-    warnings = _unknown_annotations(who, annotations) + warnings
+    warnings = _unknown_annotations(who, annotations) + shared_warnings + warnings
     if pods == 0 or gpus_per_pod == 0:
         idle = (f"runs no pods now ({count_field}: 0), so nothing to place until it "
                 "is scaled up" if running == 0 else "requests no nvidia.com/gpu; nothing to place")
@@ -235,7 +254,22 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
         tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, Mapping)),
         resources=tuple(sorted(pod_requests(spec).items())),
     )
+    if demand.pinned:  # an allocated claim's devices are on its node: its pods can run nowhere else
+        request = on_nodes(request, list(demand.pinned))
     return Workload(request, tuple(warnings), group=group)
+
+
+def _with_shared_claims(who: str, per_pod: int, running: int, demand: ClaimDemand) -> tuple[int, list[str]]:
+    """GPUs per pod with those of named claims not yet allocated: one set of GPUs however many
+    pods name it, counted once, so only for a workload of one pod."""
+    shared = sum(gpus for _, gpus in demand.shared)
+    if not shared:
+        return per_pod, []
+    if running <= 1:
+        return per_pod + shared, []
+    names = ", ".join(name for name, _ in demand.shared)
+    return per_pod, [f"{who}: its {running} pods share ResourceClaim {names} ({shared} GPUs, allocated once "
+                     "wherever the first pod is scheduled); those GPUs are not placed"]
 
 
 def _unknown_annotations(who: str, annotations: Mapping) -> list[str]:
@@ -301,9 +335,10 @@ def _group_size(who: str, group: Membership, per_pod: int, gpu_count: object
     return group, total // per_pod, per_pod, []
 
 
-def _pods(kind: str, obj: Mapping, who: str) -> tuple[Mapping, int, int, str]:
+def _pods(kind: str, obj: Mapping, who: str, claimed: Callable[[Mapping], int]) -> tuple[Mapping, int, int, str]:
     """(the template placement reads, GPUs per pod, pods the controllers run at once, the field
-    that counts them). Templates whose pods ask for no GPUs (an MPIJob's launcher, a Ray head) are
+    that counts them). A pod's GPUs are its nvidia.com/gpu and what its claims from templates ask
+    (`claimed`). Templates whose pods ask for no GPUs (an MPIJob's launcher, a Ray head) are
     not counted when others ask for GPUs: they run inside the group's domain, holding none."""
     counted = []
     for found in pod_templates(kind, obj):
@@ -311,7 +346,7 @@ def _pods(kind: str, obj: Mapping, who: str) -> tuple[Mapping, int, int, str]:
             raise InvalidWorkload(f"{who}: {_joined(found.where, 'spec')} is missing; a pod spec with containers is "
                                   "required to place it")
         try:
-            gpus = pod_gpus(found.template["spec"])
+            gpus = pod_gpus(found.template["spec"]) + claimed(found.template["spec"])
         except ValueError as err:
             raise InvalidWorkload(f"{who}: nvidia.com/gpu request {err}; allowed: a whole number of GPUs") from None
         counted.append((found, gpus, *_running(found, who)))
