@@ -377,3 +377,97 @@ def test_mutate_takes_a_workloads_claim_template_ahead_of_it_in_the_same_file(tm
     template_out, job_out = yaml.safe_load_all(capsys.readouterr().out)
     assert template_out == template
     assert "affinity" in job_out["spec"]["template"]["spec"]
+
+
+# ----- PodGroups ----------------------------------------------------------------------------------------
+
+def pod_group(name: str = "ranks", min_count: int | None = 4, **annotations) -> dict:
+    policy = {"gang": {"minCount": min_count}} if min_count else {"basic": {}}
+    return valid_137({"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+                      "metadata": {"name": name, "namespace": "ml",
+                                   "annotations": {f"topology.scheduler/{k.replace('_', '-')}": v
+                                                   for k, v in annotations.items()}},
+                      "spec": {"schedulingPolicy": policy}})
+
+
+def member(rank: int, group: str = "ranks", gpus: int = 8) -> dict:
+    pod = gpu_pod_of(gpus, f"{group}-{rank}")
+    pod["metadata"]["annotations"] = {"topology.scheduler/placement-strategy": "consolidated"}
+    pod["spec"]["schedulingGroup"] = {"podGroupName": group}
+    return valid_137(pod)
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2, 3), (3, 1, 0, 2), (2, 3, 1, 0)])
+def test_four_pods_of_one_pod_group_are_pinned_to_one_domain_with_room_for_four_in_any_order(dra_index, order):
+    dra_index.upsert(pod_group())
+    admitted = [review(review_of(member(rank)), dra_index, Config()) for rank in order]
+    assert {r.outcome for r in admitted} == {"placed"}
+    assert {r.decision.request.pods for r in admitted} == {4}  # sized by the gang's minCount
+    affinities = {str(r.admitted["spec"]["affinity"]) for r in admitted}
+    assert len(affinities) == 1  # one decision, the first member's, for all
+    decision = admitted[0].decision
+    assert all(r.decision is decision for r in admitted)
+    assert decision.scope.level_name == "leaf" and decision.scope.name in FREE_LEAVES
+    for result in admitted:
+        valid_137(result.admitted)
+        assert result.admitted["spec"]["schedulingGroup"] == {"podGroupName": "ranks"}
+
+
+def test_pods_of_a_pod_group_follow_its_max_domain_where_they_say_none(dra_index):
+    dra_index.upsert(pod_group(min_count=8, max_domain="leaf"))  # 8 x 8 GPUs: no leaf could ever
+    result = review(review_of(member(0)), dra_index, Config())
+    assert result.outcome == "denied" and "inside one leaf" in result.review["response"]["status"]["message"]
+
+
+@pytest.mark.parametrize("annotations, own, key", [
+    ({"max_domain": "leaf"}, None, "topology.scheduler/leaf"),
+    ({"max_domain": "topology.scheduler/spine"}, None, "topology.scheduler/spine"),
+    ({"max_domain": "node"}, None, "kubernetes.io/hostname"),
+    ({"max_domain": "leaf"}, "topology.kubernetes.io/zone", "topology.kubernetes.io/zone"),  # theirs is kept
+    ({}, None, None),  # no level asked for: left alone
+])
+def test_a_pod_group_asking_a_level_gets_its_label_as_topology_key_unless_it_has_its_own(annotations, own, key):
+    group = pod_group(**annotations)
+    if own:
+        group["spec"]["schedulingConstraints"] = {"topology": [{"key": own}]}
+    result = review(review_of(group), ClusterIndex.from_objects(Config(), []), Config())
+    assert result.outcome == ("constrained" if key and not own else "ignored")
+    admitted = valid_137(result.admitted)
+    assert admitted["spec"].get("schedulingConstraints", {}).get("topology") == ([{"key": key}] if key else None)
+
+
+def test_a_peers_required_topology_on_a_workload_gives_each_of_its_templates_the_key():
+    workload = valid_137({
+        "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "Workload",
+        "metadata": {"name": "train", "namespace": "ml",
+                     "annotations": {"kueue.x-k8s.io/podset-required-topology": "topology.scheduler/leaf"}},
+        "spec": {"podGroupTemplates": [
+            {"name": "workers", "schedulingPolicy": {"gang": {"minCount": 4}}},
+            {"name": "own", "schedulingPolicy": {"gang": {"minCount": 2}},
+             "schedulingConstraints": {"topology": [{"key": "topology.scheduler/spine"}]}}]}})
+    result = review(review_of(workload), ClusterIndex.from_objects(Config(), []), Config())
+    templates = valid_137(result.admitted)["spec"]["podGroupTemplates"]
+    assert [t["schedulingConstraints"]["topology"] for t in templates] == [
+        [{"key": "topology.scheduler/leaf"}], [{"key": "topology.scheduler/spine"}]]
+
+
+def test_a_pod_group_asking_an_unknown_level_is_denied_naming_the_annotation_and_the_levels():
+    result = review(review_of(pod_group(max_domain="rack")), ClusterIndex.from_objects(Config(), []), Config())
+    assert result.outcome == "denied"
+    assert result.review["response"]["status"]["message"] == (
+        'PodGroup ml/ranks: annotation topology.scheduler/max-domain="rack" is not a topology level; allowed: zone, '
+        "spine, leaf, node, topology.kubernetes.io/zone, topology.scheduler/spine, topology.scheduler/leaf")
+
+
+def test_mutate_takes_a_pod_group_ahead_of_its_pods(tmp_path, capsys, dra_cluster):
+    nodes, claims = dra_cluster
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
+    (tmp_path / "pods.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": claims}))
+    (tmp_path / "group.yaml").write_text(yaml.safe_dump_all([pod_group(max_domain="leaf"),
+                                                              *(member(rank) for rank in range(4))]))
+    assert main(["mutate", "--nodes", str(tmp_path / "nodes.yaml"), "--pods", str(tmp_path / "pods.yaml"),
+                 "-f", str(tmp_path / "group.yaml")]) == 0
+    group, *pods = yaml.safe_load_all(capsys.readouterr().out)
+    assert group["spec"]["schedulingConstraints"] == {"topology": [{"key": LEAF}]}
+    pins = {str(p["spec"]["affinity"]) for p in pods}
+    assert len(pins) == 1 and "leaf-3" in pins.pop()

@@ -235,11 +235,11 @@ class ClusterIndex:
             elif kind == "DeviceClass":
                 self._keep(self.dra.classes, key, dra.selects_gpus(obj) if present else None)
             elif kind == "PodGroup":
-                self._keep(self.dra.pod_groups, key, dra.pod_group_min_count(obj) if present else None, kept=present)
+                self._keep(self.dra.pod_groups, key, dra.parse_pod_group(obj) if present else None)
 
     @staticmethod
-    def _keep(table: dict, key: str, value: object, kept: bool | None = None) -> None:
-        if value is not None or kept:
+    def _keep(table: dict, key: str, value: object) -> None:
+        if value is not None:
             table[key] = value
         else:
             table.pop(key, None)
@@ -271,6 +271,11 @@ class ClusterIndex:
             ever = self.tree.root.ever
             largest = next((g for g in range(len(ever) - 1, 0, -1) if ever[g] > 0), 0)
             return dataclasses.replace(demand, per_pod=demand.per_pod + largest)
+
+    def pod_group(self, key: str) -> dra.PodGroupFacts | None:
+        """The PodGroup namespace/name as last seen, None when not seen."""
+        with self.lock:
+            return self.dra.pod_groups.get(key)
 
     def dra_keys(self, kind: str) -> set[str]:
         """Keys of the DRA objects of `kind` the index holds (a relist forgets the others)."""

@@ -201,11 +201,18 @@ def covered_by_claim(pod: Mapping) -> bool:
 
 # ----- PodGroups ----------------------------------------------------------------------------------
 
-def pod_group_min_count(obj: Mapping) -> int | None:
-    """A PodGroup's gang `minCount`; None for a basic (non-gang) policy."""
+@dataclass(frozen=True)
+class PodGroupFacts:
+    min_count: int | None  # the gang's minCount; None for a basic (non-gang) policy
+    annotations: Mapping[str, str]  # its annotations, which its pods' placement reads under their own
+
+
+def parse_pod_group(obj: Mapping) -> PodGroupFacts:
     gang = _mapping(_mapping(_mapping(obj.get("spec")).get("schedulingPolicy")).get("gang"))
     count = gang.get("minCount")
-    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
+    annotations = {str(k): str(v) for k, v in _mapping(_mapping(obj.get("metadata")).get("annotations")).items()}
+    return PodGroupFacts(count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None,
+                         annotations)
 
 
 def pod_group_of(pod_spec: Mapping) -> str | None:
@@ -229,7 +236,7 @@ class DraInventory:
     claims_on: dict[str, set[str]] = field(default_factory=dict)  # node -> allocated claims there
     templates: dict[str, tuple[DeviceRequest, ...]] = field(default_factory=dict)  # namespace/name
     classes: dict[str, bool] = field(default_factory=dict)  # DeviceClass -> selects whole GPUs
-    pod_groups: dict[str, int | None] = field(default_factory=dict)  # namespace/name -> gang minCount
+    pod_groups: dict[str, PodGroupFacts] = field(default_factory=dict)  # namespace/name
     scheduler_made: dict[str, str] = field(default_factory=dict)  # pod uid -> its scheduler-made claim
     incomplete: dict[Pool, str] = field(default_factory=dict)  # pools being published, why
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..core import injection
-from . import mutation, workload
+from . import mutation, podgroups, workload
 from ..core.config import Config
 from ..core.gpus import pod_gpus
 from .kinds import KINDS
@@ -65,7 +65,8 @@ class AdmissionResult:
     namespace: str
     name: str  # metadata.name, else generateName
     # "ignored", "placed", "waiting", "denied", "failed-open", "not-ready", "released", "suspended", "repaired",
-    # "demand-unknown" (GPUs asked through a ResourceClaimTemplate or claim not known yet)
+    # "demand-unknown" (GPUs asked through a ResourceClaimTemplate or claim not known yet),
+    # "constrained" (a PodGroup or Workload given the topology key of the level it asks for)
     outcome: str
     strategy: str | None
     decision: Decision | None
@@ -164,6 +165,8 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     kind, obj = request.kind, request.obj
     if request.operation == "DELETE":
         return _released(request, index)
+    if obj is not None and request.operation == "CREATE" and podgroups.handles(request.group, kind):
+        return _pod_group(request, config)
     if obj is None or not workload.supports(request.group, kind) or not workload.is_ours(kind, obj, config):
         return _result(request, "ignored")
     # Un-suspended (a queue such as Kueue admitted it): placed now, as if created now, inside the
@@ -196,7 +199,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
         return _result(request, "not-ready", warnings=[
             f"topology-webhook is not ready ({why or 'no cluster view yet'}); {who} admitted without placement"])
     try:
-        wanted = workload.read(kind, mutation.without_injection(obj, kind), request.namespace, index.claims_demand)
+        wanted = workload.read(kind, mutation.without_injection(obj, kind), request.namespace, index)
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
     if request.old is not None and _placed(kind, request.old) and not admitted_by_queue:
@@ -227,6 +230,16 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     mutated = mutation.mutate(obj, kind, decision, config, key)
     return _result(request, _OUTCOMES[decision.outcome], decision=decision, mutated=mutated,
                    warnings=[*wanted.warnings, *mutation.warnings(decision, config), *alone])
+
+
+def _pod_group(request: _Request, config: Config) -> AdmissionResult:
+    """A PodGroup or Workload at its CREATE: the level its annotation asks for becomes its
+    topology constraint (webhook/objects/podgroups.py)."""
+    try:
+        written, _ = podgroups.constrained(request.kind, request.obj, request.namespace, config)
+    except workload.InvalidWorkload as err:
+        return _denied(request, str(err))
+    return _result(request, "ignored") if written is None else _result(request, "constrained", mutated=written)
 
 
 def _joined_notes(who: str, request: PlacementRequest, decision: Decision) -> list[str]:
@@ -287,7 +300,7 @@ def _kept(request: _Request, index: "ClusterIndex", config: Config, wanted: work
     warnings = list(wanted.warnings)
     try:
         before = workload.read(kind, mutation.without_injection(old, kind), request.namespace,
-                               index.claims_demand).request
+                               index).request
     except workload.InvalidWorkload:
         before = None
     if before != wanted.request:

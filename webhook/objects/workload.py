@@ -17,15 +17,16 @@ Pure: takes the object as the API sends it and returns values. How many GPUs a w
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import re
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from ..core.config import Config
-from ..core.dra import ClaimDemand
+from ..core.dra import ClaimDemand, PodGroupFacts, pod_group_of
 from ..core.gpus import parse_bandwidth_gbps, pod_gpus
 from . import groups
 from .groups import GROUP_ANNOTATIONS, GROUP_SIZE, InvalidGroup, Membership, membership
@@ -209,18 +210,28 @@ def check_shape(kind: str, obj: Mapping, namespace: str) -> None:
                 _check(template, _TEMPLATE_SHAPE, found_where, who)
 
 
-# What a pod spec's resourceClaims ask of GPUs (namespace, pod spec -> demand): the cluster view's.
-ClaimsReader = Callable[[str, Mapping], ClaimDemand]
+class ClusterFacts(Protocol):
+    """What a workload's request depends on besides the object itself: the cluster view's DRA
+    objects and PodGroups (webhook/core/cluster.py)."""
+
+    def claims_demand(self, namespace: str, spec: Mapping) -> ClaimDemand: ...  # GPUs of its resourceClaims
+    def pod_group(self, key: str) -> PodGroupFacts | None: ...  # a PodGroup, by namespace/name
 
 
-def read(kind: str, obj: Mapping, namespace: str, claims: ClaimsReader | None = None) -> Workload:
+def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = None) -> Workload:
     """The validated request of one object of ours. Raises InvalidWorkload (or InvalidAnnotation).
-    `claims` reads GPU demand from resourceClaims; without it only nvidia.com/gpu counts."""
+    `facts` gives GPU demand from resourceClaims and PodGroups; without them only nvidia.com/gpu
+    counts, and a PodGroup is sized by annotations only."""
     check_shape(kind, obj, namespace)
     who = display_name(kind, obj, namespace)
     annotations = annotations_of(kind, obj)
+    pod_group = _pod_group(kind, obj, namespace, facts)
+    if pod_group is not None:  # what the PodGroup asks for, where its pods say nothing
+        annotations = {**pod_group.annotations, **annotations}
+
     def demand_of(spec: Mapping) -> ClaimDemand:
-        return claims(namespace, spec) if claims is not None and spec.get("resourceClaims") else ClaimDemand()
+        return facts.claims_demand(namespace, spec) if facts is not None and spec.get("resourceClaims") \
+            else ClaimDemand()
 
     template, per_pod, running, count_field = _pods(kind, obj, who, lambda spec: demand_of(spec).per_pod)
     spec = template["spec"]
@@ -231,6 +242,8 @@ def read(kind: str, obj: Mapping, namespace: str, claims: ClaimsReader | None = 
                                "placement (create the template before the workload)",), "", unknown=demand.unknown)
     per_pod, shared_warnings = _with_shared_claims(who, per_pod, running, demand)
     group = _group(kind, obj, namespace, who, template, annotations) if per_pod else None
+    if group is not None and pod_group is not None and pod_group.min_count is not None:
+        group = dataclasses.replace(group, size=pod_group.min_count)  # the gang's size wins
     if group is not None:
         group, pods, gpus_per_pod, warnings = _group_size(who, group, per_pod, annotations.get(GPU_COUNT))
     else:
@@ -270,6 +283,12 @@ def _with_shared_claims(who: str, per_pod: int, running: int, demand: ClaimDeman
     names = ", ".join(name for name, _ in demand.shared)
     return per_pod, [f"{who}: its {running} pods share ResourceClaim {names} ({shared} GPUs, allocated once "
                      "wherever the first pod is scheduled); those GPUs are not placed"]
+
+
+def _pod_group(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None) -> PodGroupFacts | None:
+    """The PodGroup a Pod names, as the cluster view knows it."""
+    name = pod_group_of(_mapping(obj.get("spec"))) if kind == "Pod" else None
+    return facts.pod_group(f"{namespace}/{name}") if name and facts is not None else None
 
 
 def _unknown_annotations(who: str, annotations: Mapping) -> list[str]:
