@@ -59,10 +59,12 @@ DRA_PATHS = {"/apis/resource.k8s.io/v1/resourceslices": "resourceslices",
              "/apis/resource.k8s.io/v1/deviceclasses": "deviceclasses",
              "/apis/resource.k8s.io/v1/resourceclaims": "resourceclaims",
              "/apis/resource.k8s.io/v1/resourceclaimtemplates": "resourceclaimtemplates",
-             "/apis/scheduling.k8s.io/v1beta1/podgroups": "podgroups"}
+             "/apis/scheduling.k8s.io/v1beta1/podgroups": "podgroups",
+             "/apis/resource.nvidia.com/v1beta1/computedomains": "computedomains"}
 for _path, _plural in DRA_PATHS.items():
     KINDS[_plural] = {"resourceslices": "ResourceSlice", "deviceclasses": "DeviceClass", "resourceclaims": "ResourceClaim",
-                      "resourceclaimtemplates": "ResourceClaimTemplate", "podgroups": "PodGroup"}[_plural]
+                      "resourceclaimtemplates": "ResourceClaimTemplate", "podgroups": "PodGroup",
+                      "computedomains": "ComputeDomain"}[_plural]
     API_VERSIONS[_plural] = _path.removeprefix("/apis/").rpartition("/")[0]
 CLUSTER_SCOPED |= {"resourceslices", "deviceclasses"}
 LEASES = re.compile(r"/apis/coordination\.k8s\.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?")

@@ -140,7 +140,7 @@ def test_explain_prints_each_decision_with_its_reasons(tmp_path, capsys, cluster
     ("- 1\n- 2\n", "document 1 item 1 is not a Kubernetes object"),
     ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n",
      "Pod p found; this file may only hold Node, ResourceSlice, ResourceClaim, ResourceClaimTemplate, DeviceClass, "
-     "PodGroup objects"),
+     "PodGroup, ComputeDomain objects"),
     ("kind: Node\nmetadata: {name: n}\nspec: 5\n", "document 1 (Node): spec is 5, not a mapping"),
 ])
 def test_bad_nodes_file_gives_one_line_naming_the_file_and_exit_2(tmp_path, capsys, content, message):

@@ -30,7 +30,10 @@ _FINISHED_PHASES = ("Succeeded", "Failed")
 # From files, what a kind's count depends on is read before it: slices before the nodes they
 # name, claims and templates before the pods that use them.
 _FEED_ORDER = {"DeviceClass": 0, "ResourceSlice": 1, "Node": 2, "ResourceClaimTemplate": 3, "ResourceClaim": 3,
-               "PodGroup": 3, "Pod": 4}
+               "PodGroup": 3, "ComputeDomain": 3, "Pod": 4}
+
+
+_CHANNEL_ONLY = dra.TemplateFacts((), channel=True)  # a channel template known from its ComputeDomain only
 
 
 def _feed_order(obj: Mapping) -> int:
@@ -230,12 +233,25 @@ class ClusterIndex:
                 if facts is not None and facts.scheduler_made_for in self.pod_nodes:
                     self._forget_gpus(facts.scheduler_made_for)  # the claim counts its pod's GPUs now
             elif kind == "ResourceClaimTemplate":
-                spec = (obj.get("spec") or {}).get("spec") or {}
-                self._keep(self.dra.templates, key, dra.parse_requests(spec) if present else None)
+                self._keep(self.dra.templates, key, dra.parse_template(obj) if present else None)
+            elif kind == "ComputeDomain":
+                self._put_compute_domain(key, obj if present else None)
             elif kind == "DeviceClass":
                 self._keep(self.dra.classes, key, dra.selects_gpus(obj) if present else None)
             elif kind == "PodGroup":
                 self._keep(self.dra.pod_groups, key, dra.parse_pod_group(obj) if present else None)
+
+    def _put_compute_domain(self, key: str, obj: Mapping | None) -> None:
+        """A ComputeDomain names its channel template before its controller makes it: known at once
+        as a channel, so workloads created with the ComputeDomain are not left unknown."""
+        old = self.dra.compute_domains.pop(key, None)
+        if old is not None and self.dra.templates.get(old) == _CHANNEL_ONLY:
+            del self.dra.templates[old]
+        name = dra.channel_template(obj) if obj is not None else None
+        if name:
+            template = f"{key.rpartition('/')[0]}/{name}"
+            self.dra.compute_domains[key] = template
+            self.dra.templates.setdefault(template, _CHANNEL_ONLY)
 
     @staticmethod
     def _keep(table: dict, key: str, value: object) -> None:
@@ -277,12 +293,15 @@ class ClusterIndex:
         with self.lock:
             return self.dra.pod_groups.get(key)
 
+    def has_level(self, label: str) -> bool:
+        return any(level.label == label for level in self.config.levels)
+
     def dra_keys(self, kind: str) -> set[str]:
         """Keys of the DRA objects of `kind` the index holds (a relist forgets the others)."""
         with self.lock:
             return set({"ResourceSlice": self.dra.slices, "ResourceClaim": self.dra.claims,
                         "ResourceClaimTemplate": self.dra.templates, "DeviceClass": self.dra.classes,
-                        "PodGroup": self.dra.pod_groups}[kind])
+                        "PodGroup": self.dra.pod_groups, "ComputeDomain": self.dra.compute_domains}[kind])
 
     def inventory_warnings(self) -> list[str]:
         """What the GPU count per node cannot be sure of now, for people."""

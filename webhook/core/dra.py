@@ -24,6 +24,12 @@ devices; NVIDIA's `gpu.nvidia.com` when no DeviceClass of that name is known) as
 `exactly.count` (default 1), `allocationMode: All` every GPU of one node, `firstAvailable` its
 first choice (the scheduler tries it first). CEL selectors are not evaluated: a selector narrows
 which GPUs, never how many.
+
+ComputeDomains (NVIDIA's multi-node NVLink, GB200 NVL72): a ComputeDomain names the
+ResourceClaimTemplate of its IMEX channel, which its controller creates; pods that claim from it
+are one workload's ranks and must share one NVLink domain. No device attribute says which NVLink
+domain a GPU is in (the `nvidia.com/gpu.clique` node label does), so that is a node-level
+constraint: the workload is kept inside one clique (webhook/objects/workload.py).
 """
 from __future__ import annotations
 
@@ -38,7 +44,10 @@ SCHEDULING_GROUP = "scheduling.k8s.io"
 GPU_DRIVER = "gpu.nvidia.com"
 GPU_CLASS = "gpu.nvidia.com"  # NVIDIA's DeviceClass of whole GPUs (its Helm chart)
 EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
-DRA_KINDS = ("ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "PodGroup")
+DRA_KINDS = ("ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "PodGroup", "ComputeDomain")
+CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"  # a ComputeDomain's IMEX channel
+COMPUTE_DOMAIN_LABEL = "resource.nvidia.com/computeDomain"  # on the channel template its controller makes
+CLIQUE_LABEL = "nvidia.com/gpu.clique"  # the NVLink domain of a node (GPU Feature Discovery)
 CLUSTER_SCOPED = ("ResourceSlice", "DeviceClass")
 _GPU_TYPE = re.compile(r"""\.type\s*==\s*['"]gpu['"]""")
 _MIG_SUFFIX = re.compile(r"-mig-.*$")
@@ -156,6 +165,24 @@ def selects_gpus(device_class: Mapping) -> bool:
 
 
 @dataclass(frozen=True)
+class TemplateFacts:
+    requests: tuple[DeviceRequest, ...]
+    channel: bool = False  # a ComputeDomain's IMEX channel: who claims from it shares an NVLink domain
+
+
+def parse_template(obj: Mapping) -> TemplateFacts:
+    requests = parse_requests(_mapping(_mapping(obj.get("spec")).get("spec")))
+    labels = _mapping(_mapping(obj.get("metadata")).get("labels"))
+    return TemplateFacts(requests, COMPUTE_DOMAIN_LABEL in labels or any(r.device_class == CHANNEL_CLASS for r in requests))
+
+
+def channel_template(compute_domain: Mapping) -> str | None:
+    """The name of the channel template a ComputeDomain makes (`spec.channel.resourceClaimTemplate.name`)."""
+    name = _mapping(_mapping(_mapping(compute_domain.get("spec")).get("channel")).get("resourceClaimTemplate")).get("name")
+    return str(name) if name else None
+
+
+@dataclass(frozen=True)
 class ClaimFacts:
     """A ResourceClaim: what it asks for, and where and which GPU-driver devices it got."""
 
@@ -234,7 +261,9 @@ class DraInventory:
     node_pools: dict[str, set[Pool]] = field(default_factory=dict)  # the reverse
     claims: dict[str, ClaimFacts] = field(default_factory=dict)  # namespace/name
     claims_on: dict[str, set[str]] = field(default_factory=dict)  # node -> allocated claims there
-    templates: dict[str, tuple[DeviceRequest, ...]] = field(default_factory=dict)  # namespace/name
+    templates: dict[str, TemplateFacts] = field(default_factory=dict)  # namespace/name
+    # ComputeDomain (namespace/name) -> its channel template's key, known before its controller makes it
+    compute_domains: dict[str, str] = field(default_factory=dict)
     classes: dict[str, bool] = field(default_factory=dict)  # DeviceClass -> selects whole GPUs
     pod_groups: dict[str, PodGroupFacts] = field(default_factory=dict)  # namespace/name
     scheduler_made: dict[str, str] = field(default_factory=dict)  # pod uid -> its scheduler-made claim
@@ -336,6 +365,7 @@ class ClaimDemand:
     shared: tuple[tuple[str, int], ...] = ()  # (claim, GPUs) of named claims not yet allocated
     pinned: tuple[str, ...] = ()  # nodes of named claims already allocated (their pods go there)
     unknown: tuple[str, ...] = ()  # "ResourceClaimTemplate ml/x": not known, so its GPUs are not
+    channel: str | None = None  # the ComputeDomain channel template (namespace/name) its pods share
 
 
 def _gpus(requests: Iterable[DeviceRequest], inventory: DraInventory) -> tuple[int, bool]:
@@ -345,7 +375,7 @@ def _gpus(requests: Iterable[DeviceRequest], inventory: DraInventory) -> tuple[i
 
 def claims_demand(namespace: str, pod_spec: Mapping, inventory: DraInventory) -> ClaimDemand:
     """What the pod's `spec.resourceClaims` ask of GPUs, from the templates and claims known now."""
-    per_pod, whole, shared, pinned, unknown = 0, False, [], [], []
+    per_pod, whole, shared, pinned, unknown, channel = 0, False, [], [], [], None
     for entry in map(_mapping, _list(pod_spec.get("resourceClaims"))):
         template, claim = entry.get("resourceClaimTemplateName"), entry.get("resourceClaimName")
         if template:
@@ -353,19 +383,21 @@ def claims_demand(namespace: str, pod_spec: Mapping, inventory: DraInventory) ->
             if key not in inventory.templates:
                 unknown.append(f"ResourceClaimTemplate {key}")
                 continue
-            gpus, all_of_node = _gpus(inventory.templates[key], inventory)
+            facts = inventory.templates[key]
+            channel = key if facts.channel else channel
+            gpus, all_of_node = _gpus(facts.requests, inventory)
             per_pod, whole = per_pod + gpus, whole or all_of_node
         elif claim:
             key = f"{namespace}/{claim}"
-            facts = inventory.claims.get(key)
-            if facts is None:
+            claim_facts = inventory.claims.get(key)
+            if claim_facts is None:
                 unknown.append(f"ResourceClaim {key}")
                 continue
-            gpus, all_of_node = _gpus(facts.requests, inventory)
-            if facts.node is not None:
+            gpus, all_of_node = _gpus(claim_facts.requests, inventory)
+            if claim_facts.node is not None:
                 if gpus or all_of_node:
-                    pinned.append(facts.node)
+                    pinned.append(claim_facts.node)
             elif gpus or all_of_node:
                 shared.append((key, gpus))
                 whole = whole or all_of_node
-    return ClaimDemand(per_pod, whole, tuple(shared), tuple(dict.fromkeys(pinned)), tuple(unknown))
+    return ClaimDemand(per_pod, whole, tuple(shared), tuple(dict.fromkeys(pinned)), tuple(unknown), channel)

@@ -388,7 +388,8 @@ class ApiFeed:
 
 # ----- Dynamic Resource Allocation and PodGroups ------------------------------------------------------
 
-# (stream name, the kind, the API's list-for-all-namespaces call) per kind the inventory reads (core/dra.py)
+# (stream name, the kind, the API's list-for-all-namespaces call) per kind the inventory reads
+# (core/dra.py); NVIDIA's ComputeDomains name their channel templates before these exist
 DRA_LISTS = (
     ("resourceslices", "ResourceSlice", lambda api: k8s_client.ResourceV1Api(api).list_resource_slice),
     ("deviceclasses", "DeviceClass", lambda api: k8s_client.ResourceV1Api(api).list_device_class),
@@ -396,6 +397,8 @@ DRA_LISTS = (
     ("resourceclaimtemplates", "ResourceClaimTemplate",
      lambda api: k8s_client.ResourceV1Api(api).list_resource_claim_template_for_all_namespaces),
     ("podgroups", "PodGroup", lambda api: k8s_client.SchedulingV1beta1Api(api).list_pod_group_for_all_namespaces),
+    ("computedomains", "ComputeDomain", lambda api: functools.partial(
+        k8s_client.CustomObjectsApi(api).list_cluster_custom_object, "resource.nvidia.com", "v1beta1", "computedomains")),
 )
 
 

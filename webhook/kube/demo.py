@@ -145,3 +145,18 @@ def dra_demo_cluster() -> tuple[list[dict], list[dict]]:
                                                namespace="research"))
     slices = [make_resource_slice(n["metadata"]["name"]) for n in nodes]
     return [*nodes, *slices, gpu_device_class()], claims
+
+
+def gb200_dra_cluster(cliques: int = 2, nodes_per_clique: int = 18) -> list[dict]:
+    """GB200 NVL72 racks under DRA: per clique (one multi-node NVLink domain, GPU Feature
+    Discovery's `nvidia.com/gpu.clique` label) 18 nodes of 4 GPUs, their ResourceSlices and the GPU
+    DeviceClass; the levels are the `nvl72` preset's."""
+    out: list[dict] = [gpu_device_class()]
+    for c in range(cliques):
+        for n in range(1, nodes_per_clique + 1):
+            name = f"gb200-c{c}-n{n:02d}"
+            labels = {"topology.kubernetes.io/zone": ZONE, "topology.scheduler/spine": "spine-1",
+                      "nvidia.com/gpu.clique": f"7f1c52a4-0d3e-4b8e-9c61-2a7d5e0f9b13.{c}"}
+            out.append(make_node(name, labels, 4, "NVIDIA-GB200", dra=True))
+            out.append(make_resource_slice(name, 4, product="NVIDIA GB200"))
+    return out

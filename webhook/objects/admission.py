@@ -209,7 +209,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
             *wanted.warnings, f"{who} is suspended: nothing is placed or held until it is un-suspended"])
     if wanted.unknown:  # never a guess: admitted as written, and counted (outcome demand-unknown)
         return _result(request, "demand-unknown", warnings=list(wanted.warnings))
-    key = _reservation_key(request, obj)
+    key = wanted.group.key if wanted.group is not None else _reservation_key(request, obj)
     if wanted.request is None:
         group = group_decision(index, key) if workload.group_of(kind, obj, request.namespace) else None
         if group is not None:  # a launcher or head of a placed group: kept with it, holding no GPU

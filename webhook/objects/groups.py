@@ -97,6 +97,15 @@ def membership(obj: Mapping, namespace: str, labels: Mapping, annotations: Mappi
     return None
 
 
+def channel_membership(namespace: str, template: str, annotations: Mapping) -> Membership:
+    """Pods that claim one ComputeDomain's IMEX channel (its ResourceClaimTemplate, namespace/name)
+    are the ranks of one workload, whoever made them."""
+    size = _size(annotations.get(GROUP_SIZE)) if GROUP_SIZE in annotations else None
+    name = template.rpartition("/")[2]
+    return Membership(reservation_key(namespace, "ComputeDomainChannel", name),
+                      f"ComputeDomain channel {namespace}/{name}", size, "spec.resourceClaims")
+
+
 def made_for_group(labels: Mapping) -> bool:
     """An operator's object (a LeaderWorkerSet's StatefulSets) whose pods are placed as group
     members: placing the object itself would book their GPUs a second time."""

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from ..core.config import Config
-from ..core.dra import ClaimDemand, PodGroupFacts, pod_group_of
+from ..core.dra import CLIQUE_LABEL, ClaimDemand, PodGroupFacts, pod_group_of
 from ..core.gpus import parse_bandwidth_gbps, pod_gpus
 from . import groups
 from .groups import GROUP_ANNOTATIONS, GROUP_SIZE, InvalidGroup, Membership, membership
@@ -216,6 +216,7 @@ class ClusterFacts(Protocol):
 
     def claims_demand(self, namespace: str, spec: Mapping) -> ClaimDemand: ...  # GPUs of its resourceClaims
     def pod_group(self, key: str) -> PodGroupFacts | None: ...  # a PodGroup, by namespace/name
+    def has_level(self, label: str) -> bool: ...  # a topology level is labelled so
 
 
 def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = None) -> Workload:
@@ -241,7 +242,12 @@ def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = N
                                "webhook yet, so how many GPUs it needs is unknown and it is admitted without "
                                "placement (create the template before the workload)",), "", unknown=demand.unknown)
     per_pod, shared_warnings = _with_shared_claims(who, per_pod, running, demand)
+    if demand.channel is not None and facts is not None:
+        annotations, channel_warnings = _in_one_clique(who, demand.channel, annotations, facts)
+        shared_warnings += channel_warnings
     group = _group(kind, obj, namespace, who, template, annotations) if per_pod else None
+    if group is None and per_pod and kind == "Pod" and demand.channel is not None:
+        group = groups.channel_membership(namespace, demand.channel, annotations)
     if group is not None and pod_group is not None and pod_group.min_count is not None:
         group = dataclasses.replace(group, size=pod_group.min_count)  # the gang's size wins
     if group is not None:
@@ -283,6 +289,17 @@ def _with_shared_claims(who: str, per_pod: int, running: int, demand: ClaimDeman
     names = ", ".join(name for name, _ in demand.shared)
     return per_pod, [f"{who}: its {running} pods share ResourceClaim {names} ({shared} GPUs, allocated once "
                      "wherever the first pod is scheduled); those GPUs are not placed"]
+
+
+def _in_one_clique(who: str, channel: str, annotations: Mapping, facts: ClusterFacts) -> tuple[Mapping, list[str]]:
+    """A workload sharing a ComputeDomain's channel never spans NVLink domains: max-domain is the
+    clique level, unless it asks for a level itself."""
+    if any(key in annotations for key in (MAX_DOMAIN, *PEER_REQUIRED)):
+        return annotations, []
+    if not facts.has_level(CLIQUE_LABEL):
+        return annotations, [f"{who}: shares ComputeDomain channel {channel}, but no topology level is labelled "
+                             f"{CLIQUE_LABEL}, so it is not kept inside one NVLink domain (use levels: nvl72)"]
+    return {**annotations, MAX_DOMAIN: CLIQUE_LABEL}, []
 
 
 def _pod_group(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None) -> PodGroupFacts | None:
