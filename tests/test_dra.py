@@ -12,7 +12,7 @@ from conftest import eventually, review_of
 
 from webhook.cli import main
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import Config
+from webhook.core.config import PRESETS, Config
 from webhook.core.model import Outcome
 from webhook.kube import demo
 from webhook.objects.admission import review
@@ -471,3 +471,71 @@ def test_mutate_takes_a_pod_group_ahead_of_its_pods(tmp_path, capsys, dra_cluste
     assert group["spec"]["schedulingConstraints"] == {"topology": [{"key": LEAF}]}
     pins = {str(p["spec"]["affinity"]) for p in pods}
     assert len(pins) == 1 and "leaf-3" in pins.pop()
+
+
+# ----- alignment the allocator honours: constraints on a template that asks for them -----------------
+
+def paired_template(align: str | None, gpus: int = 1, **extra_devices) -> dict:
+    template = claim_template("paired", deviceClassName="gpu.nvidia.com", count=gpus)
+    template["spec"]["spec"]["devices"]["requests"].append(
+        {"name": "nic", "exactly": {"deviceClassName": "rdma-nic.example.com", "count": 1}})
+    template["spec"]["spec"]["devices"].update(extra_devices)
+    if align is not None:
+        template["metadata"]["annotations"] = {"topology.scheduler/align": align}
+    return valid_137(template)
+
+
+@pytest.mark.parametrize("align, gpus, constraint", [
+    ("pcie", 1, {"requests": ["gpu", "nic"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}),
+    ("numa", 4, {"matchAttribute": "resource.kubernetes.io/numaNode"}),
+])
+def test_a_template_asking_for_alignment_gets_the_constraint_the_allocator_enforces(dra_index, align, gpus,
+                                                                                     constraint):
+    result = review(review_of(paired_template(align, gpus)), dra_index, Config())
+    assert result.outcome == "aligned"
+    assert valid_137(result.admitted)["spec"]["spec"]["devices"]["constraints"] == [constraint]
+    assert result.admitted["spec"]["spec"]["devices"]["requests"] == paired_template(align, gpus)["spec"]["spec"][
+        "devices"]["requests"]
+
+
+def test_pcie_pairing_of_several_gpus_is_left_as_written_with_a_warning(dra_index):
+    result = review(review_of(paired_template("pcie", gpus=8)), dra_index, Config())
+    assert result.outcome == "ignored" and not result.patch
+    assert "pairs one GPU with one NIC" in result.warnings[0]
+
+
+def test_a_templates_own_constraint_and_templates_not_asking_are_left_alone(dra_index):
+    own = {"constraints": [{"requests": ["gpu"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}]}
+    for template in (paired_template("pcie", **own), paired_template(None)):
+        result = review(review_of(template), dra_index, Config())
+        assert result.outcome == "ignored" and not result.patch
+
+
+def test_an_alignment_not_ours_is_denied_naming_the_annotation():
+    result = review(review_of(paired_template("nvlink")), ClusterIndex.from_objects(Config(), []), Config())
+    assert result.review["response"]["status"]["message"] == (
+        'ResourceClaimTemplate ml/paired: annotation topology.scheduler/align="nvlink" is not allowed; '
+        "allowed: pcie, numa")
+
+
+def test_bare_pods_sharing_a_compute_domain_channel_are_one_group_in_one_clique():
+    config = Config(levels=PRESETS["nvl72"])
+    index = ClusterIndex.from_objects(config, demo.gb200_dra_cluster())
+    index.upsert({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+                  "metadata": {"name": "train", "namespace": "ml"},
+                  "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": "train-channel"}}}})
+    results = []
+    for rank in range(6):
+        pod = with_claims(gpu_pod_of(0, f"rank-{rank}"), {"name": "gpus", "resourceClaimTemplateName": "four"},
+                          {"name": "imex", "resourceClaimTemplateName": "train-channel"})
+        pod["metadata"]["annotations"]["topology.scheduler/group-size"] = "6"
+        if rank == 0:
+            index.upsert(claim_template("four", deviceClassName="gpu.nvidia.com", count=4))
+        results.append(review(review_of(valid_137(pod)), index, config))
+    assert {r.outcome for r in results} == {"placed"}
+    decision = results[0].decision
+    assert all(r.decision is decision for r in results) and decision.request.pods == 6
+    assert decision.request.max_domain == "nvidia.com/gpu.clique"
+    assert len({index.nodes[n].labels["nvidia.com/gpu.clique"] for n in decision.nodes}) == 1
+    assert results[0].admitted["metadata"]["annotations"]["topology.scheduler/reservation"] == \
+        "ml/ComputeDomainChannel/train-channel"

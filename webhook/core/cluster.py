@@ -293,6 +293,11 @@ class ClusterIndex:
         with self.lock:
             return self.dra.pod_groups.get(key)
 
+    def is_gpu_class(self, name: str) -> bool:
+        """Whether DeviceClass `name` selects whole GPUs (dra.py)."""
+        with self.lock:
+            return self.dra.is_gpu_class(name)
+
     def has_level(self, label: str) -> bool:
         return any(level.label == label for level in self.config.levels)
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..core import injection
-from . import mutation, podgroups, workload
+from . import alignment, mutation, podgroups, workload
 from ..core.config import Config
 from ..core.gpus import pod_gpus
 from .kinds import KINDS
@@ -66,7 +66,8 @@ class AdmissionResult:
     name: str  # metadata.name, else generateName
     # "ignored", "placed", "waiting", "denied", "failed-open", "not-ready", "released", "suspended", "repaired",
     # "demand-unknown" (GPUs asked through a ResourceClaimTemplate or claim not known yet),
-    # "constrained" (a PodGroup or Workload given the topology key of the level it asks for)
+    # "constrained" (a PodGroup or Workload given the topology key of the level it asks for),
+    # "aligned" (a ResourceClaimTemplate given the device constraint it asks for)
     outcome: str
     strategy: str | None
     decision: Decision | None
@@ -167,6 +168,8 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
         return _released(request, index)
     if obj is not None and request.operation == "CREATE" and podgroups.handles(request.group, kind):
         return _pod_group(request, config)
+    if obj is not None and request.operation == "CREATE" and alignment.handles(request.group, kind):
+        return _claim_template(request, index)
     if obj is None or not workload.supports(request.group, kind) or not workload.is_ours(kind, obj, config):
         return _result(request, "ignored")
     # Un-suspended (a queue such as Kueue admitted it): placed now, as if created now, inside the
@@ -240,6 +243,16 @@ def _pod_group(request: _Request, config: Config) -> AdmissionResult:
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
     return _result(request, "ignored") if written is None else _result(request, "constrained", mutated=written)
+
+
+def _claim_template(request: _Request, index: "ClusterIndex") -> AdmissionResult:
+    """A ResourceClaimTemplate at its CREATE: the device alignment it asks for, as a constraint
+    (webhook/objects/alignment.py)."""
+    try:
+        written, warnings = alignment.aligned(request.obj, request.namespace, index.is_gpu_class)
+    except workload.InvalidWorkload as err:
+        return _denied(request, str(err))
+    return _result(request, "ignored" if written is None else "aligned", mutated=written, warnings=warnings)
 
 
 def _joined_notes(who: str, request: PlacementRequest, decision: Decision) -> list[str]:

@@ -42,7 +42,8 @@ LATENCY_SENSITIVE = ANNOTATION_PREFIX + "latency-sensitive"
 PREFERRED_DOMAIN = ANNOTATION_PREFIX + "preferred-domain"
 NETWORK_BANDWIDTH = ANNOTATION_PREFIX + "network-bandwidth"
 MAX_DOMAIN = ANNOTATION_PREFIX + "max-domain"
-INPUT_ANNOTATIONS = (GPU_COUNT, STRATEGY, LATENCY_SENSITIVE, PREFERRED_DOMAIN, NETWORK_BANDWIDTH, MAX_DOMAIN
+ALIGN = ANNOTATION_PREFIX + "align"  # on a ResourceClaimTemplate (webhook/objects/alignment.py)
+INPUT_ANNOTATIONS = (GPU_COUNT, STRATEGY, LATENCY_SENSITIVE, PREFERRED_DOMAIN, NETWORK_BANDWIDTH, MAX_DOMAIN, ALIGN
                      ) + GROUP_ANNOTATIONS
 # The peers' annotations, read as ours so a workload written for them works unchanged: a required
 # level is consolidated and never wider than that level (max-domain); a preferred one is balanced.
