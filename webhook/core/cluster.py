@@ -216,7 +216,7 @@ class ClusterIndex:
             self.both_sources.discard(node.name)
         if node.plugin_gpus or not gpus:
             return node if node.alloc == node.plugin_gpus and not node.devices else with_gpus(node, node.plugin_gpus)
-        counted = with_gpus(node, len(gpus), gpus)
+        counted = with_gpus(node, sum(len(names) for _, names in gpus), gpus)
         counted.claimed.update(self.dra.claimed(node.name, gpus))
         return counted
 

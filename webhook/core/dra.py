@@ -33,7 +33,9 @@ constraint: the workload is kept inside one clique (webhook/objects/workload.py)
 """
 from __future__ import annotations
 
+import functools
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
@@ -54,7 +56,9 @@ _MIG_SUFFIX = re.compile(r"-mig-.*$")
 _NUMBER = re.compile(r"(\d+)")
 
 Pool = tuple[str, str]  # (driver, pool name)
-Device = tuple[str, str, str]  # (driver, pool name, device name)
+Device = tuple[str, str]  # (pool name, device name) of the GPU driver
+# A node's GPUs: per pool, its device names in order; GPU i is the i-th name of them all.
+NodeDevices = tuple[tuple[str, tuple[str, ...]], ...]
 
 
 def _mapping(value: object) -> Mapping:
@@ -86,15 +90,15 @@ def _device_order(name: str) -> list:
 
 # ----- ResourceSlices ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SliceFacts:
     """What one ResourceSlice of the GPU driver says: its pool's generation and slice count, and
-    its whole-GPU devices with the node each is on."""
+    its whole-GPU devices by node (one node, unless devices name their own)."""
 
     pool: Pool
     generation: int
     slice_count: int
-    gpus: tuple[tuple[str, str], ...]  # (node, device name)
+    gpus: tuple[tuple[str, tuple[str, ...]], ...]  # (node, its device names in order)
 
 
 def _int(value: object, default: int) -> int:
@@ -114,19 +118,20 @@ def parse_slice(obj: Mapping) -> SliceFacts | None:
         return None
     pool = _mapping(spec.get("pool"))
     per_device = spec.get("perDeviceNodeSelection") is True
-    gpus = []
+    by_node: dict[str, list[str]] = {}
     for device in _list(spec.get("devices")):
         device = _mapping(device)
         node = device.get("nodeName") if per_device else spec.get("nodeName")
         if node and device.get("name") and _is_gpu(device):
-            gpus.append((str(node), str(device["name"])))
-    return SliceFacts((GPU_DRIVER, str(pool.get("name", ""))), _int(pool.get("generation"), 0),
-                      max(1, _int(pool.get("resourceSliceCount"), 1)), tuple(gpus))
+            by_node.setdefault(sys.intern(str(node)), []).append(sys.intern(str(device["name"])))
+    gpus = tuple((node, tuple(sorted(names, key=_device_order))) for node, names in by_node.items())
+    return SliceFacts((GPU_DRIVER, sys.intern(str(pool.get("name", "")))), _int(pool.get("generation"), 0),
+                      max(1, _int(pool.get("resourceSliceCount"), 1)), gpus)
 
 
 # ----- ResourceClaims, their templates and DeviceClasses ----------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeviceRequest:
     """One request of a claim, as its first choice: `count` devices of `device_class`, or every
     matching device of a node (`whole_node`)."""
@@ -135,6 +140,12 @@ class DeviceRequest:
     count: int
     whole_node: bool = False
     admin: bool = False  # adminAccess: watches devices, takes none
+
+
+@functools.lru_cache(maxsize=1024)
+def _shared(requests: tuple[DeviceRequest, ...]) -> tuple[DeviceRequest, ...]:
+    """One copy of each distinct request list: thousands of claims ask the same."""
+    return requests
 
 
 def parse_requests(claim_spec: Mapping) -> tuple[DeviceRequest, ...]:
@@ -148,7 +159,7 @@ def parse_requests(claim_spec: Mapping) -> tuple[DeviceRequest, ...]:
         whole = choice.get("allocationMode") == "All"
         out.append(DeviceRequest(str(choice["deviceClassName"]), 0 if whole else max(0, _int(choice.get("count"), 1)),
                                  whole, choice.get("adminAccess") is True))
-    return tuple(out)
+    return _shared(tuple(out))
 
 
 def selects_gpus(device_class: Mapping) -> bool:
@@ -182,7 +193,7 @@ def channel_template(compute_domain: Mapping) -> str | None:
     return str(name) if name else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ClaimFacts:
     """A ResourceClaim: what it asks for, and where and which GPU-driver devices it got."""
 
@@ -208,7 +219,7 @@ def _allocated_node(allocation: Mapping) -> str | None:
 def parse_claim(obj: Mapping) -> ClaimFacts:
     meta = _mapping(obj.get("metadata"))
     allocation = _mapping(_mapping(obj.get("status")).get("allocation"))
-    devices = tuple((str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
+    devices = tuple((sys.intern(str(r.get("pool"))), sys.intern(str(r.get("device"))))
                     for r in map(_mapping, _list(_mapping(allocation.get("devices")).get("results")))
                     if r.get("driver") == GPU_DRIVER and r.get("adminAccess") is not True)
     made_for = None
@@ -312,11 +323,18 @@ class DraInventory:
         else:
             self.incomplete.pop(pool, None)
 
-    def node_gpus(self, node: str) -> tuple[tuple[str, str], ...]:
-        """The node's whole GPUs as (pool, device), in device-name order; empty without DRA GPUs."""
-        found = {(pool[1], device) for pool in self.node_pools.get(node, ()) if pool not in self.incomplete
-                 for facts in self._newest(pool) for on, device in facts.gpus if on == node}
-        return tuple(sorted(found, key=lambda gpu: (_device_order(gpu[1]), gpu[0])))
+    def node_gpus(self, node: str) -> NodeDevices:
+        """The node's whole GPUs per pool, in device-name order; empty without DRA GPUs."""
+        out = []
+        for pool in sorted(self.node_pools.get(node, ())):
+            if pool in self.incomplete:
+                continue
+            found = [names for facts in self._newest(pool) for on, names in facts.gpus if on == node]
+            if len(found) == 1:
+                out.append((pool[1], found[0]))  # the slice's own tuple: nothing copied per node
+            elif found:
+                out.append((pool[1], tuple(sorted({n for names in found for n in names}, key=_device_order))))
+        return tuple(out)
 
     # -- claims ----------------------------------------------------------------------------------
     def put_claim(self, key: str, facts: ClaimFacts | None) -> set[str]:
@@ -340,12 +358,12 @@ class DraInventory:
                 self.scheduler_made[facts.scheduler_made_for] = key
         return touched
 
-    def claimed(self, node: str, gpus: tuple[tuple[str, str], ...]) -> frozenset[int]:
+    def claimed(self, node: str, gpus: NodeDevices) -> frozenset[int]:
         """Indices of the node's GPUs allocated in some claim (a GPU under an allocated MIG device too)."""
-        index = {gpu: i for i, gpu in enumerate(gpus)}
+        index = {gpu: i for i, gpu in enumerate((pool, name) for pool, names in gpus for name in names)}
         taken = set()
         for key in self.claims_on.get(node, ()):
-            for _, pool, device in self.claims[key].devices:
+            for pool, device in self.claims[key].devices:
                 found = index.get((pool, device), index.get((pool, _MIG_SUFFIX.sub("", device))))
                 if found is not None:
                     taken.add(found)

@@ -115,7 +115,7 @@ class NodeState:
     requested: dict[str, int] = field(default_factory=dict)
     plugin_gpus: int = 0  # allocatable nvidia.com/gpu, whatever DRA says
     declared_domains: tuple[tuple[int, ...], ...] | None = None  # the nvlink-domains annotation, if valid
-    devices: tuple[tuple[str, str], ...] = ()  # DRA GPUs as (pool, device); GPU i is devices[i]
+    devices: tuple[tuple[str, tuple[str, ...]], ...] = ()  # DRA GPUs per pool (dra.NodeDevices)
     # Indices of its DRA GPUs allocated in ResourceClaims; changed in place, so constrained
     # subsets (which share this set) see it too.
     claimed: set[int] = field(default_factory=set)
@@ -256,7 +256,7 @@ def _nvlink_domains(declared: tuple[tuple[int, ...], ...] | None, profile: Hardw
     return tuple(tuple(range(s, min(s + size, gpus))) for s in range(0, gpus, size)) if size > 1 else ()
 
 
-def with_gpus(node: NodeState, gpus: int, devices: tuple[tuple[str, str], ...] = ()) -> NodeState:
+def with_gpus(node: NodeState, gpus: int, devices: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> NodeState:
     """The node counted with `gpus` GPUs (its DRA devices, or back to its allocatable), unattached;
     what it runs and holds is the index's to carry over."""
     return dataclasses.replace(node, alloc=gpus, devices=devices, parent=None, claimed=set(),
