@@ -9,7 +9,7 @@ from webhook.objects import mutation, workload
 from webhook.core.cluster import ClusterIndex
 from webhook.core.filters import node_matches
 from webhook.core.config import Config
-from webhook.kube.demo import make_node, make_pod
+from webhook.kube.demo import make_allocated_claim, make_node, make_pod, make_resource_slice
 from webhook.core.model import Outcome, PlacementRequest, Strategy
 from webhook.core.placer import place
 
@@ -18,22 +18,38 @@ LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.s
 
 @st.composite
 def clusters(draw):
-    """Nodes (name, path of label values, GPUs, GPUs in use) of a random small zone/spine/leaf tree."""
+    """Nodes (name, path of label values, GPUs, GPUs in use) of a random small zone/spine/leaf tree.
+    A node named d... has its GPUs through DRA (a ResourceSlice, its GPUs in use allocated in a
+    ResourceClaim), one named n... through the device plugin (allocatable, pods)."""
     nodes = []
     for z in range(draw(st.integers(1, 2))):
         for s in range(draw(st.integers(1, 2))):
             for lf in range(draw(st.integers(1, 3))):
                 for n in range(draw(st.integers(1, 3))):
                     gpus = draw(st.sampled_from([4, 8]))
-                    nodes.append((f"n{z}{s}{lf}{n}", (f"z{z}", f"s{z}{s}", f"l{z}{s}{lf}"), gpus,
+                    source = draw(st.sampled_from("nd"))
+                    nodes.append((f"{source}{z}{s}{lf}{n}", (f"z{z}", f"s{z}{s}", f"l{z}{s}{lf}"), gpus,
                                   draw(st.integers(0, gpus))))
     return nodes
 
 
+def gpu_node(name: str, labels: dict, gpus: int) -> list[dict]:
+    """The objects that give node `name` its GPUs: a Node, and under DRA its ResourceSlice."""
+    if name.startswith("d"):
+        return [make_node(name, labels, gpus, dra=True), make_resource_slice(name, gpus)]
+    return [make_node(name, labels, gpus)]
+
+
+def in_use(name: str, used: int) -> dict:
+    """What takes `used` GPUs of node `name`: a pod, or under DRA an allocated claim."""
+    if name.startswith("d"):
+        return make_allocated_claim(f"use-{name}", name, [f"gpu-{g}" for g in range(used)])
+    return make_pod(f"use-{name}", name, used)
+
+
 def build(nodes):
-    objs = [make_node(name, dict(zip(LEVELS, path)), gpus) for name, path, gpus, _ in nodes]
-    pods = [make_pod(f"use-{name}", name, used) for name, _, _, used in nodes if used]
-    return ClusterIndex.from_objects(Config(), objs, pods)
+    objs = [obj for name, path, gpus, _ in nodes for obj in gpu_node(name, dict(zip(LEVELS, path)), gpus)]
+    return ClusterIndex.from_objects(Config(), objs, [in_use(name, used) for name, _, _, used in nodes if used])
 
 
 def oracle_levels(nodes, pods, gpus):
@@ -103,8 +119,8 @@ def test_the_emitted_pod_spec_allows_exactly_the_lowest_domains_a_consolidated_d
         labels = dict(zip(LEVELS, path[:2] if i in rackless else path))
         if i in renamed:
             labels["kubernetes.io/hostname"] = f"host-{name}"
-        objs.append(make_node(name, labels, total))
-    index = ClusterIndex.from_objects(Config(), objs, [make_pod(f"use-{n}", n, u) for n, _, _, u in nodes if u])
+        objs.extend(gpu_node(name, labels, total))
+    index = ClusterIndex.from_objects(Config(), objs, [in_use(n, u) for n, _, _, u in nodes if u])
     decision = place(index, PlacementRequest("Job ml/x", pods, gpus, Strategy.CONSOLIDATED))
     if decision.outcome is not Outcome.PLACED:
         return
@@ -156,9 +172,9 @@ def test_incremental_index_equals_a_rebuild(nodes, events):
         else:
             index.upsert_pod(pod)
             live[f"ev{which % 5}"] = pod
-    rebuilt = ClusterIndex.from_objects(
-        Config(), [make_node(n, dict(zip(LEVELS, p)), g) for n, p, g, _ in nodes],
-        [make_pod(f"use-{n}", n, u) for n, _, _, u in nodes if u] + list(live.values()))
+    rebuilt = build(nodes)
+    for pod in live.values():
+        rebuilt.upsert_pod(pod)
     assert index.root.cap == rebuilt.root.cap and index.root.free_hist == rebuilt.root.free_hist
     for level, domains in enumerate(index.levels):
         assert {p: (d.cap, d.partly_used) for p, d in domains.items()} == {
