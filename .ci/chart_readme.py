@@ -18,7 +18,7 @@ HEADER = """# topology-webhook chart
 
 Places GPU workloads by network and NVLink topology: a mutating admission webhook, its RBAC,
 certificates, and optionally the node discovery DaemonSet, metrics scraping, alerts and a
-dashboard. How to install and check it: the project README, section "Install in a cluster".
+dashboard. How to install and check it: [docs/operations/install.md](../../docs/operations/install.md).
 
 ## Values
 

@@ -1,4 +1,4 @@
-"""Ring all-reduce time of a placement: exactly traces-and-metrics.md section 3.1, figures from 3.2.
+"""Ring all-reduce time of a placement, as NVIDIA/nccl-tests doc/PERFORMANCE.md defines bus bandwidth.
 
     T = 2(n-1)/n * S / B(P) + 2(n-1) * alpha(P)
 
@@ -17,16 +17,16 @@ from .fabric import (CLUSTER, GPUS_PER_NODE, LEAF, NODE, NVLINK, SPAN_NAMES, SPI
 
 GB = 1e9
 # Per-hop latency by span level (s): NVLink 1 us, PCIe 2 us, same-leaf IB 3 us, +1 us per extra
-# switch tier. Ref 3.2 marks these as estimates.
+# switch tier: estimates (an 8-byte all_reduce takes about 17 us end to end, NVIDIA/nccl-tests#293).
 ALPHA_S = {NVLINK: 1e-6, NODE: 2e-6, LEAF: 3e-6, SPINE: 4e-6, ZONE: 5e-6, CLUSTER: 6e-6}
 
 
 @dataclass(frozen=True)
 class Network:
-    """Oversubscription divisors, applied cumulatively as a ring climbs the tree (ref 3.1)."""
+    """Oversubscription divisors, applied cumulatively as a ring climbs the tree."""
 
-    rho_leaf: float = 2.0  # leaf->spine uplinks: ring spans leaves under one spine (ref sweeps 1, 2, 4)
-    rho_spine: float = 4.0  # spine->zone: ring spans spines in one zone (ref zone tier 4, 8, 15)
+    rho_leaf: float = 2.0  # leaf->spine uplinks: ring spans leaves under one spine (swept 1, 2, 4)
+    rho_spine: float = 4.0  # spine->zone: ring spans spines in one zone (zone tiers swept 4, 8, 15)
     rho_zone: float = 8.0  # ring spans zones (webhook Config.cluster_oversubscription)
 
     def divisor(self, level: int) -> float:
@@ -71,7 +71,7 @@ def allreduce_seconds(cluster: SimCluster, profile: HardwareProfile, network: Ne
 def ideal_placement(cluster: SimCluster, pods: int, gpus_per_pod: int) -> dict[str, tuple[int, ...]]:
     """The tightest placement in an empty cluster: the first pods' worth of GPUs in topology order,
     NVLink-aligned by the same GPU choice every policy gets. Job durations from traces are taken to
-    be run times at this placement (traces are placement-blind, ref checklist 5)."""
+    be run times at this placement (trace durations are placement-blind)."""
     if pods == 1:
         domains = cluster.nodes[0].domains
         fitting = [d for d in domains if len(d) >= gpus_per_pod]

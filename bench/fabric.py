@@ -1,6 +1,6 @@
 """The simulated cluster: zones > spines > leaves > nodes > NVLink domains > GPUs.
 
-The layout is synthetic (no shippable trace records racks; traces-and-metrics.md 1.1). Nodes are
+The layout is synthetic (no public GPU trace records racks: Philly, Helios, Acme, Alibaba PAI). Nodes are
 built as real Node objects with webhook.kube.demo.make_node, so our placement core reads exactly what it
 would read from the API server; `SimCluster` is the simulator's own ground truth of which GPU ids
 are busy, shared by every policy.
@@ -53,7 +53,7 @@ class Hardware:
 
 HARDWARE = {
     "h100": Hardware("h100", "NVIDIA-H100-80GB-HBM3", "h100-sxm", "0-7"),
-    # Two 4-GPU NVLink islands joined by PCIe/UPI inside the node (the worked example of ref 3.3).
+    # Two 4-GPU NVLink islands joined by PCIe/UPI inside the node (the worked example in docs/design/cost-model.md).
     "a100-4x2": Hardware("a100-4x2", "NVIDIA-A100-SXM4-80GB", "a100-sxm", "0-3,4-7"),
     "h100-pcie": Hardware("h100-pcie", "NVIDIA-H100-PCIe", "h100-pcie", "0-1,2-3,4-5,6-7"),
 }

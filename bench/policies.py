@@ -1,6 +1,7 @@
 """Placement policies, all behind one interface and all gang-placed (every pod of a job or none).
 
-Baselines are node-level scorers as ../shared/reference/traces-and-metrics.md section 5.7 defines them;
+Baselines are kube-scheduler's node-level scorers (NodeResourcesFit LeastAllocated and MostAllocated:
+https://kubernetes.io/docs/concepts/configuration/resource-bin-packing/);
 kube-scheduler places a job's pods one at a time and breaks score ties at random, as it does
 (selectHost samples among the best-scored nodes). GPU ids inside a node come from
 fabric.pick_gpus for every baseline (the device plugin's NVLink-aware preferred allocation).
@@ -123,7 +124,8 @@ def random_fit() -> NodeScorer:
 
 
 class KueueBestFit(Policy):
-    """Kueue TAS as peers.md 1.3-1.4 describes it, default profile, over levels zone > spine > leaf >
+    """Kueue TAS as KEP-2724 and its findTopologyAssignment describe it (kubernetes-sigs/kueue,
+    keps/2724-topology-aware-scheduling), default profile, over levels zone > spine > leaf >
     hostname with pod counts per domain. Multi-pod jobs ask `podset-preferred-topology: leaf` (BestFit,
     escalating a level at a time; at the top level several zones are gathered). Single-pod jobs carry
     no annotation and are therefore unconstrained: LeastFreeCapacity at hostname level."""

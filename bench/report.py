@@ -369,10 +369,10 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
         f"- **Cluster (synthetic; no public trace records racks):** {spec.describe()}. Nodes are real Node objects "
         "(webhook.kube.demo.make_node) with zone/spine/leaf labels and the NVLink-domain annotation; our core reads them "
         "through `ClusterIndex.from_objects`, baselines through the simulator's own per-node free-GPU table.",
-        "- **Job streams:** Poisson arrivals; sizes from Appendix A of traces-and-metrics.md (job-count shares of "
-        "Philly, Helios and Acme Seren), one representative size per bucket (1, 2, 4, 8, 16, 32, 64, 128, 256); jobs "
+        "- **Job streams:** Poisson arrivals; sizes from the job-count shares of Philly, Helios and Acme Seren "
+        "(AcmeTrace figure/cdf_job_gpunum.pdf), one representative size per bucket (1, 2, 4, 8, 16, 32, 64, 128, 256); jobs "
         "above 8 GPUs are pods of 8 GPUs, one per node. Durations lognormal with the trace's median and sigma "
-        f"(ref 1.4), redrawn above min(p99, {ctx.cap_s / 3600:g} h) so the run reaches a steady state. Arrivals for "
+        f"(AcmeTrace figure/cdf_job_duration_util.pdf), redrawn above min(p99, {ctx.cap_s / 3600:g} h) so the run reaches a steady state. Arrivals for "
         f"{ctx.horizon_s / 3600:g} h; allocation and fragmentation measured from {ctx.cap_s / 3600:g} h (warm-up) to "
         "the last arrival; every job then runs to completion. Load = offered GPU-seconds per second / GPUs.",
         "- **Run time depends on placement:** a trace duration D is taken as the run time at the tightest placement; "
@@ -383,7 +383,8 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
         "fails, jobs of k or more GPUs are skipped for the rest of the pass.",
         "- **Policies:** *spread* = kube-scheduler NodeResourcesFit LeastAllocated scored on nvidia.com/gpu, pods one "
         "at a time, random among equal scores (as selectHost does); *best-fit* = MostAllocated, same otherwise; "
-        "*random* = any node with room; *Kueue TAS BestFit* = peers.md 1.3-1.4, default profile: multi-pod jobs "
+        "*random* = any node with room; *Kueue TAS BestFit* = KEP-2724's findTopologyAssignment, default profile: "
+        "multi-pod jobs "
         "`podset-preferred-topology` at leaf (BestFit, escalate a level at a time, greedy with tightest last domain, "
         "pooled descent), single-pod jobs unconstrained (LeastFreeCapacity at hostname); *ours* = "
         "`webhook.core.placement.place` on a `ClusterIndex` kept current with `upsert_pod`/`delete_pod`. All baselines get "
@@ -402,7 +403,8 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
         "fragmentation ratio (Weng et al. ATC'23) = idle GPUs a typical pod cannot use (pod sizes weighted by their "
         "share of the stream's pods) / all idle GPUs, sampled 100 times per run (skipped when no GPU is idle); "
         "wait = start - submit; JCT = finish - submit.",
-        "- **Cost model** (traces-and-metrics.md 3.1, figures from 3.2 via webhook/core/config.py DEFAULT_PROFILES): "
+        "- **Cost model** (busbw as NVIDIA/nccl-tests doc/PERFORMANCE.md defines it, figures from "
+        "webhook/core/config.py DEFAULT_PROFILES; docs/design/cost-model.md): "
         "ring all-reduce T = 2(n-1)/n x S / B + 2(n-1) x alpha, B the bottleneck tier: NVLink inside one domain, "
         "PCIe across domains of a node, min over nodes of min(GPUs there, NICs) x B_nic (and the node's own "
         "intra-node link) across nodes, divided by rho_leaf across leaves, by rho_leaf x rho_spine across spines, "

@@ -30,7 +30,7 @@ from bench.traces import TraceError, load_csv, sample_stream  # noqa: E402
 from webhook.core.model import Strategy  # noqa: E402
 
 SEEDS = (20261122, 20261123, 20261124, 20261125, 20261126)  # the main grid runs every stream under each; sweeps use the first
-ALLREDUCE_BYTES = 1e9  # 1 GB of fp16 gradients, the reference's worked example (3.3)
+ALLREDUCE_BYTES = 1e9  # 1 GB of fp16 gradients, as in docs/design/cost-model.md's worked example
 MAIN_COMM = 0.1  # share of run time in all-reduce at the tightest placement, main grid
 POLICY_KEYS = ("spread", "best-fit", "random", "kueue", "ours-consolidated", "ours-distributed")
 # Attribution: our decisions for one job shape and Kueue's for the other.

@@ -1,8 +1,10 @@
 """Job streams: synthetic ones sampled from published trace distributions, and a loader for real traces.
 
-Size shares are Appendix A of ../shared/reference/traces-and-metrics.md (job-count %, read from the
-AcmeTrace/HeliosArtifact figures); duration medians, lognormal sigmas and p99s are its section 1.4.
-Each size bucket is drawn as one representative size (the reference says 3-4 is "mostly 4" and 5-8
+Size shares are job-count % per size bucket, read from the published CDF figures
+(https://github.com/InternLM/AcmeTrace figure/cdf_job_gpunum.pdf for Philly, Helios and Acme;
+https://github.com/S-Lab-System-Group/HeliosArtifact for the Helios clusters); duration medians and
+p99s from AcmeTrace figure/cdf_job_duration_util.pdf and data/cluster_summary.csv, lognormal sigmas
+fitted from p50/p90. Each size bucket is drawn as one representative size (3-4 is "mostly 4" and 5-8
 "mostly 8"; wider buckets take their power of two), so every job above 8 GPUs is whole 8-GPU pods.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ SIZE_SHARES = {
     "acme_kalos": (86.3, 2.1, 0.0, 5.6, 0.3, 0.4, 0.7, 0.4, 4.3),
 }
 BUCKET_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# trace: (median run s, lognormal sigma, p99 run s) of GPU jobs, ref section 1.4.
+# trace: (median run s, lognormal sigma, p99 run s) of GPU jobs (sources in the module docstring).
 DURATIONS = {
     "philly": (853.0, 2.28, 4.1e5),
     "helios_all": (201.0, 2.77, 1.5e5),
@@ -94,7 +96,7 @@ def sample_stream(trace: str, load: float, cluster_gpus: int, horizon_s: float, 
 
 
 def load_csv(path: str) -> list[Job]:
-    """Jobs from a trace CSV in the canonical format of ref section 4:
+    """Jobs from a trace CSV in our canonical format (a superset of the Tiresias, Helios/Acme and openb columns):
     job_id, submit_s, duration_s, num_gpus [, gpu_milli, gpu_type, workers, source_nodes, comm_bytes_per_iter].
     Fractional GPUs (gpu_milli < 1000) are rounded up to one whole GPU; CPU-only rows are skipped."""
     try:

@@ -1,8 +1,10 @@
 """Shared fixtures: the demo cluster view, the Flask app, a real gunicorn over TLS, and the fake API server.
 
 `ApiServer` talks to the webhook the way kube-apiserver does and checks every answer against the
-rules the apiserver enforces (webhook-contract.md 1.3); `tls_server` starts one real server per
-session (`python -m webhook serve` with certificates from certs.py) on a free 127.0.0.1 port.
+rules the apiserver enforces on an AdmissionResponse
+(https://kubernetes.io/docs/reference/access-authn-authz/extensible-admission-controllers/);
+`tls_server` starts one real server per session (`python -m webhook serve` with certificates from
+certs.py) on a free 127.0.0.1 port.
 """
 from __future__ import annotations
 

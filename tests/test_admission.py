@@ -580,3 +580,13 @@ def test_the_result_carries_the_patch_it_sends_and_the_object_as_admitted(index)
     assert "topology.scheduler/placement" in result.admitted["spec"]["template"]["metadata"]["annotations"]
     denied = admission.review(admission.make_review(gpu_job("big", 1, 8, gpu_count="100000")), index, CONFIG)
     assert denied.outcome == "denied" and denied.admitted is None and denied.patch == ()
+
+
+@pytest.mark.parametrize("nameless", [{"image": "x"}, {"name": None, "image": "x"}], ids=["absent", "null"])
+def test_a_container_without_a_name_is_denied_as_malformed_not_failed_open(index, nameless):
+    job = workload("Job", containers=[container(), {**nameless, "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                   annotations={"topology.scheduler/placement-strategy": "consolidated"})
+    result = run(job, index)
+    assert result.outcome == "denied"
+    assert "spec.template.spec.containers[1].name is null; expected a non-empty string" in \
+        result.review["response"]["status"]["message"]

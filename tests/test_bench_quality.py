@@ -24,11 +24,11 @@ def allreduce_ms(spec, placement, network=costmodel.Network()):
 
 
 def latency_ms(gpus, level):
-    """The alpha term, which the reference's worked example leaves out."""
+    """The alpha term, which the hand-worked figures below leave out."""
     return 2 * (gpus - 1) * costmodel.ALPHA_S[level] * 1e3
 
 
-# -- cost model: the worked example of traces-and-metrics.md 3.3 ------------------------------------
+# -- cost model: 1 GB ring all-reduce, T = 2(n-1)/n x S / B, worked by hand (docs/design/cost-model.md)
 
 def test_allreduce_one_nvswitch_node():
     cluster = fabric.SimCluster(H100)
@@ -49,7 +49,7 @@ def test_allreduce_two_nodes_of_four_and_eight_nodes_of_one():
     assert allreduce_ms(H100, {n: (0, 1, 2, 3) for n in two}) == pytest.approx(
         9.1 + latency_ms(8, fabric.LEAF), rel=0.01)
     assert allreduce_ms(H100, {n: (0,) for n in eight}) == pytest.approx(
-        36.46 + latency_ms(8, fabric.LEAF), rel=0.01)  # the reference rounds this to 36
+        36.46 + latency_ms(8, fabric.LEAF), rel=0.01)  # 1.75 GB / 48 GB/s
 
 
 def test_allreduce_64_gpus_one_leaf_and_across_two_leaves():

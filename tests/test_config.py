@@ -4,7 +4,9 @@ import pytest
 import yaml
 
 from webhook.cli import main
+from webhook.core.cluster import ClusterIndex
 from webhook.core.config import PRESETS, Config, ConfigError, config_from_mapping, levels_from, load_config
+from webhook.kube.demo import make_node, make_pod
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 
@@ -116,10 +118,6 @@ def test_good_settings_load_as_typed_values(tmp_path):
 
 # ----- levels: auto -------------------------------------------------------------------------------
 
-def labelled(**labels: str) -> dict:
-    return {"metadata": {"name": "n", "labels": {"kubernetes.io/hostname": "n", **labels}}}
-
-
 @pytest.mark.parametrize("labels, preset", [
     ({"cloud.google.com/gce-topology-block": "b1", "cloud.google.com/gce-topology-subblock": "s1",
       "cloud.google.com/gce-topology-host": "h1", "topology.kubernetes.io/zone": "us-central1-a"}, "gke"),
@@ -131,14 +129,58 @@ def labelled(**labels: str) -> dict:
 def test_levels_auto_picks_the_preset_the_nodes_are_labelled_for(labels, preset):
     config = config_from_mapping({"levels": "auto"})
     assert config.levels_auto
-    settled, warning = config.for_nodes([labelled(**labels)] * 3 + [labelled()])
-    assert settled.levels == PRESETS[preset] and not settled.levels_auto and warning is None
+    nodes = [make_node(f"n{i}", labels) for i in range(3)] + [make_node("bare", {})]
+    index = ClusterIndex.from_objects(config, nodes)
+    assert index.config.levels == PRESETS[preset] and index.preset == preset and index.levels_warning is None
+
+
+def test_levels_auto_is_the_default_and_explicit_levels_turn_it_off():
+    assert Config().levels_auto and load_config(None).levels_auto
+    assert not config_from_mapping({"levels": "gke"}).levels_auto
+    assert not config_from_mapping({"levels": ["example.com/rack"]}).levels_auto
+    index = ClusterIndex.from_objects(config_from_mapping({"levels": "default"}),
+                                      [make_node("g", {"cloud.google.com/gce-topology-block": "b1"})])
+    assert index.preset is None and index.config.levels == PRESETS["default"]
 
 
 def test_levels_auto_on_an_unlabelled_cluster_warns_and_keeps_the_default():
-    settled, warning = config_from_mapping({"levels": "auto"}).for_nodes([labelled(), labelled()])
-    assert settled.levels == PRESETS["default"]
-    assert "levels: auto found none of" in warning and "on 2 node(s)" in warning
+    index = ClusterIndex.from_objects(Config(), [make_node("a", {}), make_node("b", {})])
+    assert index.config.levels == PRESETS["default"]
+    assert "levels: auto found none of" in index.levels_warning and "on 2 node(s)" in index.levels_warning
+
+
+def test_gke_nodes_with_no_configuration_keep_a_four_node_job_in_one_sub_block():
+    from tests.fixtures.builders import gpu_job
+    from webhook.objects import admission
+    nodes = [make_node(f"h{block}{sub}{i}", {"cloud.google.com/gce-topology-block": f"b{block}",
+                                             "cloud.google.com/gce-topology-subblock": f"b{block}-sb{sub}",
+                                             "cloud.google.com/gce-topology-host": f"h{block}{sub}{i}"})
+             for block in range(2) for sub in range(2) for i in range(4)]
+    index = ClusterIndex.from_objects(Config(), nodes)
+    job = gpu_job("train", 4, 8, placement_strategy="consolidated")
+    result = admission.review(admission.make_review(job), index, Config())
+    assert result.outcome == "placed"
+    assert {result.decision.scope.path[-1][0]} == {"cloud.google.com/gce-topology-subblock"}
+    pinned = {e["key"]: e for term in result.admitted["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+              ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] for e in term["matchExpressions"]}
+    assert len(pinned["cloud.google.com/gce-topology-subblock"]["values"]) == 1
+
+
+def test_levels_auto_moves_to_the_preset_most_nodes_call_for_as_nodes_join_and_leave():
+    index = ClusterIndex.from_objects(Config(), [make_node("leafy", {"topology.scheduler/leaf": "l1"}),
+                                                 make_node("busy-one", {"topology.scheduler/leaf": "l1"})])
+    index.upsert_pod(make_pod("busy", "busy-one", 8))
+    assert index.preset == "default"
+    aws = {"topology.k8s.aws/network-node-layer-1": "nn-1", "topology.k8s.aws/network-node-layer-2": "nn-2",
+           "topology.k8s.aws/network-node-layer-3": "nn-3"}
+    for i in range(3):
+        index.upsert_node(make_node(f"aws-{i}", aws))
+    assert index.preset == "aws" and index.config.levels == PRESETS["aws"]
+    assert index.nodes["busy-one"].free == 0  # pods counted across the rebuild
+    assert index.root.free_gpus == 4 * 8 and set(index.nodes) == {"leafy", "busy-one", "aws-0", "aws-1", "aws-2"}
+    for i in range(3):
+        index.delete_node(f"aws-{i}")
+    assert index.preset == "default" and index.root.free_gpus == 8
 
 
 def test_mutate_with_levels_auto_places_by_the_detected_levels(tmp_path, capsys):
@@ -155,12 +197,11 @@ def test_mutate_with_levels_auto_places_by_the_detected_levels(tmp_path, capsys)
     assert "cloud.google.com/gce-topology-subblock" in capsys.readouterr().out  # pinned to one sub-block
 
 
-def test_serve_with_levels_auto_lists_the_nodes_once_to_decide(fake, tmp_path):
-    from conftest import write_kubeconfig
-    from webhook.cli import listed_nodes
-    from webhook.kube.demo import make_node
+def test_the_live_view_chooses_the_levels_from_the_nodes_it_watches(fake, make_view, caplog):
     fake.put_node(make_node("aws-1", {"topology.k8s.aws/network-node-layer-1": "nn-1"}))
-    nodes = listed_nodes(write_kubeconfig(tmp_path / "kubeconfig", fake))
-    settled, warning = config_from_mapping({"levels": "auto"}).for_nodes(nodes)
-    assert [n["metadata"]["name"] for n in nodes] == ["aws-1"] and settled.levels == PRESETS["aws"] and not warning
-
+    view = make_view(fake)
+    with caplog.at_level("INFO", logger="webhook.kube.clusterview"):
+        view.start()
+        assert view.wait_synced(10)
+    assert view.index.preset == "aws" and view.index.config.levels == PRESETS["aws"]
+    assert any("levels: auto chose the aws preset" in r.getMessage() for r in caplog.records)

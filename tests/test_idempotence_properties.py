@@ -46,14 +46,19 @@ def term_matches(term: dict, labels: dict) -> bool:
     return bool(expressions or term.get("matchFields")) and all(expression_matches(e, labels) for e in expressions)
 
 
-def allowed_nodes(pod: dict) -> set[str]:
+def allowed_nodes_of(pod: dict, node_labels: dict[str, dict]) -> set[str]:
+    """The nodes (name -> labels) a pod or pod template's nodeSelector and required node affinity allow."""
     spec = pod["spec"]
     terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms")
     selector = spec.get("nodeSelector") or {}
-    return {name for name, labels in LABELS.items()
+    return {name for name, labels in node_labels.items()
             if all(labels.get(k) == v for k, v in selector.items())
             and (terms is None or any(term_matches(t, labels) for t in terms))}
+
+
+def allowed_nodes(pod: dict) -> set[str]:
+    return allowed_nodes_of(pod, LABELS)
 
 
 # ----- generated workloads ------------------------------------------------------------------------

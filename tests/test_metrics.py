@@ -20,6 +20,8 @@ class Stats:
     allocation_ratio: float = 0.5
     fragmentation_ratio: float = 0.25
     domain_utilization: tuple = (("spine", "spine-1", 0.75), ("leaf", "leaf-2", 1.0))
+    levels: tuple = ("cloud.google.com/gce-topology-block", "cloud.google.com/gce-topology-subblock")
+    preset: str = "gke"
 
 
 def samples(metrics: Metrics) -> dict:
@@ -59,6 +61,8 @@ def test_cluster_gauges_are_read_from_the_view_at_scrape_time():
     assert got[("topology_scheduler_domain_fragmentation_ratio", ())] == 0.25
     assert got[("topology_domain_utilization_ratio", (("domain", "leaf-2"), ("level", "leaf")))] == 1.0
     assert got[("topology_cluster_gpus", (("state", "reserved"),))] == 8
+    levels = ",".join(Stats.levels)
+    assert got[("topology_levels_info", (("levels", levels), ("preset", "gke")))] == 1
 
 
 ROOT = str(pathlib.Path(__file__).parents[1])

@@ -1,4 +1,5 @@
-"""The placement core against the rules users expect (seed README) and the issue's must-holds.
+"""The placement core against the rules users expect (the README of the seed project,
+https://github.com/nod-ai/topology-aware-scheduler) and the issue's must-holds.
 
 Cluster used by most cases (2 spines x 4 leaves x 4 nodes x 8 H100, one NVSwitch domain each):
 
@@ -376,7 +377,21 @@ def test_a_leaf_label_groups_nodes_even_without_zone_and_spine_labels():
     nodes = [make_node(f"n{i}", {"topology.scheduler/leaf": "rack-7"}) for i in range(2)]
     decision = place(ClusterIndex.from_objects(Config(), nodes), request(2))
     assert decision.scope.name == "rack-7" and decision.interconnect is Interconnect.LEAF
-    assert [(r.key, r.values) for r in decision.requirements] == [("topology.scheduler/leaf", ("rack-7",))]
+    # The nodes without zone and spine labels, in rack-7: a rack-7 under a labelled spine is another leaf.
+    assert [r.expression for r in decision.requirements] == [
+        {"key": "topology.kubernetes.io/zone", "operator": "DoesNotExist"},
+        {"key": "topology.scheduler/spine", "operator": "DoesNotExist"},
+        {"key": "topology.scheduler/leaf", "operator": "In", "values": ["rack-7"]}]
+
+
+def test_a_pin_into_an_unnamed_domain_excludes_the_same_leaf_name_under_a_labelled_spine():
+    nodes = [make_node(f"n{i}", {"topology.scheduler/leaf": "rack-7"}) for i in range(2)]
+    nodes += [make_node(f"m{i}", {"topology.scheduler/spine": "s1", "topology.scheduler/leaf": "rack-7"}, gpus=4)
+              for i in range(2)]
+    decision = place(ClusterIndex.from_objects(Config(), nodes), request(2))
+    assert set(decision.nodes) <= {"n0", "n1"}
+    spine = next(r for r in decision.requirements if r.key == "topology.scheduler/spine")
+    assert spine.expression == {"key": "topology.scheduler/spine", "operator": "DoesNotExist"}
 
 
 def test_an_unchanged_node_update_changes_nothing_and_keeps_the_constrained_subsets(cluster):

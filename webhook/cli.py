@@ -31,7 +31,7 @@ from .core.config import DEFAULT_PORT, ConfigError, Config, load_config
 from .kube.kubeclient import api_client_from
 from .objects.manifests import ManifestError, read_objects
 from .serving.metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
-from .serving.server import THREADS_PER_WORKER, ServeOptions, WebhookServer, start_metrics_server
+from .serving.server import METRICS_BACKLOG, THREADS_PER_WORKER, ServeOptions, WebhookServer, start_metrics_server
 
 PROG = "topology-webhook"
 DEV_CERT_DIR = "certs"
@@ -59,30 +59,13 @@ def read_cluster(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     return nodes, pods
 
 
-def settled(config: Config, nodes: list[dict], warn: Callable[[str], None]) -> Config:
-    """The config with `levels: auto` decided from the Node objects' labels (said through `warn`
-    when no preset fits)."""
-    if not config.levels_auto:
-        return config
-    settled_config, warning = config.for_nodes([n for n in nodes if n.get("kind", "Node") == "Node"])
-    log.info("levels: auto chose the levels %s", ", ".join(lv.label for lv in settled_config.levels))
-    if warning:
-        warn(warning)
-    return settled_config
-
-
-def listed_nodes(kubeconfig: str | None) -> list[dict]:
-    """Every Node as the API lists it (one call, before the feed starts: `levels: auto` needs the
-    labels before the index is built)."""
-    from kubernetes import client as k8s_client
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-    try:
-        response = k8s_client.CoreV1Api(api_client_from(kubeconfig)).list_node(_preload_content=False)
-    except (ApiException, HTTPError) as err:
-        raise ConfigError(f"levels: auto needs the nodes' labels, and listing them failed: "
-                          f"{getattr(err, 'reason', None) or type(err).__name__}") from None
-    return json.loads(response.data).get("items") or []
+def say_levels(index: ClusterIndex, warn: Callable[[str], None], level: int = logging.INFO) -> None:
+    """Which levels `levels: auto` chose from the nodes' labels, and through `warn` why none fit."""
+    if index.preset is None:
+        return
+    log.log(level, "levels: auto chose the %s preset: %s", index.preset, ", ".join(lv.label for lv in index.config.levels))
+    if index.levels_warning:
+        warn(index.levels_warning)
 
 
 def file_index(config: Config, cluster: tuple[list[dict], list[dict]]) -> tuple[ClusterIndex, Readiness]:
@@ -112,16 +95,19 @@ def parse_bind(text: str, flag: str = "--bind", example_port: int = DEFAULT_PORT
     return host.strip("[]"), int(port)
 
 
-def check_free(flag: str, text: str, address: tuple[str, int]) -> None:
-    """One clear line now rather than gunicorn's five retries: the address is taken or not ours."""
+def bound(flag: str, text: str, address: tuple[str, int]) -> socket.socket:
+    """A socket bound to `address` (SO_REUSEADDR, as gunicorn binds), or one clear line now rather
+    than gunicorn's five retries: the address is taken or not ours."""
     family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
-        try:
-            probe.bind(address)
-        except OSError as err:
-            raise UsageError(f"{flag} {text}: cannot listen there ({err.strerror}); another server may hold "
-                             f"the port: choose another with {flag} HOST:PORT") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as err:
+        sock.close()
+        raise UsageError(f"{flag} {text}: cannot listen there ({err.strerror}); another server may hold "
+                         f"the port: choose another with {flag} HOST:PORT") from None
+    return sock
 
 
 def self_managed_tls(args: argparse.Namespace) -> certbootstrap.SelfManagedTLS | None:
@@ -178,8 +164,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     bind = parse_bind(args.bind)
     metrics_bind = parse_bind(args.metrics_bind, "--metrics-bind", 9090)
-    for flag, text, address in (("--bind", args.bind, bind), ("--metrics-bind", args.metrics_bind, metrics_bind)):
-        check_free(flag, text, address)
+    bound("--bind", args.bind, bind).close()  # gunicorn binds it
+    # The metrics port is bound here, in the server process, and every worker serves the socket it
+    # inherits: a worker started on SIGHUP serves beside the one it replaces instead of failing to bind.
+    metrics_listener = bound("--metrics-bind", args.metrics_bind, metrics_bind)
+    metrics_listener.listen(METRICS_BACKLOG)
     if args.client_ca and not os.path.isfile(args.client_ca):
         raise UsageError(f"--client-ca {args.client_ca}: no such file")
     if bool(args.cert) != bool(args.key):
@@ -195,9 +184,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--claims-budget {args.claims_budget} must be a positive number of seconds")
     if live:
         api_client_from(args.kubeconfig)  # a bad kubeconfig stops start-up here, in one line
-    cluster = None if live else read_cluster(args)
-    if config.levels_auto:
-        config = settled(config, listed_nodes(args.kubeconfig) if live else cluster[0], log.warning)
+    cluster = ([], []) if live else read_cluster(args)
     cert, key = serving_certs(args, target)
     options = ServeOptions(bind=args.bind, cert=cert, key=key, client_ca=args.client_ca,
                            max_body_bytes=config.max_body_bytes, multiprocess_dir=metrics_dir())
@@ -212,8 +199,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             app = create_app(config, feed.index, feed.readiness, metrics)
         else:
             index, readiness = file_index(config, cluster)
+            say_levels(index, log.warning)
             app = create_app(config, index, readiness, metrics)
-        start_metrics_server(metrics_bind, metrics.registry, app)
+        start_metrics_server(metrics_listener, metrics.registry, app)
         if target is not None:  # the worker keeps the certificate and the caBundle current while it serves
             certbootstrap.keep_current(api_client_from(args.kubeconfig), target, cert, key)
         return app
@@ -265,9 +253,8 @@ def manifest_paths(paths: Sequence[str]) -> list[str]:
 
 def cmd_mutate(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    cluster = read_cluster(args)
-    config = settled(config, cluster[0], lambda warning: print(f"Warning: {warning}", file=sys.stderr))
-    index, _ = file_index(config, cluster)
+    index, _ = file_index(config, read_cluster(args))
+    say_levels(index, lambda warning: print(f"Warning: {warning}", file=sys.stderr), logging.DEBUG)
     objects = [obj for path in manifest_paths(args.filename) for obj in read_objects(path)]
     if not objects:
         raise UsageError(f"no objects passed to mutate: {', '.join(args.filename)} hold(s) no Kubernetes object")
@@ -292,7 +279,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         patches.append(list(result.patch))
         mutated.append(result.admitted)
         if obj.get("kind") in DRA_KINDS:  # a workload's ResourceClaimTemplate or PodGroup, ahead of it
-            index.upsert(in_namespace(result.admitted, namespace))
+            index.upsert(in_namespace(result.admitted or obj, namespace))
     if args.output == "patch":  # one line per admitted object, each what `kubectl patch --type=json -p` takes
         for patch in patches:
             print(json.dumps(patch, separators=(",", ":")))

@@ -15,17 +15,30 @@ per decision, in proportion to what changed since, never per event and never per
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Generic, Mapping, Protocol, TypeVar
 
 
 class Ranked(Protocol):
-    cap: list[int]
-    partly_used: int
-    free_gpus: int
-    path: tuple
+    """What the orders read of a domain (topology.Domain meets it)."""
+
     touched: int  # the epoch of its last entry in `changed`
 
+    @property
+    def cap(self) -> list[int]: ...
+
+    @property
+    def partly_used(self) -> int: ...
+
+    @property
+    def free_gpus(self) -> int: ...
+
+    @property
+    def path(self) -> tuple: ...
+
     def slots(self, gpus: int) -> int: ...
+
+
+R = TypeVar("R", bound=Ranked)
 
 
 def _fit_key(domain: Ranked, gpus: int) -> tuple:
@@ -41,12 +54,12 @@ FIT, OPEN = "fit", "open"
 _KEYS = {FIT: _fit_key, OPEN: _open_key}
 
 
-class LevelOrders:
+class LevelOrders(Generic[R]):
     """Sorted orders of one level's domains, one per rule and pod size asked for, kept lazily."""
 
-    def __init__(self, domains: Callable[[], Mapping[tuple, Ranked]]):
+    def __init__(self, domains: Callable[[], Mapping[tuple, R]]):
         self._domains = domains  # the level's current domains by path
-        self.changed: list[Ranked] = []  # domains touched since the oldest order last caught up
+        self.changed: list[R] = []  # domains touched since the oldest order last caught up
         # (rule, g) -> (sorted keys, key by path), and how far into `changed` that order is current
         self._orders: dict[tuple[str, int], tuple[list[tuple], dict[tuple, tuple]]] = {}
         self._seen: dict[tuple[str, int], int] = {}
@@ -55,7 +68,7 @@ class LevelOrders:
         # is when it catches up. Every catch-up starts a new epoch.
         self.epoch = 0
 
-    def touch(self, domain: Ranked) -> None:
+    def touch(self, domain: R) -> None:
         if domain.touched == self.epoch:
             return
         domain.touched = self.epoch
@@ -93,13 +106,13 @@ class LevelOrders:
             del self.changed[:done]
             self._seen = {g: seen - done for g, seen in self._seen.items()}
 
-    def best_fit(self, gpus: int, pods: int) -> Ranked | None:
+    def best_fit(self, gpus: int, pods: int) -> R | None:
         """The domain with the least room that holds `pods` pods of `gpus` GPUs (caught up first)."""
         keys, _ = self._orders[FIT, gpus]
         i = bisect_left(keys, (pods,))
         return self._domains()[keys[i][3]] if i < len(keys) else None
 
-    def roomiest(self, gpus: int, count: int) -> list[Ranked]:
+    def roomiest(self, gpus: int, count: int) -> list[R]:
         """Up to `count` domains with the most nodes open to a pod of `gpus` GPUs, none without
         one (caught up first)."""
         keys, _ = self._orders[OPEN, gpus]

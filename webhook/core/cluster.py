@@ -11,13 +11,14 @@ request), and the one lock that watch threads and request threads share.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from . import dra
-from .config import HOSTNAME_LABEL, Config
+from .config import HOSTNAME_LABEL, PRESETS, Config, choose_preset, preset_marks
 from .filters import ConstrainedSubsets, NodeFilters
 from .gpus import parse_nvlink_domains, pod_gpus
 from .injection import GPU_IDS, RESERVATION
@@ -36,6 +37,12 @@ _FEED_ORDER = {"DeviceClass": 0, "ResourceSlice": 1, "Node": 2, "ResourceClaimTe
 _CHANNEL_ONLY = dra.TemplateFacts((), channel=True)  # a channel template known from its ComputeDomain only
 
 
+def _replace_set(target: set[int], values: set[int]) -> None:
+    """Change a set in place (a node's claimed GPUs, shared with the subsets that hold it)."""
+    target.clear()
+    target.update(values)
+
+
 def _feed_order(obj: Mapping) -> int:
     return _FEED_ORDER.get(str(obj.get("kind", "Node")), 5)
 
@@ -48,6 +55,8 @@ class ClusterStats:
     allocation_ratio: float
     fragmentation_ratio: float  # free GPUs stranded on partly used nodes / all free GPUs
     domain_utilization: tuple[tuple[str, str, float], ...]  # (level name, domain, used share)
+    levels: tuple[str, ...] = ()  # the level label keys in use, widest first
+    preset: str = "configured"  # the preset `levels: auto` chose, or "configured"
 
 
 def pod_key(pod: Mapping) -> str:
@@ -73,12 +82,23 @@ def pending_hold(annotations: Mapping, spec: Mapping, gpus: int) -> tuple[str, s
     named: set[str] = set()
     for term in terms:
         for expr in (term or {}).get("matchExpressions") or ():
-            values = expr.get("values") or ()
+            values: Sequence = expr.get("values") or ()
             if expr.get("key") == HOSTNAME_LABEL and expr.get("operator") == "In" and len(values) == 1:
                 named.add(str(values[0]))
     if len(named) != 1 or len(held) != gpus:
         return None
     return str(reservation), named.pop(), held
+
+
+class SharedClaims(Protocol):
+    """Holds shared with other replicas; see webhook/kube/claims.py."""
+
+    budget_seconds: float
+
+    def basis(self) -> int: ...  # the claims version decisions now see (read under the index lock)
+    def claim(self, key: str, basis: int, deadline: float) -> str | None: ...  # None, CONFLICT or why not
+    def unclaim(self, key: str, deadline: float) -> str | None: ...
+    def alone(self, what: str, why: str) -> str: ...  # counts and logs; the warning to give
 
 
 class ClusterIndex:
@@ -98,7 +118,7 @@ class ClusterIndex:
         self.filters = NodeFilters()
         self.subsets = ConstrainedSubsets()
         self.ledger = ReservationLedger(config.reservation_ttl_seconds, clock)
-        self.claims = None  # placer.SharedClaims when replicas share their holds (set by the live view)
+        self.claims: SharedClaims | None = None  # holds shared with other replicas (share_claims)
         self.orphan_pods: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {}  # pods bound to unknown nodes
         self.pod_nodes: dict[str, str] = {}  # pod key -> node name its GPUs are counted on
         self.usage: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}  # pod key -> (node, its requests)
@@ -107,6 +127,12 @@ class ClusterIndex:
         self.pod_reservations: dict[str, str] = {}  # bound pod key -> the reservation key it carries
         self.dra = dra.DraInventory()
         self.both_sources: set[str] = set()  # nodes with allocatable nvidia.com/gpu and DRA GPUs
+        # `levels: auto`: the preset the nodes' labels call for (None: levels as configured), the
+        # presets each node's labels mark and how many nodes mark each, and why none fits.
+        self.preset: str | None = None
+        self._node_presets: dict[str, frozenset[str]] = {}
+        self._preset_counts: dict[str, int] = {}
+        self.levels_warning: str | None = None
 
     @classmethod
     def from_objects(cls, config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = (),
@@ -152,7 +178,7 @@ class ClusterIndex:
     def root(self) -> Domain:
         return self.tree.root
 
-    def _change(self, node: NodeState, mutate: Callable[[], None]) -> None:
+    def _change(self, node: NodeState, mutate: Callable[[], object]) -> None:
         """Apply `mutate` (pods, holds or requests, never labels or allocatable) to a node, with
         its aggregates, and those of subsets holding it, kept exact."""
         before = node.free
@@ -192,6 +218,7 @@ class ClusterIndex:
         self.filters.count(fresh, +1)
         self.filters.headroom_changed.add(fresh.name)
         self.subsets.node_changed(fresh)
+        self._mark_presets(fresh.name, preset_marks(fresh.labels))
 
     def delete_node(self, name: str) -> None:
         with self.lock:
@@ -203,6 +230,34 @@ class ClusterIndex:
                 self.tree.detach(node)
                 if node.pods:  # its pods may still be deleted later; keep them until then
                     self.orphan_pods[name] = node.pods
+                self._mark_presets(name, None)
+
+    def _mark_presets(self, name: str, marks: frozenset[str] | None) -> None:
+        """With `levels: auto`, count the presets a node's labels mark (None: the node is gone)
+        and move to the levels the nodes now call for when that changes."""
+        if not self.config.levels_auto or self._node_presets.get(name) == marks:
+            return
+        for preset in self._node_presets.pop(name, ()):
+            self._preset_counts[preset] -= 1
+        if marks is not None:
+            self._node_presets[name] = marks
+            for preset in marks:
+                self._preset_counts[preset] = self._preset_counts.get(preset, 0) + 1
+        preset, self.levels_warning = choose_preset(self._preset_counts, len(self._node_presets))
+        if preset != self.preset:
+            self._relevel(preset)
+
+    def _relevel(self, preset: str) -> None:
+        """Rebuild the tree on the preset's levels, every node with its pods and holds: O(nodes),
+        and rare (the first nodes read, a relist, nodes of another kind joining)."""
+        self.preset = preset
+        self.config = dataclasses.replace(self.config, levels=PRESETS[preset])
+        tree = TopologyTree(self.config, self.tree.width)
+        for node in list(self.tree.nodes.values()):
+            node.parent = None
+            tree.attach(node)
+        self.tree = tree
+        self.subsets.clear()
 
     # -- DRA: slices, claims, their templates, device classes, pod groups (dra.py) ---------------
 
@@ -269,7 +324,7 @@ class ClusterIndex:
             if placement_fields(fresh) != placement_fields(node):
                 self._install(node, fresh)
             elif fresh.claimed != node.claimed:
-                self._change(node, lambda n=node, c=fresh.claimed: (n.claimed.clear(), n.claimed.update(c)))
+                self._change(node, functools.partial(_replace_set, node.claimed, fresh.claimed))
 
     def _claims_gpus(self, namespace: str, spec: Mapping) -> bool:
         if not spec.get("resourceClaims"):
@@ -304,9 +359,11 @@ class ClusterIndex:
     def dra_keys(self, kind: str) -> set[str]:
         """Keys of the DRA objects of `kind` the index holds (a relist forgets the others)."""
         with self.lock:
-            return set({"ResourceSlice": self.dra.slices, "ResourceClaim": self.dra.claims,
-                        "ResourceClaimTemplate": self.dra.templates, "DeviceClass": self.dra.classes,
-                        "PodGroup": self.dra.pod_groups, "ComputeDomain": self.dra.compute_domains}[kind])
+            tables: dict[str, Mapping[str, object]] = {
+                "ResourceSlice": self.dra.slices, "ResourceClaim": self.dra.claims,
+                "ResourceClaimTemplate": self.dra.templates, "DeviceClass": self.dra.classes,
+                "PodGroup": self.dra.pod_groups, "ComputeDomain": self.dra.compute_domains}
+            return set(tables[kind])
 
     def inventory_warnings(self) -> list[str]:
         """What the GPU count per node cannot be sure of now, for people."""
@@ -478,9 +535,16 @@ class ClusterIndex:
         for name in names:
             node = self.tree.nodes.get(name)
             if node is not None:
-                self._change(node, lambda n=node: n.held.__setitem__(slice(None), self.ledger.held_on(n.name)))
+                self._change(node, functools.partial(self._copy_holds, node))
+
+    def _copy_holds(self, node: NodeState) -> None:
+        node.held[:] = self.ledger.held_on(node.name)
 
     # -- reading -----------------------------------------------------------------------------
+
+    def share_claims(self, claims: SharedClaims) -> None:
+        """Holds from now on also go through `claims`, shared with the other replicas."""
+        self.claims = claims
 
     def restricted_to(self, request: PlacementRequest) -> TopologyTree:
         """The whole tree, or the constrained subset holding only the nodes the request may use."""
@@ -489,12 +553,15 @@ class ClusterIndex:
         return self.subsets.for_request(request, self.tree, self.filters)
 
     def room_ever(self, expressions: Iterable[Mapping], gpus: int, reservation: str | None) -> int:
-        """Pods of `gpus` GPUs that the in-service nodes matching every `In` expression could hold
-        once everything else on them has ended, except the bound pods carrying `reservation` (the
-        workload's own pods, which run as long as it does). 0: that capacity is gone, not busy."""
+        """Pods of `gpus` GPUs that the in-service nodes matching every `In` and `DoesNotExist`
+        expression could hold once everything else on them has ended, except the bound pods
+        carrying `reservation` (the workload's own pods, which run as long as it does). 0: that
+        capacity is gone, not busy."""
         with self.lock:
+            expressions = list(expressions)
             wanted = [(str(e.get("key")), {str(v) for v in e.get("values") or ()}) for e in expressions
                       if e.get("operator") == "In"]
+            absent = {str(e.get("key")) for e in expressions if e.get("operator") == "DoesNotExist"}
             if not wanted:
                 return 0
             narrowest = min(wanted, key=lambda kv: sum(len(self.filters.by_label.get((kv[0], v), ())) for v in kv[1]))
@@ -508,7 +575,8 @@ class ClusterIndex:
             room = 0
             for name in names:
                 node = self.tree.nodes.get(name)
-                if node is not None and node.eligible and all(node.labels.get(k) in values for k, values in wanted):
+                if node is not None and node.eligible and all(node.labels.get(k) in values for k, values in wanted) \
+                        and absent.isdisjoint(node.labels):
                     room += (node.alloc - siblings.get(name, 0)) // gpus
             return room
 
@@ -528,4 +596,5 @@ class ClusterIndex:
                 gpus_total=total, gpus_used=total - free - reserved, gpus_reserved=reserved,
                 allocation_ratio=(total - free) / total if total else 0.0,
                 fragmentation_ratio=stranded / free if free else 0.0,
-                domain_utilization=utilization)
+                domain_utilization=utilization, levels=tuple(lv.label for lv in self.config.levels),
+                preset=self.preset or "configured")

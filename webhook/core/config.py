@@ -36,7 +36,8 @@ class Level:
     name: str  # short name used in reasons and metrics ("zone", "spine", "leaf", "clique")
     link: str  # traffic between nodes inside one domain of this level crosses this link class
     # Bandwidth divisor once traffic crosses this domain's children (leaf->spine uplinks for a
-    # spine). Defaults are the middle of the ranges swept in traces-and-metrics.md 3.2 (estimates).
+    # spine). Defaults are estimates: leaf uplinks 1-4:1 and zone tiers 4-15:1 are the usual sweep
+    # (docs/design/cost-model.md).
     oversubscription: float = 1.0
 
 
@@ -72,8 +73,9 @@ PRESETS: dict[str, tuple[Level, ...]] = {
 class HardwareProfile:
     """All-reduce bus bandwidths (GB/s, nccl-tests busbw) per link class for one kind of node.
 
-    Figures are from ../shared/reference/traces-and-metrics.md section 3.2; `estimate` marks
-    profiles with at least one figure that is not a measurement.
+    Figures are nccl-tests busbw measurements reported in NVIDIA/nccl and NVIDIA/nccl-tests issues
+    (each source in docs/design/cost-model.md); `estimate` marks profiles with at least one figure
+    that is not a measurement.
     """
 
     name: str
@@ -110,9 +112,10 @@ DEFAULT_NCCL_PROFILES: Mapping[str, Mapping[str, str]] = {
 
 @dataclass(frozen=True)
 class Config:
+    # The default preset's levels until the nodes are read: with `levels: auto` (the default) the
+    # cluster index chooses the preset from their labels, and again whenever they change.
     levels: tuple[Level, ...] = PRESETS["default"]
-    # `levels: auto`: the preset is chosen from the nodes' labels once they are read (detect_preset).
-    levels_auto: bool = False
+    levels_auto: bool = True
     cluster_oversubscription: float = 8.0  # divisor once traffic crosses the widest level's domains
     profiles: tuple[HardwareProfile, ...] = DEFAULT_PROFILES
     nccl_profiles: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: dict(DEFAULT_NCCL_PROFILES))
@@ -125,14 +128,6 @@ class Config:
     reservation_ttl_seconds: float = 300.0
     max_body_bytes: int = 3 * 1024 * 1024  # the apiserver's own request limit
     stale_after_seconds: float = 120.0
-
-    def for_nodes(self, nodes: Iterable[Mapping]) -> tuple["Config", str | None]:
-        """With `levels: auto`, this config on the preset the Node objects' labels call for, and
-        a warning when none fits; otherwise this config unchanged."""
-        if not self.levels_auto:
-            return self, None
-        preset, warning = detect_preset(((n.get("metadata") or {}).get("labels") or {}) for n in nodes)
-        return dataclasses.replace(self, levels=PRESETS[preset], levels_auto=False), warning
 
     def profile_for(self, product: str) -> HardwareProfile:
         for profile in self.profiles:
@@ -152,16 +147,27 @@ _PRESET_MARKS: tuple[tuple[str, str], ...] = (
 )
 
 
+def preset_marks(labels: Mapping[str, str]) -> frozenset[str]:
+    """The presets whose distinguishing label a node carries."""
+    return frozenset(preset for preset, label in _PRESET_MARKS if label in labels)
+
+
 def detect_preset(node_labels: Iterable[Mapping[str, str]]) -> tuple[str, str | None]:
-    """(preset, warning): the preset whose distinguishing label most nodes carry, and a warning
-    when none does (every node is then alone below its zone, so placement can only pack single
-    nodes well)."""
+    """(preset, warning) for a list of nodes' labels: see choose_preset."""
     counts: dict[str, int] = {}
     total = 0
     for labels in node_labels:
         total += 1
-        for preset in {preset for preset, label in _PRESET_MARKS if label in labels}:
+        for preset in preset_marks(labels):
             counts[preset] = counts.get(preset, 0) + 1
+    return choose_preset(counts, total)
+
+
+def choose_preset(counts: Mapping[str, int], total: int) -> tuple[str, str | None]:
+    """(preset, warning): the preset whose distinguishing label most of `total` nodes carry
+    (`counts`: nodes per preset), and a warning when none does (every node is then alone below
+    its zone, so placement can only pack single nodes well)."""
+    counts = {preset: n for preset, n in counts.items() if n > 0}
     if not counts:
         marks = ", ".join(label for _, label in _PRESET_MARKS)
         return "default", (f"levels: auto found none of {marks} on {total} node(s); using the default preset, "
@@ -313,6 +319,7 @@ def config_from_mapping(data: Mapping[str, Any]) -> Config:
             values["levels_auto"] = True
         elif key == "levels":
             values[key] = levels_from(value)
+            values["levels_auto"] = False
         elif key == "profiles":
             if not isinstance(value, list):
                 raise ConfigError(f"profiles: {_show(value)} is not a list of hardware profiles")

@@ -14,7 +14,7 @@ import dataclasses
 import heapq
 import json
 from collections import OrderedDict
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from .model import PlacementRequest
 from .topology import NodeState, TopologyTree
@@ -36,7 +36,8 @@ def tolerates(tolerations: Iterable[Mapping], taint: tuple[str, str, str]) -> bo
 
 
 def _expression_matches(expr: Mapping, labels: Mapping[str, str]) -> bool:
-    key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or ()
+    key, op = str(expr.get("key") or ""), expr.get("operator")
+    values: Sequence = expr.get("values") or ()
     if op == "In":
         return labels.get(key) in values
     if op == "NotIn":
@@ -135,7 +136,7 @@ class NodeFilters:
 
     def _admits_all(self, expr: Mapping) -> bool:
         """Whether one matchExpression admits every GPU node, from the label counts alone."""
-        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or ()
+        key, op, values = str(expr.get("key") or ""), expr.get("operator"), expr.get("values") or ()
         if op == "In":
             return self._matching(key, values) == self.gpu_nodes
         if op == "NotIn":
@@ -172,7 +173,7 @@ class NodeFilters:
     def candidates(self, request: PlacementRequest, nodes: Mapping[str, NodeState]) -> Iterable[NodeState]:
         """Nodes worth testing against the request: narrowed by nodeSelector and `In` terms."""
         narrowed: list[set[str]] = [self.by_label.get(item, set()) for item in request.node_selector.items()]
-        per_term = []
+        per_term: list[set[str]] = []
         for term in request.required_node_terms:
             ins = [set().union(*(self.by_label.get((e.get("key"), v), set()) for v in e.get("values") or ()))
                    for e in term.get("matchExpressions") or () if e.get("operator") == "In"]

@@ -48,14 +48,13 @@ def format_gpu_set(gpus: Iterable[int]) -> str:
     """(0, 1, 2, 3, 6) -> `0-3+6`: ranges of one domain, joined by `+`."""
     ordered = sorted(set(gpus))
     runs: list[str] = []
-    start = prev = None
-    for gpu in ordered + [None]:
-        if start is not None and (gpu is None or gpu != prev + 1):
-            runs.append(str(start) if start == prev else f"{start}-{prev}")
-            start = None
-        if gpu is not None and start is None:
-            start = gpu
-        prev = gpu
+    first = 0
+    while first < len(ordered):
+        last = first
+        while last + 1 < len(ordered) and ordered[last + 1] == ordered[last] + 1:
+            last += 1
+        runs.append(str(ordered[first]) if first == last else f"{ordered[first]}-{ordered[last]}")
+        first = last + 1
     return "+".join(runs)
 
 

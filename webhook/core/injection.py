@@ -11,6 +11,7 @@ are ours) and the writing side (mutation) use this module; it holds no logic of 
 from __future__ import annotations
 
 import json
+from typing import Any
 from dataclasses import dataclass, field
 from collections.abc import Mapping
 
@@ -54,7 +55,7 @@ class Injection:
             return cls()
 
 
-def annotations(template: Mapping | None) -> Mapping:
+def annotations_of(template: Mapping | None) -> Mapping:
     """The template's annotations; {} when absent or not a map (a DELETE's stored object is not
     shape-checked)."""
     meta = (template or {}).get("metadata")
@@ -63,18 +64,18 @@ def annotations(template: Mapping | None) -> Mapping:
 
 
 def recorded(template: Mapping | None) -> Injection:
-    return Injection.loads(annotations(template).get(INJECTED))
+    return Injection.loads(annotations_of(template).get(INJECTED))
 
 
 def reservation_of(template: Mapping | None) -> str | None:
     """The reservation key written on the pod template when the workload was placed."""
-    key = annotations(template).get(RESERVATION)
+    key = annotations_of(template).get(RESERVATION)
     return str(key) if key else None
 
 
 def already_placed(template: Mapping | None) -> bool:
     """The template carries our placement summary and every item we recorded, where we put it."""
-    if PLACEMENT not in annotations(template):
+    if PLACEMENT not in annotations_of(template):
         return False
     record = recorded(template)
     spec = (template or {}).get("spec") or {}
@@ -87,7 +88,7 @@ def already_placed(template: Mapping | None) -> bool:
     return pinned and preferred and spread
 
 
-def _get(node: object, path: tuple[str, ...]) -> object:
+def _get(node: Any, path: tuple[str, ...]) -> Any:
     for key in path:
         node = node.get(key) if isinstance(node, dict) else None
     return node

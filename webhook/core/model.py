@@ -108,10 +108,17 @@ class NodeAssignment:
 
 @dataclass(frozen=True)
 class NodeRequirement:
-    """One matchExpression the mutation pins or prefers: `key In values`."""
+    """One matchExpression the mutation pins or prefers: `key In values`, or, with no values,
+    `key DoesNotExist` (a domain whose nodes lack that level's label)."""
 
     key: str
     values: tuple[str, ...]
+
+    @property
+    def expression(self) -> dict:
+        if not self.values:
+            return {"key": self.key, "operator": "DoesNotExist"}
+        return {"key": self.key, "operator": "In", "values": list(self.values)}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from typing import Iterable, Iterator, Union
+from typing import Iterable, Iterator, Sequence, Union
 
 from .config import HOSTNAME_LABEL, HardwareProfile
 from .filters import node_matches, tolerates
@@ -59,10 +59,11 @@ def _ancestry(member: Member) -> list[Member]:
     return chain
 
 
-def _child_towards(node: NodeState, scope: Domain) -> Member:
+def _child_towards(node: NodeState, scope: Member) -> Member:
     """The child of `scope` on the way down to `node`."""
     member: Member = node
     while member.parent is not scope:
+        assert member.parent is not None, f"{node.name} is not under {scope.label}"
         member = member.parent
     return member
 
@@ -220,9 +221,19 @@ def _tightest_node(subset: TopologyTree, scope: Member, need: int, gpus: int) ->
     while member.children:
         kids = [c for c in member.children.values() if c.has_free(best)]
         if not kids[0].children:  # nodes, the tree's leaves
-            return min(kids, key=lambda n: aligned_first(n, gpus))
+            return min(_nodes(kids), key=lambda n: aligned_first(n, gpus))
         member = min(kids, key=lambda d: with_small_jobs_first(d, gpus))
+    return _node(member)
+
+
+def _node(member: Member) -> NodeState:
+    """`member`, known to be a node (it has no children)."""
+    assert isinstance(member, NodeState), f"{member.label} is a domain, not a node"
     return member
+
+
+def _nodes(members: list[Member]) -> list[NodeState]:
+    return [_node(m) for m in members]
 
 
 def aligned_first(node: NodeState, gpus: int) -> tuple:
@@ -252,7 +263,7 @@ def _split(member: Member, pods: int, gpus: int) -> list[tuple[NodeState, int]]:
     filled first and the remainder goes to the tightest child that holds it, which leaves the
     fewest partly used leaves behind (Kueue's BestFit does the same)."""
     if not member.children:
-        return [(member, pods)]
+        return [(_node(member), pods)]
     kids = sorted((c for c in member.children.values() if c.fits(gpus) > 0),
                   key=lambda c: (-c.fits(gpus), c.free_gpus, c.path))
     if not kids[0].children:  # across nodes
@@ -346,6 +357,7 @@ def _distributed(subset: TopologyTree, request: PlacementRequest, chain: list[Me
 def _spread(subset: TopologyTree, scope: Member, pods: int, gpus: int, depth: int) -> dict[str, int]:
     """Pods per node name: round-robin over the leaves with the most open nodes, the tightest
     open node of a leaf first; a node takes a second pod only when no open node is left."""
+    groups: Sequence[Member]
     if scope is subset.root and depth:  # the level's roomiest order answers (bestfit.py)
         groups = subset.orders[depth - 1].roomiest(gpus, pods)
     elif scope.ref.level < depth - 1:
@@ -375,7 +387,7 @@ def _spread(subset: TopologyTree, scope: Member, pods: int, gpus: int, depth: in
 
 def _nodes_under(member: Member) -> Iterator[NodeState]:
     if not member.children:
-        yield member
+        yield _node(member)
         return
     for child in member.children.values():
         yield from _nodes_under(child)
@@ -394,9 +406,11 @@ def _requirements(subset: TopologyTree, scope: Member, used: Iterable[NodeState]
 
     merged: dict[str, tuple[str, ...]] = {}
     for key, name in scope.path:
-        if name:  # an unnamed domain (label missing above a deeper one) is pinned by the deeper labels
-            merged[key] = (value(key, name),)
-    lowest = {node.parent.path[-1] for node in used}
+        # An unnamed domain (its nodes lack the label, above a deeper one they carry) is the nodes
+        # without the label: the deeper label's value alone may name domains under other parents.
+        merged[key] = (value(key, name),) if name else ()
+    # A node right under the cluster (no levels, e.g. hostname-only) is its own lowest domain.
+    lowest = {node.domain.path[-1] if node.domain.path else (HOSTNAME_LABEL, node.name) for node in used}
     if len({key for key, _ in lowest}) == 1:
         key = next(iter(lowest))[0]
         merged[key] = tuple(sorted({value(key, name) for _, name in lowest}))
@@ -463,8 +477,9 @@ def _pod_link(node: NodeState, ids: tuple[int, ...]) -> Interconnect:
 
 def _estimate(subset: TopologyTree, request: PlacementRequest, assignment: list[NodeAssignment]
               ) -> tuple[Interconnect, float, HardwareProfile]:
-    """Bottleneck all-reduce bus bandwidth (traces-and-metrics.md 3.1): the slowest pod inside,
-    then the NICs of the node with the fewest job GPUs, then switch oversubscription."""
+    """Bottleneck all-reduce bus bandwidth (as nccl-tests' doc/PERFORMANCE.md defines busbw): the
+    slowest pod inside, then the NICs of the node with the fewest job GPUs, then switch
+    oversubscription."""
     nodes = [subset.nodes[a.node] for a in assignment]
     profile = min((n.profile for n in nodes), key=lambda p: p.nvlink_gbs)
     intra = min(p.nvlink_gbs if a.interconnect is Interconnect.NVLINK else p.pcie_gbs
@@ -476,7 +491,7 @@ def _estimate(subset: TopologyTree, request: PlacementRequest, assignment: list[
         node = nodes[0]
         nics = max(1, node.profile.nics_per_node * gpus // max(node.alloc, 1))
         return Interconnect.NODE, min(intra, nics * node.profile.nic_gbs), profile
-    common = _common_prefix([n.parent.ref.path for n in nodes])
+    common = _common_prefix([n.domain.ref.path for n in nodes])
     level = len(common) - 1
     levels = subset.config.levels
     link = levels[level].link if level >= 0 else "cluster"
@@ -546,18 +561,18 @@ def _node_first_to_fit(scope: Member, gpus: int, pods: int) -> NodeState | None:
     need = gpus * pods  # a node holds all pods once idle iff alloc >= need: ever[need] > 0 below
     if not scope.fits_idle(need):
         return None
-    if not scope.children:
+    if isinstance(scope, NodeState):
         return scope  # a preferred node
     # Priorities are unique (paths and node names are), so members themselves are never compared.
-    heap: list = [(_node_bound(scope, gpus), scope.path, "", scope)]
+    heap: list[tuple[tuple[int, ...], tuple, str, Member]] = [(_node_bound(scope, gpus), scope.path, "", scope)]
     while heap:
         member = heapq.heappop(heap)[-1]
-        if not member.children:
+        if isinstance(member, NodeState):
             return member
         for child in member.children.values():
             if not child.fits_idle(need):
                 continue
-            if child.children:
+            if isinstance(child, Domain):
                 heapq.heappush(heap, (_node_bound(child, gpus), child.path, "", child))
             else:
                 heapq.heappush(heap, (_wait_key(child.free, child.freeing, gpus), member.path, child.name, child))

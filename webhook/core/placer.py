@@ -13,7 +13,6 @@ import dataclasses
 import threading
 import time
 import zlib
-from typing import Protocol
 
 from .cluster import ClusterIndex
 from .model import Decision, Outcome, PlacementRequest, Strategy
@@ -24,17 +23,6 @@ CONFLICT = "conflict"  # a claim's answer when another replica wrote first
 # One group's members decide one at a time (the first decides, the others join), without holding
 # the index lock across the claims' API writes; groups hashed apart do not wait on each other.
 _GROUP_LOCKS = tuple(threading.Lock() for _ in range(64))
-
-
-class SharedClaims(Protocol):
-    """Holds shared with other replicas; see webhook/kube/claims.py."""
-
-    budget_seconds: float
-
-    def basis(self) -> int: ...  # the claims version decisions now see (read under the index lock)
-    def claim(self, key: str, basis: int, deadline: float) -> str | None: ...  # None, CONFLICT or why not
-    def unclaim(self, key: str, deadline: float) -> str | None: ...
-    def alone(self, what: str, why: str) -> str: ...  # counts and logs; the warning to give
 
 
 def place(index: ClusterIndex, request: PlacementRequest) -> Decision:
@@ -72,7 +60,7 @@ def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None
     """`place_and_reserve`, and the hold claimed for every replica when they share claims: at
     most one write when nobody else wrote meanwhile, a new decision for every 409. Returns the
     decision and the warnings to give (a decision made alone)."""
-    claims: SharedClaims | None = index.claims
+    claims = index.claims
     if claims is None or key is None:
         return place_and_reserve(index, request, key), []
     deadline = time.monotonic() + claims.budget_seconds
@@ -127,7 +115,7 @@ def on_nodes(request: PlacementRequest, nodes: list[str]) -> PlacementRequest:
 def release_shared(index: ClusterIndex, key: str) -> None:
     """A workload is deleted: drop its hold here, and its claim for every replica."""
     index.release(key)
-    claims: SharedClaims | None = index.claims
+    claims = index.claims
     if claims is not None:
         problem = claims.unclaim(key, time.monotonic() + claims.budget_seconds)
         if problem is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from .bestfit import FIT, OPEN, LevelOrders
 from .config import HOSTNAME_LABEL, Config, HardwareProfile
@@ -144,12 +144,18 @@ class NodeState:
         return 1 if 0 < self.free < self.alloc else 0
 
     @property
+    def domain(self) -> Domain:
+        """The domain right above the node (the tree's root when no level groups it)."""
+        assert self.parent is not None, f"node {self.name} is not in a tree"
+        return self.parent
+
+    @property
     def path(self) -> tuple[tuple[str, str], ...]:
-        return self.parent.ref.path + ((HOSTNAME_LABEL, self.name),)
+        return self.domain.ref.path + ((HOSTNAME_LABEL, self.name),)
 
     @property
     def ref(self) -> DomainRef:
-        return DomainRef(self.parent.ref.level + 1, "node", self.path)
+        return DomainRef(self.domain.ref.level + 1, "node", self.path)
 
     @property
     def label(self) -> str:
@@ -279,10 +285,14 @@ class TopologyTree:
         self.width = width  # largest GPU count of any node seen; aggregates are sized to it
         self.root = Domain(DomainRef(-1, "cluster", ()), None, width)
         self.levels: list[dict[tuple, Domain]] = [{} for _ in config.levels]  # per level: path -> domain
-        self.orders = [LevelOrders(lambda i=i: self.levels[i]) for i in range(len(config.levels))]  # best fit
+        self.orders: list[LevelOrders[Domain]] = [LevelOrders(self._domains_at(i)) for i in range(len(config.levels))]
         self.nodes: dict[str, NodeState] = {}
         self.by_value: dict[str, set[tuple]] = {}  # label value / node name -> domain paths (preferred-domain)
         self.out_of_service: dict[str, str] = {}  # GPU node -> why it is out for now (it may return)
+
+    def _domains_at(self, level: int) -> Callable[[], dict[tuple, Domain]]:
+        """The level's domains by path, read afresh by its best-fit orders."""
+        return lambda: self.levels[level]
 
     def node_path(self, node: NodeState) -> tuple[tuple[str, str], ...]:
         """The node's domain at every level. A missing label above one the node does carry is an
@@ -311,7 +321,7 @@ class TopologyTree:
         return parent
 
     def _prune(self, domain: Domain | None) -> None:
-        while domain is not None and domain is not self.root and not domain.children:
+        while domain is not None and domain.parent is not None and not domain.children:  # never the root
             path = domain.ref.path
             del self.levels[domain.ref.level][path]
             del domain.parent.children[path[-1][1]]
@@ -407,12 +417,13 @@ class TopologyTree:
         self.out_of_service.pop(node.name, None)
         self._account(node, -1)
         del self.nodes[node.name]
-        del node.parent.children[node.name]
+        parent = node.domain
+        del parent.children[node.name]
         paths = self.by_value[node.name]
-        paths.discard(node.parent.ref.path + ((HOSTNAME_LABEL, node.name),))
+        paths.discard(parent.ref.path + ((HOSTNAME_LABEL, node.name),))
         if not paths:
             del self.by_value[node.name]
-        self._prune(node.parent)
+        self._prune(parent)
         node.parent = None
 
     def shift_freeing(self, node: NodeState, delta: int) -> None:

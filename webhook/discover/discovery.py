@@ -11,7 +11,7 @@ Published on the Node (keys this agent owns; it never touches any other key):
 
 annotations
   topology.scheduler/nvlink-domains   GPU sets that reach each other over NVLink, directly or through
-                                      NVSwitch, in webhook.gpus notation (`0-7`, `0-3,4-7`, `0+2,1+3`);
+                                      NVSwitch, in webhook.core.gpus notation (`0-7`, `0-3,4-7`, `0+2,1+3`);
                                       empty when no two GPUs share NVLink. Placement reads this.
   topology.scheduler/gpu-link-matrix  the `nvidia-smi topo -m` GPU matrix: rows by GPU index joined by
                                       `;`, cells joined by `,`; codes X (self), NV<links>, PIX, PXB,
@@ -196,7 +196,7 @@ def read_nvlinks(nvml, handle) -> tuple[NvLink, ...]:
     return tuple(links)
 
 
-def _absent(nvml) -> tuple[type, ...]:
+def _absent(nvml) -> tuple[type[BaseException], ...]:
     """Errors that mean an optional fact is not there: the GPU lacks it, or the driver predates the call."""
     return nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound
 
@@ -382,7 +382,7 @@ def gpu_link_class(topology: NodeTopology) -> str:
         return "pcie"
     weakest = "nvswitch"
     for domain in domains:
-        members = [topology.gpu(i) for i in domain]
+        members = [gpu for gpu in map(topology.gpu, domain) if gpu is not None]
         for a in members:
             for b in members:
                 if a.index < b.index and not (nvlinked(topology, a, b) and nvlink_count(a, b)[1]):
@@ -401,7 +401,7 @@ def link_code(topology: NodeTopology, a: int, b: int) -> str:
     if links:
         return f"NV{links}"
     pair = _pair(topology, a, b)
-    return TOPOLOGY_CODES.get(pair.ancestor, UNKNOWN) if pair else UNKNOWN
+    return TOPOLOGY_CODES.get(pair.ancestor, UNKNOWN) if pair and pair.ancestor is not None else UNKNOWN
 
 
 def link_matrix(topology: NodeTopology) -> tuple[tuple[str, ...], ...]:
@@ -413,7 +413,7 @@ def p2p_read_code(topology: NodeTopology, a: int, b: int) -> str:
     if a == b:
         return "X"
     pair = _pair(topology, a, b)
-    return P2P_CODES.get(pair.p2p_read, UNKNOWN) if pair else UNKNOWN
+    return P2P_CODES.get(pair.p2p_read, UNKNOWN) if pair and pair.p2p_read is not None else UNKNOWN
 
 
 def numa_groups(topology: NodeTopology) -> tuple[tuple[int, ...], ...]:
@@ -636,7 +636,7 @@ def run(args: argparse.Namespace, nvml=None, stop: threading.Event | None = None
                 print(format_matrix(topology), flush=True)
             if args.dry_run:
                 print(format_publication(node_name, wanted), flush=True)
-            if api is not None:
+            if api is not None and node_name:  # publishing: checked above that it has a name
                 try:
                     patch = publish(api, node_name, wanted)
                     _say(f"node {node_name}: " + (f"patched {json.dumps(patch, sort_keys=True)}" if patch
@@ -645,7 +645,7 @@ def run(args: argparse.Namespace, nvml=None, stop: threading.Event | None = None
                     if not args.interval:
                         raise
                     _say(f"{err}; retrying in {args.interval:g}s")
-            if not args.interval or stop.wait(args.interval):
+            if not args.interval or stop is None or stop.wait(args.interval):
                 return EXIT_OK
     except DiscoveryError as err:
         _say(str(err))

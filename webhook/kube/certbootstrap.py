@@ -124,7 +124,7 @@ def _material_of(secret: dict, target: SelfManagedTLS) -> Material:
 
 def _api_message(err: ApiException) -> str:
     try:
-        return json.loads(err.body).get("message") or ""
+        return json.loads(err.body or "").get("message") or ""
     except (TypeError, ValueError, AttributeError):
         return str(err.reason or "").strip()
 

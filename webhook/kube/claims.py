@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
@@ -120,7 +120,8 @@ class ApiClaims:
         # the budget) and no waiting behind the watches for a pooled connection.
         configuration = copy.deepcopy(api_client.configuration)
         configuration.retries = False
-        self.api = k8s_client.CoordinationV1Api(k8s_client.ApiClient(configuration))
+        # Raw JSON both ways (dict bodies, _preload_content=False), which the client's hints do not describe.
+        self.api: Any = k8s_client.CoordinationV1Api(k8s_client.ApiClient(configuration))
         self.namespace = namespace
         self.budget_seconds = budget_seconds
         self.identity = f"{socket.gethostname()}-{os.getpid()}"

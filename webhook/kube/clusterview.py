@@ -1,5 +1,5 @@
 """The API feed: Nodes and Pods from the Kubernetes API, kept current by list+watch, fed into the
-cluster index (what README calls the live cluster view).
+cluster index (the live cluster view of docs/operations/replicas.md).
 
 Names, so that "view" means one thing: the `ClusterIndex` is the state placement reads, a
 constrained subset is the part of it one request may use (filters.py), and the `ApiFeed` is what
@@ -174,16 +174,16 @@ class ApiFeed:
                          for kind in ("nodes", "pods", "leases", *(plural for plural, _, _ in DRA_LISTS))}
         core = k8s_client.CoreV1Api(api_client)
         index = self.index
-        self._streams = (
+        self._streams: tuple[_Stream, ...] = (
             _Stream("nodes", core.list_node, lambda node: (node.get("metadata") or {}).get("name", ""),
-                    index.upsert_node, lambda node: index.delete_node(node["metadata"]["name"]),
-                    lambda: set(index.nodes), index.delete_node),
+                    self._upsert_node, lambda node: self._delete_node(node["metadata"]["name"]),
+                    lambda: set(index.nodes), self._delete_node),
             _Stream("pods", core.list_pod_for_all_namespaces, pod_key, index.upsert_pod, index.delete_pod,
                     index.counted_pods, lambda key: index.delete_pod({"metadata": {"uid": key}})),
         )
         if claims_namespace:
-            claims = index.claims = ApiClaims(index, api_client, claims_namespace, claims_budget_seconds,
-                                              on_alone=on_alone)
+            claims = ApiClaims(index, api_client, claims_namespace, claims_budget_seconds, on_alone=on_alone)
+            index.share_claims(claims)
             # Only the claims Lease: other Leases of the namespace (leader elections) are none of ours.
             leases = functools.partial(k8s_client.CoordinationV1Api(api_client).list_namespaced_lease,
                                        claims_namespace, field_selector=f"metadata.name={LEASE_NAME}")
@@ -193,6 +193,24 @@ class ApiFeed:
         self._streams += dra_streams(api_client, index)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._levels_said: str | None = None
+
+    def _upsert_node(self, node: dict) -> None:
+        self.index.upsert_node(node)
+        self._say_levels()
+
+    def _delete_node(self, name: str) -> None:
+        self.index.delete_node(name)
+        self._say_levels()
+
+    def _say_levels(self) -> None:
+        """Log each preset `levels: auto` moves to, as the nodes' labels call for it."""
+        preset = self.index.preset
+        if preset is not None and preset != self._levels_said:
+            self._levels_said = preset
+            log.info("levels: auto chose the %s preset: %s%s", preset,
+                     ", ".join(lv.label for lv in self.index.config.levels),
+                     f" ({self.index.levels_warning})" if self.index.levels_warning else "")
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -232,7 +250,7 @@ class ApiFeed:
         now = self.clock()
         limit = self.config.stale_after_seconds
         for stream in self._streams:
-            age = now - stream.last_progress
+            age = now - (stream.last_progress or 0.0)  # every stream is synced here, so it made progress
             if age > limit:
                 detail = f"; last error: {stream.last_error}" if stream.last_error else ""
                 return False, (f"cluster view is stale: no list or watch progress on {stream.kind} for "
@@ -242,9 +260,10 @@ class ApiFeed:
     def age(self) -> float | None:
         """Seconds since the stream heard from least recently made progress (None before every
         stream has been listed once): how stale the index may be."""
-        if any(s.last_progress is None for s in self._streams):
+        progress = [s.last_progress for s in self._streams]
+        if None in progress:
             return None
-        return self.clock() - min(s.last_progress for s in self._streams)
+        return self.clock() - min(p for p in progress if p is not None)
 
     def status(self) -> tuple[StreamStatus, ...]:
         now = self.clock()
@@ -303,7 +322,7 @@ class ApiFeed:
     def _timeouts(self) -> tuple[float, float]:
         return CONNECT_TIMEOUT_SECONDS, self.watch_timeout_seconds + READ_GRACE_SECONDS
 
-    def _pages(self, stream: _Stream) -> Iterator[tuple[str, list[dict]]]:
+    def _pages(self, stream: _Stream) -> Iterator[tuple[str | None, list[dict]]]:
         """(resourceVersion, items) per page of one consistent list."""
         token = None
         while True:

@@ -19,7 +19,7 @@ def make_node(name: str, labels: dict[str, str], gpus: int = 8, product: str = "
     """A Node object as the API returns it (only the fields placement reads, plus the usual ones);
     `dra`: its GPUs are DRA devices, so its allocatable has no nvidia.com/gpu."""
     gpu = {} if dra else {GPU_RESOURCE: str(gpus)}
-    node = {
+    node: dict = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {

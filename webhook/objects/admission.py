@@ -110,7 +110,7 @@ def make_review(obj: Mapping, operation: str = "CREATE", namespace: str | None =
                 uid: str | None = None) -> dict:
     """A v1 AdmissionReview for `obj` shaped as the apiserver sends it (offline `mutate`, tests).
     Without a uid, one is derived from the object so the same manifest gives the same review."""
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    meta = workload.mapping_of(obj.get("metadata"))
     group, _, version = str(obj.get("apiVersion") or "").rpartition("/")
     kind = str(obj.get("kind") or "")
     if uid is None:
@@ -145,8 +145,8 @@ def _parse(body: object) -> _Request:
     obj = request.get("object")
     if operation in ("CREATE", "UPDATE") and not isinstance(obj, dict):
         raise MalformedReview(f"request.object is not an object on {operation}")
-    gvk = request.get("kind") if isinstance(request.get("kind"), Mapping) else {}
-    meta = obj.get("metadata") if isinstance(obj, dict) and isinstance(obj.get("metadata"), Mapping) else {}
+    gvk = workload.mapping_of(request.get("kind"))
+    meta = workload.mapping_of(obj.get("metadata") if isinstance(obj, dict) else None)
     group = gvk.get("group")
     if group is None and isinstance(obj, dict):
         group = str(obj.get("apiVersion") or "").rpartition("/")[0]
@@ -167,9 +167,9 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     if request.operation == "DELETE":
         return _released(request, index)
     if obj is not None and request.operation == "CREATE" and podgroups.handles(request.group, kind):
-        return _pod_group(request, config)
+        return _pod_group(request, obj, config)
     if obj is not None and request.operation == "CREATE" and alignment.handles(request.group, kind):
-        return _claim_template(request, index)
+        return _claim_template(request, obj, index)
     if obj is None or not workload.supports(request.group, kind) or not workload.is_ours(kind, obj, config):
         return _result(request, "ignored")
     # Un-suspended (a queue such as Kueue admitted it): placed now, as if created now, inside the
@@ -186,7 +186,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
     if workload.controller_owned(obj) and _placed(kind, obj) and _placed_by_owner(kind, obj):
-        return _repaired(request, index, config) if kind == "Pod" else _result(request, "ignored")
+        return _repaired(request, obj, index, config) if kind == "Pod" else _result(request, "ignored")
     if workload.bound(kind, obj):
         return _result(request, "ignored")  # the scheduler is bypassed: affinity could only get it rejected
     if workload.made_for_group(kind, obj):
@@ -206,7 +206,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
     if request.old is not None and _placed(kind, request.old) and not admitted_by_queue:
-        return _kept(request, index, config, wanted)
+        return _kept(request, request.old, index, config, wanted)
     if workload.suspended(kind, obj):
         return _result(request, "suspended", warnings=[
             *wanted.warnings, f"{who} is suspended: nothing is placed or held until it is un-suspended"])
@@ -235,21 +235,21 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
                    warnings=[*wanted.warnings, *mutation.warnings(decision, config), *alone])
 
 
-def _pod_group(request: _Request, config: Config) -> AdmissionResult:
+def _pod_group(request: _Request, obj: dict, config: Config) -> AdmissionResult:
     """A PodGroup or Workload at its CREATE: the level its annotation asks for becomes its
     topology constraint (webhook/objects/podgroups.py)."""
     try:
-        written, _ = podgroups.constrained(request.kind, request.obj, request.namespace, config)
+        written, _ = podgroups.constrained(request.kind, obj, request.namespace, config)
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
     return _result(request, "ignored") if written is None else _result(request, "constrained", mutated=written)
 
 
-def _claim_template(request: _Request, index: "ClusterIndex") -> AdmissionResult:
+def _claim_template(request: _Request, obj: dict, index: "ClusterIndex") -> AdmissionResult:
     """A ResourceClaimTemplate at its CREATE: the device alignment it asks for, as a constraint
     (webhook/objects/alignment.py)."""
     try:
-        written, warnings = alignment.aligned(request.obj, request.namespace, index.is_gpu_class)
+        written, warnings = alignment.aligned(obj, request.namespace, index.is_gpu_class)
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
     return _result(request, "ignored" if written is None else "aligned", mutated=written, warnings=warnings)
@@ -265,13 +265,12 @@ def _joined_notes(who: str, request: PlacementRequest, decision: Decision) -> li
             f"{first.gpus_per_pod} GPUs by its first pod; pinned with the group"]
 
 
-def _repaired(request: _Request, index: "ClusterIndex", config: Config) -> AdmissionResult:
+def _repaired(request: _Request, obj: dict, index: "ClusterIndex", config: Config) -> AdmissionResult:
     """A pod its controller made from a template we placed (a replacement, after a node was lost)
     keeps that placement, unless the domain it is pinned to can never hold it again: in-service
     capacity there, less what the workload's own bound pods take, has no room for one more pod.
     Then this pod alone is pinned to the nearest domain with room (as preferred-domain widens),
     never wider than the workload's max-domain and always inside the user's own constraints."""
-    obj = request.obj
     pinned = injection.recorded(obj).required
     if not pinned or not pinned[0]:
         return _result(request, "ignored")  # only preferred: the scheduler already goes elsewhere
@@ -306,10 +305,12 @@ def _repaired(request: _Request, index: "ClusterIndex", config: Config) -> Admis
         f"{decision.scope}, the nearest domain with room"])
 
 
-def _kept(request: _Request, index: "ClusterIndex", config: Config, wanted: workload.Workload) -> AdmissionResult:
+def _kept(request: _Request, old: dict, index: "ClusterIndex", config: Config, wanted: workload.Workload
+          ) -> AdmissionResult:
     """An UPDATE of a workload we placed: put our placement back, never move running work. If what
     it asks for changed, say so: re-placing would roll every pod."""
-    kind, obj, old = request.kind, request.obj, request.old
+    kind, obj = request.kind, request.obj
+    assert obj is not None, "an UPDATE carries its object (_parse checked)"
     warnings = list(wanted.warnings)
     try:
         before = workload.read(kind, mutation.without_injection(old, kind), request.namespace,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 
 from ..core.dra import CHANNEL_CLASS, RESOURCE_GROUP
 from ..core.model import quoted
-from .workload import ALIGN, InvalidAnnotation, display_name
+from .workload import ALIGN, InvalidAnnotation, display_name, mapping_of
 
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 NUMA_NODE = "resource.kubernetes.io/numaNode"
@@ -50,8 +50,7 @@ def aligned(obj: Mapping, namespace: str, is_gpu_class: Callable[[str], bool]) -
     """(the template with the constraint its annotation asks for, or None to leave it; warnings).
     Raises InvalidAnnotation for a value that is not one of ours."""
     who = display_name("ResourceClaimTemplate", obj, namespace)
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
+    annotations = mapping_of(mapping_of(obj.get("metadata")).get("annotations"))
     if ALIGN not in annotations:
         return None, []
     how = str(annotations[ALIGN]).strip().lower()
@@ -62,11 +61,12 @@ def aligned(obj: Mapping, namespace: str, is_gpu_class: Callable[[str], bool]) -
     devices = ((out.get("spec") or {}).get("spec") or {}).get("devices")
     if not isinstance(devices, dict) or not isinstance(devices.get("requests"), list):
         return None, [f"{who}: {ALIGN}={how}, but it has no device requests to align"]
-    constraints = devices.get("constraints") if isinstance(devices.get("constraints"), list) else []
+    found = devices.get("constraints")
+    constraints: list = found if isinstance(found, list) else []
     attribute = ATTRIBUTES[how]
     if any(isinstance(c, Mapping) and c.get("matchAttribute") == attribute for c in constraints):
         return None, []  # the user's own
-    requests = [r for r in devices["requests"] if isinstance(r, Mapping) and r.get("name")]
+    requests: list[Mapping] = [r for r in devices["requests"] if isinstance(r, Mapping) and r.get("name")]
     if how == "numa":
         named: list[str] = []  # empty: every request of the claim
     else:

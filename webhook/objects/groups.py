@@ -76,7 +76,8 @@ def membership(obj: Mapping, namespace: str, labels: Mapping, annotations: Mappi
             raise InvalidGroup(f"annotation {GROUP}={quoted(named)} is not allowed; allowed: a name of letters, digits, "
                                "'.', '_' and '-' (at most 253 characters)")
         return Membership(reservation_key(namespace, "Group", text), f"group {namespace}/{text}", size, GROUP)
-    pod_group = pod_group_of(obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {})
+    spec = obj.get("spec")
+    pod_group = pod_group_of(spec if isinstance(spec, Mapping) else {})
     if pod_group is not None:
         return Membership(reservation_key(namespace, POD_GROUP, pod_group), f"PodGroup {namespace}/{pod_group}", size,
                           POD_GROUP_FIELD)

@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 from ..core.config import HOSTNAME_LABEL, Config
 from ..core.gpus import container_gpus, format_gpu_set
 from ..core.injection import GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, RESERVATION, WORKLOAD_LABEL, Injection
-from ..core.injection import annotations as injection_annotations
+from ..core.injection import annotations_of
 from ..core.injection import recorded
 from ..core.model import Decision, Outcome, Strategy
 from .workload import pod_templates
@@ -61,7 +61,7 @@ def carry_over(old: Mapping, new: Mapping, kind: str, config: Config) -> dict:
     applier owns and omits) or moving running work. Items the user now has win, as always."""
     old_templates = {found.where: found.template for found in pod_templates(kind, old)}
     return _rewrite(new, kind, lambda where, *_: recorded(old_templates.get(where)),
-                    lambda where: {key: injection_annotations(old_templates.get(where)).get(key)
+                    lambda where: {key: annotations_of(old_templates.get(where)).get(key)
                                    for key in OUTPUT_ANNOTATIONS}, config)
 
 
@@ -69,7 +69,7 @@ def without_injection(obj: Mapping, kind: str) -> Mapping:
     """The object with our previous additions removed: the object as the user wrote it, which is
     what a workload is read from (so a re-placement is not confined by our own old pin). For
     reading only: an object that carries nothing of ours is returned as it is, not copied."""
-    if not any(key in injection_annotations(found.template) for found in pod_templates(kind, obj)
+    if not any(key in annotations_of(found.template) for found in pod_templates(kind, obj)
                for key in OUTPUT_ANNOTATIONS):
         return obj
     return _rewrite(obj, kind, lambda *_: Injection(), lambda _: dict.fromkeys(OUTPUT_ANNOTATIONS), None)
@@ -145,7 +145,7 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
              config: Config) -> Injection:
     if decision is None or decision.outcome is Outcome.NEVER:
         return Injection()
-    expressions = tuple({"key": r.key, "operator": "In", "values": list(r.values)} for r in decision.requirements)
+    expressions = tuple(r.expression for r in decision.requirements)
     required: tuple[tuple[dict, ...], ...] = ()
     preferred = None
     if expressions and pins(decision, config):
@@ -167,8 +167,8 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
                         else "ScheduleAnyway",
                         "labelSelector": {"matchLabels": {WORKLOAD_LABEL: value}}}
                        for key in decision.spread_keys)
-    talks = decision.interconnect is not None and decision.request.total_gpus > 1
-    profile = dict(config.nccl_profiles.get(decision.interconnect.value, {})) if talks else {}
+    link = decision.interconnect
+    profile = dict(config.nccl_profiles.get(link.value, {})) if link and decision.request.total_gpus > 1 else {}
     profile.update(CUDA_DEVICE_ORDER)
     profile = dict(sorted(profile.items()))  # the record keeps names sorted: so does the container
     env = {c["name"]: profile for c in _gpu_containers(spec)}
@@ -198,7 +198,7 @@ def _apply(meta: dict, spec: dict, previous: Injection, desired: Injection) -> I
     _put(spec, ("topologySpreadConstraints",), spread)
     env = {}
     for container in _containers(spec):
-        name = container.get("name")
+        name = str(container["name"])  # workload.check_shape: every container is named
         want = [{"name": k, "value": v} for k, v in desired.env.get(name, {}).items()]
         had = [{"name": k, "value": v} for k, v in previous.env.get(name, {}).items()]
         items, owned = _reconcile(container.get("env") or [], had, want, lambda e: e.get("name"))
@@ -289,11 +289,12 @@ def _rewrite(obj: Mapping, kind: str, desired: Callable[[str, dict, dict, Inject
     new = _copy(dict(obj))
     for found in pod_templates(kind, new):
         template = found.template
-        if template is None or not isinstance(template.get("spec"), dict):
+        if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
             continue
-        meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
+        found_meta = template.get("metadata")
+        meta: dict = found_meta if isinstance(found_meta, dict) else {}
         had_metadata = bool(meta)
-        spec = template["spec"]
+        spec: dict = template["spec"]
         if config is not None and spec.get("schedulerName") in config.scheduler_names:
             spec["schedulerName"] = config.default_scheduler
         previous = Injection.loads(_annotations(meta).get(INJECTED))

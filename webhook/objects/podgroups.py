@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from ..core.config import HOSTNAME_LABEL, Config
 from ..core.dra import SCHEDULING_GROUP
 from ..core.model import quoted
-from .workload import MAX_DOMAIN, PEER_REQUIRED, InvalidAnnotation, display_name
+from .workload import MAX_DOMAIN, PEER_REQUIRED, InvalidAnnotation, display_name, mapping_of
 
 KINDS = ("PodGroup", "Workload")
 
@@ -38,8 +38,7 @@ def constrained(kind: str, obj: Mapping, namespace: str, config: Config) -> tupl
     """(the object with its topology constraint written, or None to leave it as it is; why, for
     people). Raises InvalidAnnotation for a level that is not one of the configured levels."""
     who = display_name(kind, obj, namespace)
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
+    annotations = mapping_of(mapping_of(obj.get("metadata")).get("annotations"))
     key = next((k for k in (MAX_DOMAIN, *PEER_REQUIRED) if k in annotations), None)
     if key is None:
         return None, f"{who} asks for no level"

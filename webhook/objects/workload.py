@@ -55,11 +55,13 @@ _BOOLEANS = {"true": True, "false": False}
 
 # The shape of the fields we read or write, as the API types them: the apiserver only sends
 # objects that decode into these, but offline manifests are whatever a file holds. A list holds
-# items of its one element's shape; `_STRINGS` is a map of strings; None (or absent) is unset.
+# items of its one element's shape; `_STRINGS` is a map of strings; `_NAME` a string that must be
+# there and not empty (the API requires it: we key containers by it); None (or absent) is unset.
 _STRINGS = "a map of strings"
+_NAME = "a non-empty string"
 _EXPRESSION = {"key": str, "operator": str, "values": [str]}
 _TERM = {"matchExpressions": [_EXPRESSION], "matchFields": [_EXPRESSION]}
-_CONTAINER = {"name": str, "env": [{"name": str}], "resources": {"limits": dict, "requests": dict}}
+_CONTAINER = {"name": _NAME, "env": [{"name": str}], "resources": {"limits": dict, "requests": dict}}
 _TEMPLATE_SHAPE = {
     "metadata": {"annotations": _STRINGS, "labels": _STRINGS},
     "spec": {
@@ -100,7 +102,7 @@ def supports(group: str, kind: str) -> bool:
 
 def display_name(kind: str, obj: Mapping, namespace: str) -> str:
     """`Job ml/train`, or `Pod ml/trainer-` for a generateName object."""
-    meta = _mapping(obj.get("metadata"))
+    meta = mapping_of(obj.get("metadata"))
     name = meta.get("name") or meta.get("generateName") or ""
     return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
 
@@ -125,7 +127,7 @@ def pod_templates(kind: str, obj: Mapping) -> list[PodTemplate]:
             for key in spec_of.template:
                 node, where = node.get(key) if isinstance(node, Mapping) else None, _joined(where, key)
             found.append(PodTemplate(where, node if isinstance(node, Mapping) else None, spec_of,
-                                     _mapping(replica), replica_where))
+                                     mapping_of(replica), replica_where))
     return found
 
 
@@ -147,7 +149,8 @@ def _expand(node: Any, path: tuple[str, ...], where: str, who: str | None = None
             _check(node, (list, dict), where, who)
         entries = enumerate(node) if isinstance(node, list) else node.items() if isinstance(node, Mapping) else ()
         for name, entry in entries:
-            yield from _expand(entry, rest, f"{where}[{name}]" if isinstance(node, list) else _joined(where, name), who)
+            yield from _expand(entry, rest, f"{where}[{name}]" if isinstance(node, list) else _joined(where, str(name)),
+                               who)
         return
     if who is not None:
         _check(node, dict, where, who)
@@ -162,8 +165,8 @@ def annotations_of(kind: str, obj: Mapping) -> dict[str, str]:
     """Annotations of the pod templates overlaid with the object's own (the object's win)."""
     merged: dict[str, str] = {}
     for found in pod_templates(kind, obj):
-        merged.update(_mapping(_mapping((found.template or {}).get("metadata")).get("annotations")))
-    merged.update(_mapping(_mapping(obj.get("metadata")).get("annotations")))
+        merged.update(mapping_of(mapping_of((found.template or {}).get("metadata")).get("annotations")))
+    merged.update(mapping_of(mapping_of(obj.get("metadata")).get("annotations")))
     return merged
 
 
@@ -175,7 +178,7 @@ def is_ours(kind: str, obj: Mapping, config: Config) -> bool:
     if any(str(key).startswith(ANNOTATION_PREFIX) or key in PEER_REQUIRED + PEER_PREFERRED
            for key in annotations_of(kind, obj)):
         return True
-    return any(_mapping((found.template or {}).get("spec")).get("schedulerName") in config.scheduler_names
+    return any(mapping_of((found.template or {}).get("spec")).get("schedulerName") in config.scheduler_names
                for found in pod_templates(kind, obj))
 
 
@@ -186,19 +189,19 @@ def suspended(kind: str, obj: Mapping | None) -> bool:
         return False
     node: Any = obj
     for key in path:
-        node = _mapping(node).get(key)
+        node = mapping_of(node).get(key)
     return node is True
 
 
 def controller_owned(obj: Mapping) -> bool:
     """Made by a controller (Job, ReplicaSet, StatefulSet...) from a template, not by a user."""
-    owners = _mapping(obj.get("metadata")).get("ownerReferences") or ()
+    owners = mapping_of(obj.get("metadata")).get("ownerReferences") or ()
     return isinstance(owners, list) and any(isinstance(o, Mapping) and o.get("controller") is True for o in owners)
 
 
 def bound(kind: str, obj: Mapping) -> bool:
     """A pod spec names its node (spec.nodeName): kube-scheduler never sees it."""
-    return any(_mapping((found.template or {}).get("spec")).get("nodeName") for found in pod_templates(kind, obj))
+    return any(mapping_of((found.template or {}).get("spec")).get("nodeName") for found in pod_templates(kind, obj))
 
 
 def check_shape(kind: str, obj: Mapping, namespace: str) -> None:
@@ -269,7 +272,7 @@ def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = N
         preferred_domain=_preferred_domain(who, annotations.get(PREFERRED_DOMAIN)),
         max_domain=_max_domain(who, annotations),
         min_bandwidth_gbps=_bandwidth(who, annotations.get(NETWORK_BANDWIDTH)),
-        node_selector={str(k): str(v) for k, v in _mapping(spec.get("nodeSelector")).items()},
+        node_selector={str(k): str(v) for k, v in mapping_of(spec.get("nodeSelector")).items()},
         required_node_terms=_required_terms(who, spec),
         tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, Mapping)),
         resources=tuple(sorted(pod_requests(spec).items())),
@@ -292,7 +295,8 @@ def _with_shared_claims(who: str, per_pod: int, running: int, demand: ClaimDeman
                      "wherever the first pod is scheduled); those GPUs are not placed"]
 
 
-def _in_one_clique(who: str, channel: str, annotations: Mapping, facts: ClusterFacts) -> tuple[Mapping, list[str]]:
+def _in_one_clique(who: str, channel: str, annotations: dict[str, str], facts: ClusterFacts
+                   ) -> tuple[dict[str, str], list[str]]:
     """A workload sharing a ComputeDomain's channel never spans NVLink domains: max-domain is the
     clique level, unless it asks for a level itself."""
     if any(key in annotations for key in (MAX_DOMAIN, *PEER_REQUIRED)):
@@ -305,7 +309,7 @@ def _in_one_clique(who: str, channel: str, annotations: Mapping, facts: ClusterF
 
 def _pod_group(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None) -> PodGroupFacts | None:
     """The PodGroup a Pod names, as the cluster view knows it."""
-    name = pod_group_of(_mapping(obj.get("spec"))) if kind == "Pod" else None
+    name = pod_group_of(mapping_of(obj.get("spec"))) if kind == "Pod" else None
     return facts.pod_group(f"{namespace}/{name}") if name and facts is not None else None
 
 
@@ -334,8 +338,8 @@ def group_of(kind: str, obj: Mapping, namespace: str) -> Membership | None:
 
 def made_for_group(kind: str, obj: Mapping) -> bool:
     """An operator's object (not a Pod) whose pods are placed as members of their groups."""
-    labels = {**_mapping(_mapping((pod_template(kind, obj) or {}).get("metadata")).get("labels")),
-              **_mapping(_mapping(obj.get("metadata")).get("labels"))}
+    labels = {**mapping_of(mapping_of((pod_template(kind, obj) or {}).get("metadata")).get("labels")),
+              **mapping_of(mapping_of(obj.get("metadata")).get("labels"))}
     return kind != "Pod" and groups.made_for_group(labels)
 
 
@@ -346,7 +350,7 @@ def _group(kind: str, obj: Mapping, namespace: str, who: str, template: Mapping,
     if kind not in ("Pod", "Job"):
         return None
     try:
-        return membership(obj, namespace, _mapping(_mapping(template.get("metadata")).get("labels")), annotations)
+        return membership(obj, namespace, mapping_of(mapping_of(template.get("metadata")).get("labels")), annotations)
     except InvalidGroup as err:
         raise InvalidAnnotation(f"{who}: {err}") from None
 
@@ -377,21 +381,22 @@ def _pods(kind: str, obj: Mapping, who: str, claimed: Callable[[Mapping], int]) 
     that counts them). A pod's GPUs are its nvidia.com/gpu and what its claims from templates ask
     (`claimed`). Templates whose pods ask for no GPUs (an MPIJob's launcher, a Ray head) are
     not counted when others ask for GPUs: they run inside the group's domain, holding none."""
-    counted = []
+    counted: list[tuple[Mapping, int, int, str]] = []
     for found in pod_templates(kind, obj):
-        if found.template is None or not isinstance(found.template.get("spec"), Mapping):
+        template = found.template
+        if template is None or not isinstance(template.get("spec"), Mapping):
             raise InvalidWorkload(f"{who}: {_joined(found.where, 'spec')} is missing; a pod spec with containers is "
                                   "required to place it")
         try:
-            gpus = pod_gpus(found.template["spec"]) + claimed(found.template["spec"])
+            gpus = pod_gpus(template["spec"]) + claimed(template["spec"])
         except ValueError as err:
             raise InvalidWorkload(f"{who}: nvidia.com/gpu request {err}; allowed: a whole number of GPUs") from None
-        counted.append((found, gpus, *_running(found, who)))
+        counted.append((template, gpus, *_running(found, who)))
     if not counted:
         raise InvalidWorkload(f"{who}: no pod template found; a pod spec with containers is required to place it")
     with_gpus = [entry for entry in counted if entry[1]] or counted
     per_pod = max(gpus for _, gpus, _, _ in with_gpus)
-    return (with_gpus[0][0].template, per_pod, sum(pods for _, _, pods, _ in with_gpus),
+    return (with_gpus[0][0], per_pod, sum(pods for _, _, pods, _ in with_gpus),
             " + ".join(field for _, _, _, field in with_gpus))
 
 
@@ -406,8 +411,8 @@ def _running(found: PodTemplate, who: str) -> tuple[int, str]:
         job_where = found.replica_where
         job: Any = found.replica_spec
         for key in found.spec_of.job:
-            job, job_where = _mapping(job).get(key), _joined(job_where, key)
-        job = _mapping(job)
+            job, job_where = mapping_of(job).get(key), _joined(job_where, key)
+        job = mapping_of(job)
         field = _joined(job_where, "parallelism")
         parallelism = _count(job.get("parallelism"), who, field)
         if job.get("completions") is not None:
@@ -517,8 +522,8 @@ def _required_terms(who: str, spec: Mapping) -> tuple[Mapping, ...]:
     """The required nodeSelectorTerms that can match a node. Kubernetes reads an empty term `{}`
     as matching no node, so it adds nothing to the ORed terms; when every term is empty the pod
     can never be scheduled, which is denied here rather than placed."""
-    node_affinity = _mapping(_mapping(spec.get("affinity")).get("nodeAffinity"))
-    required = _mapping(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
+    node_affinity = mapping_of(mapping_of(spec.get("affinity")).get("nodeAffinity"))
+    required = mapping_of(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
     terms = [t for t in required.get("nodeSelectorTerms") or () if isinstance(t, Mapping)]
     matching = tuple(t for t in terms if t.get("matchExpressions") or t.get("matchFields"))
     if terms and not matching:
@@ -529,13 +534,15 @@ def _required_terms(who: str, spec: Mapping) -> tuple[Mapping, ...]:
 
 def _check(value: Any, shape: Any, path: str, who: str, item: bool = False) -> None:
     """`value` at `path` ("" is the object itself) has `shape`; a list item may not be null."""
-    if value is None and not item:
+    if value is None and not item and shape is not _NAME:
         return
     if shape is _STRINGS and isinstance(value, Mapping):
         for key, entry in value.items():
             _check(entry, str, f"{path}.{key}", who, item=True)
         return
-    if isinstance(shape, list):
+    if shape is _NAME:
+        ok = isinstance(value, str) and value != ""
+    elif isinstance(shape, list):
         ok = isinstance(value, list)
     elif isinstance(shape, dict) or shape in (dict, _STRINGS):
         ok = isinstance(value, Mapping)
@@ -564,5 +571,5 @@ def _count(value: object, who: str, field: str) -> int:
     return value
 
 
-def _mapping(value: object) -> Mapping:
+def mapping_of(value: object) -> Mapping:
     return value if isinstance(value, Mapping) else {}

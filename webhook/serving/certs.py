@@ -26,7 +26,8 @@ from typing import Callable
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,8 @@ def make_serving_cert(ca_cert_pem: bytes, ca_key_pem: bytes, dns_names: list[str
     the current time): (certificate PEM, key PEM)."""
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
     ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
+    if not isinstance(ca_key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey)):
+        raise CertError(f"the CA key is a {type(ca_key).__name__}; an EC or RSA key can sign certificates")
     key = ec.generate_private_key(ec.SECP256R1())
     now = now or datetime.datetime.now(datetime.timezone.utc)
     sans = [x509.DNSName(n) for n in dns_names] + [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
@@ -108,7 +111,7 @@ def make_serving_cert(ca_cert_pem: bytes, ca_key_pem: bytes, dns_names: list[str
     return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
 
 
-def _same_key(key: object, cert: x509.Certificate) -> bool:
+def _same_key(key: PrivateKeyTypes, cert: x509.Certificate) -> bool:
     raw = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     return key.public_key().public_bytes(*raw) == cert.public_key().public_bytes(*raw)
 
@@ -250,7 +253,7 @@ class ReloadingContext:
         self._context = server_context(cert_path, key_path, client_ca)  # raises CertError: fail at start-up
         self._next_check = clock() + check_interval
 
-    def _identities(self) -> tuple:
+    def _identities(self) -> tuple | None:
         try:
             return _identity(self.cert_path), _identity(self.key_path)
         except OSError:

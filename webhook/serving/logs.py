@@ -60,7 +60,7 @@ class TextFormatter(logging.Formatter):
 class _StderrHandler(logging.StreamHandler):
     """Writes to sys.stderr as it is when the record comes (pytest and embedding tools swap it)."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 
@@ -80,7 +80,7 @@ def configure(log_format: str, level: str) -> None:
     def log_uncaught(args: threading.ExceptHookArgs) -> None:
         logging.getLogger("webhook.thread").error(
             "uncaught exception in thread %s", args.thread.name if args.thread else "?",
-            exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+            exc_info=args.exc_value or True)
 
     threading.excepthook = log_uncaught
     sys.excepthook = lambda kind, value, trace: logging.getLogger("webhook").critical(

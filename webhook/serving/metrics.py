@@ -32,6 +32,7 @@ DOMAIN_UTILIZATION = "topology_domain_utilization_ratio"
 GPU_ALLOCATION = "topology_gpu_allocation_ratio"
 FRAGMENTATION = "topology_scheduler_domain_fragmentation_ratio"
 CLUSTER_GPUS = "topology_cluster_gpus"
+LEVELS_INFO = "topology_levels_info"
 BUILD_INFO = "topology_webhook_build_info"
 REJECTED = "topology_admission_rejected_requests_total"
 VIEW_AGE = "topology_cluster_view_age_seconds"
@@ -61,6 +62,11 @@ class ClusterCollector:
         yield GaugeMetricFamily(GPU_ALLOCATION, "Share of all GPUs in use or reserved", value=stats.allocation_ratio)
         yield GaugeMetricFamily(FRAGMENTATION, "Share of free GPUs stranded outside the largest free blocks",
                                 value=stats.fragmentation_ratio)
+        levels = GaugeMetricFamily(LEVELS_INFO, "The topology levels in use (label keys, widest first) and the "
+                                   "preset levels: auto chose from the nodes' labels, value 1",
+                                   labels=["preset", "levels"])
+        levels.add_metric([stats.preset, ",".join(stats.levels)], 1)
+        yield levels
 
 
 class InfoCollector:

@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from wsgiref.simple_server import WSGIRequestHandler
 
 from gunicorn import http
 from gunicorn import sock as gunicorn_sock
@@ -54,6 +54,10 @@ SOCKET_CALL_SECONDS = 5.0
 # Headers longer than this are handed to gunicorn unread, which refuses them (its default limits).
 MAX_HEADER_BYTES = 64 * 1024
 MAX_CONNECTIONS = 2000  # gunicorn's worker_connections: held connections beyond it wait in the backlog
+# The metrics port (scrapes, kubelet's probes): connections handled at once, and how many more
+# wait in the listen backlog for one of them; each is closed REQUEST_SECONDS after it is accepted.
+METRICS_THREADS = 16
+METRICS_BACKLOG = 1024
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)")
 _CHUNKED = re.compile(rb"\r\ntransfer-encoding:[^\r]*chunked")
 
@@ -167,12 +171,94 @@ class GuardedThreadWorker(ThreadWorker):
             self._drop(self.arriving[0])
 
 
-class _QuietHandler(WSGIRequestHandler):
+class _MetricsHandler(WSGIRequestHandler):
+    timeout = SOCKET_CALL_SECONDS  # each socket call; the watchdog bounds the connection as a whole
+    server: MetricsServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.deadlines.start(self.connection)
+
+    def finish(self) -> None:
+        self.server.deadlines.end(self.connection)
+        super().finish()
+
     def log_message(self, *_args: Any) -> None:  # a scrape or probe is not worth a log line
         pass
 
 
-def start_metrics_server(address: tuple[str, int], registry: CollectorRegistry, webhook_app: Any) -> None:
+class ConnectionDeadlines:
+    """Shuts down connections open longer than `seconds`: one thread watches them all, so a
+    trickling client holds a handler thread for `seconds` at most."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds = seconds
+        self._clock = clock
+        self._open: dict[socket.socket, float] = {}
+        self._lock = threading.Lock()
+
+    def start(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._open[sock] = self._clock() + self.seconds
+
+    def end(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._open.pop(sock, None)
+
+    def watch(self, interval: float) -> None:
+        while True:
+            time.sleep(interval)
+            now = self._clock()
+            with self._lock:
+                overdue = [sock for sock, deadline in self._open.items() if deadline <= now]
+            for sock in overdue:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)  # the handler's blocked read returns, and it ends
+                except OSError:
+                    pass  # already closed
+
+
+class MetricsServer(ThreadingWSGIServer):
+    """The metrics port's server on a socket bound and listening already, with at most
+    `threads` connections handled at once: further ones wait in the listen backlog (a scrape or
+    probe waits for a slot, at most the connection deadline) instead of each taking a thread."""
+
+    daemon_threads = True
+
+    def __init__(self, listener: socket.socket, app: Any, threads: int, deadline_seconds: float) -> None:
+        self.deadlines = ConnectionDeadlines(deadline_seconds)
+        self._slots = threading.BoundedSemaphore(threads)
+        super().__init__(listener.getsockname()[:2], _MetricsHandler, bind_and_activate=False)
+        self.socket.close()  # the one BaseServer made; the listener is inherited from the server process
+        self.socket = listener
+        self.address_family = listener.family
+        self.server_bind_done(listener)
+        self.set_app(app)
+
+    def server_bind_done(self, listener: socket.socket) -> None:
+        """What binding would have recorded: the name and port wsgiref puts in the environ."""
+        host, port = listener.getsockname()[:2]
+        self.server_address = (host, port)
+        self.server_name, self.server_port = socket.getfqdn(host), port
+        self.setup_environ()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._slots.acquire()  # blocks the accept loop: later connections wait in the backlog
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def start_metrics_server(listener: socket.socket, registry: CollectorRegistry, webhook_app: Any,
+                         threads: int = METRICS_THREADS, deadline_seconds: float = REQUEST_SECONDS) -> None:
     """/metrics over plain HTTP on its own port, in a daemon thread of the worker: scrapers reach
     this port and the apiserver the TLS one, so a NetworkPolicy can tell them apart. /healthz and
     /readyz answer here too (from the webhook app): with --client-ca, kubelet's probes carry no
@@ -188,9 +274,9 @@ def start_metrics_server(address: tuple[str, int], registry: CollectorRegistry, 
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found: this port serves /metrics, /healthz and /readyz\n"]
 
-    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-    server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
-    httpd = make_server(address[0], address[1], app, server_class, handler_class=_QuietHandler)
+    httpd = MetricsServer(listener, app, threads, deadline_seconds)
+    threading.Thread(target=httpd.deadlines.watch, args=(min(1.0, deadline_seconds / 4),),
+                     name="metrics-deadlines", daemon=True).start()
     threading.Thread(target=httpd.serve_forever, name="metrics-server", daemon=True).start()
 
 
@@ -218,7 +304,8 @@ class WebhookServer(BaseApplication):
         settings = {
             "bind": [self.options.bind],
             # One process: the cluster view and the reservation ledger live in it, so a second
-            # worker would book the same GPUs again (replicas share nothing either; see README).
+            # worker would book the same GPUs again (replicas share holds only through the API:
+            # docs/operations/replicas.md).
             "workers": 1,
             "worker_class": GuardedThreadWorker,
             "threads": self.options.threads,

@@ -1,0 +1,156 @@
+"""The docs a newcomer reads hold together: every relative link and `#anchor` resolves, every
+repository path and `webhook` import they cite exists, the README stays a short door, and nothing
+in code, tests or benchmarks points at files outside the repository."""
+from __future__ import annotations
+
+import importlib
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README_LIMIT_BYTES = 12 * 1024
+DOCS = sorted([ROOT / "README.md", ROOT / "bench" / "README.md", ROOT / "charts" / "topology-webhook" / "README.md",
+               *(ROOT / "docs").rglob("*.md")])
+
+FENCE = re.compile(r"^\s*(```|~~~)")
+CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+# [text](target) and ![alt](target), with an optional "title"; [label]: target definitions.
+INLINE_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+LINK_DEFINITION = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)")
+HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+REPO_PATH = re.compile(r"(?:webhook|tests|bench|charts|examples|docs|\.ci)/[\w./-]*")
+WEBHOOK_IMPORT = re.compile(r"\bfrom (webhook(?:\.\w+)*) import (\w+)")
+
+
+def prose_lines(text: str) -> list[str]:
+    """The lines outside fenced code blocks."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            lines.append(line)
+    return lines
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: the text as rendered (link targets and markup dropped),
+    lowercased, punctuation other than '-' and '_' removed, spaces turned into '-'."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    text = re.sub(r"[^\w\- ]", "", text.lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: pathlib.Path) -> set[str]:
+    """Every heading anchor of a markdown file; a repeated heading gets -1, -2... as on GitHub."""
+    seen: dict[str, int] = {}
+    result = set()
+    for line in prose_lines(path.read_text()):
+        match = HEADING.match(line)
+        if not match:
+            continue
+        base = slug(match.group(2))
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        result.add(base if count == 0 else f"{base}-{count}")
+    return result
+
+
+def link_targets(path: pathlib.Path) -> list[str]:
+    targets = []
+    for line in prose_lines(path.read_text()):
+        line = CODE_SPAN.sub("code", line)  # `[x](y)` inside code is not a link
+        targets += INLINE_LINK.findall(line)
+        definition = LINK_DEFINITION.match(line)
+        if definition:
+            targets.append(definition.group(1))
+    return targets
+
+
+def broken_links(path: pathlib.Path) -> list[str]:
+    broken = []
+    for target in link_targets(path):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target, re.I):  # https:, mailto:: not ours to check
+            continue
+        file_part, _, anchor = target.partition("#")
+        linked = (path.parent / file_part).resolve() if file_part else path
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(f"{target}: no heading #{anchor} in {linked.relative_to(ROOT)}")
+    return broken
+
+
+def doc_id(path: pathlib.Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def test_the_docs_checked_are_the_ones_a_reader_meets():
+    names = {doc_id(p) for p in DOCS}
+    assert {"README.md", "docs/README.md", "bench/README.md", "charts/topology-webhook/README.md"} <= names
+    assert len([n for n in names if n.startswith("docs/")]) > 10
+
+
+@pytest.mark.parametrize("path", DOCS, ids=doc_id)
+def test_every_relative_link_and_anchor_resolves(path):
+    broken = broken_links(path)
+    assert not broken, "\n".join(broken)
+
+
+@pytest.mark.parametrize("path", DOCS, ids=doc_id)
+def test_every_repository_path_cited_exists(path):
+    cited = {m.group().rstrip(".") for span in CODE_SPAN.finditer(path.read_text())
+             for m in [REPO_PATH.fullmatch(span.group(2).strip())] if m}
+    missing = sorted(p for p in cited if not (ROOT / p).exists())
+    assert not missing, "\n".join(missing)
+
+
+@pytest.mark.parametrize("path", DOCS, ids=doc_id)
+def test_every_webhook_import_in_the_docs_works(path):
+    missing = []
+    for module, name in WEBHOOK_IMPORT.findall(path.read_text()):
+        try:
+            found = hasattr(importlib.import_module(module), name)
+        except ImportError:
+            found = False
+        if not found:
+            missing.append(f"from {module} import {name}")
+    assert not missing, "\n".join(missing)
+
+
+def test_every_docs_page_is_linked_from_the_readme_or_the_docs_index():
+    linked = {(index.parent / t.partition("#")[0]).resolve()
+              for index in (ROOT / "README.md", ROOT / "docs" / "README.md") for t in link_targets(index)}
+    unlinked = sorted(doc_id(p) for p in (ROOT / "docs").rglob("*.md") if p.resolve() not in linked)
+    assert not unlinked, "not linked from README.md or docs/README.md: " + ", ".join(unlinked)
+
+
+def test_the_readme_is_a_short_door():
+    readme = (ROOT / "README.md").read_bytes()
+    assert len(readme) <= README_LIMIT_BYTES, f"README.md is {len(readme)} bytes; move detail into docs/"
+    text = readme.decode()
+    # The two set-up commands come first, as they are, and the README links the docs index.
+    assert text.index("## Two commands") < text.index("## Five-minute walk-through")
+    assert "bash .ci/run\n" in text and "](docs/README.md)" in text
+
+
+def test_nothing_in_code_tests_or_benchmarks_points_outside_the_repository():
+    outside = "/".join(("..", "shared"))  # spelled apart so this file does not match itself
+    hits = [str(p.relative_to(ROOT)) for top in ("webhook", "tests", "bench") for p in sorted((ROOT / top).rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts and outside.encode() in p.read_bytes()]
+    assert not hits, "cite the upstream source instead: " + ", ".join(hits)
+
+
+@pytest.mark.parametrize("heading, anchor", [
+    ("Five-minute walk-through", "five-minute-walk-through"),
+    ("2. Install the chart", "2-install-the-chart"),
+    ("`serve`: certificate files are reloaded", "serve-certificate-files-are-reloaded"),
+    ("RBAC of `selfManaged`", "rbac-of-selfmanaged"),
+    ("Settings file (`--config`)", "settings-file---config"),
+    ("What claims cost, and why one Lease", "what-claims-cost-and-why-one-lease"),
+    ("See [the docs](docs/README.md) now", "see-the-docs-now"),
+])
+def test_anchors_follow_githubs_rules(heading, anchor):
+    assert slug(heading) == anchor
