@@ -9,6 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from conftest import eventually, review_of
+from test_metrics import samples
 
 from webhook.cli import main
 from webhook.core.cluster import ClusterIndex
@@ -539,3 +540,11 @@ def test_bare_pods_sharing_a_compute_domain_channel_are_one_group_in_one_clique(
     assert len({index.nodes[n].labels["nvidia.com/gpu.clique"] for n in decision.nodes}) == 1
     assert results[0].admitted["metadata"]["annotations"]["topology.scheduler/reservation"] == \
         "ml/ComputeDomainChannel/train-channel"
+
+
+def test_a_workload_whose_template_is_unknown_is_counted_by_the_served_webhook(client, metrics):
+    answer = client.post("/mutate", json=review_of(gpu_claim_job(template="later")))
+    assert answer.status_code == 200 and answer.get_json()["response"]["allowed"]
+    assert "patch" not in answer.get_json()["response"]
+    assert samples(metrics)[("topology_placement_decisions_total", (
+        ("kind", "Job"), ("outcome", "demand-unknown"), ("strategy", "none")))] == 1
