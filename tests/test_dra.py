@@ -209,13 +209,19 @@ def test_the_live_view_counts_slices_and_claims_and_follows_their_changes(fake, 
         fake.put({"Node": "nodes", "ResourceSlice": "resourceslices", "DeviceClass": "deviceclasses"}[obj["kind"]], obj)
     for claim in claims:
         fake.put("resourceclaims", claim)
+    fake.put("computedomains", {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+                                "metadata": {"name": "train", "namespace": "ml"},
+                                "spec": {"channel": {"resourceClaimTemplate": {"name": "train-channel"}}}})
     view = make_view(fake)
     view.start()
     assert view.wait_synced(10)
     eventually(lambda: view.index.stats() == ClusterIndex.from_objects(Config(), nodes, claims).stats(),
                what="the DRA cluster counted")
+    assert view.index.dra.templates["ml/train-channel"].channel  # known from its ComputeDomain
     fake.delete("resourceclaims", "research/busy-gpu-s1-l1-n1-gpu")
     eventually(lambda: view.index.nodes["gpu-s1-l1-n1"].free == 8, what="the freed node")
+    fake.delete("computedomains", "ml/train")
+    eventually(lambda: "ml/train-channel" not in view.index.dra.templates, what="the channel forgotten")
     assert view.readiness() == (True, "cluster view in sync")
 
 

@@ -225,3 +225,56 @@ def test_a_wait_names_the_node_closest_to_fitting_as_a_scan_of_every_node_would(
     # Most pods fitting now, then most free GPUs, then the first by rack and name.
     best = min(able, key=lambda n: (-(n[2] // gpus), -n[2], n[1], n[0]))
     assert decision.scope.level_name == "node" and decision.scope.path[-1][1] == best[0], (decision.scope, best)
+
+
+# One DRA event: a slice of a node's second pool added (generation 1-2; one half of a pool published in
+# 2 slices, or the whole pool in one), or a claim on a node added (the GPU it takes, which claim); or,
+# when the last field is False, one of the objects added before deleted
+dra_events = st.lists(st.one_of(
+    # few nodes and generations, so that events meet on one slice, one pool, one claim
+    st.tuples(st.just("slice"), st.integers(0, 2), st.integers(1, 2),
+              st.sampled_from([((0,), 2), ((1,), 2), ((0, 1), 1)]), st.booleans()),
+    st.tuples(st.just("claim"), st.integers(0, 2), st.integers(0, 7), st.integers(0, 1), st.booleans())),
+    max_size=25)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(), dra_events)
+def test_slices_and_claims_applied_one_by_one_count_as_the_final_objects_do(nodes, events):
+    """Slices of several generations and halves of pools, claims added and deleted, in any order:
+    the index counts what a fresh index of the objects left counts, node by node and per domain."""
+    index = build(nodes)
+    names = [n[0] for n in nodes]
+    objects: dict[tuple, dict] = {}
+    for kind, which, a, b, present in events:
+        name = names[which % len(names)]
+        if kind == "slice":  # halves b[0] of generation a of the node's second pool ("<node>-b") in b[1] slices
+            halves, count = b
+            obj = make_resource_slice(name, generation=a, slice_count=count,
+                                      devices=[f"gpu-{8 + 4 * h + g}" for h in halves for g in range(4)])
+            obj["metadata"]["name"] = f"{name}-b-{a}-{'-'.join(map(str, halves))}"
+            obj["spec"]["pool"]["name"] = f"{name}-b"
+        else:  # claim b of the node takes its GPU a (of its first pool)
+            obj = make_allocated_claim(f"{name}-c{b}", name, [f"gpu-{a}"])
+        if present:
+            objects[(obj["kind"], obj["metadata"]["name"])] = obj
+            index.upsert(obj)
+        elif objects:  # a deletion takes one of the objects there are
+            index.delete(objects.pop(sorted(objects)[which % len(objects)]))
+    gpu_objects = [o for name, path, gpus, _ in nodes for o in gpu_node(name, dict(zip(LEVELS, path)), gpus)]
+    rebuilt = ClusterIndex.from_objects(Config(), gpu_objects, [
+        *(in_use(name, used) for name, _, _, used in nodes if used), *objects.values()])
+    assert {n: (s.alloc, s.free, sorted(s.claimed)) for n, s in index.nodes.items()} == {
+        n: (s.alloc, s.free, sorted(s.claimed)) for n, s in rebuilt.nodes.items()}
+    # a node that once had more GPUs widened the index's aggregates for good: compare what they hold
+    assert trimmed(index.root.cap) == trimmed(rebuilt.root.cap)
+    assert trimmed(index.root.free_hist) == trimmed(rebuilt.root.free_hist)
+    assert index.inventory_warnings() == rebuilt.inventory_warnings()
+
+
+def trimmed(counts: list[int]) -> list[int]:
+    """Counts per size without the zeros beyond the largest size counted."""
+    end = len(counts)
+    while end and not counts[end - 1]:
+        end -= 1
+    return counts[:end]
