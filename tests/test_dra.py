@@ -343,8 +343,24 @@ def test_an_allocated_named_claim_pins_its_pods_to_its_node_and_an_unallocated_o
     assert alone.decision.request.gpus_per_pod == 4  # its template's 2 and the named claim's 2
     job = with_claims(gpu_job("pair", 2, 0, placement_strategy="balanced"), {"name": "gpus", "resourceClaimName": "shared"})
     shared = review(review_of(job), dra_index, Config())
-    assert shared.outcome == "ignored"
-    assert "its 2 pods share ResourceClaim ml/shared (2 GPUs" in shared.warnings[0]
+    assert shared.outcome == "placed" and shared.decision.request.pods == 1  # one set, both pods on its node
+    assert shared.decision.request.gpus_per_pod == 2 and shared.decision.scope.level_name == "node"
+    assert "its 2 pods share ResourceClaim ml/shared: placed as its 2 GPUs on one node" in shared.warnings[0]
+
+
+def test_pods_naming_one_unallocated_claim_share_one_decision_and_its_gpus_are_held_once(dra_index):
+    unallocated = demo.make_allocated_claim("pair", "gpu-s1-l3-n1", ["gpu-0", "gpu-1", "gpu-2"], namespace="ml")
+    del unallocated["status"]
+    dra_index.upsert(unallocated)
+    free = dra_index.stats().gpus_total - dra_index.stats().gpus_used - dra_index.stats().gpus_reserved
+    results = [review(review_of(with_claims(gpu_pod_of(0, f"p{i}"), {"name": "gpus", "resourceClaimName": "pair"})),
+                      dra_index, Config()) for i in range(3)]
+    assert {r.outcome for r in results} == {"placed"}
+    assert len({r.decision.nodes for r in results}) == 1 and len(results[0].decision.nodes) == 1
+    stats = dra_index.stats()
+    assert stats.gpus_total - stats.gpus_used - stats.gpus_reserved == free - 3  # the claim's 3 GPUs, once
+    assert {r.admitted["metadata"]["annotations"]["topology.scheduler/reservation"] for r in results} == {
+        "ml/ResourceClaim/pair"}
 
 
 def gpu_pod_of(gpus: int, name: str = "p") -> dict:

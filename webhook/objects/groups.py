@@ -107,6 +107,14 @@ def channel_membership(namespace: str, template: str, annotations: Mapping) -> M
                       f"ComputeDomain channel {namespace}/{name}", size, "spec.resourceClaims")
 
 
+def claim_membership(namespace: str, claim: str) -> Membership:
+    """Pods naming one ResourceClaim not yet allocated (namespace/name) share its devices, so one
+    node: the first decides for all, and its GPUs are held once."""
+    name = claim.rpartition("/")[2]
+    return Membership(reservation_key(namespace, "ResourceClaim", name), f"ResourceClaim {namespace}/{name}", 1,
+                      "spec.resourceClaims")
+
+
 def made_for_group(labels: Mapping) -> bool:
     """An operator's object (a LeaderWorkerSet's StatefulSets) whose pods are placed as group
     members: placing the object itself would book their GPUs a second time."""

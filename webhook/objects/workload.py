@@ -245,13 +245,16 @@ def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = N
         return Workload(None, (f"{who}: asks for devices through {', '.join(demand.unknown)}, not known to the "
                                "webhook yet, so how many GPUs it needs is unknown and it is admitted without "
                                "placement (create the template before the workload)",), "", unknown=demand.unknown)
-    per_pod, shared_warnings = _with_shared_claims(who, per_pod, running, demand)
+    own_gpus = per_pod
+    per_pod, running, shared_warnings = _with_shared_claims(who, per_pod, running, demand)
     if demand.channel is not None and facts is not None:
         annotations, channel_warnings = _in_one_clique(who, demand.channel, annotations, facts)
         shared_warnings += channel_warnings
     group = _group(kind, obj, namespace, who, template, annotations) if per_pod else None
     if group is None and per_pod and kind == "Pod" and demand.channel is not None:
         group = groups.channel_membership(namespace, demand.channel, annotations)
+    if group is None and kind == "Pod" and demand.shared and not own_gpus:
+        group = groups.claim_membership(namespace, demand.shared[0][0])  # pods naming it share one decision
     if group is not None and pod_group is not None and pod_group.min_count is not None:
         group = dataclasses.replace(group, size=pod_group.min_count)  # the gang's size wins
     if group is not None:
@@ -282,17 +285,21 @@ def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = N
     return Workload(request, tuple(warnings), group=group)
 
 
-def _with_shared_claims(who: str, per_pod: int, running: int, demand: ClaimDemand) -> tuple[int, list[str]]:
-    """GPUs per pod with those of named claims not yet allocated: one set of GPUs however many
-    pods name it, counted once, so only for a workload of one pod."""
+def _with_shared_claims(who: str, per_pod: int, running: int, demand: ClaimDemand) -> tuple[int, int, list[str]]:
+    """(GPUs per pod, pods, warnings) with the GPUs of named claims not yet allocated: one set of
+    GPUs on one node however many pods name it, counted once. A workload whose pods have no GPUs
+    of their own is placed as that one set: its pods all run on the node it goes to."""
     shared = sum(gpus for _, gpus in demand.shared)
     if not shared:
-        return per_pod, []
+        return per_pod, running, []
     if running <= 1:
-        return per_pod + shared, []
+        return per_pod + shared, running, []
     names = ", ".join(name for name, _ in demand.shared)
-    return per_pod, [f"{who}: its {running} pods share ResourceClaim {names} ({shared} GPUs, allocated once "
-                     "wherever the first pod is scheduled); those GPUs are not placed"]
+    if not per_pod:
+        return shared, 1, [f"{who}: its {running} pods share ResourceClaim {names}: placed as its {shared} GPUs "
+                           "on one node, where all of them run"]
+    return per_pod, running, [f"{who}: its {running} pods share ResourceClaim {names} ({shared} GPUs, allocated "
+                              "once wherever the first pod is scheduled); those GPUs are not placed"]
 
 
 def _in_one_clique(who: str, channel: str, annotations: dict[str, str], facts: ClusterFacts
