@@ -393,6 +393,9 @@ class _Handler(BaseHTTPRequestHandler):
             kind, namespace, name = url.path.rsplit("/", 1)[-1], None, None
         elif fake.serve_dra and url.path in DRA_PATHS:
             kind, namespace, name = DRA_PATHS[url.path], None, None
+            if kind in fake.forbidden:
+                self._send_json(403, json.dumps(fake._forbidden("GET", kind, None, None)).encode())
+                return
         else:
             self._send_json(404, json.dumps(_status(404, "NotFound", f"{url.path} not found")).encode())
             return

@@ -570,3 +570,14 @@ def test_a_workload_whose_template_is_unknown_is_counted_by_the_served_webhook(c
     assert "patch" not in answer.get_json()["response"]
     assert samples(metrics)[("topology_placement_decisions_total", (
         ("kind", "Job"), ("outcome", "demand-unknown"), ("strategy", "none")))] == 1
+
+
+def test_the_live_view_is_ready_without_dra_kinds_its_rbac_may_not_read(fake, make_view, caplog):
+    fake.serve_dra = True
+    fake.forbidden = {"resourceslices", "resourceclaims"}
+    for node in demo.leaf_spine_nodes(1, 1, 2):
+        fake.put_node(node)
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(10) and view.readiness()[0]
+    assert "resourceslices: forbidden to list them, so none are counted" in caplog.text

@@ -50,6 +50,7 @@ from ..core.dra import object_key
 log = logging.getLogger(__name__)
 
 GONE = 410
+FORBIDDEN = 403
 NOT_FOUND = 404
 LIST_PAGE_SIZE = 500  # as client-go's reflector: big lists arrive in pages, not one huge response
 CONNECT_TIMEOUT_SECONDS = 10.0
@@ -283,8 +284,8 @@ class ApiFeed:
                     backoff.reset()
                 self._watch(stream, backoff)
             except ApiException as err:
-                if err.status == NOT_FOUND and stream.optional:
-                    self._not_served(stream)
+                if err.status in (NOT_FOUND, FORBIDDEN) and stream.optional:
+                    self._not_served(stream, forbidden=err.status == FORBIDDEN)
                     continue
                 if err.status == GONE:
                     log.info("%s: resourceVersion %s is gone (410); relisting", stream.kind,
@@ -297,10 +298,15 @@ class ApiFeed:
                     break
                 self._failed(stream, err, backoff)
 
-    def _not_served(self, stream: _Stream) -> None:
-        """The API does not serve this kind: there are none, which is in sync; asked again at every
-        watch timeout, so an API enabled later is picked up."""
-        if stream.served:
+    def _not_served(self, stream: _Stream, forbidden: bool) -> None:
+        """The API does not serve this kind, or our RBAC may not read it: none are counted, and the
+        view is in sync without them (a webhook that never became ready would place nothing at
+        all); asked again at every watch timeout, so an API enabled or a Role granted later is
+        picked up."""
+        if stream.served and forbidden:
+            log.warning("%s: forbidden to list them, so none are counted (GPUs under DRA are not seen); grant get, "
+                        "list and watch on them (the chart's ClusterRole does)", stream.kind)
+        elif stream.served:
             log.info("%s: not served by this cluster's API; none counted", stream.kind)
         with self.index.lock:
             for key in stream.counted():
