@@ -3,7 +3,9 @@
 It serves GET /api/v1/nodes and GET /api/v1/pods (all namespaces), coordination.k8s.io/v1
 Leases in a namespace (list, watch, get, create, update, delete), Secrets in a namespace (get,
 create, update) and admissionregistration.k8s.io/v1 MutatingWebhookConfigurations (get, JSON
-patch), the way the real server does, so the real `kubernetes` client can be pointed at it with
+patch); with `serve_nodepools`, karpenter.sh/v1 NodePools (list, watch); PodTemplates and, with
+`serve_provisioning_requests`, autoscaling.x-k8s.io/v1 ProvisioningRequests in a namespace (get,
+create, delete), the way the real server does, so the real `kubernetes` client can be pointed at it with
 `Configuration(host=server.url)`:
 
 - lists: `{"kind": "NodeList", "metadata": {"resourceVersion": RV, "continue": ...}, "items": [...]}`
@@ -49,10 +51,14 @@ from urllib.parse import parse_qs, urlsplit
 import jsonpatch
 
 KINDS = {"nodes": "Node", "pods": "Pod", "leases": "Lease", "secrets": "Secret",
-         "mutatingwebhookconfigurations": "MutatingWebhookConfiguration"}
+         "mutatingwebhookconfigurations": "MutatingWebhookConfiguration", "nodepools": "NodePool",
+         "podtemplates": "PodTemplate", "provisioningrequests": "ProvisioningRequest"}
 API_VERSIONS = {"nodes": "v1", "pods": "v1", "leases": "coordination.k8s.io/v1", "secrets": "v1",
-                "mutatingwebhookconfigurations": "admissionregistration.k8s.io/v1"}
-CLUSTER_SCOPED = {"nodes", "mutatingwebhookconfigurations"}
+                "mutatingwebhookconfigurations": "admissionregistration.k8s.io/v1", "nodepools": "karpenter.sh/v1",
+                "podtemplates": "v1", "provisioningrequests": "autoscaling.x-k8s.io/v1"}
+CLUSTER_SCOPED = {"nodes", "mutatingwebhookconfigurations", "nodepools"}
+# Lists and watches of whole collections: the core ones, and Karpenter's NodePools when `serve_nodepools`.
+COLLECTIONS = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods", "/apis/karpenter.sh/v1/nodepools": "nodepools"}
 # Dynamic Resource Allocation and PodGroups, listed and watched across namespaces when `serve_dra`
 # (a cluster whose API does not serve them answers 404, as without it).
 DRA_PATHS = {"/apis/resource.k8s.io/v1/resourceslices": "resourceslices",
@@ -69,6 +75,9 @@ for _path, _plural in DRA_PATHS.items():
 CLUSTER_SCOPED |= {"resourceslices", "deviceclasses"}
 LEASES = re.compile(r"/apis/coordination\.k8s\.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?")
 SECRETS = re.compile(r"/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?")
+PODTEMPLATES = re.compile(r"/api/v1/namespaces/([^/]+)/podtemplates(?:/([^/]+))?")
+PROVISIONING_REQUESTS = re.compile(r"/apis/autoscaling\.x-k8s\.io/v1/namespaces/([^/]+)/provisioningrequests(?:/([^/]+))?")
+DELETABLE = {"leases", "podtemplates", "provisioningrequests"}
 WEBHOOK_CONFIGURATIONS = re.compile(r"/apis/admissionregistration\.k8s\.io/v1/mutatingwebhookconfigurations/([^/]+)")
 
 
@@ -89,7 +98,8 @@ def _resource(kind: str) -> str:
 
 def _named(path: str) -> tuple[str, str | None, str | None] | None:
     """(kind, namespace, name) of a Lease, Secret or MutatingWebhookConfiguration path, else None."""
-    for kind, pattern in (("leases", LEASES), ("secrets", SECRETS)):
+    for kind, pattern in (("leases", LEASES), ("secrets", SECRETS), ("podtemplates", PODTEMPLATES),
+                          ("provisioningrequests", PROVISIONING_REQUESTS)):
         match = pattern.fullmatch(path)
         if match:
             return kind, match.group(1), match.group(2)
@@ -112,6 +122,8 @@ class FakeApiServer:
         self.refuse_until = 0.0
         self.gone_as_status = False
         self.answer_status: int | None = None  # answer every request with this HTTP error (403: no RBAC)
+        self.serve_nodepools = False  # a cluster with Karpenter serves karpenter.sh/v1 NodePools
+        self.serve_provisioning_requests = False  # cluster-autoscaler's CRD autoscaling.x-k8s.io/v1 is installed
         self.forbidden: set[str] = set()  # resources whose every request is 403, e.g. {"secrets"}
         self.write_delay_seconds = 0.0
         self.refuse_writes = False
@@ -389,8 +401,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if named:
             kind, namespace, name = named
-        elif url.path in ("/api/v1/nodes", "/api/v1/pods"):
-            kind, namespace, name = url.path.rsplit("/", 1)[-1], None, None
+        elif url.path in COLLECTIONS and (COLLECTIONS[url.path] != "nodepools" or fake.serve_nodepools):
+            kind, namespace, name = COLLECTIONS[url.path], None, None
         elif fake.serve_dra and url.path in DRA_PATHS:
             kind, namespace, name = DRA_PATHS[url.path], None, None
             if kind in fake.forbidden:
@@ -445,7 +457,8 @@ class _Handler(BaseHTTPRequestHandler):
                 kind, namespace, name = named
                 code, answer = fake._patch(kind, name if namespace is None else f"{namespace}/{name}", json.loads(body))
         elif not named or named[0] == "mutatingwebhookconfigurations" or (method == "POST") == bool(named[2]) \
-                or (method == "DELETE" and named[0] != "leases"):
+                or (method == "DELETE" and named[0] not in DELETABLE) \
+                or (named[0] == "provisioningrequests" and not fake.serve_provisioning_requests):
             self._send_json(404, json.dumps(_status(404, "NotFound", f"{self.path} not found")).encode())
             return
         else:

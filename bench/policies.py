@@ -13,7 +13,7 @@ import dataclasses
 import random
 from typing import Callable
 
-from webhook.core import bestfit, placement
+from webhook.core import orderings
 from webhook.core.cluster import ClusterIndex
 from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
 from webhook.core.config import Config
@@ -263,19 +263,18 @@ class Ours(Policy):
                 for i, (node, ids) in enumerate(pods)]
 
 
-# Our rules that an ablation switches off, one at a time: where each lives, and what replaces it
-# (the same order without that rule's term). Bench only: the core has no switches.
-ABLATIONS: dict[str, tuple[object, str, Callable]] = {
+# Our rules that an ablation switches off, one at a time: the ordering of webhook/core/orderings.py
+# that holds it, and what replaces it (the same order without that rule's term). The core reads
+# its orderings by name at call time, so one replacement switches the rule everywhere it is used.
+ABLATIONS: dict[str, tuple[str, Callable]] = {
     # a single-node pod goes to a node whose NVLink domain holds it whole, among equally full ones
-    "aligned-first": (placement, "aligned_first", lambda node, gpus: node.name),
+    "aligned-first": ("aligned_first", lambda node, gpus: node.name),
     # a single-node pod goes down the tree where small jobs already run (else: the fullest first)
-    "small-jobs-first": (placement, "with_small_jobs_first",
-                         lambda domain, gpus: (domain.fits(gpus), domain.free_gpus, domain.path)),
+    "small-jobs-first": ("with_small_jobs_first", lambda domain, gpus: (domain.fits(gpus), domain.free_gpus,
+                                                                          domain.path)),
     # among equally fitting domains, a multi-node job takes the one with fewer partly used nodes
-    # (the key keeps its shape: the order reads the path from its fourth place)
-    "fewer-partly-used": (bestfit._KEYS, bestfit.FIT,
-                          lambda domain, gpus: (domain.cap[gpus] if gpus < len(domain.cap) else 0, 0,
-                                                domain.free_gpus, domain.path)),
+    # (the key keeps its shape: the level orders read the path from its fourth place)
+    "fewer-partly-used": ("best_fit", lambda domain, gpus: (domain.fits(gpus), 0, domain.free_gpus, domain.path)),
 }
 
 
@@ -289,12 +288,11 @@ class Without(Ours):
         self.name = f"ours without {rule}"
 
     def place(self, job: Job) -> list[PodPlacement] | None:
-        where, name, replacement = ABLATIONS[self.rule]
-        table = where if isinstance(where, dict) else vars(where)
-        kept = table[name]
-        table[name] = replacement
+        name, replacement = ABLATIONS[self.rule]
+        kept = getattr(orderings, name)
+        setattr(orderings, name, replacement)
         try:
             return super().place(job)
         finally:
-            table[name] = kept
+            setattr(orderings, name, kept)
 

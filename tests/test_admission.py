@@ -292,8 +292,6 @@ def test_deleting_a_replicaset_keeps_its_deployments_reservation(index):
                  ["topology.scheduler/placement-strategy", '"packed"', "allowed: consolidated"], id="unknown strategy"),
     pytest.param({"topology.scheduler/preferred-domain": "leaf-99"},
                  ["topology.scheduler/preferred-domain", "'leaf-99'", "allowed:"], id="preferred domain not found"),
-    pytest.param({"topology.scheduler/gpu-count": "4096"},
-                 ["topology.scheduler/gpu-count", "'4096'", "even with every GPU free"], id="more than the cluster"),
 ])
 def test_denials_name_the_object_the_annotation_the_value_and_what_is_allowed(annotations, fragments, index):
     result = run(workload("Job", annotations=annotations), index)
@@ -305,10 +303,28 @@ def test_denials_name_the_object_the_annotation_the_value_and_what_is_allowed(an
     assert index.ledger.holds == {}
 
 
-def test_no_node_matching_the_selector_is_denied(index):
+def test_more_than_the_cluster_waits_for_nodes_and_refuse_unplaceable_denies_it(index):
+    obj = workload("Job", annotations={"topology.scheduler/gpu-count": "4096"})
+    result = run(obj, index)
+    assert result.outcome == "waiting-for-nodes" and result.review["response"]["allowed"] is True
+    assert any("it waits for nodes to be added" in w for w in result.review["response"]["warnings"])
+    assert result.review["response"]["auditAnnotations"]["reason"] == "ExceedsNodes"
+    assert index.ledger.holds == {}
+    refusing = Config(refuse_unplaceable=True)
+    result = run(obj, ClusterIndex.from_objects(refusing, *demo_cluster()), refusing)
+    assert result.outcome == "denied" and result.review["response"]["allowed"] is False
+    message = result.review["response"]["status"]["message"]
+    for fragment in ("Job ml/train", "topology.scheduler/gpu-count", "'4096'", "even with every GPU free"):
+        assert fragment in message
+
+
+def test_no_node_matching_the_selector_waits_for_one(index):
     obj = workload("Job", annotations={"topology.scheduler/gpu-count": "8"}, spec={"nodeSelector": {"pool": "none"}})
     result = run(obj, index)
-    assert result.outcome == "denied" and result.decision.code == "NoMatchingNodes"
+    assert result.outcome == "waiting-for-nodes" and result.decision.code == "NoMatchingNodes"
+    assert "nodeSelector" not in str(result.decision.requirements)
+    refusing = Config(refuse_unplaceable=True)
+    assert run(obj, ClusterIndex.from_objects(refusing, *demo_cluster()), refusing).outcome == "denied"
 
 
 # -- waiting ------------------------------------------------------------------------------------------
@@ -578,7 +594,7 @@ def test_the_result_carries_the_patch_it_sends_and_the_object_as_admitted(index)
     assert list(result.patch) == json.loads(base64.b64decode(response["patch"]))
     assert result.admitted == jsonpatch.apply_patch(job, list(result.patch))
     assert "topology.scheduler/placement" in result.admitted["spec"]["template"]["metadata"]["annotations"]
-    denied = admission.review(admission.make_review(gpu_job("big", 1, 8, gpu_count="100000")), index, CONFIG)
+    denied = admission.review(admission.make_review(gpu_job("big", 1, 8, gpu_count="lots")), index, CONFIG)
     assert denied.outcome == "denied" and denied.admitted is None and denied.patch == ()
 
 

@@ -3,6 +3,8 @@ import random
 
 import pytest
 
+from webhook.core import orderings
+
 from bench import ablation, costmodel, engine, evaluate, fabric, policies, simulate, traces
 from webhook.core.model import PlacementRequest, Strategy
 from webhook.core.placer import place
@@ -295,14 +297,13 @@ def test_evaluation_refuses_bad_arguments(capsys, argv, message):
 
 def test_each_ablated_rule_is_off_only_inside_its_variants_decisions():
     """A rule switched off for one decision is back on after it, even when the decision fails."""
-    for rule, (where, name, _) in policies.ABLATIONS.items():
-        table = where if isinstance(where, dict) else vars(where)
-        original = table[name]
+    for rule, (name, _) in policies.ABLATIONS.items():
+        original = getattr(orderings, name)
         variant = policies.Without(rule, costmodel.Network())
         seen = []
 
-        def spy(_policy, job, table=table, name=name):
-            seen.append(table[name])
+        def spy(_policy, job, name=name):
+            seen.append(getattr(orderings, name))
             raise policies.NeverFits("stop here")
 
         variant_place = policies.Ours.place
@@ -312,7 +313,34 @@ def test_each_ablated_rule_is_off_only_inside_its_variants_decisions():
                 variant.place(None)
         finally:
             policies.Ours.place = variant_place
-        assert seen and seen[0] is not original and table[name] is original
+        assert seen and seen[0] is not original and getattr(orderings, name) is original
+
+
+def test_switching_off_fewer_partly_used_switches_it_off_in_the_level_orders_and_the_scoped_search_alike():
+    """The best-fit order is written once (orderings.best_fit): the decision's search inside a scope
+    and the level orders kept sorted by bestfit both read it, so one switch changes both."""
+    from webhook.core.cluster import ClusterIndex
+    from webhook.core.config import Config
+    from webhook.core.model import PlacementRequest, Strategy
+    from webhook.core.placer import place
+    from webhook.kube.demo import make_node, make_pod
+    # Two leaves that each hold a 2 x 8 job with 20 GPUs free; only a has a partly used node.
+    labels = {"topology.scheduler/spine": "s"}
+    nodes = [make_node(f"{leaf}-n{i}", {**labels, "topology.scheduler/leaf": leaf}, gpus=4 if (leaf, i) == ("b", 2) else 8)
+             for leaf in ("a", "b") for i in range(3)]
+    index = ClusterIndex.from_objects(Config(), nodes, [make_pod("small", "a-n2", 4)])
+    job = PlacementRequest("Job ml/t", 2, 8, Strategy.CONSOLIDATED)
+    inside = PlacementRequest("Job ml/t", 2, 8, Strategy.CONSOLIDATED, preferred_domain="s")  # a scoped search
+    assert place(index, job).scope.name == place(index, inside).scope.name == "b"  # fewer partly used wins
+    name, replacement = policies.ABLATIONS["fewer-partly-used"]
+    kept = getattr(orderings, name)
+    setattr(orderings, name, replacement)
+    try:
+        for orders in index.tree.orders:
+            orders.reset()  # sorted afresh under the switched ordering
+        assert place(index, job).scope.name == place(index, inside).scope.name == "a"  # then the path decides
+    finally:
+        setattr(orderings, name, kept)
 
 
 def test_ablation_pairs_ours_with_each_rule_off_and_reads_every_row(capsys):

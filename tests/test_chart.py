@@ -636,6 +636,32 @@ def test_webhook_writes_only_leases_in_the_release_namespace():
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
 
 
+def test_webhook_may_read_the_autoscalers_pools_and_nothing_else_of_theirs():
+    assert rules_of("defaults", f"{FULLNAME}-autoscalers") == [
+        {"apiGroups": ["karpenter.sh"], "resources": ["nodepools"], "verbs": ["get", "list", "watch"]}]
+    role = one("defaults", "Role", f"{FULLNAME}-autoscaler-status")
+    assert role["metadata"]["namespace"] == "kube-system"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["cluster-autoscaler-status"], "verbs": ["get", "list", "watch"]}]
+    binding = one("defaults", "RoleBinding", f"{FULLNAME}-autoscaler-status")
+    assert binding["metadata"]["namespace"] == "kube-system" and binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    manifests = chart().render({"autoscalers": {"read": False}}, name=RELEASE, namespace=NAMESPACE)
+    assert "autoscaler" not in "".join(manifests.values())
+
+
+def test_provisioning_requests_may_be_created_and_deleted_only_when_a_class_is_set():
+    assert not [r for r in objects("defaults", "ClusterRole") if r["metadata"]["name"].endswith("-provisioning")]
+    manifests = chart().render({"config": {"scheduler_names": ["topology-aware-scheduler"],
+                                           "provisioning_request_class": "check-capacity.autoscaling.x-k8s.io"}},
+                               name=RELEASE, namespace=NAMESPACE)
+    roles = [obj for path, text in manifests.items() if path.endswith(".yaml") for obj in yaml.safe_load_all(text)
+             if obj and obj["kind"] == "ClusterRole" and obj["metadata"]["name"] == f"{FULLNAME}-provisioning"]
+    assert [role["rules"] for role in roles] == [[
+        {"apiGroups": ["autoscaling.x-k8s.io"], "resources": ["provisioningrequests"], "verbs": ["get", "create", "delete"]},
+        {"apiGroups": [""], "resources": ["podtemplates"], "verbs": ["get", "create", "delete"]}]]
+
+
 def test_discovery_agent_runs_on_gpu_nodes_only_with_node_patch_rights_only():
     assert not objects("defaults", "DaemonSet")
     name = f"{FULLNAME}-discovery"

@@ -138,9 +138,7 @@ def test_explain_prints_each_decision_with_its_reasons(tmp_path, capsys, cluster
 @pytest.mark.parametrize("content, message", [
     ("kind: [unclosed", "not valid YAML or JSON"),
     ("- 1\n- 2\n", "document 1 item 1 is not a Kubernetes object"),
-    ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n",
-     "Pod p found; this file may only hold Node, ResourceSlice, ResourceClaim, ResourceClaimTemplate, DeviceClass, "
-     "PodGroup, ComputeDomain objects"),
+    ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n", "Pod p found; this file may only hold Node objects"),
     ("kind: Node\nmetadata: {name: n}\nspec: 5\n", "document 1 (Node): spec is 5, not a mapping"),
 ])
 def test_bad_nodes_file_gives_one_line_naming_the_file_and_exit_2(tmp_path, capsys, content, message):
@@ -258,3 +256,27 @@ def test_the_readme_walkthrough_explains_the_seed_manifests(capsys, cluster_file
         assert f"{obj['kind']} default/{obj['metadata']['name']}: placed" in err
     for job in objects[:3]:  # the seed's Deployment lacks spec.selector, so only the Jobs can validate
         assert_valid_kubernetes_object(job)
+
+
+def test_a_job_larger_than_the_cluster_is_admitted_to_wait_and_refused_only_when_told(tmp_path, capsys, cluster_files):
+    """No autoscaler in sight: 40 x 8 GPUs on 32 nodes of 8 waits Pending for nodes to be added,
+    as Kubernetes itself would keep it; `refuse_unplaceable: true` (a cluster that never grows)
+    refuses it; an invalid annotation is refused either way."""
+    big = gpu_job("big", 40, 8, placement_strategy="consolidated")
+    manifest = write(tmp_path, "big.yaml", big)
+    code, out, err = run(capsys, "mutate", "-f", manifest, *cluster_files)
+    assert code == 0, err
+    assert "Warning: Job ml/big needs 40 pod(s) x 8 GPU(s); even with every GPU free the nodes it may use hold 32" in err
+    assert "it waits for nodes to be added" in err
+    (job,) = yaml.safe_load_all(out)
+    assert_valid_kubernetes_object(job)
+    assert "affinity" not in job["spec"]["template"]["spec"]  # nothing keeps added nodes out
+    assert "waiting (consolidated) for nodes to be added" in \
+        job["spec"]["template"]["metadata"]["annotations"]["topology.scheduler/placement"]
+    settings = tmp_path / "config.yaml"
+    settings.write_text("refuse_unplaceable: true\n")
+    code, out, err = run(capsys, "mutate", "-f", manifest, *cluster_files, "--config", str(settings))
+    assert code == 1 and "Error: Job ml/big denied: " in err and out == ""
+    bad = write(tmp_path, "bad.yaml", gpu_job("bad", 40, 8, placement_strategy="packed"))
+    code, _, err = run(capsys, "mutate", "-f", bad, *cluster_files)
+    assert code == 1 and 'placement-strategy="packed"' in err

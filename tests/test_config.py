@@ -73,6 +73,9 @@ def test_mapping_rejects_bad_profile():
     ("preferred_weight: 101\n", "preferred_weight: 101 is out of range; allowed: 1 to 100"),
     ("max_body_bytes: 2048.5\n", "max_body_bytes: 2048.5 is not a whole number"),
     ("pin_when_waiting: maybe\n", "pin_when_waiting: 'maybe' is not allowed; allowed: true, false"),
+    ("refuse_unplaceable: 1\n", "refuse_unplaceable: 1 is not allowed; allowed: true, false"),
+    ("provisioning_request_class: atomic\n", "provisioning_request_class: 'atomic' is not allowed; allowed: an empty "
+     "string (none), best-effort-atomic-scale-up.autoscaling.x-k8s.io, check-capacity.autoscaling.x-k8s.io"),
     ("stale_after_seconds: true\n", "stale_after_seconds: True is not a number"),
     ("scheduler_names: my-scheduler\n", "scheduler_names: 'my-scheduler' is not a list"),
     ("nccl_profiles: {leaf: {NCCL_CROSS_NIC: [1]}}\n", "nccl_profiles.leaf.NCCL_CROSS_NIC: [1] is not allowed"),
@@ -89,6 +92,12 @@ def test_mapping_rejects_bad_profile():
     ("reservation_ttl: 5\n", "unknown setting(s) reservation_ttl; allowed: "),
     ("nccl_profiles: {nvswitch: {NCCL_P2P_LEVEL: NVL}}\n", "nccl_profiles: unknown key(s) nvswitch; allowed: "),
     ("levels: [{label: a/b, speed: 3}]\n", "levels[0]: unknown key(s) speed; allowed: label, link, name, oversubscription"),
+    # what Kubernetes itself would refuse where we write it
+    ('default_scheduler: "a\\nb"\n', "is not allowed; allowed: a scheduler name (a DNS-1123 subdomain"),
+    ("default_scheduler: My_Scheduler\n", "default_scheduler: 'My_Scheduler' is not allowed"),
+    ("scheduler_names: [ok, 'not ok']\n", "scheduler_names[1]: 'not ok' is not allowed; allowed: a scheduler name"),
+    ("levels: ['not a label!!']\n", "levels[0]: 'not a label!!' is not a node label key"),
+    ("levels: ['example.com/rack', '/leaf']\n", "levels[1]: '/leaf' is not a node label key"),
 ])
 @pytest.mark.parametrize("command", ["serve", "mutate"])
 def test_a_bad_setting_refuses_to_start_with_one_line_naming_key_value_and_allowed(
@@ -104,6 +113,23 @@ def test_a_bad_setting_refuses_to_start_with_one_line_naming_key_value_and_allow
     assert code == 2
     assert len(err.splitlines()) == 1 and fragment in err, err
     assert "serving" not in err
+
+
+@pytest.mark.parametrize("command", ["serve", "mutate"])
+def test_a_binary_config_file_refuses_to_start_with_one_line(tmp_path, capsys, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    (tmp_path / "config.yaml").write_bytes(bytes(range(256)) * 4)
+    argv = {"serve": ["serve", "--bind", "127.0.0.1:1", "--metrics-bind", "127.0.0.1:2"],
+            "mutate": ["mutate", "-f", "job.yaml", "--nodes", str(FIXTURES / "demo-nodes.yaml")]}[command]
+    assert main([*argv, "--config", "config.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [err.strip()] and "config file config.yaml: not" in err, err
+
+
+@pytest.mark.parametrize("key", ["topology.kubernetes.io/zone", "rack", "example.com/a_b.c-d", "a.b/C9"])
+def test_label_keys_kubernetes_accepts_are_accepted_as_levels(key):
+    assert levels_from([key])[0].label == key
 
 
 def test_good_settings_load_as_typed_values(tmp_path):

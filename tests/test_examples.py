@@ -85,6 +85,22 @@ def test_the_leaderworkerset_example_places_each_group_in_one_leaf(demo_index):
             assert_valid_kubernetes_object(pod)
 
 
+def test_the_nodepool_example_steers_a_job_larger_than_the_cluster_to_nodes_the_pool_adds():
+    nodepool, job = yaml.safe_load_all((ROOT / "examples" / "karpenter-nodepool.yaml").read_text())
+    assert_valid(nodepool)
+    nodes, pods = demo.demo_cluster()
+    index, _ = file_index(Config(), ([*nodes, nodepool], pods))
+    result = review(review_of(job), index, Config())
+    assert result.outcome == "waiting-for-growth", result.warnings
+    assert any("NodePool gpu-h100 can add nodes of 8 GPUs" in w for w in result.warnings)
+    assert_valid(result.admitted)
+    (template,) = pod_templates("Job", result.admitted)
+    terms = template.template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [{"matchExpressions": [
+        {"key": "karpenter.sh/nodepool", "operator": "In", "values": ["gpu-h100"]},
+        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1a"]}]}]
+
+
 # ----- Dynamic Resource Allocation and PodGroups: placed on the DRA demo cluster, valid for 1.37 ------
 
 DRA_SCHEMA_VERSION = "1.37.0"

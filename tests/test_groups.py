@@ -8,7 +8,7 @@ import threading
 
 import pytest
 from conftest import review_of
-from fixtures.builders import container
+from fixtures.builders import container, workload
 from test_idempotence_properties import allowed_nodes
 
 from webhook.kube import demo
@@ -157,6 +157,28 @@ def test_our_group_annotation_groups_any_pods_and_group_size_sizes_the_group(fre
     assert fresh_index.stats().gpus_reserved == 8
 
 
+def test_a_member_declaring_another_size_is_denied_naming_both_sizes(fresh_index):
+    annotations = {"topology.scheduler/group": "sweep-8", "topology.scheduler/group-size": "2"}
+    first = admit(operator_pod("a", {}, annotations, gpus=4), fresh_index)
+    assert first.outcome == "placed"
+    other = review(review_of(operator_pod("b", {}, {**annotations, "topology.scheduler/group-size": "3"}, gpus=4)),
+                   fresh_index, Config())
+    message = other.review["response"]["status"]["message"]
+    assert other.outcome == "denied" and "topology.scheduler/group-size='3'" in message
+    assert "declares 3 pod(s) x 4 GPU(s)" in message and "placed for 2 pod(s) x 4 GPU(s)" in message
+    honest = admit(operator_pod("c", {}, annotations, gpus=4), fresh_index)
+    assert honest.outcome == "placed" and honest.decision is first.decision
+
+
+def test_a_denied_first_member_does_not_decide_for_the_members_after_it(fresh_index):
+    annotations = {"topology.scheduler/group": "sweep-9", "topology.scheduler/placement-strategy": "consolidated"}
+    bad = review(review_of(operator_pod("a", {}, {**annotations, "topology.scheduler/preferred-domain": "nowhere",
+                                                  "topology.scheduler/group-size": "2"})), fresh_index, Config())
+    assert bad.outcome == "denied"
+    honest = admit(operator_pod("b", {}, {**annotations, "topology.scheduler/group-size": "2"}), fresh_index)
+    assert honest.outcome == "placed" and honest.decision.request.pods == 2
+
+
 @pytest.mark.parametrize("annotations, fragment", [
     ({"topology.scheduler/group": "sweep", "topology.scheduler/group-size": "zero"},
      'topology.scheduler/group-size="zero" is not allowed; allowed: a whole number of pods from 1 to'),
@@ -269,3 +291,26 @@ def test_a_jobsets_child_jobs_arriving_alone_are_placed_as_one_group_in_any_orde
     assert fresh_index.stats().gpus_reserved == 32  # one hold for the JobSet, not one per Job
     assert {r.admitted["spec"]["template"]["metadata"]["annotations"]["topology.scheduler/reservation"]
             for r in admitted} == {"ml/JobSet/solo"}
+
+
+def test_a_pod_posing_as_a_member_of_a_placed_job_can_neither_take_nor_shrink_its_hold(fresh_index):
+    job = review(review_of(workload("Job", name="victim", replicas=2, template_annotations={
+        "topology.scheduler/placement-strategy": "consolidated"})), fresh_index, Config())
+    assert job.outcome == "placed" and fresh_index.stats().gpus_reserved == 16
+    # Kubeflow's label and a controlling owner of kind Job named like the victim: another group's key
+    impostor = operator_pod("impostor", {"training.kubeflow.org/job-name": "victim"},
+                            {"topology.scheduler/placement-strategy": "consolidated"}, gpus=1, owner=("Job", "victim"))
+    result = review(review_of(impostor), fresh_index, Config())
+    assert result.decision is None or result.decision.request.workload != "Job ml/victim"
+    assert fresh_index.ledger.hold("ml/Job/victim").pods == 2
+    # Naming a group's key outright (a Kubeflow owner) with a smaller size is denied, also where
+    # only the group's hold is known (a replica that saw the claim, not the first member).
+    members = {"training.kubeflow.org/job-name": "bert"}
+    first = admit(operator_pod("bert-master-0", members, {"topology.scheduler/group-size": "2"},
+                               owner=("PyTorchJob", "bert")), fresh_index)
+    assert first.outcome == "placed"
+    fresh_index.ledger.groups.clear()
+    fake = operator_pod("fake", members, {"topology.scheduler/group-size": "1"}, owner=("PyTorchJob", "bert"))
+    denied = review(review_of(fake), fresh_index, Config())
+    assert denied.outcome == "denied" and "placed for 2 pod(s)" in denied.review["response"]["status"]["message"]
+    assert fresh_index.ledger.hold("ml/PyTorchJob/bert").pods == 2

@@ -12,7 +12,7 @@ import pytest
 from webhook.core.cluster import ClusterIndex
 from webhook.core.config import Config
 from webhook.kube.demo import leaf_spine_nodes, make_node, make_pod
-from webhook.core.model import (EXCEEDS_CLUSTER, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Interconnect,
+from webhook.core.model import (EXCEEDS_CLUSTER, EXCEEDS_NODES, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Interconnect,
                            NodeRequirement, Outcome, PlacementRequest, Strategy)
 from webhook.core.placer import place, place_and_reserve
 
@@ -124,10 +124,31 @@ def test_per_pod_accounting_two_single_gpu_holes_do_not_hold_a_two_gpu_pod():
     assert decision.outcome is Outcome.WAIT and decision.code == NO_ROOM_NOW
 
 
-def test_more_than_the_cluster_is_never(cluster):
+def test_more_than_the_cluster_waits_for_nodes_unpinned_and_says_what_fits_where(cluster):
     decision = place(cluster, request(33))
+    assert (decision.outcome, decision.code) == (Outcome.WAIT, EXCEEDS_NODES)
+    assert decision.requirements == () and decision.scope is None  # nodes added later may take it
+    assert "hold 32 such pod(s) (largest node: 8 GPUs); it waits for nodes to be added" in decision.reasons[0]
+    assert "leaf: leaf-1 4 of 33 pods fit when idle, leaf-2 4 of 33 pods fit when idle" in " ".join(decision.reasons)
+
+
+def test_refuse_unplaceable_restores_the_refusal(clock):
+    index = ClusterIndex.from_objects(Config(refuse_unplaceable=True), leaf_spine_nodes(), [], clock)
+    decision = place(index, request(33))
     assert (decision.outcome, decision.code) == (Outcome.NEVER, EXCEEDS_CLUSTER)
     assert "32" in decision.reasons[0]
+    only_tainted = ClusterIndex.from_objects(Config(refuse_unplaceable=True), [make_node("t", {}, taints=[
+        {"key": "dedicated", "value": "infer", "effect": "NoSchedule"}])])
+    assert place(only_tainted, request(1)).outcome is Outcome.NEVER
+
+
+def test_a_pod_larger_than_every_node_is_never_whatever_the_setting(cluster):
+    decision = place(cluster, request(1, gpus=16))
+    assert (decision.outcome, decision.code) == (Outcome.NEVER, EXCEEDS_CLUSTER)
+    assert "no node it may use takes a pod of 16 GPU(s)" in decision.reasons[0]
+    # Even when no node is open to it by its labels: no node of the cluster is that large.
+    decision = place(cluster, request(1, gpus=16, node_selector={"pool": "none"}))
+    assert (decision.outcome, decision.code) == (Outcome.NEVER, NO_MATCHING_NODES)
 
 
 def test_nothing_fits_now_names_the_domain_that_fits_first(cluster):
@@ -187,8 +208,8 @@ def test_cordoned_and_notready_nodes_hold_nothing_now_but_make_a_wait_not_a_deni
     tolerant = request(1, tolerations=({"key": "dedicated", "operator": "Exists"},))
     assert place(index, tolerant).nodes == ("tainted",)
     only_tainted = ClusterIndex.from_objects(Config(), nodes[2:])
-    decision = place(only_tainted, request(1))
-    assert (decision.outcome, decision.code) == (Outcome.NEVER, NO_MATCHING_NODES)
+    decision = place(only_tainted, request(1))  # a node it tolerates may be added: it waits
+    assert (decision.outcome, decision.code) == (Outcome.WAIT, NO_MATCHING_NODES)
     assert "untolerated taint: 1" in decision.reasons[0]
 
 

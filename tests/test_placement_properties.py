@@ -47,9 +47,9 @@ def in_use(name: str, used: int) -> dict:
     return make_pod(f"use-{name}", name, used)
 
 
-def build(nodes):
+def build(nodes, config=Config()):
     objs = [obj for name, path, gpus, _ in nodes for obj in gpu_node(name, dict(zip(LEVELS, path)), gpus)]
-    return ClusterIndex.from_objects(Config(), objs, [in_use(name, used) for name, _, _, used in nodes if used])
+    return ClusterIndex.from_objects(config, objs, [in_use(name, used) for name, _, _, used in nodes if used])
 
 
 def oracle_levels(nodes, pods, gpus):
@@ -70,16 +70,18 @@ requests = st.tuples(st.integers(1, 6), st.sampled_from([1, 2, 4, 8]))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(clusters(), requests)
-def test_consolidated_matches_the_oracle(nodes, shape):
+@given(clusters(), requests, st.booleans())
+def test_consolidated_matches_the_oracle(nodes, shape, refuse_unplaceable):
     pods, gpus = shape
-    index = build(nodes)
+    index = build(nodes, Config(refuse_unplaceable=refuse_unplaceable))
     decision = place(index, PlacementRequest("Job p/x", pods, gpus, Strategy.CONSOLIDATED))
     groups = oracle_levels(nodes, pods, gpus)
     free = {name: gpus_ - used for name, _, gpus_, used in nodes}
     idle_fit = sum(g // gpus for _, _, g, _ in nodes)
-    if idle_fit < pods:
-        assert decision.outcome is Outcome.NEVER
+    if idle_fit < pods:  # only nodes added later could hold it: it waits for them, pinned to none of these
+        never = refuse_unplaceable or idle_fit == 0
+        assert decision.outcome is (Outcome.NEVER if never else Outcome.WAIT)
+        assert decision.requirements == ()
         return
     if groups[-1][()] < pods:
         assert decision.outcome is Outcome.WAIT
@@ -278,3 +280,46 @@ def trimmed(counts: list[int]) -> list[int]:
     while end and not counts[end - 1]:
         end -= 1
     return counts[:end]
+
+
+@st.composite
+def nodepools(draw):
+    """A Karpenter NodePool: GPUs per node, zones it may launch in, room left under its GPU limit."""
+    gpus = draw(st.sampled_from([4, 8, 16]))
+    zones = draw(st.lists(st.sampled_from(["z0", "z1", "z9"]), min_size=1, max_size=3, unique=True))
+    room_nodes = draw(st.integers(0, 6))
+    return {"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "grow"},
+            "spec": {"template": {"metadata": {"labels": {"example.com/pool": "grow"}}, "spec": {"requirements": [
+                {"key": "karpenter.k8s.aws/instance-gpu-count", "operator": "In", "values": [str(gpus)]},
+                {"key": "topology.kubernetes.io/zone", "operator": "In", "values": zones}]}},
+                     "limits": {"nvidia.com/gpu": str(room_nodes * gpus)}},
+            "status": {"resources": {"nvidia.com/gpu": "0"}}}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(), requests, nodepools(), st.sampled_from([Strategy.CONSOLIDATED, Strategy.BALANCED]))
+def test_a_pool_that_can_grow_takes_what_the_nodes_cannot_and_its_new_nodes_are_allowed(nodes, shape, pool, strategy):
+    pods, gpus = shape
+    request = PlacementRequest("Job p/x", pods, gpus, strategy)
+    without = place(build(nodes), request)
+    index = build(nodes)
+    index.upsert_growth(pool)
+    decision = place(index, request)
+    requirements = pool["spec"]["template"]["spec"]["requirements"]
+    node_gpus = int(requirements[0]["values"][0])
+    room_nodes = int(pool["spec"]["limits"]["nvidia.com/gpu"]) // node_gpus
+    takes = gpus <= node_gpus and room_nodes >= math.ceil(pods / (node_gpus // gpus))
+    if without.outcome is Outcome.PLACED:  # fits today: placed exactly as without the pool
+        assert decision == without
+        return
+    if not takes:
+        assert decision == without
+        return
+    assert (decision.outcome, decision.code) == (Outcome.WAIT, "GrowsPool")
+    pins = {r.key: r.values for r in decision.requirements}
+    # A node the pool adds, in the zone pinned, under a leaf and spine no one knew before it launched.
+    added = {"karpenter.sh/nodepool": "grow", "example.com/pool": "grow", LEVELS[0]: pins[LEVELS[0]][0],
+             LEVELS[1]: "new-spine", LEVELS[2]: "new-leaf"}
+    assert pins[LEVELS[0]][0] in requirements[1]["values"]
+    assert all(added.get(key) in values for key, values in pins.items())
+    assert set(pins) == {"karpenter.sh/nodepool", LEVELS[0]}

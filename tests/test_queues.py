@@ -60,6 +60,23 @@ def test_updates_of_a_suspended_job_that_keep_it_suspended_place_nothing(demo_in
     assert result.outcome == "ignored" and not result.patch and demo_index.stats().gpus_reserved == 0
 
 
+def test_a_job_suspended_again_by_its_queue_releases_its_hold_and_is_placed_afresh_when_readmitted(demo_index):
+    job = suspended_job()
+    running = copy.deepcopy(job)
+    running["spec"]["suspend"] = False
+    placed = review(update_review(job, running), demo_index, Config())
+    assert placed.outcome == "placed" and demo_index.stats().gpus_reserved == 16
+    preempted = copy.deepcopy(placed.admitted)
+    preempted["spec"]["suspend"] = True
+    released = review(update_review(placed.admitted, preempted), demo_index, Config())
+    assert released.outcome == "released" and not released.patch
+    assert demo_index.stats().gpus_reserved == 0
+    readmitted = copy.deepcopy(preempted)
+    readmitted["spec"]["suspend"] = False
+    again = review(update_review(preempted, readmitted), demo_index, Config())
+    assert again.outcome == "placed" and demo_index.stats().gpus_reserved == 16
+
+
 def test_a_suspended_job_with_a_bad_annotation_is_denied_at_creation(demo_index):
     job = suspended_job()
     job["spec"]["template"]["metadata"]["annotations"]["topology.scheduler/gpu-count"] = "lots"

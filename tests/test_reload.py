@@ -9,7 +9,7 @@ import requests
 
 from webhook.serving.server import start_metrics_server
 
-from conftest import review_of, start_server, stop_server
+from conftest import eventually, review_of, start_server, stop_server
 from tests.fixtures.builders import gpu_pod
 
 
@@ -49,6 +49,35 @@ def test_sighup_under_load_reloads_the_worker_and_every_review_is_answered(tmp_p
         assert server.log.read_text().count("Booting worker") >= 3  # the first, then one per SIGHUP
     finally:
         stop.set()
+        stop_server(server)
+
+
+def test_sighup_takes_the_settings_file_as_it_is_now_and_keeps_the_old_settings_after_a_bad_edit(tmp_path):
+    settings = tmp_path / "config.yaml"
+    settings.write_text("default_scheduler: default-scheduler\n")
+    server = start_server(tmp_path, "--config", str(settings))
+    pod = gpu_pod("ours", 1)
+    pod["spec"]["schedulerName"] = "topology-aware-scheduler"
+
+    def scheduler_written() -> str:
+        return server.client().admit(review_of(pod))["spec"]["schedulerName"]
+
+    def after_sighup() -> str:
+        booted = server.log.read_text().count("Booting worker")
+        server.process.send_signal(signal.SIGHUP)
+        eventually(lambda: server.log.read_text().count("Booting worker") > booted, what="a new worker")
+        time.sleep(1.0)  # the old worker finishes and leaves the socket to the new one
+        return scheduler_written()
+
+    try:
+        assert scheduler_written() == "default-scheduler"
+        settings.write_text("default_scheduler: second-scheduler\n")
+        assert after_sighup() == "second-scheduler"
+        settings.write_text("default_scheduler: 'Not A Name'\n")
+        assert after_sighup() == "second-scheduler"  # the bad edit is logged, the last good settings kept
+        assert "keeping the settings in use" in server.log.read_text()
+        assert server.process.poll() is None
+    finally:
         stop_server(server)
 
 

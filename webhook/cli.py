@@ -12,6 +12,7 @@ import os
 import re
 import socket
 import sys
+import time
 import uuid
 from typing import Callable, Sequence
 
@@ -28,10 +29,13 @@ from .core.dra import DRA_KINDS, in_namespace
 from .kube.claims import DEFAULT_BUDGET_SECONDS
 from .kube.clusterview import ApiFeed, own_namespace
 from .core.config import DEFAULT_PORT, ConfigError, Config, load_config
+from .core.growth import is_growth_object
 from .kube.kubeclient import api_client_from
 from .objects.manifests import ManifestError, read_objects
+from .objects.overview import RecentDecisions
 from .serving.metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
 from .serving.server import METRICS_BACKLOG, THREADS_PER_WORKER, ServeOptions, WebhookServer, start_metrics_server
+from .serving.topology_page import page_app, write_page
 
 PROG = "topology-webhook"
 DEV_CERT_DIR = "certs"
@@ -54,9 +58,23 @@ def read_cluster(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
         if args.pods:
             raise UsageError("--pods needs --nodes (without --nodes the built-in demo cluster is used)")
         return demo.demo_cluster()
-    nodes = read_objects(args.nodes, kind=("Node", *DRA_KINDS))
+    nodes = node_file(args.nodes)
     pods = read_objects(args.pods, kind=("Pod", *DRA_KINDS)) if args.pods else []
     return nodes, pods
+
+
+def node_file(path: str) -> list[dict]:
+    """Node objects, with the autoscaler objects that say how the cluster can grow among them, as
+    `kubectl get nodes,nodepools -o yaml` prints them (plus cluster-autoscaler's status ConfigMap),
+    and any of the DRA kinds (core/dra.py), as `kubectl get nodes,resourceslices,deviceclasses`."""
+    objects = read_objects(path)
+    for obj in objects:
+        if obj["kind"] != "Node" and obj["kind"] not in DRA_KINDS and not is_growth_object(obj):
+            raise ManifestError(f"{path}: {obj['kind']} {(obj.get('metadata') or {}).get('name', '?')} found; this "
+                                "file may only hold Node objects, Karpenter NodePools, the ConfigMap "
+                                "kube-system/cluster-autoscaler-status and DRA objects (ResourceSlices, "
+                                "DeviceClasses...)")
+    return objects
 
 
 def say_levels(index: ClusterIndex, warn: Callable[[str], None], level: int = logging.INFO) -> None:
@@ -156,6 +174,16 @@ def metrics_dir() -> str | None:
     return path
 
 
+def reread(path: str | None, previous: Config) -> Config:
+    """The settings file as it is now, or `previous` (logged) when it no longer reads: a SIGHUP
+    after a bad edit keeps the webhook serving on the last settings that read."""
+    try:
+        return load_config(path)
+    except ConfigError as err:
+        log.error("%s; keeping the settings in use", err)
+        return previous
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers != 1:
         raise UsageError(f"--workers {args.workers}: serve runs exactly 1 worker process, because the cluster "
@@ -186,22 +214,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_client_from(args.kubeconfig)  # a bad kubeconfig stops start-up here, in one line
     cluster = ([], []) if live else read_cluster(args)
     cert, key = serving_certs(args, target)
-    options = ServeOptions(bind=args.bind, cert=cert, key=key, client_ca=args.client_ca,
-                           max_body_bytes=config.max_body_bytes, multiprocess_dir=metrics_dir())
+    def reload_settings() -> None:  # SIGHUP: workers forked from now on take the file as it is now
+        nonlocal config
+        config = reread(args.config, config)
 
-    def build_app():  # runs in the worker, after the fork, so the watch threads start there
+    options = ServeOptions(bind=args.bind, cert=cert, key=key, client_ca=args.client_ca,
+                           max_body_bytes=config.max_body_bytes, multiprocess_dir=metrics_dir(),
+                           on_reload=reload_settings)
+
+    def build_app():  # runs in the worker, after the fork, so the watch threads start there; `config` as
+        # the server process last read it
         metrics = Metrics.create(options.multiprocess_dir)
+        decisions = None if args.no_topology_page else RecentDecisions()
         if live:
             feed = ApiFeed(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
-                           claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc)
+                           claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc,
+                           on_scale_up=metrics.scale_up)
             feed.start()
             metrics.watch_feed(feed.age)
-            app = create_app(config, feed.index, feed.readiness, metrics)
+            index, readiness = feed.index, feed.readiness
         else:
             index, readiness = file_index(config, cluster)
             say_levels(index, log.warning)
-            app = create_app(config, index, readiness, metrics)
-        start_metrics_server(metrics_listener, metrics.registry, app)
+        app = create_app(config, index, readiness, metrics, decisions)
+        start_metrics_server(metrics_listener, metrics.registry, app,
+                             None if decisions is None else page_app(index, decisions))
         if target is not None:  # the worker keeps the certificate and the caBundle current while it serves
             certbootstrap.keep_current(api_client_from(args.kubeconfig), target, cert, key)
         return app
@@ -209,8 +246,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = WebhookServer(build_app, options)  # loads the certificate: a bad one stops us here
     source = (f"the cluster of {args.kubeconfig}" if args.kubeconfig else "this cluster (in-cluster config)") \
         if live else args.nodes or "the built-in demo cluster"
-    log.info("serving https://%s/mutate with %s; metrics on http://%s/metrics%s", args.bind, source,
-             args.metrics_bind, "; client certificates required" if args.client_ca else "")
+    page = "" if args.no_topology_page else f", the topology page on http://{args.metrics_bind}/topology"
+    log.info("serving https://%s/mutate with %s; metrics on http://%s/metrics%s%s", args.bind, source,
+             args.metrics_bind, page, "; client certificates required" if args.client_ca else "")
     server.run()
     return 0
 
@@ -259,12 +297,14 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     if not objects:
         raise UsageError(f"no objects passed to mutate: {', '.join(args.filename)} hold(s) no Kubernetes object")
     mutated, patches, denied = [], [], 0
+    decisions = RecentDecisions()
     for position, obj in enumerate(objects):
         namespace = (obj.get("metadata") or {}).get("namespace") or "default"
         label = describe(obj, namespace)
         # A CREATE as the apiserver sends it; not dryRun, so later objects see this one's reservation.
         uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{PROG}/mutate/{position}/{label}"))
         result = admission.review(admission.make_review(obj, namespace=namespace, uid=uid), index, config)
+        decisions.record(result, time.time())
         response = result.review["response"]
         for warning in result.warnings:
             print(f"Warning: {warning}", file=sys.stderr)  # as kubectl prints them; they name the object
@@ -288,6 +328,11 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         print(json.dumps(single, indent=2))
     elif mutated:
         sys.stdout.write(yaml.safe_dump_all(mutated, sort_keys=False, explicit_start=len(mutated) > 1))
+    if args.html:
+        try:
+            write_page(args.html, index, decisions, time.time())
+        except OSError as err:
+            raise UsageError(f"--html {args.html}: cannot write it ({err.strerror})") from None
     return 1 if denied else 0
 
 
@@ -348,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "view and reservations are in that process; a second would book the same GPUs again)")
     serve.add_argument("--metrics-bind", metavar="HOST:PORT", default=DEFAULT_METRICS_BIND,
                        help="plain-HTTP listen address of /metrics (default: %(default)s)")
+    serve.add_argument("--no-topology-page", action="store_true",
+                       help="do not serve /topology and /topology.json on the metrics port (they name "
+                            "namespaces, workloads and nodes to whoever reaches that port)")
     serve.add_argument("--client-ca", metavar="FILE",
                        help="require client certificates signed by this CA (mutual TLS with the apiserver)")
     serve.add_argument("--claims-namespace", metavar="NS",
@@ -365,13 +413,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "ones before). Exit 0 when all are admitted, 1 when any is denied, 2 on bad input.")
     mutate.add_argument("-f", "--filename", metavar="FILE", action="append", required=True,
                         help="YAML or JSON manifests, a directory of them, '-' for stdin; repeatable")
-    mutate.add_argument("--nodes", metavar="FILE", required=True, help="Node objects (kubectl get nodes -o yaml)")
+    mutate.add_argument("--nodes", metavar="FILE", required=True,
+                        help="Node objects, and Karpenter NodePools or cluster-autoscaler's status ConfigMap to "
+                             "know how the cluster can grow (kubectl get nodes,nodepools -o yaml)")
     mutate.add_argument("--pods", metavar="FILE", help="Pod objects (kubectl get pods -A -o yaml)")
     mutate.add_argument("--config", metavar="FILE", help="settings file (YAML)")
     mutate.add_argument("-o", "--output", choices=("yaml", "json", "patch"), default="yaml",
                         help="mutated objects as YAML or JSON, or per admitted object one line holding its JSON "
                              "Patch, as `kubectl patch --type=json -p` takes it (default: yaml)")
     mutate.add_argument("--explain", action="store_true", help="print each decision and its reasons on stderr")
+    mutate.add_argument("--html", metavar="FILE",
+                        help="also write the topology page (the cluster with these objects placed and held, and "
+                             "their decisions) to FILE, one self-contained HTML file")
     mutate.set_defaults(func=cmd_mutate)
 
     certs_cmd = subparsers.add_parser(

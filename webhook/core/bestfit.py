@@ -1,9 +1,10 @@
 """Best fit and roomiest at one level of the tree without visiting every domain of that level.
 
 The consolidated rule takes, at a level, the domain with the least room that still holds the
-workload: the smallest (cap[g], partly used nodes, free GPUs, path) with cap[g] >= pods. The
-distributed rule spreads over the leaves with the most nodes open to one more pod: the smallest
-(-slots(g), path). Scanning a level costs its number of domains (3,125 leaves at 100,000 nodes);
+workload: the smallest `orderings.best_fit` key (pods of g GPUs that fit, partly used nodes, free
+GPUs, path) that fits `pods`. The distributed rule spreads over the leaves with the most nodes open
+to one more pod: the smallest `orderings.roomiest` key (-slots(g), path). Both keys end with the
+domain's path, which the orders read back. Scanning a level costs its number of domains (3,125 leaves at 100,000 nodes);
 this keeps, per level, rule and pod size g, the level's domains sorted by that key, so an answer is
 one binary search or the first few entries.
 
@@ -17,41 +18,21 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from typing import Callable, Generic, Mapping, Protocol, TypeVar
 
+from . import orderings
 
-class Ranked(Protocol):
-    """What the orders read of a domain (topology.Domain meets it)."""
+
+class Tracked(orderings.Ranked, Protocol):
+    """A domain the orders keep (topology.Domain meets it)."""
 
     touched: int  # the epoch of its last entry in `changed`
 
-    @property
-    def cap(self) -> list[int]: ...
 
-    @property
-    def partly_used(self) -> int: ...
-
-    @property
-    def free_gpus(self) -> int: ...
-
-    @property
-    def path(self) -> tuple: ...
-
-    def slots(self, gpus: int) -> int: ...
-
-
-R = TypeVar("R", bound=Ranked)
-
-
-def _fit_key(domain: Ranked, gpus: int) -> tuple:
-    cap = domain.cap[gpus] if gpus < len(domain.cap) else 0
-    return cap, domain.partly_used, domain.free_gpus, domain.path
-
-
-def _open_key(domain: Ranked, gpus: int) -> tuple:
-    return -domain.slots(gpus), domain.path
-
+R = TypeVar("R", bound=Tracked)
 
 FIT, OPEN = "fit", "open"
-_KEYS = {FIT: _fit_key, OPEN: _open_key}
+# Each rule's ordering, looked up in `orderings` when an order is read, so that switching one there
+# (an ablation) switches it here too.
+_ORDERINGS = {FIT: "best_fit", OPEN: "roomiest"}
 
 
 class LevelOrders(Generic[R]):
@@ -84,7 +65,7 @@ class LevelOrders(Generic[R]):
     def catch_up(self, rule: str, gpus: int) -> None:
         """Bring the order of `rule` for pods of `gpus` GPUs up to date (before decisions read it)."""
         domains = self._domains()
-        key, which = _KEYS[rule], (rule, gpus)
+        key, which = getattr(orderings, _ORDERINGS[rule]), (rule, gpus)
         if which not in self._orders:
             keyed = {path: key(d, gpus) for path, d in domains.items()}
             self._orders[which] = (sorted(keyed.values()), keyed)

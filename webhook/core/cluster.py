@@ -21,6 +21,7 @@ from . import dra
 from .config import HOSTNAME_LABEL, PRESETS, Config, choose_preset, preset_marks
 from .filters import ConstrainedSubsets, NodeFilters
 from .gpus import parse_nvlink_domains, pod_gpus
+from .growth import GrowthState, Pool, is_growth_object, object_key
 from .injection import GPU_IDS, RESERVATION
 from .ledger import ReservationLedger, held_by
 from .model import GPU_RESOURCE, PlacementRequest
@@ -44,7 +45,7 @@ def _replace_set(target: set[int], values: set[int]) -> None:
 
 
 def _feed_order(obj: Mapping) -> int:
-    return _FEED_ORDER.get(str(obj.get("kind", "Node")), 5)
+    return _FEED_ORDER.get(str(obj.get("kind", "Node")), 2)  # others (autoscalers' pools) with the Nodes
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,14 @@ class SharedClaims(Protocol):
     def alone(self, what: str, why: str) -> str: ...  # counts and logs; the warning to give
 
 
+class ScaleUps(Protocol):
+    """Scale-up requests (ProvisioningRequests) made for groups that wait for nodes; see
+    webhook/kube/scaleups.py."""
+
+    def create(self, objects: Sequence[Mapping]) -> str | None: ...  # None: they exist now; else why not
+    def delete(self, namespace: str, name: str) -> None: ...
+
+
 class ClusterIndex:
     """Nodes, pods and reservations, with capacity aggregated per topology domain.
 
@@ -127,6 +136,8 @@ class ClusterIndex:
         self.pod_reservations: dict[str, str] = {}  # bound pod key -> the reservation key it carries
         self.dra = dra.DraInventory()
         self.both_sources: set[str] = set()  # nodes with allocatable nvidia.com/gpu and DRA GPUs
+        self.growth = GrowthState()  # autoscalers' pools: how the cluster can grow
+        self.scale_ups: ScaleUps | None = None  # ProvisioningRequests, with a class configured and an API
         # `levels: auto`: the preset the nodes' labels call for (None: levels as configured), the
         # presets each node's labels mark and how many nodes mark each, and why none fits.
         self.preset: str | None = None
@@ -155,6 +166,8 @@ class ClusterIndex:
             self.upsert_pod(obj)
         elif kind in dra.DRA_KINDS:
             self.put_dra(kind, obj, present=True)
+        elif is_growth_object(obj):
+            self.upsert_growth(obj)
 
     def delete(self, obj: Mapping) -> None:
         """An object of any kind the index reads is gone."""
@@ -165,6 +178,8 @@ class ClusterIndex:
             self.delete_pod(obj)
         elif kind in dra.DRA_KINDS:
             self.put_dra(kind, obj, present=False)
+        elif is_growth_object(obj):
+            self.delete_growth(obj)
 
     @property
     def nodes(self) -> Mapping[str, NodeState]:
@@ -212,6 +227,7 @@ class ClusterIndex:
             self.tree.detach(old)
         else:
             fresh.pods = self.orphan_pods.pop(fresh.name, {})
+        self.growth.node_changed(fresh.name, old.labels if old is not None else {}, fresh.labels)
         fresh.held = list(self.ledger.held_on(fresh.name))
         fresh.requested = self.usage_on.setdefault(fresh.name, {})
         self.tree.attach(fresh)
@@ -225,6 +241,7 @@ class ClusterIndex:
             self.both_sources.discard(name)
             node = self.tree.nodes.get(name)
             if node is not None:
+                self.growth.node_changed(name, node.labels, {})
                 self.subsets.node_deleted(name)
                 self.filters.count(node, -1)
                 self.tree.detach(node)
@@ -371,6 +388,31 @@ class ClusterIndex:
             both = [f"node {name} has allocatable {GPU_RESOURCE} and GPU devices in ResourceSlices; its GPUs "
                     "are counted once, from allocatable" for name in sorted(self.both_sources)]
             return [*(self.dra.incomplete[pool] for pool in sorted(self.dra.incomplete)), *both]
+
+    # -- autoscalers' pools ------------------------------------------------------------------
+
+    def upsert_growth(self, obj: Mapping) -> None:
+        """A NodePool or cluster-autoscaler's status ConfigMap, added or changed."""
+        with self.lock:
+            self.growth.upsert(obj)
+
+    def delete_growth(self, obj: Mapping) -> None:
+        with self.lock:
+            self.growth.forget(object_key(obj))
+
+    def growth_keys(self, kind: str) -> set[str]:
+        """Keys of the autoscaler objects of `kind` the index holds (a relist forgets the others)."""
+        with self.lock:
+            return {key for key in self.growth.objects if key.startswith(kind + "/")}
+
+    def forget_growth(self, key: str) -> None:
+        with self.lock:
+            self.growth.forget(key)
+
+    def pools(self) -> tuple[Pool, ...]:
+        """Pools that can add nodes, heaviest first (rebuilt only after a change they depend on)."""
+        with self.lock:
+            return self.growth.pools(self.tree.nodes, self.config)
 
     # -- pods --------------------------------------------------------------------------------
 

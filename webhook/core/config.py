@@ -21,7 +21,13 @@ MUTATE_PATH = "/mutate"
 HEALTHZ_PATH = "/healthz"
 READYZ_PATH = "/readyz"
 METRICS_PATH = "/metrics"
+TOPOLOGY_PATH = "/topology"  # the topology page, on the metrics port
+TOPOLOGY_JSON_PATH = "/topology.json"
 LINK_CLASSES = ("nvlink", "leaf", "spine", "zone", "cluster")
+# ProvisioningRequest classes (https://github.com/kubernetes/autoscaler/blob/master/cluster-autoscaler/proposals/provisioning-request.md):
+# scale up all the group's nodes or none; only check that they fit; GKE's queued provisioning.
+PROVISIONING_CLASSES = ("best-effort-atomic-scale-up.autoscaling.x-k8s.io", "check-capacity.autoscaling.x-k8s.io",
+                        "queued-provisioning.gke.io")
 
 
 class ConfigError(ValueError):
@@ -122,6 +128,12 @@ class Config:
     scheduler_names: tuple[str, ...] = ("topology-aware-scheduler",)  # ours: reset to default_scheduler
     default_scheduler: str = "default-scheduler"
     pin_when_waiting: bool = True  # consolidated workloads wait for locality instead of scattering
+    # Deny a workload the nodes there are cannot hold even when idle (a cluster that never grows).
+    # Off: it is admitted to wait for nodes an autoscaler (or a person) adds, with a warning.
+    refuse_unplaceable: bool = False
+    # A ProvisioningRequest class: a group that waits for nodes gets a ProvisioningRequest of it, for
+    # an all-or-nothing scale-up by cluster-autoscaler. "": none (the default).
+    provisioning_request_class: str = ""
     # Weight of our preferred node affinity (balanced). 100, the scheduler's maximum, outweighs a
     # user's weaker preferences; lower it to let theirs count more.
     preferred_weight: int = 100
@@ -192,9 +204,10 @@ def levels_from(spec: Any) -> tuple[Level, ...]:
     levels = []
     for depth, entry in enumerate(reversed(entries)):
         label = entry.get("label")
-        if not isinstance(label, str) or not label or label == HOSTNAME_LABEL:
+        if not isinstance(label, str) or not is_label_key(label) or label == HOSTNAME_LABEL:
             raise ConfigError(f"levels[{len(entries) - 1 - depth}]: {label!r} is not a node label key "
-                              f"({HOSTNAME_LABEL} may only be last)")
+                              f"(an optional DNS subdomain prefix and '/', then a name of letters, digits, "
+                              f"'-', '_' and '.'; {HOSTNAME_LABEL} may only be last)")
         link = entry.get("link", defaults[depth])
         if link not in LINK_CLASSES:
             raise ConfigError(f"levels: link {link!r} of {label} is not one of {', '.join(LINK_CLASSES)}")
@@ -223,6 +236,20 @@ _PROFILE_NUMBERS: Mapping[str, tuple[type, float, float]] = {
     "nics_per_node": (int, 1, 64), "nvlink_domain_size": (int, 0, 1024),
 }
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+# As Kubernetes validates them (apimachinery's validation): a DNS-1123 subdomain (scheduler names,
+# a label key's prefix) and a qualified name (a label key: an optional prefix, then `/` and a name).
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+
+
+def is_dns_subdomain(text: str) -> bool:
+    return len(text) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(text) is not None
+
+
+def is_label_key(text: str) -> bool:
+    prefix, _, name = text.rpartition("/")
+    return (len(name) <= 63 and _LABEL_NAME.fullmatch(name) is not None
+            and (not prefix and "/" not in text or is_dns_subdomain(prefix)))
 
 
 def _show(value: Any) -> str:
@@ -257,6 +284,14 @@ def _number(key: str, value: Any, kind: type, least: float, most: float) -> Any:
 def _text(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{key}: {_show(value)} is not allowed; allowed: a non-empty string")
+    return value
+
+
+def _scheduler_name(key: str, value: Any) -> str:
+    """A name the webhook writes into pods as schedulerName: what the API would accept there."""
+    if not isinstance(value, str) or not is_dns_subdomain(value):
+        raise ConfigError(f"{key}: {_show(value)} is not allowed; allowed: a scheduler name (a DNS-1123 "
+                          "subdomain: lowercase letters, digits, '-' and '.', at most 253 characters)")
     return value
 
 
@@ -329,10 +364,15 @@ def config_from_mapping(data: Mapping[str, Any]) -> Config:
         elif key == "scheduler_names":
             if not isinstance(value, list):
                 raise ConfigError(f"scheduler_names: {_show(value)} is not a list of scheduler names")
-            values[key] = tuple(_text(f"scheduler_names[{i}]", name) for i, name in enumerate(value))
+            values[key] = tuple(_scheduler_name(f"scheduler_names[{i}]", name) for i, name in enumerate(value))
         elif key == "default_scheduler":
-            values[key] = _text(key, value)
-        elif key == "pin_when_waiting":
+            values[key] = _scheduler_name(key, value)
+        elif key == "provisioning_request_class":
+            if value not in ("", *PROVISIONING_CLASSES):
+                raise ConfigError(f"{key}: {_show(value)} is not allowed; allowed: an empty string (none), "
+                                  + ", ".join(PROVISIONING_CLASSES))
+            values[key] = value
+        elif key in ("pin_when_waiting", "refuse_unplaceable"):
             values[key] = _flag(key, value)
     return Config(**values)
 
@@ -345,6 +385,8 @@ def load_config(path: str | None) -> Config:
             data = yaml.safe_load(handle) or {}
     except OSError as err:
         raise ConfigError(f"config file {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path}: not UTF-8 text; expected a YAML mapping of settings") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path}: not valid YAML ({err})") from None
     if not isinstance(data, dict):

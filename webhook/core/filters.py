@@ -35,7 +35,7 @@ def tolerates(tolerations: Iterable[Mapping], taint: tuple[str, str, str]) -> bo
     return False
 
 
-def _expression_matches(expr: Mapping, labels: Mapping[str, str]) -> bool:
+def expression_matches(expr: Mapping, labels: Mapping[str, str]) -> bool:
     key, op = str(expr.get("key") or ""), expr.get("operator")
     values: Sequence = expr.get("values") or ()
     if op == "In":
@@ -61,8 +61,8 @@ def node_matches(node: NodeState, request: PlacementRequest) -> bool:
         return False
     if request.required_node_terms:
         fields = {"metadata.name": node.name}
-        if not any(all(_expression_matches(e, node.labels) for e in term.get("matchExpressions") or ())
-                   and all(_expression_matches(e, fields) for e in term.get("matchFields") or ())
+        if not any(all(expression_matches(e, node.labels) for e in term.get("matchExpressions") or ())
+                   and all(expression_matches(e, fields) for e in term.get("matchFields") or ())
                    for term in request.required_node_terms):
             return False
     if any(not tolerates(request.tolerations, t) for t in node.taints):

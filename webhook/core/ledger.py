@@ -56,6 +56,11 @@ class Reservation:
     def nodes(self) -> tuple[str, ...]:
         return tuple(self.sets)
 
+    @property
+    def pods(self) -> int:
+        """Pods the hold was made for: one set per pod still unbound, plus those bound since."""
+        return sum(len(sets) for sets in self.sets.values()) + len(self.confirmed)
+
 
 class ReservationLedger:
     """Holds by key, and by node for the index's recounts. Not thread safe on its own: the
@@ -74,6 +79,9 @@ class ReservationLedger:
         self._pods_of: dict[str, set[str]] = {}  # reservation key -> pod keys holding under it
         self.groups: dict[str, tuple[Any, float]] = {}  # group key -> (its decision, expires_at)
         self._group_expiry: list[tuple[float, str]] = []
+
+    def hold(self, key: str) -> Reservation | None:
+        return self.holds.get(key)
 
     def group(self, key: str) -> Any:
         """The decision a group's first member got, or None; each member that joins renews it."""

@@ -25,17 +25,21 @@ class Outcome(str, enum.Enum):
     """What callers can do with a decision; each value is a distinct next step."""
 
     PLACED = "placed"  # a domain has room now: pin or prefer it
-    WAIT = "wait"  # the topology could hold it, not now: pin where it will fit first, or only prefer
-    NEVER = "never"  # no amount of waiting helps: deny
+    WAIT = "wait"  # not now: pin where it will fit first, or only prefer; or wait for nodes to be added
+    NEVER = "never"  # no amount of waiting or growing helps (or refuse_unplaceable): deny
 
 
 # Why a decision did not place, as stable codes that callers and tests compare against.
 NO_ROOM_NOW = "NoRoomNow"  # WAIT: the topology could hold it once running work finishes
-NO_MATCHING_NODES = "NoMatchingNodes"  # NEVER: nodeSelector/affinity/taints/bandwidth leave no GPU node
-EXCEEDS_CLUSTER = "ExceedsCluster"  # NEVER: even with every GPU free it does not fit
+# WAIT (NEVER with refuse_unplaceable): nodeSelector/affinity/taints/bandwidth leave no GPU node now
+NO_MATCHING_NODES = "NoMatchingNodes"
+EXCEEDS_NODES = "ExceedsNodes"  # WAIT (NEVER with refuse_unplaceable): the nodes there are hold too few, even idle
+GROWS_POOL = "GrowsPool"  # WAIT: steered to a pool that can add nodes for it (the nodes there are have no room)
+EXCEEDS_CLUSTER = "ExceedsCluster"  # NEVER: a pod larger than any node (or growable pool) it may use
 UNKNOWN_DOMAIN = "UnknownPreferredDomain"  # NEVER: preferred-domain names no domain
 UNKNOWN_LEVEL = "UnknownMaxDomain"  # NEVER: max-domain names no level
 EXCEEDS_MAX_DOMAIN = "ExceedsMaxDomain"  # NEVER: no domain of the max-domain level could ever hold it
+GROUP_MISMATCH = "GroupSizeMismatch"  # NEVER: a group member's size differs from the one its group was decided for
 
 
 class Interconnect(str, enum.Enum):

@@ -12,18 +12,21 @@ Consolidated (and balanced, which only changes how the mutation enforces it):
 Distributed: one pod per node where possible, round-robin over leaves for failure isolation;
 latency-sensitive workloads stay inside one domain of the level above the leaves.
 Nothing fits now: the domain at the deepest level that could ever hold it and is closest to fitting
-is named, with how much fits per level. Nothing could ever fit: said plainly.
+is named, with how much fits per level. The nodes there are cannot hold it even idle: it waits for
+nodes to be added, pinned to nothing. No node could take even one of its pods: said plainly.
 """
 from __future__ import annotations
 
 import dataclasses
 import heapq
 import math
-from typing import Iterable, Iterator, Sequence, Union
+from typing import Callable, Iterable, Iterator, Sequence, Union
 
+from . import orderings
 from .config import HOSTNAME_LABEL, HardwareProfile
-from .filters import node_matches, tolerates
-from .model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN,
+from .filters import expression_matches, node_matches, tolerates
+from .growth import TOPOLOGY_IN_ADVANCE, Pool
+from .model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN,
                     UNKNOWN_LEVEL, Decision, DomainRef, Interconnect, NodeAssignment, NodeRequirement, Outcome,
                     PlacementRequest, Strategy)
 from .topology import Domain, NodeState, TopologyTree
@@ -70,23 +73,20 @@ def _child_towards(node: NodeState, scope: Member) -> Member:
 
 # -- the decision ----------------------------------------------------------------------------------
 
-def decide(index: TopologyTree, request: PlacementRequest, subset: TopologyTree) -> Decision:
+def decide(index: TopologyTree, request: PlacementRequest, subset: TopologyTree,
+           pools: Callable[[], Sequence[Pool]] = tuple) -> Decision:
     """The decision for `request`, reading the whole tree `index` and `subset`, the part of it the
     request may use (`ClusterIndex.restricted_to`: the whole tree when nothing filters), with its
-    best-fit orders caught up for the request's pod size. Pure: it takes no lock and writes
-    nothing; the caller holds the index still while it runs."""
+    best-fit orders caught up for the request's pod size, and, when the nodes there are have no
+    room for it, the `pools` that can add nodes (read only then). Pure: it takes no lock and
+    writes nothing; the caller holds the index still while it runs."""
     gpus, pods = request.gpus_per_pod, request.pods
     if gpus < 1 or pods < 1:
         raise ValueError(f"a placement needs at least one pod and one GPU per pod, got {pods} x {gpus}")
     shape = f"{pods} pod(s) x {gpus} GPU(s)"
-    if subset.root.fits_idle(1) == 0:
-        return Decision(Outcome.NEVER, request, None, code=NO_MATCHING_NODES,
-                        reasons=(f"no GPU node is open to {request.workload}: " + _exclusions(index, request),))
     if subset.root.fits_idle(gpus) < pods:
-        largest = max((n.alloc for n in subset.nodes.values()), default=0)
-        return Decision(Outcome.NEVER, request, None, code=EXCEEDS_CLUSTER, reasons=(
-            f"{request.workload} needs {shape}; even with every GPU free the nodes it may use hold "
-            f"{subset.root.fits_idle(gpus)} such pod(s) (largest node: {largest} GPUs)",))
+        return (_invalid_domain(index, subset, request) or _onto_growth(subset, request, pools())
+                or _beyond_the_nodes(index, subset, request))
     narrowest = _max_level(subset, request)
     if isinstance(narrowest, Decision):
         return narrowest
@@ -102,7 +102,9 @@ def decide(index: TopologyTree, request: PlacementRequest, subset: TopologyTree)
         decision = _distributed(subset, request, chain, narrowest)
     else:
         decision = _consolidated(subset, request, chain, narrowest)
-    if preferred is None or decision.outcome is Outcome.NEVER:
+    if decision.outcome is Outcome.WAIT:  # added nodes may take it sooner than running work ends
+        decision = _onto_growth(subset, request, pools()) or decision
+    if preferred is None or decision.outcome is not Outcome.PLACED:
         return decision
     honoured = decision.scope is not None and _is_under(decision.scope.path, preferred.path)
     note = (f"preferred {preferred.label} honoured" if honoured else
@@ -204,9 +206,7 @@ def _tightest_fit(subset: TopologyTree, scope: Member, pods: int, gpus: int) -> 
             continue
         fitting = [d for d in _at_level(scope, level) if d.fits(gpus) >= pods]
         if fitting:
-            # Among equal fits, the one with fewer partly used nodes: jobs that span nodes stay
-            # apart from where small jobs run, the mirror of _tightest_node's rule.
-            return min(fitting, key=lambda d: (d.fits(gpus), d.partly_used, d.free_gpus, d.path))
+            return min(fitting, key=lambda d: orderings.best_fit(d, gpus))
     return scope if scope.fits(gpus) >= pods else None
 
 
@@ -221,8 +221,8 @@ def _tightest_node(subset: TopologyTree, scope: Member, need: int, gpus: int) ->
     while member.children:
         kids = [c for c in member.children.values() if c.has_free(best)]
         if not kids[0].children:  # nodes, the tree's leaves
-            return min(_nodes(kids), key=lambda n: aligned_first(n, gpus))
-        member = min(kids, key=lambda d: with_small_jobs_first(d, gpus))
+            return min(_nodes(kids), key=lambda n: orderings.aligned_first(n, gpus))
+        member = min(kids, key=lambda d: orderings.with_small_jobs_first(d, gpus))
     return _node(member)
 
 
@@ -234,24 +234,6 @@ def _node(member: Member) -> NodeState:
 
 def _nodes(members: list[Member]) -> list[NodeState]:
     return [_node(m) for m in members]
-
-
-def aligned_first(node: NodeState, gpus: int) -> tuple:
-    """Rule for a single-node pod among equally full nodes: one whose NVLink domain holds the pod
-    whole wins."""
-    return not _aligned(node, gpus), node.name
-
-
-def with_small_jobs_first(domain: Member, gpus: int) -> tuple:
-    """Rule for a single-node pod on its way down the tree: where small jobs already run, then the
-    fullest. The gaps of a domain that a big job holds would break that domain up when the job
-    ends (bench/RESULTS.md measures this)."""
-    return -domain.partly_used, domain.fits(gpus), domain.free_gpus, domain.path
-
-
-def _aligned(node: NodeState, gpus: int) -> bool:
-    ids = node.pick_gpus(gpus, node.taken_ids)
-    return _pod_link(node, ids) is Interconnect.NVLINK
 
 
 def _split(member: Member, pods: int, gpus: int) -> list[tuple[NodeState, int]]:
@@ -434,7 +416,7 @@ def _placed(subset: TopologyTree, request: PlacementRequest, scope: Member, spli
             ids = node.pick_gpus(gpus, taken)
             taken.update(ids)
             sets.append(ids)
-        links = [_pod_link(node, ids) for ids in sets]
+        links = [node.link_for(ids) for ids in sets]
         assignment.append(NodeAssignment(node.name, count, tuple(sets), max(links, key=lambda lk: lk.rank)))
     interconnect, bandwidth, profile = _estimate(subset, request, assignment)
     # The switches used below the scope (its children that are domains, not nodes).
@@ -467,12 +449,6 @@ def _why(subset: TopologyTree, request: PlacementRequest, scope: Member, domains
                 f"no single {domains[0].level_name} holds them; fewest {domains[0].level_name}s, balanced")
     return (f"{shape} in {scope.label}: the tightest {scope.ref.level_name} that holds them "
             f"({scope.fits(request.gpus_per_pod)} such pod(s) fit there)")
-
-
-def _pod_link(node: NodeState, ids: tuple[int, ...]) -> Interconnect:
-    if len(ids) <= 1 or any(set(ids) <= set(group) for group in node.nvlink_domains):
-        return Interconnect.NVLINK
-    return Interconnect.PCIE
 
 
 def _estimate(subset: TopologyTree, request: PlacementRequest, assignment: list[NodeAssignment]
@@ -512,7 +488,143 @@ def _common_prefix(paths: list[tuple]) -> tuple:
     return first[:size]
 
 
-# -- nothing fits now, or ever ------------------------------------------------------------------------------
+# -- nothing fits now, or not on the nodes there are, or ever ---------------------------------------------
+
+def _onto_growth(subset: TopologyTree, request: PlacementRequest, pools: Sequence[Pool]) -> Decision | None:
+    """The nodes there are have no room for the request: the first pool (heaviest first) whose
+    new nodes may take its pods and that has room to add them, as a WAIT steered to the pool's
+    labels and kept inside one domain of the topology labels it fixes in advance; None if no
+    pool takes it."""
+    gpus, pods = request.gpus_per_pod, request.pods
+    ceiling = None if request.max_domain is None else _ceiling_label(subset, request.max_domain)
+    for pool in pools:
+        if not pool.takes(request) or (request.max_domain is not None and ceiling not in pool.fixed
+                                       and ceiling not in pool.choices and not (ceiling == HOSTNAME_LABEL and pods == 1)):
+            continue  # a max-domain ceiling is kept only where the pool fixes that level in advance
+        if not pool.room_for(request, 0) and not pool.room_for(request, sum(  # its nodes only when needed
+                subset.nodes[name].fits(gpus) for name in pool.members if name in subset.nodes)):
+            continue
+        pins = _pool_pins(subset, request, pool)
+        inside = ", ".join(f"{r.key}={r.values[0]}" for r in pins[1:])
+        size = f" of {pool.gpus_per_node} GPUs" if pool.gpus_per_node is not None else ""
+        room = f", {pool.room_nodes} more at most" if pool.room_nodes is not None else ""
+        reason = (f"{request.workload} needs {pods} pod(s) x {gpus} GPU(s); the nodes it may use hold "
+                  f"{subset.root.fits(gpus)} such pod(s) now, {subset.root.fits_idle(gpus)} when idle; {pool} can add "
+                  f"nodes{size}{room}: steered to it" + (f", inside {inside}" if inside else ""))
+        return Decision(Outcome.WAIT, request, DomainRef(-1, pool.kind, (pool.identity,)), requirements=pins,
+                        code=GROWS_POOL, reasons=(reason,))
+    return None
+
+
+def _ceiling_label(subset: TopologyTree, max_domain: str) -> str | None:
+    """The node label of a max-domain level (hostname for `node`); None when it names no level."""
+    labels = {lv.name: lv.label for lv in subset.config.levels} | {lv.label: lv.label for lv in subset.config.levels}
+    return (labels | {"node": HOSTNAME_LABEL, HOSTNAME_LABEL: HOSTNAME_LABEL}).get(max_domain.strip())
+
+
+def _invalid_domain(index: TopologyTree, subset: TopologyTree, request: PlacementRequest) -> Decision | None:
+    """The denial of a preferred-domain or max-domain that names nothing: invalid input, whatever
+    the capacity."""
+    if request.preferred_domain:
+        found = _resolve(index, subset, request.preferred_domain)
+        if isinstance(found, str):
+            return Decision(Outcome.NEVER, request, None, code=UNKNOWN_DOMAIN, reasons=(found,))
+    if request.max_domain is not None and _ceiling_label(subset, request.max_domain) is None:
+        ceiling = _max_level(subset, request)
+        return ceiling if isinstance(ceiling, Decision) else None
+    return None
+
+
+def _pool_pins(subset: TopologyTree, request: PlacementRequest, pool: Pool) -> tuple[NodeRequirement, ...]:
+    """The pool's identity, then each topology label it fixes in advance, and for one it leaves
+    open (several zones) the first value the request's own constraints allow: a group stays in
+    one domain. A distributed workload is spread for failure isolation: only its identity."""
+    pins = [NodeRequirement(pool.identity[0], (pool.identity[1],))]
+    if request.strategy is Strategy.DISTRIBUTED and not request.latency_sensitive:
+        return tuple(pins)
+    for key in dict.fromkeys((*TOPOLOGY_IN_ADVANCE, *(lv.label for lv in subset.config.levels))):
+        if key == pool.identity[0]:
+            continue
+        if key in pool.fixed:
+            pins.append(NodeRequirement(key, (pool.fixed[key],)))
+            continue
+        allowed = [v for v in pool.choices.get(key, ()) if _request_allows(request, key, v)]
+        if allowed:
+            pins.append(NodeRequirement(key, (allowed[0],)))
+    return tuple(pins)
+
+
+def _request_allows(request: PlacementRequest, key: str, value: str) -> bool:
+    """Whether the request's own nodeSelector and some required term allow `key=value`."""
+    if request.node_selector.get(key, value) != value:
+        return False
+    return not request.required_node_terms or any(
+        all(expression_matches(e, {key: value}) for e in term.get("matchExpressions") or () if e.get("key") == key)
+        for term in request.required_node_terms)
+
+
+def _beyond_the_nodes(index: TopologyTree, subset: TopologyTree, request: PlacementRequest) -> Decision:
+    """The nodes the request may use cannot hold it even when idle. Kubernetes keeps such pods
+    Pending until nodes are added, so this is a WAIT pinned to nothing (a pin on the labels of the
+    nodes there are would keep the new ones out). NEVER when no node could take even one pod by
+    its size (no node type it may use is large enough), when a max-domain ceiling no domain holds,
+    and for every case with `refuse_unplaceable` (a cluster that never grows)."""
+    gpus, pods = request.gpus_per_pod, request.pods
+    shape = f"{pods} pod(s) x {gpus} GPU(s)"
+    if subset.root.fits_idle(1) == 0:
+        refused_code = waiting_code = NO_MATCHING_NODES
+        reason = f"no GPU node is open to {request.workload}: " + _exclusions(index, request)
+        too_large = _no_node_holds_one_pod(index, request)
+    else:
+        ceiling = _max_level(subset, request)
+        if isinstance(ceiling, Decision):
+            return ceiling
+        refused_code, waiting_code = EXCEEDS_CLUSTER, EXCEEDS_NODES
+        largest = max((n.alloc for n in subset.nodes.values()), default=0)
+        reason = (f"{request.workload} needs {shape}; even with every GPU free the nodes it may use hold "
+                  f"{subset.root.fits_idle(gpus)} such pod(s) (largest node: {largest} GPUs)")
+        too_large = subset.root.fits_idle(gpus) == 0
+    if too_large or subset.config.refuse_unplaceable:
+        why = f"; no node it may use takes a pod of {gpus} GPU(s)" if too_large else ""
+        return Decision(Outcome.NEVER, request, None, code=refused_code, reasons=(reason + why,))
+    reasons = [f"{reason}; it waits for nodes to be added"]
+    reasons.extend(_out_of_service(subset))
+    reasons.extend(_per_level(subset, pods, lambda d: d.fits_idle(gpus), " when idle"))
+    return Decision(Outcome.WAIT, request, None, code=waiting_code, reasons=tuple(reasons))
+
+
+def _no_node_holds_one_pod(index: TopologyTree, request: PlacementRequest) -> bool:
+    """Whether no GPU node of the cluster, whatever its labels and taints, could take one pod by
+    its size: its GPUs, and the other resources it requests. False when the cluster has no GPU
+    node at all: then there is no node type to judge by. The slow path only (a scan)."""
+    gpus = request.gpus_per_pod
+    if index.root.fits_idle(1) == 0:
+        return False
+    if index.root.fits_idle(gpus) == 0:
+        return True
+    return bool(request.resources) and not any(
+        node.alloc >= gpus and all(node.allocatable.get(name, 0) >= amount for name, amount in request.resources)
+        for node in index.nodes.values())
+
+
+def _out_of_service(subset: TopologyTree) -> list[str]:
+    if not subset.out_of_service:
+        return []
+    out = sorted(subset.out_of_service.items())
+    return [f"{len(out)} GPU node(s) out of service for now may return: " + ", ".join(
+        f"{name} ({why})" for name, why in out[:5]) + (", ..." if len(out) > 5 else "")]
+
+
+def _per_level(subset: TopologyTree, pods: int, fitting: Callable[[Domain], int], when: str = "") -> list[str]:
+    """Per level, narrowest first, the three domains where the most pods fit, and how many."""
+    lines = []
+    for level in range(len(subset.levels) - 1, -1, -1):
+        ranked = heapq.nsmallest(3, subset.levels[level].values(), key=lambda d: (-fitting(d), d.path))
+        if ranked:
+            lines.append(f"{subset.config.levels[level].name}: " + ", ".join(
+                f"{d.ref.name} {min(fitting(d), pods)} of {pods} pods fit{when}" for d in ranked))
+    return lines
+
 
 def _waiting(subset: TopologyTree, request: PlacementRequest, chain: list[Member]) -> Decision:
     """Name the domain that will fit first: the deepest level with a domain that could ever hold
@@ -537,15 +649,8 @@ def _waiting(subset: TopologyTree, request: PlacementRequest, chain: list[Member
     freeing = f", {target.freeing} GPU(s) there being freed by terminating pods" if target.freeing else ""
     reasons = [f"no domain has room for {pods} pod(s) x {gpus} GPU(s) now; {target.label} will fit first "
                f"({target.fits(gpus)} of {pods} fit now, {target.fits_idle(gpus)} when idle{freeing})"]
-    if subset.out_of_service:
-        out = sorted(subset.out_of_service.items())
-        reasons.append(f"{len(out)} GPU node(s) out of service for now may return: " + ", ".join(
-            f"{name} ({why})" for name, why in out[:5]) + (", ..." if len(out) > 5 else ""))
-    for level in range(len(subset.levels) - 1, -1, -1):
-        ranked = heapq.nsmallest(3, subset.levels[level].values(), key=lambda d: (-d.fits(gpus), d.path))
-        if ranked:
-            reasons.append(f"{subset.config.levels[level].name}: " + ", ".join(
-                f"{d.ref.name} {min(d.fits(gpus), pods)} of {pods} pods fit" for d in ranked))
+    reasons.extend(_out_of_service(subset))
+    reasons.extend(_per_level(subset, pods, lambda d: d.fits(gpus)))
     return Decision(Outcome.WAIT, request, target.ref, domains=(target.ref,),
                     requirements=_requirements(subset, target), code=NO_ROOM_NOW, reasons=tuple(reasons))
 

@@ -15,7 +15,7 @@ import time
 import zlib
 
 from .cluster import ClusterIndex
-from .model import Decision, Outcome, PlacementRequest, Strategy
+from .model import GROUP_MISMATCH, Decision, Outcome, PlacementRequest, Strategy
 from .placement import decide
 from .topology import TopologyTree
 
@@ -28,7 +28,7 @@ _GROUP_LOCKS = tuple(threading.Lock() for _ in range(64))
 def place(index: ClusterIndex, request: PlacementRequest) -> Decision:
     """Decide without holding anything (dry runs, explanations, benchmarks)."""
     with index.lock:
-        return decide(index.tree, request, _prepared(index, request))
+        return decide(index.tree, request, _prepared(index, request), index.pools)
 
 
 def _prepared(index: ClusterIndex, request: PlacementRequest) -> TopologyTree:
@@ -45,9 +45,9 @@ def place_and_reserve(index: ClusterIndex, request: PlacementRequest, key: str |
     with index.lock:
         index.expire_reservations()
         if key is None:
-            return decide(index.tree, request, _prepared(index, request))
+            return decide(index.tree, request, _prepared(index, request), index.pools)
         index.release(key)
-        decision = decide(index.tree, request, _prepared(index, request))
+        decision = decide(index.tree, request, _prepared(index, request), index.pools)
         if decision.outcome is Outcome.PLACED:
             sets: dict[str, list[tuple[int, ...]]] = {}
             for assigned in decision.assignment:
@@ -85,17 +85,31 @@ def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserv
     with _GROUP_LOCKS[zlib.crc32(key.encode()) % len(_GROUP_LOCKS)]:
         with index.lock:
             decision = index.ledger.group(key)
-            claimed = index.ledger.holds.get(key) if decision is None else None
+            claimed = index.ledger.hold(key) if decision is None else None
             nodes = sorted(claimed.sets) if claimed is not None else []
         if decision is not None:
+            first = decision.request
+            if (first.pods, first.gpus_per_pod) != (request.pods, request.gpus_per_pod):
+                return _mismatch(request, f"{first.pods} pod(s) x {first.gpus_per_pod} GPU(s)"), [], True
             return decision, [], True
+        if claimed is not None and request.pods < claimed.pods:
+            # The hold under this key (another replica's claim, or the workload's own) is never
+            # shrunk by a member that says the group is smaller: labels and owners are the pod's
+            # to write. (Bound members make a claim read smaller, never larger.)
+            return _mismatch(request, f"{claimed.pods} pod(s)"), [], True
         if nodes:  # another replica placed the group first and claimed it: decide on its nodes
             request = on_nodes(request, nodes)
         decision, alone = place_shared(index, request, key if reserve else None)
-        if reserve:
+        if reserve and decision.outcome is not Outcome.NEVER:  # a denial is the member's alone
             with index.lock:
                 index.ledger.remember_group(key, decision)
         return decision, alone, False
+
+
+def _mismatch(request: PlacementRequest, placed_for: str) -> Decision:
+    return Decision(Outcome.NEVER, request, None, code=GROUP_MISMATCH, reasons=(
+        f"{request.workload}: this member declares {request.pods} pod(s) x {request.gpus_per_pod} GPU(s), but the "
+        f"group was placed for {placed_for} when its first member arrived; allowed: the same size on every member",))
 
 
 def group_decision(index: ClusterIndex, key: str) -> Decision | None:

@@ -24,7 +24,7 @@ from typing import Callable, Iterator, Mapping
 from .bestfit import FIT, OPEN, LevelOrders
 from .config import HOSTNAME_LABEL, Config, HardwareProfile
 from .gpus import NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_nvlink_domains, quantity_to_int
-from .model import GPU_RESOURCE, DomainRef, PlacementRequest
+from .model import GPU_RESOURCE, DomainRef, Interconnect, PlacementRequest
 from .resources import node_allocatable
 
 BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth"
@@ -199,6 +199,12 @@ class NodeState:
         """Every GPU index in exactly one group: the NVLink domains plus singletons for the rest."""
         listed = {i for d in self.nvlink_domains for i in d}
         return list(self.nvlink_domains) + [(i,) for i in range(self.alloc) if i not in listed]
+
+    def link_for(self, ids: tuple[int, ...]) -> Interconnect:
+        """The slowest link between a pod's GPUs here: NVLINK when one NVLink domain holds them all."""
+        if len(ids) <= 1 or any(set(ids) <= set(group) for group in self.nvlink_domains):
+            return Interconnect.NVLINK
+        return Interconnect.PCIE
 
     def pick_gpus(self, count: int, taken: set[int]) -> tuple[int, ...]:
         """An NVLink-aligned set: the smallest group that holds `count` (best fit), else the

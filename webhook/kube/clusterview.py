@@ -1,5 +1,5 @@
-"""The API feed: Nodes and Pods from the Kubernetes API, kept current by list+watch, fed into the
-cluster index (the live cluster view of docs/operations/replicas.md).
+"""The API feed: Nodes and Pods (and the autoscalers' pools) from the Kubernetes API, kept current by
+list+watch, fed into the cluster index (the live cluster view of docs/operations/replicas.md).
 
 Names, so that "view" means one thing: the `ClusterIndex` is the state placement reads, a
 constrained subset is the part of it one request may use (filters.py), and the `ApiFeed` is what
@@ -42,16 +42,20 @@ from kubernetes import client as k8s_client
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
+from .scaleups import ApiScaleUps
 from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
 from ..core.cluster import ClusterIndex, pod_key
 from ..core.config import Config
-from ..core.dra import object_key
+from ..core import dra
+from ..core.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND, object_key
 
 log = logging.getLogger(__name__)
 
 GONE = 410
 FORBIDDEN = 403
 NOT_FOUND = 404
+GROWTH_STREAMS = ("nodepools", "autoscaler-status")
+NODEPOOL_VERSION = "v1"
 LIST_PAGE_SIZE = 500  # as client-go's reflector: big lists arrive in pages, not one huge response
 CONNECT_TIMEOUT_SECONDS = 10.0
 READ_GRACE_SECONDS = 15.0  # how long past a watch's own timeout the socket may stay silent
@@ -90,7 +94,7 @@ class Backoff:
 class StreamStatus:
     """One kind's list+watch state, for readiness, metrics and logs."""
 
-    kind: str  # "nodes", "pods" or "leases"
+    kind: str  # "nodes", "pods", "leases", "nodepools" or "autoscaler-status"
     synced: bool  # a full list has been applied at least once
     resource_version: str | None  # where the next watch starts; None means a relist is due
     seconds_since_progress: float | None  # None before the first successful list
@@ -99,6 +103,20 @@ class StreamStatus:
     lists: int  # full lists applied, the first one included
     failures: int  # lists or watches that ended in an error
     last_error: str | None
+
+
+def _growth_streams(index: ClusterIndex, core: k8s_client.CoreV1Api,
+                    custom: k8s_client.CustomObjectsApi) -> tuple[_Stream, ...]:
+    """What autoscalers publish about how the cluster can grow (webhook/core/growth.py): Karpenter
+    NodePools, and cluster-autoscaler's status ConfigMap (only that one, by name). Either may be
+    missing: a cluster without that autoscaler."""
+    nodepools = functools.partial(custom.list_cluster_custom_object, NODEPOOL_GROUP, NODEPOOL_VERSION, "nodepools")
+    status = functools.partial(core.list_namespaced_config_map, CA_STATUS_NAMESPACE,
+                               field_selector=f"metadata.name={CA_STATUS_NAME}")
+    calls: tuple[tuple[str, Callable], ...] = ((NODEPOOL_KIND, nodepools), ("ConfigMap", status))
+    return tuple(_Stream(kind, call, object_key, index.upsert_growth, index.delete_growth,
+                         functools.partial(index.growth_keys, object_kind), index.forget_growth, optional=True)
+                 for kind, (object_kind, call) in zip(GROWTH_STREAMS, calls))
 
 
 class _DictWatch(k8s_watch.Watch):
@@ -127,9 +145,9 @@ class _Stream:
                  upsert: Callable[[dict], None], delete: Callable[[dict], None],
                  counted: Callable[[], set[str]], forget: Callable[[str], None], optional: bool = False) -> None:
         self.kind = kind
-        # An API the cluster may not serve (DRA, PodGroups): a 404 means "none", not an error.
+        # An API the cluster may not serve (or the chart's RBAC may not grant): its absence is an
+        # empty list, checked again at each watch interval, never a readiness failure.
         self.optional = optional
-        self.served = True
         self.list_call = list_call
         self.key = key  # the key the index counts an object under
         self.upsert = upsert
@@ -161,7 +179,8 @@ class ApiFeed:
                  watch_timeout_seconds: int | None = None, page_size: int = LIST_PAGE_SIZE,
                  expire_interval_seconds: float = EXPIRE_INTERVAL_SECONDS, claims_namespace: str | None = None,
                  claims_budget_seconds: float = DEFAULT_BUDGET_SECONDS,
-                 on_alone: Callable[[], None] = lambda: None) -> None:
+                 on_alone: Callable[[], None] = lambda: None,
+                 on_scale_up: Callable[[str], None] = lambda _: None) -> None:
         self.config = config
         self.clock = clock
         self.index = ClusterIndex(config, clock=clock)
@@ -172,7 +191,8 @@ class ApiFeed:
         self.expire_interval_seconds = expire_interval_seconds
         rng = rng or random.Random()
         self._backoff = {kind: Backoff(backoff_base, backoff_cap, random.Random(rng.random()))
-                         for kind in ("nodes", "pods", "leases", *(plural for plural, _, _ in DRA_LISTS))}
+                         for kind in ("nodes", "pods", "leases", *GROWTH_STREAMS,
+                                      *(plural for plural, _, _ in DRA_LISTS))}
         core = k8s_client.CoreV1Api(api_client)
         index = self.index
         self._streams: tuple[_Stream, ...] = (
@@ -182,6 +202,9 @@ class ApiFeed:
             _Stream("pods", core.list_pod_for_all_namespaces, pod_key, index.upsert_pod, index.delete_pod,
                     index.counted_pods, lambda key: index.delete_pod({"metadata": {"uid": key}})),
         )
+        self._streams += _growth_streams(index, core, k8s_client.CustomObjectsApi(api_client))
+        if config.provisioning_request_class:
+            index.scale_ups = ApiScaleUps(api_client, on_scale_up)
         if claims_namespace:
             claims = ApiClaims(index, api_client, claims_namespace, claims_budget_seconds, on_alone=on_alone)
             index.share_claims(claims)
@@ -284,13 +307,13 @@ class ApiFeed:
                     backoff.reset()
                 self._watch(stream, backoff)
             except ApiException as err:
-                if err.status in (NOT_FOUND, FORBIDDEN) and stream.optional:
-                    self._not_served(stream, forbidden=err.status == FORBIDDEN)
-                    continue
                 if err.status == GONE:
                     log.info("%s: resourceVersion %s is gone (410); relisting", stream.kind,
                              stream.resource_version)
                     stream.resource_version = None
+                    continue
+                if stream.optional and err.status in (FORBIDDEN, NOT_FOUND):
+                    self._absent(stream, err)
                     continue
                 self._failed(stream, err, backoff)
             except Exception as err:  # noqa: BLE001 - any transport failure means: back off, retry
@@ -298,29 +321,28 @@ class ApiFeed:
                     break
                 self._failed(stream, err, backoff)
 
-    def _not_served(self, stream: _Stream, forbidden: bool) -> None:
-        """The API does not serve this kind, or our RBAC may not read it: none are counted, and the
-        view is in sync without them (a webhook that never became ready would place nothing at
-        all); asked again at every watch timeout, so an API enabled or a Role granted later is
-        picked up."""
-        if stream.served and forbidden:
-            log.warning("%s: forbidden to list them, so none are counted (GPUs under DRA are not seen); grant get, "
-                        "list and watch on them (the chart's ClusterRole does)", stream.kind)
-        elif stream.served:
-            log.info("%s: not served by this cluster's API; none counted", stream.kind)
-        with self.index.lock:
-            for key in stream.counted():
-                stream.forget(key)
-        stream.served, stream.synced, stream.last_error, stream.resource_version = False, True, None, None
-        self._progress(stream)
-        self._stop.wait(self.watch_timeout_seconds)
-
     def _failed(self, stream: _Stream, err: BaseException, backoff: Backoff) -> None:
         stream.failures += 1
         stream.last_error = describe(err)
         delay = backoff.next_delay()
         log.warning("%s list/watch failed (%s); retrying in %.1fs", stream.kind, stream.last_error, delay)
         self._stop.wait(delay)
+
+    def _absent(self, stream: _Stream, err: ApiException) -> None:
+        """An optional API is not served, or not granted: nothing of its kind is there. Said once
+        in the log; the list is tried again after a watch interval."""
+        why = "not served" if err.status == NOT_FOUND else "not granted by RBAC"
+        if stream.last_error != why:
+            log.info("%s: the API is %s (%s); the view goes on without them", stream.kind, why, err.status)
+        with self.index.lock:
+            for key in stream.counted():
+                stream.forget(key)
+        stream.last_error = why
+        stream.resource_version = None
+        stream.listed = 0
+        stream.synced = True
+        self._progress(stream)
+        self._stop.wait(self.watch_timeout_seconds)
 
     def _progress(self, stream: _Stream) -> None:
         stream.last_progress = self.clock()
@@ -355,7 +377,6 @@ class ApiFeed:
             for key in stream.counted() - seen:
                 stream.forget(key)
         stream.listed = len(seen)
-        stream.served = True
         stream.resource_version = resource_version
         stream.lists += 1
         stream.synced = True
@@ -418,7 +439,8 @@ class ApiFeed:
 DRA_LISTS = (
     ("resourceslices", "ResourceSlice", lambda api: k8s_client.ResourceV1Api(api).list_resource_slice),
     ("deviceclasses", "DeviceClass", lambda api: k8s_client.ResourceV1Api(api).list_device_class),
-    ("resourceclaims", "ResourceClaim", lambda api: k8s_client.ResourceV1Api(api).list_resource_claim_for_all_namespaces),
+    ("resourceclaims", "ResourceClaim",
+     lambda api: k8s_client.ResourceV1Api(api).list_resource_claim_for_all_namespaces),
     ("resourceclaimtemplates", "ResourceClaimTemplate",
      lambda api: k8s_client.ResourceV1Api(api).list_resource_claim_template_for_all_namespaces),
     ("podgroups", "PodGroup", lambda api: k8s_client.SchedulingV1beta1Api(api).list_pod_group_for_all_namespaces),
@@ -434,7 +456,7 @@ def dra_streams(api_client: k8s_client.ApiClient, index: ClusterIndex) -> tuple[
         def forget(key: str) -> None:
             namespace, _, name = key.rpartition("/")
             index.put_dra(kind, {"metadata": {"name": name, "namespace": namespace or None}}, present=False)
-        return _Stream(plural, list_call, object_key, lambda obj: index.put_dra(kind, obj, present=True),
+        return _Stream(plural, list_call, dra.object_key, lambda obj: index.put_dra(kind, obj, present=True),
                        lambda obj: index.put_dra(kind, obj, present=False), lambda: index.dra_keys(kind),
                        forget, optional=True)
     return tuple(stream(plural, kind, make(api_client)) for plural, kind, make in DRA_LISTS)

@@ -27,18 +27,20 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..core import injection
-from . import alignment, mutation, podgroups, workload
 from ..core.config import Config
 from ..core.gpus import pod_gpus
-from .kinds import KINDS
+from ..core.growth import POOL_LABELS
 from ..core.ledger import held_by, reservation_key
-from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, UNKNOWN_DOMAIN, UNKNOWN_LEVEL, Decision, Outcome,
-                    PlacementRequest, Strategy)
-from .patch import encode, make_patch
+from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, GROWS_POOL, UNKNOWN_DOMAIN,
+                          UNKNOWN_LEVEL, Decision, Outcome, PlacementRequest, Strategy)
 from ..core.placer import group_decision, place, place_group, place_shared, release_shared
+from . import alignment, mutation, podgroups, provisioning, workload
+from .groups import GROUP_SIZE
+from .kinds import KINDS
+from .patch import encode, make_patch
 
 if TYPE_CHECKING:
-    from ..core.cluster import ClusterIndex
+    from ..core.cluster import ClusterIndex, ScaleUps
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,8 @@ MAX_DEPTH = 100
 QUOTED_MAX_CHARS = 60  # a client's kind or apiVersion quoted in a 400 answer
 DENIED_CODE = 403
 _OUTCOMES = {Outcome.PLACED: "placed", Outcome.WAIT: "waiting"}
+# Waits the nodes there are cannot end, counted apart: only added nodes (a pool's, or any) can.
+_WAITS_BY_CODE = {GROWS_POOL: "waiting-for-growth", **dict.fromkeys(mutation.WAITS_FOR_NODES, "waiting-for-nodes")}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
 
@@ -64,10 +68,11 @@ class AdmissionResult:
     kind: str  # "Pod", "Job", ... ("" when the review had none)
     namespace: str
     name: str  # metadata.name, else generateName
-    # "ignored", "placed", "waiting", "denied", "failed-open", "not-ready", "released", "suspended", "repaired",
-    # "demand-unknown" (GPUs asked through a ResourceClaimTemplate or claim not known yet),
-    # "constrained" (a PodGroup or Workload given the topology key of the level it asks for),
-    # "aligned" (a ResourceClaimTemplate given the device constraint it asks for)
+    # "ignored", "placed", "waiting", "waiting-for-nodes", "waiting-for-growth", "denied", "failed-open",
+    # "not-ready", "released", "suspended", "repaired", "demand-unknown" (GPUs asked through a
+    # ResourceClaimTemplate or claim not known yet), "constrained" (a PodGroup or Workload given the
+    # topology key of the level it asks for), "aligned" (a ResourceClaimTemplate given the device
+    # constraint it asks for)
     outcome: str
     strategy: str | None
     decision: Decision | None
@@ -176,6 +181,11 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     # node selection the queue wrote; the template's scheduling fields may change in this update.
     admitted_by_queue = (request.operation == "UPDATE" and workload.suspended(kind, request.old)
                          and not workload.suspended(kind, obj))
+    if (request.operation == "UPDATE" and request.old is not None and workload.suspended(kind, obj)
+            and not workload.suspended(kind, request.old)):
+        # Suspended again (its queue preempted it): its pods go, and so does the hold for the ones
+        # not bound yet; un-suspended later, it is placed afresh.
+        return _released(request, index)
     if request.operation not in KINDS[kind].operations and not admitted_by_queue:
         return _result(request, "ignored")
     if _deeper_than(obj, MAX_DEPTH):
@@ -230,8 +240,12 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
         decision, alone = place_shared(index, wanted.request, reserve)
     if decision.outcome is Outcome.NEVER:
         return _denied(request, _never_message(who, obj, kind, decision), decision)
-    mutated = mutation.mutate(obj, kind, decision, config, key)
-    return _result(request, _OUTCOMES[decision.outcome], decision=decision, mutated=mutated,
+    mutated = provisioning.consumed_by(mutation.mutate(obj, kind, decision, config, key), kind, None)
+    if provisioning.wanted(decision, config) and index.scale_ups is not None and not request.dry_run:
+        mutated, note = _scale_up(request, index.scale_ups, mutated, decision, key, config)
+        alone = [*alone, note]
+    outcome = _WAITS_BY_CODE.get(decision.code or "", _OUTCOMES[decision.outcome])
+    return _result(request, outcome, decision=decision, mutated=mutated,
                    warnings=[*wanted.warnings, *mutation.warnings(decision, config), *alone])
 
 
@@ -255,6 +269,25 @@ def _claim_template(request: _Request, obj: dict, index: "ClusterIndex") -> Admi
     return _result(request, "ignored" if written is None else "aligned", mutated=written, warnings=warnings)
 
 
+def _scale_up(request: _Request, scale_ups: "ScaleUps", mutated: dict, decision: Decision, key: str,
+              config: Config) -> tuple[dict, str]:
+    """A ProvisioningRequest for the group's pods, as admitted (created once per workload: again,
+    it is found there), and the pods made to consume it; without it, they wait for an ordinary
+    scale-up. Returns the object and the warning that says which."""
+    who, kind, namespace = decision.request.workload, request.kind, request.namespace
+    name, provisioning_class = provisioning.request_name(key), config.provisioning_request_class
+    owner = next((o for o in (mutated.get("metadata") or {}).get("ownerReferences") or ()
+                  if isinstance(o, Mapping) and o.get("controller") is True and o.get("uid")), None)
+    objects = provisioning.request_objects(namespace, name, workload.pod_template(kind, mutated) or {},
+                                           decision.request.pods, provisioning_class, owner)
+    problem = scale_ups.create(objects)
+    if problem is not None:
+        return mutated, f"{who}: no ProvisioningRequest ({problem}); it waits for an ordinary scale-up"
+    return (provisioning.consumed_by(mutated, kind, name, provisioning_class),
+            f"{who}: ProvisioningRequest {namespace}/{name} ({provisioning_class}) asks for the nodes of its "
+            f"{decision.request.pods} pods at once")
+
+
 def _joined_notes(who: str, request: PlacementRequest, decision: Decision) -> list[str]:
     """A member joins the decision its group's first member got; say where that differs from
     what this member asks for."""
@@ -274,6 +307,8 @@ def _repaired(request: _Request, obj: dict, index: "ClusterIndex", config: Confi
     pinned = injection.recorded(obj).required
     if not pinned or not pinned[0]:
         return _result(request, "ignored")  # only preferred: the scheduler already goes elsewhere
+    if any(e.get("key") in POOL_LABELS for e in pinned[0]):
+        return _result(request, "ignored")  # steered to a pool that grows: its nodes are yet to come
     key = injection.reservation_of(obj)
     try:
         gpus = pod_gpus(obj.get("spec") or {})
@@ -325,7 +360,7 @@ def _kept(request: _Request, old: dict, index: "ClusterIndex", config: Config, w
 
 
 def _released(request: _Request, index: "ClusterIndex") -> AdmissionResult:
-    """A workload we placed is being deleted: free the GPUs its unbound pods still hold. Only the
+    """A workload we placed is being deleted or suspended: free the GPUs its unbound pods still hold. Only the
     workload's own key: a Job's pods and a Deployment's ReplicaSets carry their owner's key, and
     deleting one of them does not end the owner. Dry runs release nothing."""
     kind, old = request.kind, request.old
@@ -334,6 +369,9 @@ def _released(request: _Request, index: "ClusterIndex") -> AdmissionResult:
     key = injection.reservation_of(workload.pod_template(kind, old))
     if key is None or not held_by(key, request.namespace, kind):
         return _result(request, "ignored")
+    consumed = workload.annotations_of(kind, old).get(provisioning.CONSUME)
+    if index.scale_ups is not None and consumed == provisioning.request_name(key):
+        index.scale_ups.delete(request.namespace, consumed)  # the group is gone: so is its scale-up
     release_shared(index, key)
     return _result(request, "released")
 
@@ -369,7 +407,8 @@ def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str
     """The denial: the object, the annotation that asked for the impossible, and why."""
     reason = decision.reasons[0] if decision.reasons else str(decision.code)
     annotations = workload.annotations_of(kind, obj)
-    culprit = {UNKNOWN_DOMAIN: workload.PREFERRED_DOMAIN, EXCEEDS_CLUSTER: workload.GPU_COUNT}.get(decision.code or "")
+    culprit = {UNKNOWN_DOMAIN: workload.PREFERRED_DOMAIN, EXCEEDS_CLUSTER: workload.GPU_COUNT,
+               GROUP_MISMATCH: GROUP_SIZE}.get(decision.code or "")
     if decision.code in (UNKNOWN_LEVEL, EXCEEDS_MAX_DOMAIN):
         culprit = next((k for k in (workload.MAX_DOMAIN, *workload.PEER_REQUIRED) if k in annotations), None)
     if culprit in annotations:

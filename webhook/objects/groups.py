@@ -121,10 +121,16 @@ def made_for_group(labels: Mapping) -> bool:
     return any(labels.get(operator.name_label) for operator in OPERATORS if operator.index_label)
 
 
+# Kubeflow's training kinds, whose pods carry training.kubeflow.org/job-name.
+KUBEFLOW_KINDS = frozenset({"PyTorchJob", "MPIJob", "TFJob", "XGBoostJob", "PaddleJob", "JAXJob", "MXJob"})
+
+
 def _owner_kind(obj: Mapping) -> str:
+    """The Kubeflow kind of the pod's controller; "KubeflowJob" for any other owner, so a pod that
+    names another kind's object (a Job, a Deployment) can never take that object's key."""
     owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
     for owner in owners:
-        if isinstance(owner, Mapping) and owner.get("controller") is True and owner.get("kind"):
+        if isinstance(owner, Mapping) and owner.get("controller") is True and owner.get("kind") in KUBEFLOW_KINDS:
             return str(owner["kind"])
     return "KubeflowJob"
 

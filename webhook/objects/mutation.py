@@ -34,11 +34,13 @@ from ..core.gpus import container_gpus, format_gpu_set
 from ..core.injection import GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, RESERVATION, WORKLOAD_LABEL, Injection
 from ..core.injection import annotations_of
 from ..core.injection import recorded
-from ..core.model import Decision, Outcome, Strategy
+from ..core.model import EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, Decision, Outcome, Strategy
 from .workload import pod_templates
 
 __all__ = ["GPU_IDS", "INJECTED", "PLACEMENT", "RESERVATION", "WORKLOAD_LABEL", "Injection"]  # for callers
 CUDA_DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA numbering = nvidia-smi/NVML numbering
+# Waits that the nodes there are cannot end, only nodes added to the cluster.
+WAITS_FOR_NODES = (EXCEEDS_NODES, NO_MATCHING_NODES)
 _REQUIRED = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
 _PREFERRED = ("affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
 
@@ -94,6 +96,10 @@ def summary(decision: Decision) -> str:
     request = decision.request
     where = str(decision.scope) if decision.scope else "the cluster"
     size = f"{request.total_gpus} GPU(s) as {request.pods} pod(s) x {request.gpus_per_pod}"
+    if decision.outcome is Outcome.WAIT and decision.code == GROWS_POOL:
+        return f"waiting ({request.strategy.value}) for {where} to add nodes: {size}; no room on the nodes there are"
+    if decision.outcome is Outcome.WAIT and decision.code in WAITS_FOR_NODES:
+        return f"waiting ({request.strategy.value}) for nodes to be added: {size}; the nodes there are cannot hold it"
     if decision.outcome is Outcome.WAIT:
         return f"waiting ({request.strategy.value}) for {where}: {size}; no room now"
     text = f"{request.strategy.value} in {where}: {size} on {len(decision.assignment)} node(s)"
@@ -112,7 +118,10 @@ def warnings(decision: Decision, config: Config) -> tuple[str, ...]:
     request = decision.request
     who = request.workload
     out = []
-    if decision.outcome is Outcome.WAIT:
+    if decision.outcome is Outcome.WAIT and decision.code in (GROWS_POOL, *WAITS_FOR_NODES):
+        reason = decision.reasons[0]  # says what the nodes there are hold, and that it waits
+        out.append(reason if reason.startswith(who) else f"{who}: {reason}")
+    elif decision.outcome is Outcome.WAIT:
         where = str(decision.scope) if decision.scope else "the domain that fits first"
         if pins(decision, config):
             out.append(f"{who}: no room now for {request.total_gpus} GPUs in one domain; pinned to {where}, "

@@ -17,6 +17,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from ..objects import admission
+from ..objects.overview import RecentDecisions
 from ..core.cluster import ClusterIndex
 from ..core.config import HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH, Config
 from .logs import FIELDS
@@ -62,11 +63,12 @@ def _body(limit: int) -> bytes | None:
     return None if len(data) > limit else data
 
 
-def create_app(config: Config, index: ClusterIndex, readiness: Readiness, metrics: Metrics | None = None) -> Flask:
+def create_app(config: Config, index: ClusterIndex, readiness: Readiness, metrics: Metrics | None = None,
+               decisions: RecentDecisions | None = None) -> Flask:
     """The webhook app over one cluster view (a ClusterIndex) and its readiness check.
 
     metrics defaults to single-process metrics; the server passes multiprocess ones when it
-    runs several workers.
+    runs several workers. `decisions` records each admission for the topology page.
     """
     metrics = metrics or Metrics.create()
     metrics.watch_cluster(index.stats)
@@ -118,6 +120,8 @@ def create_app(config: Config, index: ClusterIndex, readiness: Readiness, metric
             return Response(json.dumps(answer), mimetype="application/json")
         seconds = time.perf_counter() - started
         metrics.record_admission(result.kind, result.strategy, result.outcome, seconds)
+        if decisions is not None:
+            decisions.record(result, time.time())
         log.info("admission %s", result.outcome, extra={FIELDS: _log_fields(result, seconds)})
         return Response(json.dumps(result.review, separators=(",", ":")), mimetype="application/json")
 

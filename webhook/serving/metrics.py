@@ -36,6 +36,7 @@ LEVELS_INFO = "topology_levels_info"
 BUILD_INFO = "topology_webhook_build_info"
 REJECTED = "topology_admission_rejected_requests_total"
 VIEW_AGE = "topology_cluster_view_age_seconds"
+SCALE_UPS = "topology_provisioning_requests_total"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Admission handling takes about a millisecond; the apiserver gives up after 10 s by default.
@@ -103,6 +104,8 @@ class Metrics:
                                  registry=own)
         self.decided_alone = Counter(DECIDED_ALONE, "Placements or releases not agreed with the other replicas "
                                      "through the API within the claims budget", registry=own)
+        self.scale_ups = Counter(SCALE_UPS, "ProvisioningRequests for groups that wait for nodes, by result "
+                                 "(created, exists, not-served, failed, deleted)", ["result"], registry=own)
         self.rejected = Counter(REJECTED, "Requests answered 4xx, by reason (not an AdmissionReview, too large...)",
                                 ["reason"], registry=own)
         self.registry = own or CollectorRegistry(auto_describe=True)
@@ -144,6 +147,10 @@ class Metrics:
             self.decisions.labels(kind or "unknown", strategy or "none", outcome).inc()
         if outcome == "failed-open":
             self.fail_open.inc()
+
+    def scale_up(self, result: str) -> None:
+        """One ProvisioningRequest created, found there, refused or deleted (webhook/kube/scaleups.py)."""
+        self.scale_ups.labels(result).inc()
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition and its content type."""

@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from .certs import ReloadingContext
-from ..core.config import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
+from ..core.config import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, TOPOLOGY_JSON_PATH, TOPOLOGY_PATH
 from .logs import GunicornLogger
 from .metrics import mark_worker_dead
 
@@ -71,6 +71,7 @@ class ServeOptions:
     threads: int = THREADS_PER_WORKER
     max_body_bytes: int = 3 * 1024 * 1024  # a longer body is handed over at once, for the app's 413
     multiprocess_dir: str | None = None  # shared metrics directory (kept over worker restarts)
+    on_reload: Callable[[], None] | None = None  # SIGHUP, in the server process, before new workers start
 
 
 def request_complete(received: bytes, max_body_bytes: int) -> bool:
@@ -258,12 +259,17 @@ class MetricsServer(ThreadingWSGIServer):
 
 
 def start_metrics_server(listener: socket.socket, registry: CollectorRegistry, webhook_app: Any,
-                         threads: int = METRICS_THREADS, deadline_seconds: float = REQUEST_SECONDS) -> None:
+                         topology_app: Any | None = None, threads: int = METRICS_THREADS,
+                         deadline_seconds: float = REQUEST_SECONDS) -> None:
     """/metrics over plain HTTP on its own port, in a daemon thread of the worker: scrapers reach
     this port and the apiserver the TLS one, so a NetworkPolicy can tell them apart. /healthz and
     /readyz answer here too (from the webhook app): with --client-ca, kubelet's probes carry no
-    client certificate, so they are pointed at this port. /mutate is never served here."""
+    client certificate, so they are pointed at this port. The topology page (topology_page.py)
+    is here, beside the metrics it draws, and read-only (None: not served). /mutate is never
+    served here."""
     metrics_app = make_wsgi_app(registry)
+    paths = [METRICS_PATH, HEALTHZ_PATH, READYZ_PATH] + ([TOPOLOGY_PATH, TOPOLOGY_JSON_PATH] if topology_app else [])
+    not_found = f"not found: this port serves {', '.join(paths)}\n".encode()
 
     def app(environ: dict, start_response: Callable) -> Any:
         path = environ.get("PATH_INFO")
@@ -271,8 +277,10 @@ def start_metrics_server(listener: socket.socket, registry: CollectorRegistry, w
             return metrics_app(environ, start_response)
         if path in (HEALTHZ_PATH, READYZ_PATH):
             return webhook_app(environ, start_response)
+        if path in (TOPOLOGY_PATH, TOPOLOGY_JSON_PATH) and topology_app is not None:
+            return topology_app(environ, start_response)
         start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not found: this port serves /metrics, /healthz and /readyz\n"]
+        return [not_found]
 
     httpd = MetricsServer(listener, app, threads, deadline_seconds)
     threading.Thread(target=httpd.deadlines.watch, args=(min(1.0, deadline_seconds / 4),),
@@ -288,7 +296,9 @@ class WebhookServer(BaseApplication):
         self.options = options
         # Loaded now so a bad certificate stops start-up with a clear message; workers inherit it.
         self.tls = ReloadingContext(options.cert, options.key, client_ca=options.client_ca)
-        super().__init__()
+        self._started = False
+        super().__init__()  # loads the config the first time
+        self._started = True
 
     def _ssl_context(self, _config: Any, _default_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
         # gunicorn asks for a context on every new connection: hand out the current one.
@@ -301,6 +311,9 @@ class WebhookServer(BaseApplication):
             mark_worker_dead(worker.pid, self.options.multiprocess_dir)
 
     def load_config(self) -> None:
+        """gunicorn's settings; called again on SIGHUP, when our own settings are re-read too."""
+        if self._started and self.options.on_reload is not None:
+            self.options.on_reload()
         settings = {
             "bind": [self.options.bind],
             # One process: the cluster view and the reservation ledger live in it, so a second

@@ -1,0 +1,308 @@
+"""What the topology page shows: one plain snapshot of the cluster index and of recent decisions.
+
+`snapshot` turns the index (read under its lock, in time bounded by the number of domains, holds
+and out-of-service nodes, or by nodes only when they are few enough to draw) and the recorded
+decisions into a dict of names and numbers, never object bodies. The page and /topology.json are
+both made from it, so they agree by construction. The schema is in docs/topology-page.md.
+
+Per node the GPU counts are those placement uses: free is the node's free count, used what its
+pods take, held what the ledger holds there (out-of-service nodes: whatever neither takes is out).
+Domains sum their nodes' counts from the tree's aggregates plus the few nodes that hold or are
+out, so a domain's numbers equal the sum of its nodes' without visiting every node.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Sequence, cast
+
+from ..core.cluster import ClusterIndex
+from ..core.topology import Domain, NodeState
+from .admission import AdmissionResult
+
+SCHEMA_VERSION = 1
+RECENT_DECISIONS = 500  # decisions kept for the page, newest last
+NODE_DETAIL_LIMIT = 2000  # above this many nodes, nodes are drawn only inside a focused domain
+BLOCK_LIMIT = 5000  # blocks are drawn down to the deepest level with at most this many domains
+LIST_LIMIT = 500  # holds and out-of-service nodes listed (all are counted)
+NODES_PER_ENTRY = 64  # node names listed per decision or hold
+FILTER_MAX_CHARS = 253  # a namespace or name filter longer than any Kubernetes name is cut
+_NOT_RECORDED = ("ignored",)  # every pod of every template would crowd out the decisions
+_DIGITS = re.compile(r"(\d+)")
+USED, HELD, FREE, OUT = "u", "h", "f", "x"  # one letter per GPU in a node's NVLink groups
+
+
+@dataclass(frozen=True)
+class RecordedDecision:
+    """One admission the page lists: who, what was decided and why; no part of the object."""
+
+    at: float  # wall-clock seconds
+    namespace: str
+    kind: str
+    name: str
+    outcome: str  # AdmissionResult.outcome
+    gpus: int
+    domain: str | None
+    code: str | None
+    reasons: tuple[str, ...]
+    nodes: tuple[str, ...]  # nodes of a placed decision, at most NODES_PER_ENTRY
+
+    @classmethod
+    def of(cls, result: AdmissionResult, at: float) -> "RecordedDecision":
+        decision = result.decision
+        denial = (result.review.get("response") or {}).get("status") or {}
+        reasons = decision.reasons if decision is not None and decision.reasons else (
+            (denial["message"],) if denial.get("message") else result.warnings)
+        return cls(at=at, namespace=result.namespace, kind=result.kind, name=result.name, outcome=result.outcome,
+                   gpus=decision.request.total_gpus if decision is not None else 0,
+                   domain=str(decision.scope) if decision is not None and decision.scope is not None else None,
+                   code=decision.code if decision is not None else None,
+                   reasons=reasons,
+                   nodes=decision.nodes[:NODES_PER_ENTRY] if decision is not None else ())
+
+
+class RecentDecisions:
+    """The last decisions of this process, bounded; admission threads record, the page reads."""
+
+    def __init__(self, size: int = RECENT_DECISIONS):
+        self._entries: deque[RecordedDecision] = deque(maxlen=size)
+        self._lock = threading.Lock()
+
+    def record(self, result: AdmissionResult, at: float) -> None:
+        if result.outcome in _NOT_RECORDED:
+            return
+        entry = RecordedDecision.of(result, at)
+        with self._lock:
+            self._entries.append(entry)
+
+    def entries(self) -> list[RecordedDecision]:
+        with self._lock:
+            return list(self._entries)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the reader asked to see: a namespace (exact), a workload (part of its name, any
+    case), and a domain whose nodes to draw however large the cluster is."""
+
+    namespace: str = ""
+    workload: str = ""
+    focus: str = ""
+
+    @classmethod
+    def of(cls, namespace: str = "", workload: str = "", focus: str = "") -> "Selection":
+        return cls(namespace.strip()[:FILTER_MAX_CHARS], workload.strip()[:FILTER_MAX_CHARS],
+                   focus.strip()[:FILTER_MAX_CHARS])
+
+    @property
+    def filtering(self) -> bool:
+        return bool(self.namespace or self.workload)
+
+    def matches(self, namespace: str, name: str) -> bool:
+        return ((not self.namespace or namespace == self.namespace)
+                and self.workload.lower() in name.lower())
+
+
+def natural(name: str) -> tuple:
+    """leaf-2 before leaf-10."""
+    return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(name))
+
+
+def node_counts(node: NodeState) -> dict[str, int]:
+    """total = used + held + free + out. Free is what placement counts on; of the rest, pods come
+    first (a pod the scheduler bound onto held GPUs is real, the hold is a promise) and what
+    neither takes on an out-of-service node is out."""
+    free = node.free
+    used = min(node.used, node.alloc - free)
+    held = min(node.held_gpus, node.alloc - free - used)
+    return {"total": node.alloc, "used": used, "held": held, "free": free, "out": node.alloc - free - used - held}
+
+
+def gpu_states(node: NodeState, counts: dict[str, int]) -> list[str]:
+    """One letter per GPU, grouped by NVLink domain (a GPU in none is a group of its own). The
+    indices come from the pods' and holds' GPU sets; where those overlap (a pod the scheduler put
+    on held GPUs), the letters follow the counts, which are what placement goes by."""
+    used_ids = {i for _, ids in node.pods.values() for i in ids}
+    held_ids = {i for ids in node.held for i in ids}
+    idle = FREE if node.eligible else OUT
+    groups = node.nvlink_groups()
+    letters = [USED if i in used_ids else HELD if i in held_ids else idle for group in groups for i in group]
+    wanted = {USED: counts["used"], HELD: counts["held"], FREE: counts["free"], OUT: counts["out"]}
+    excess = {letter: letters.count(letter) - amount for letter, amount in wanted.items()}
+    if any(excess.values()):
+        missing = iter([letter for letter, extra in excess.items() for _ in range(-extra)])
+        for position in reversed(range(len(letters))):
+            if excess[letters[position]] > 0:
+                excess[letters[position]] -= 1
+                letters[position] = next(missing)
+    text = "".join(letters)
+    out, start = [], 0
+    for group in groups:
+        out.append(text[start:start + len(group)])
+        start += len(group)
+    return out
+
+
+def split_key(key: str) -> tuple[str, str, str]:
+    """namespace, kind, name of a reservation key (namespace/Kind/name)."""
+    namespace, _, rest = key.partition("/")
+    kind, _, name = rest.partition("/")
+    return namespace, kind, name
+
+
+class _Reader:
+    """One snapshot's reading of the index; call under the index lock."""
+
+    def __init__(self, index: ClusterIndex, selection: Selection, marked: set[str]):
+        self.index = index
+        self.selection = selection
+        self.marked = marked
+        self.width = index.tree.width
+        self.sizes = sorted({g for g in (1, 2, 4, 8, 16, 32, 64) if g <= self.width} | {self.width})
+        self.gpu_nodes = sum(1 for node in index.nodes.values() if node.alloc > 0)
+        self.draw_all = self.gpu_nodes <= NODE_DETAIL_LIMIT
+        levels = index.levels
+        # The deepest level drawn as blocks; below it only a focused domain opens.
+        self.block_depth = max((depth for depth, level in enumerate(levels) if len(level) <= BLOCK_LIMIT), default=-1)
+        # Per domain: what its nodes that hold GPUs or are out of service add to the aggregates.
+        self.extra: dict[int, dict[str, int]] = {}
+        self.marked_domains: set[int] = set()
+        special = set(index.tree.out_of_service)
+        special.update(node for hold in index.ledger.holds.values() for node in hold.sets)
+        special.update(node for _, node, _ in index.ledger.pod_holds.values())
+        for name in special:
+            node = index.nodes.get(name)
+            if node is None or not (node.held or node.out):
+                continue
+            counts = node_counts(node)
+            for domain in index.tree.ancestors(node):
+                extra = self.extra.setdefault(id(domain), {"held": 0, "out": 0, "out_total": 0})
+                extra["held"] += counts["held"]
+                extra["out"] += counts["out"]
+                extra["out_total"] += node.alloc if node.out else 0
+        for name in marked:
+            node = index.nodes.get(name)
+            if node is not None:
+                self.marked_domains.update(id(domain) for domain in index.tree.ancestors(node))
+
+    def domain(self, domain: Domain, open_nodes: bool = False) -> dict:
+        extra = self.extra.get(id(domain), {"held": 0, "out": 0, "out_total": 0})
+        total = domain.alloc_gpus + extra["out_total"]
+        used = total - domain.free_gpus - extra["held"] - extra["out"]
+        largest_pod = max((b for b in range(len(domain.free_hist)) if domain.free_hist[b]), default=0)
+        block = {
+            "level": domain.ref.level_name, "name": domain.ref.name,
+            "nodes": domain.nodes,
+            "gpus": {"total": total, "used": used, "held": extra["held"], "free": domain.free_gpus,
+                     "out": extra["out"]},
+            "utilization": round(1 - domain.free_gpus / domain.alloc_gpus, 4) if domain.alloc_gpus else 0.0,
+            "partly_used_nodes": domain.partly_used,
+            "pods_fitting": {str(g): domain.fits(g) for g in self.sizes},
+            "largest_pod_gpus": largest_pod,
+            "largest_job_gpus": self.width * domain.fits(self.width),
+            "marked": id(domain) in self.marked_domains,
+        }
+        open_nodes = open_nodes or self.draw_all or (bool(self.selection.focus) and domain.ref.name == self.selection.focus
+                                                     and domain.nodes <= NODE_DETAIL_LIMIT)
+        children = list(domain.children.values())
+        if children and isinstance(children[0], Domain):  # all domains, or at the last level all nodes
+            deeper = [child for child in cast("list[Domain]", children) if child.fits_idle(1)]
+            if len(deeper) < len(children):  # CPU pools: nothing to place there
+                block["domains_without_gpus"] = len(children) - len(deeper)
+            if domain.ref.level < self.block_depth or open_nodes:
+                deeper.sort(key=lambda child: natural(child.ref.name))
+                block["children"] = [self.domain(child, open_nodes) for child in deeper]
+            else:
+                block["hidden_domains"] = len(deeper)
+        elif open_nodes:
+            nodes = sorted(cast("list[NodeState]", children), key=lambda node: natural(node.name))
+            block["node_list"] = [self.node(node) for node in nodes if node.alloc > 0]
+            block["nodes_without_gpus"] = sum(1 for node in nodes if node.alloc == 0)
+        return block
+
+    def node(self, node: NodeState) -> dict:
+        counts = node_counts(node)
+        return {"name": node.name, "out": node.out, "gpus": counts, "nvlink": gpu_states(node, counts),
+                "marked": node.name in self.marked}
+
+    def holds(self, now: float) -> tuple[list[dict], int]:
+        """Holds of the selected workloads, soonest expiry first: made at admission (with their
+        expiry), or read from pending pods that carry our placement (held until they bind)."""
+        rows = []
+        ledger = self.index.ledger
+        for key, hold in ledger.holds.items():
+            namespace, kind, name = split_key(key)
+            if self.selection.matches(namespace, name):
+                rows.append({"key": key, "namespace": namespace, "kind": kind, "name": name,
+                             "gpus": sum(len(ids) for sets in hold.sets.values() for ids in sets),
+                             "nodes": sorted(hold.sets, key=natural)[:NODES_PER_ENTRY], "node_count": len(hold.sets),
+                             "expires_in_s": round(hold.expires_at - now, 1), "source": "admission"})
+        pending: dict[str, dict[str, int]] = {}
+        for key, node, ids in ledger.pod_holds.values():
+            if key not in ledger.holds:
+                by_node = pending.setdefault(key, {})
+                by_node[node] = by_node.get(node, 0) + len(ids)
+        for key, by_node in pending.items():
+            namespace, kind, name = split_key(key)
+            if self.selection.matches(namespace, name):
+                rows.append({"key": key, "namespace": namespace, "kind": kind, "name": name,
+                             "gpus": sum(by_node.values()), "nodes": sorted(by_node, key=natural)[:NODES_PER_ENTRY],
+                             "node_count": len(by_node), "expires_in_s": None, "source": "pending pods"})
+        rows.sort(key=lambda row: (row["expires_in_s"] is None, row["expires_in_s"] or 0, row["key"]))
+        return rows[:LIST_LIMIT], len(rows)
+
+    def out_of_service(self) -> tuple[list[dict], int]:
+        out = self.index.tree.out_of_service
+        rows = []
+        for name in sorted(out, key=natural)[:LIST_LIMIT]:
+            node = self.index.nodes[name]
+            rows.append({"node": name, "reason": out[name], "gpus": node.alloc,
+                         "domain": node.parent.ref.name if node.parent is not None else ""})
+        return rows, len(out)
+
+
+def latest_per_workload(decisions: Iterable[RecordedDecision], selection: Selection) -> list[RecordedDecision]:
+    """Each selected workload's latest decision, newest first."""
+    latest: dict[tuple[str, str, str], RecordedDecision] = {}
+    for entry in decisions:
+        if selection.matches(entry.namespace, entry.name):
+            latest[(entry.namespace, entry.kind, entry.name)] = entry
+    return sorted(latest.values(), key=lambda entry: -entry.at)
+
+
+def snapshot(index: ClusterIndex, decisions: Sequence[RecordedDecision], now: float,
+             selection: Selection = Selection()) -> dict:
+    """The page's data (docs/topology-page.md has the schema). `now`: wall-clock seconds, for
+    decisions' ages; holds expire by the index's own clock."""
+    workloads = latest_per_workload(decisions, selection)
+    marked: set[str] = set()
+    if selection.filtering:
+        marked.update(node for entry in workloads if entry.outcome in ("placed", "repaired") for node in entry.nodes)
+    with index.lock:
+        if selection.filtering:
+            marked.update(node for key, hold in index.ledger.holds.items()
+                          if selection.matches(*split_key(key)[::2]) for node in hold.sets)
+        reader = _Reader(index, selection, marked)
+        holds, holds_total = reader.holds(index.ledger.clock())
+        out_rows, out_total = reader.out_of_service()
+        tree = reader.domain(index.root)
+        levels = [level.name for level in index.config.levels]
+        node_count = len(index.nodes)
+    return {
+        "version": SCHEMA_VERSION,
+        "generated_at": round(now, 3),
+        "levels": levels,
+        "node_count": node_count,
+        "gpu_node_count": reader.gpu_nodes,
+        "nodes_drawn": reader.draw_all,
+        "node_detail_limit": NODE_DETAIL_LIMIT,
+        "selection": {"namespace": selection.namespace, "workload": selection.workload, "focus": selection.focus},
+        "tree": tree,
+        "workloads": [{"namespace": e.namespace, "kind": e.kind, "name": e.name, "outcome": e.outcome,
+                       "gpus": e.gpus, "domain": e.domain, "code": e.code, "reasons": list(e.reasons),
+                       "nodes": list(e.nodes), "age_s": round(max(0.0, now - e.at), 1)} for e in workloads],
+        "holds": holds, "holds_total": holds_total,
+        "out_of_service": out_rows, "out_of_service_total": out_total,
+    }

@@ -1,0 +1,290 @@
+"""The topology page: /topology (HTML) and /topology.json on the metrics port, and the same page
+written to a file by `mutate --html`.
+
+One self-contained document: inline CSS and SVG, no script, nothing loaded from elsewhere (the
+Content-Security-Policy forbids it too), so it works air-gapped and through `kubectl
+port-forward`. Filtering is a plain GET form and refreshing a meta refresh, both server-side.
+Every name in it passes through html.escape: a pod named `<script>` shows as text.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from html import escape
+from typing import Callable, Iterable
+from urllib.parse import parse_qs, urlencode
+
+from ..core.cluster import ClusterIndex
+from ..core.config import TOPOLOGY_JSON_PATH
+from ..objects.overview import FREE, HELD, OUT, USED, RecentDecisions, Selection, snapshot
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REFRESH_SECONDS = 10
+MAX_REFRESH_SECONDS = 3600
+MAX_QUERY_FIELDS = 8
+# Nothing from anywhere: styles are inline, there is no script, the form submits to this page.
+CONTENT_SECURITY_POLICY = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; "
+                           "base-uri 'none'; frame-ancestors 'none'")
+COLOURS = {"used": "#475569", "held": "#f59e0b", "free": "#22c55e", "out": "#f87171"}
+_CLASSES = {"used": USED, "held": HELD, "free": FREE, "out": OUT}  # a GPU cell's CSS class is its letter
+_OUTCOME_ORDER = ("waiting", "waiting-for-growth", "waiting-for-nodes", "placed", "repaired", "denied", "released",
+                  "suspended", "not-ready", "failed-open")
+
+_STYLE = """
+body{font:13px/1.35 system-ui,-apple-system,'Segoe UI',sans-serif;margin:12px;color:#1e293b;background:#fff}
+h1{font-size:18px;margin:0 0 2px}h2{font-size:15px;margin:16px 0 4px}
+.meta{color:#475569;margin-bottom:6px}.sum b{margin-right:12px}.note{color:#92400e}
+.legend i,.g i{display:inline-block;width:9px;height:13px;border-radius:1px;vertical-align:middle}
+.legend span{margin-right:10px}
+form{margin:6px 0}input{font:inherit;width:12em}
+.c{display:flex;flex-wrap:wrap;align-items:flex-start}
+.d{border:1px solid #94a3b8;border-radius:5px;padding:3px 4px;margin:3px;background:#f1f5f9}
+.d .d{background:#fff}.d.lf{background:#eef2ff;border-color:#6366f1}
+.h{display:flex;flex-wrap:wrap;gap:6px;align-items:center;margin-bottom:2px}.h small{color:#475569}
+.ns{display:flex;flex-direction:column}
+.n{display:flex;align-items:center;gap:5px;padding:1px 3px;border-radius:3px}
+.n .nm{font:11px ui-monospace,monospace;min-width:9em}.n em{color:#b91c1c;font-size:11px}
+.n.out{background:#fee2e2}.mark{outline:2px solid #2563eb}
+.g{display:inline-flex;gap:1px;margin-right:3px}
+table{border-collapse:collapse}td,th{border-bottom:1px solid #e2e8f0;padding:2px 6px;text-align:left;vertical-align:top}
+td.r{text-align:right}.o-waiting,.o-waiting-for-growth,.o-waiting-for-nodes{color:#b45309}.o-placed{color:#15803d}.o-denied{color:#b91c1c}
+ul{margin:0;padding-left:16px}
+""" + "".join(f"i.{_CLASSES[part]},rect.{part}{{background:{colour};fill:{colour}}}" for part, colour in COLOURS.items())
+
+
+def _e(value: object) -> str:
+    return escape(str(value), quote=True)
+
+
+def _bar(gpus: dict) -> str:
+    """Used, held, out and free GPUs of a domain as one stacked bar."""
+    total = gpus["total"]
+    if not total:
+        return ""
+    rects, x = [], 0.0
+    for part in ("used", "held", "out", "free"):
+        width = 100 * gpus[part] / total
+        if width:
+            rects.append(f'<rect x="{x:.1f}" width="{width:.1f}" height="8" class="{part}"/>')
+        x += width
+    return f'<svg width="90" height="8" viewBox="0 0 100 8" preserveAspectRatio="none">{"".join(rects)}</svg>'
+
+
+def _fits(block: dict) -> str:
+    fitting = ", ".join(f"{count}\u00d7{size}" for size, count in block["pods_fitting"].items() if count)
+    return fitting or "nothing"
+
+
+def _room(block: dict) -> str:
+    """The largest job that fits now: whole-node pods (what multi-node training asks for), else
+    the largest single pod."""
+    width = max(map(int, block["pods_fitting"]))
+    whole = block["pods_fitting"][str(width)]
+    if whole:
+        return f"room for {whole}&times;{width}-GPU pods"
+    return f'room for 1&times;{block["largest_pod_gpus"]}-GPU pod' if block["largest_pod_gpus"] else "no room"
+
+
+def _domain(block: dict, selection: dict, live: bool, leaf_level: str) -> str:
+    """A domain's block: its header, then its children's blocks or its nodes, or what is not drawn.
+    Blocks of the last configured level (leaves) have a frame of their own."""
+    gpus = block["gpus"]
+    summary = (f'{gpus["used"]} used, {gpus["held"]} held, {gpus["free"]} free'
+               + (f', {gpus["out"]} out of service' if gpus["out"] else "")
+               + f' of {gpus["total"]} GPUs; pods that fit now (count\u00d7GPUs): {_fits(block)}')
+    title = block["name"] if block["name"] == block["level"] else f'{block["level"]} {block["name"]}'
+    head = [f'<b>{_e(title)}</b>', _bar(gpus),
+            f'<small>{round(100 * block["utilization"])}% &middot; {gpus["free"]} free'
+            + (f' &middot; {gpus["held"]} held' if gpus["held"] else "")
+            + f' &middot; {_room(block)}'
+            + (f' &middot; {block["partly_used_nodes"]} part-used' if block["partly_used_nodes"] else "")
+            + "</small>"]
+    inner = ""
+    if "children" in block:
+        inner = ('<div class="c">' + "".join(_domain(child, selection, live, leaf_level) for child in block["children"])
+                 + "</div>")
+    elif "node_list" in block:
+        inner = '<div class="ns">' + "".join(_node(node) for node in block["node_list"]) + "</div>"
+    else:
+        hidden = f'{block["hidden_domains"]} domains' if "hidden_domains" in block else f'{block["nodes"]} nodes'
+        if live:  # the link opens this domain's nodes
+            query = {**{k: v for k, v in selection.items() if v}, "focus": block["name"]}
+            hidden = f'<a href="?{_e(urlencode(query))}">{hidden}</a>'
+        head.append(f"<small>{hidden}</small>")
+    without = block.get("nodes_without_gpus") or block.get("domains_without_gpus")
+    if without:
+        what = ("node" if "node_list" in block else "domain") + ("s" if without > 1 else "")
+        inner += f"<small>and {without} {what} without GPUs</small>"
+    classes = "d" + (" lf" if block["level"] == leaf_level else "") + (" mark" if block["marked"] else "")
+    return (f'<div class="{classes}" data-domain="{_e(block["name"])}" title="{_e(summary)}">'
+            f'<div class="h">{"".join(head)}</div>{inner}</div>')
+
+
+def _node(node: dict) -> str:
+    gpus = node["gpus"]
+    groups = "".join('<span class="g">' + "".join(f"<i class={letter}></i>" for letter in group) + "</span>"
+                     for group in node["nvlink"])
+    classes = "n" + (" out" if node["out"] else "") + (" mark" if node["marked"] else "")
+    why = f'<em>{_e(node["out"])}</em>' if node["out"] else ""
+    title = f'{node["name"]}: {gpus["used"]} used, {gpus["held"]} held, {gpus["free"]} free' + (
+        f' ({node["out"]})' if node["out"] else "")
+    return (f'<div class="{classes}" data-node="{_e(node["name"])}" data-free="{gpus["free"]}" title="{_e(title)}">'
+            f'<span class="nm">{_e(node["name"])}</span>{groups}{why}</div>')
+
+
+def _rows(rows: Iterable[list[str]]) -> str:
+    return "".join("<tr>" + "".join(cells) + "</tr>" for cells in rows)
+
+
+def _workloads(entries: list[dict]) -> str:
+    if not entries:
+        return "<p>No admissions recorded in this process yet.</p>"
+    rank = {outcome: i for i, outcome in enumerate(_OUTCOME_ORDER)}
+    ordered = sorted(entries, key=lambda e: (rank.get(e["outcome"], len(rank)), e["age_s"]))
+    body = _rows([
+        f'<td>{_e(e["kind"])} {_e(e["namespace"])}/{_e(e["name"])}</td>',
+        f'<td class="o-{_e(e["outcome"])}">{_e(e["outcome"])}{" (" + _e(e["code"]) + ")" if e["code"] else ""}</td>',
+        f'<td class="r">{e["gpus"] or ""}</td>', f'<td>{_e(e["domain"] or "")}</td>',
+        "<td><ul>" + "".join(f"<li>{_e(reason)}</li>" for reason in e["reasons"]) + "</ul></td>",
+        f'<td class="r">{_age(e["age_s"])}</td>'] for e in ordered)
+    return ("<table><tr><th>Workload</th><th>Outcome</th><th>GPUs</th><th>Domain</th><th>Why</th><th>Ago</th></tr>"
+            f"{body}</table>")
+
+
+def _holds(rows: list[dict], total: int) -> str:
+    if not rows:
+        return "<p>No GPUs are held.</p>"
+    body = _rows([
+        f'<td>{_e(r["kind"])} {_e(r["namespace"])}/{_e(r["name"])}</td>', f'<td class="r">{r["gpus"]}</td>',
+        f'<td>{_e(", ".join(r["nodes"]))}{" &hellip;" if r["node_count"] > len(r["nodes"]) else ""}</td>',
+        f'<td>{_expiry(r["expires_in_s"])}</td>',
+        f'<td>{_e(r["source"])}</td>'] for r in rows)
+    more = f"<p>{total - len(rows)} more not listed.</p>" if total > len(rows) else ""
+    return ("<table><tr><th>Held for</th><th>GPUs</th><th>Nodes</th><th>Expires</th><th>From</th></tr>"
+            f"{body}</table>{more}")
+
+
+def _out_of_service(rows: list[dict], total: int) -> str:
+    if not rows:
+        return "<p>Every GPU node is in service.</p>"
+    body = _rows([f'<td>{_e(r["node"])}</td>', f'<td>{_e(r["domain"])}</td>', f'<td>{_e(r["reason"])}</td>',
+                  f'<td class="r">{r["gpus"]}</td>'] for r in rows)
+    more = f"<p>{total - len(rows)} more not listed.</p>" if total > len(rows) else ""
+    return f"<table><tr><th>Node</th><th>Domain</th><th>Why</th><th>GPUs</th></tr>{body}</table>{more}"
+
+
+def _expiry(seconds: float | None) -> str:
+    if seconds is None:
+        return "when its pods bind"
+    # Holds expire before the next decision is made: until then an overdue one still counts.
+    return "in " + _age(seconds) if seconds > 0 else "due (at the next admission)"
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds} s" if seconds < 120 else f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"
+
+
+def _form(selection: dict) -> str:
+    focus = f'<input type="hidden" name="focus" value="{_e(selection["focus"])}">' if selection["focus"] else ""
+    return ('<form method="get">Namespace <input name="namespace" value="' + _e(selection["namespace"])
+            + '"> Workload <input name="workload" value="' + _e(selection["workload"]) + '">' + focus
+            + ' <button>Filter</button> <a href="?">clear</a></form>')
+
+
+def render(data: dict, refresh_seconds: int = 0, live: bool = True) -> str:
+    """The page for a snapshot. `live`: served (a filter form, links that open aggregated
+    domains); otherwise a file (offline `mutate --html`)."""
+    tree, selection = data["tree"], data["selection"]
+    gpus = tree["gpus"]
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(data["generated_at"]))
+    refresh = f'<meta http-equiv="refresh" content="{refresh_seconds}">' if refresh_seconds else ""
+    legend = "".join(f"<span><i class={_CLASSES[part]}></i> {part}</span>" for part in COLOURS)
+    notes = []
+    if not data["nodes_drawn"]:
+        notes.append(f'{data["gpu_node_count"]} GPU nodes: more than {data["node_detail_limit"]}, so the tree is '
+                     "drawn down to domains" + (" (a domain's node count opens it)" if live else ""))
+    if selection["namespace"] or selection["workload"]:
+        notes.append("outlined: where the selected workloads are placed or held")
+    filtered = f' for {_e(selection["namespace"] or "every namespace")}' + (
+        f' / {_e(selection["workload"])}' if selection["workload"] else "")
+    return "".join([
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">', refresh,
+        '<meta name="viewport" content="width=device-width,initial-scale=1">',
+        f"<title>GPU topology &middot; {gpus['free']} of {gpus['total']} free</title><style>{_STYLE}</style></head><body>",
+        "<h1>GPU topology</h1>",
+        f'<div class="meta">{when} &middot; {data["gpu_node_count"]} GPU nodes'
+        + (f' of {data["node_count"]}' if data["node_count"] != data["gpu_node_count"] else "") + ' &middot; levels '
+        f'{_e(" > ".join(data["levels"] + ["node"]))}'
+        + (f" &middot; refreshes every {refresh_seconds} s" if refresh_seconds else "") + "</div>",
+        f'<div class="sum"><b>{gpus["total"]} GPUs</b><b>{gpus["used"]} used</b><b>{gpus["held"]} held</b>'
+        f'<b>{gpus["free"]} free</b><b>{gpus["out"]} out of service</b>'
+        f'<b>{_room(tree)} now</b></div>',
+        f'<div class="legend">{legend}<span>hover a block for the pods that fit in it now</span></div>',
+        _form(selection) if live else "",
+        "".join(f'<div class="note">{note}</div>' for note in notes),
+        f'<div class="c">{_domain(tree, selection, live, data["levels"][-1] if data["levels"] else "")}</div>',
+        f"<h2>Workloads{filtered}</h2>", _workloads(data["workloads"]),
+        f"<h2>Holds{filtered}</h2>", _holds(data["holds"], data["holds_total"]),
+        "<h2>Out of service</h2>", _out_of_service(data["out_of_service"], data["out_of_service_total"]),
+        "</body></html>\n"])
+
+
+class BadQuery(ValueError):
+    """A query the page cannot take; answered 400 with the message."""
+
+
+def _query(environ: dict) -> tuple[Selection, int]:
+    try:
+        query = parse_qs(environ.get("QUERY_STRING") or "", max_num_fields=MAX_QUERY_FIELDS)
+    except ValueError:
+        raise BadQuery(f"at most {MAX_QUERY_FIELDS} query parameters") from None
+
+    def arg(name: str) -> str:
+        return (query.get(name) or [""])[0]
+
+    refresh_text = arg("refresh") or str(DEFAULT_REFRESH_SECONDS)
+    if not refresh_text.isdigit() or int(refresh_text) > MAX_REFRESH_SECONDS:
+        raise BadQuery(f"refresh={refresh_text[:20]!r}: allowed: whole seconds from 0 (never) to {MAX_REFRESH_SECONDS}")
+    return Selection.of(arg("namespace"), arg("workload"), arg("focus")), int(refresh_text)
+
+
+def page_app(index: ClusterIndex, decisions: RecentDecisions, clock: Callable[[], float] = time.time) -> Callable:
+    """The WSGI app of /topology and /topology.json: read-only, GET and HEAD only."""
+
+    def app(environ: dict, start_response: Callable) -> list[bytes]:
+        method = environ.get("REQUEST_METHOD") or "GET"
+        if method not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")])
+            return [b"the topology page is read-only: GET or HEAD\n"]
+        try:
+            selection, refresh = _query(environ)
+        except BadQuery as err:
+            start_response("400 Bad Request", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"{err}\n".encode()]
+        try:
+            data = snapshot(index, decisions.entries(), clock(), selection)
+            if environ.get("PATH_INFO") == TOPOLOGY_JSON_PATH:
+                body, kind = json.dumps(data, separators=(",", ":")).encode(), "application/json"
+            else:
+                body, kind = render(data, refresh).encode(), "text/html; charset=utf-8"
+        except Exception:  # a bug of ours: one failed page, never the metrics thread
+            log.exception("topology page failed")
+            start_response("500 Internal Server Error", [("Content-Type", "text/plain")])
+            return [b"the topology page failed; see the webhook's log\n"]
+        start_response("200 OK", [
+            ("Content-Type", kind), ("Content-Length", str(len(body))), ("Cache-Control", "no-store"),
+            ("Content-Security-Policy", CONTENT_SECURITY_POLICY), ("X-Content-Type-Options", "nosniff"),
+            ("Referrer-Policy", "no-referrer")])
+        return [b"" if method == "HEAD" else body]
+
+    return app
+
+
+def write_page(path: str, index: ClusterIndex, decisions: RecentDecisions, now: float) -> None:
+    """The page, as a file: no refresh, no form (offline `mutate --html`)."""
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(render(snapshot(index, decisions.entries(), now), live=False))
+
