@@ -218,11 +218,11 @@ def test_the_live_view_counts_slices_and_claims_and_follows_their_changes(fake, 
     assert view.wait_synced(10)
     eventually(lambda: view.index.stats() == ClusterIndex.from_objects(Config(), nodes, claims).stats(),
                what="the DRA cluster counted")
-    assert view.index.dra.templates["ml/train-channel"].channel  # known from its ComputeDomain
+    assert view.index.dra.template("ml/train-channel").channel  # known from its ComputeDomain
     fake.delete("resourceclaims", "research/busy-gpu-s1-l1-n1-gpu")
     eventually(lambda: view.index.nodes["gpu-s1-l1-n1"].free == 8, what="the freed node")
     fake.delete("computedomains", "ml/train")
-    eventually(lambda: "ml/train-channel" not in view.index.dra.templates, what="the channel forgotten")
+    eventually(lambda: view.index.dra.template("ml/train-channel") is None, what="the channel forgotten")
     assert view.readiness() == (True, "cluster view in sync")
 
 
@@ -583,3 +583,17 @@ def test_the_live_view_is_ready_without_dra_kinds_its_rbac_may_not_read(fake, ma
     view.start()
     assert view.wait_synced(10) and view.readiness()[0]
     assert "resourceslices: the API is not granted by RBAC (403)" in caplog.text
+
+
+def test_a_channel_named_by_its_compute_domain_outlives_a_relist_of_templates_that_lacks_it():
+    index = ClusterIndex.from_objects(Config(), [])
+    index.upsert({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+                  "metadata": {"name": "train", "namespace": "ml"},
+                  "spec": {"channel": {"resourceClaimTemplate": {"name": "train-channel"}}}})
+    assert "ml/train-channel" not in index.dra_keys("ResourceClaimTemplate")  # a relist has nothing to forget
+    made = claim_template("train-channel", deviceClassName="compute-domain-default-channel.nvidia.com")
+    index.upsert(made)  # its controller made it: listed, then deleted
+    index.delete(made)
+    assert index.dra.template("ml/train-channel").channel
+    index.delete({"kind": "ComputeDomain", "metadata": {"name": "train", "namespace": "ml"}})
+    assert index.dra.template("ml/train-channel") is None

@@ -35,9 +35,6 @@ _FEED_ORDER = {"DeviceClass": 0, "ResourceSlice": 1, "Node": 2, "ResourceClaimTe
                "PodGroup": 3, "ComputeDomain": 3, "Pod": 4}
 
 
-_CHANNEL_ONLY = dra.TemplateFacts((), channel=True)  # a channel template known from its ComputeDomain only
-
-
 def _replace_set(target: set[int], values: set[int]) -> None:
     """Change a set in place (a node's claimed GPUs, shared with the subsets that hold it)."""
     target.clear()
@@ -307,23 +304,14 @@ class ClusterIndex:
             elif kind == "ResourceClaimTemplate":
                 self._keep(self.dra.templates, key, dra.parse_template(obj) if present else None)
             elif kind == "ComputeDomain":
-                self._put_compute_domain(key, obj if present else None)
+                # it names its channel template before its controller makes it: workloads created with
+                # it are not left unknown
+                channel = dra.channel_template(obj) if present else None
+                self.dra.put_compute_domain(key, f"{key.rpartition('/')[0]}/{channel}" if channel else None)
             elif kind == "DeviceClass":
                 self._keep(self.dra.classes, key, dra.selects_gpus(obj) if present else None)
             elif kind == "PodGroup":
                 self._keep(self.dra.pod_groups, key, dra.parse_pod_group(obj) if present else None)
-
-    def _put_compute_domain(self, key: str, obj: Mapping | None) -> None:
-        """A ComputeDomain names its channel template before its controller makes it: known at once
-        as a channel, so workloads created with the ComputeDomain are not left unknown."""
-        old = self.dra.compute_domains.pop(key, None)
-        if old is not None and self.dra.templates.get(old) == _CHANNEL_ONLY:
-            del self.dra.templates[old]
-        name = dra.channel_template(obj) if obj is not None else None
-        if name:
-            template = f"{key.rpartition('/')[0]}/{name}"
-            self.dra.compute_domains[key] = template
-            self.dra.templates.setdefault(template, _CHANNEL_ONLY)
 
     @staticmethod
     def _keep(table: dict, key: str, value: object) -> None:

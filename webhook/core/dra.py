@@ -181,6 +181,9 @@ class TemplateFacts:
     channel: bool = False  # a ComputeDomain's IMEX channel: who claims from it shares an NVLink domain
 
 
+_CHANNEL_ONLY = TemplateFacts((), channel=True)  # a channel template known from its ComputeDomain only
+
+
 def parse_template(obj: Mapping) -> TemplateFacts:
     requests = parse_requests(_mapping(_mapping(obj.get("spec")).get("spec")))
     labels = _mapping(_mapping(obj.get("metadata")).get("labels"))
@@ -273,8 +276,10 @@ class DraInventory:
     claims: dict[str, ClaimFacts] = field(default_factory=dict)  # namespace/name
     claims_on: dict[str, set[str]] = field(default_factory=dict)  # node -> allocated claims there
     templates: dict[str, TemplateFacts] = field(default_factory=dict)  # namespace/name
-    # ComputeDomain (namespace/name) -> its channel template's key, known before its controller makes it
+    # ComputeDomain (namespace/name) -> its channel template's key, known before its controller makes
+    # it; kept apart from the templates listed, which a relist of templates would otherwise forget
     compute_domains: dict[str, str] = field(default_factory=dict)
+    channels: dict[str, int] = field(default_factory=dict)  # channel template key -> ComputeDomains naming it
     classes: dict[str, bool] = field(default_factory=dict)  # DeviceClass -> selects whole GPUs
     pod_groups: dict[str, PodGroupFacts] = field(default_factory=dict)  # namespace/name
     scheduler_made: dict[str, str] = field(default_factory=dict)  # pod uid -> its scheduler-made claim
@@ -370,6 +375,21 @@ class DraInventory:
         return frozenset(taken)
 
     # -- demand ----------------------------------------------------------------------------------
+    def put_compute_domain(self, key: str, channel: str | None) -> None:
+        """A ComputeDomain naming its channel template (namespace/name), or gone (None)."""
+        old = self.compute_domains.pop(key, None)
+        if old is not None:
+            self.channels[old] -= 1
+            if not self.channels[old]:
+                del self.channels[old]
+        if channel is not None:
+            self.compute_domains[key] = channel
+            self.channels[channel] = self.channels.get(channel, 0) + 1
+
+    def template(self, key: str) -> TemplateFacts | None:
+        """A ResourceClaimTemplate as listed, else as its ComputeDomain names it (a channel)."""
+        return self.templates.get(key) or (_CHANNEL_ONLY if key in self.channels else None)
+
     def is_gpu_class(self, name: str) -> bool:
         return self.classes.get(name, name == GPU_CLASS)
 
@@ -398,10 +418,10 @@ def claims_demand(namespace: str, pod_spec: Mapping, inventory: DraInventory) ->
         template, claim = entry.get("resourceClaimTemplateName"), entry.get("resourceClaimName")
         if template:
             key = f"{namespace}/{template}"
-            if key not in inventory.templates:
+            facts = inventory.template(key)
+            if facts is None:
                 unknown.append(f"ResourceClaimTemplate {key}")
                 continue
-            facts = inventory.templates[key]
             channel = key if facts.channel else channel
             gpus, all_of_node = _gpus(facts.requests, inventory)
             per_pod, whole = per_pod + gpus, whole or all_of_node
