@@ -64,9 +64,9 @@ def patched(body_or_obj: dict, result: admission.AdmissionResult) -> dict:
     pytest.param([], "JSON list", id="a list"),
     pytest.param("review", "JSON str", id="a string"),
     pytest.param({}, "kind is None", id="empty object"),
-    pytest.param({"kind": "Pod", "apiVersion": "v1"}, "kind is 'Pod'", id="not a review"),
+    pytest.param({"kind": "Pod", "apiVersion": "v1"}, 'kind is "Pod"', id="not a review"),
     pytest.param({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v2", "request": {"uid": "u"}},
-                 "apiVersion 'admission.k8s.io/v2'", id="unknown review version"),
+                 'apiVersion "admission.k8s.io/v2"', id="unknown review version"),
     pytest.param({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1"}, "request is missing",
                  id="no request"),
     pytest.param({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"operation": "CREATE"}},
@@ -314,7 +314,7 @@ def test_more_than_the_cluster_waits_for_nodes_and_refuse_unplaceable_denies_it(
     result = run(obj, ClusterIndex.from_objects(refusing, *demo_cluster()), refusing)
     assert result.outcome == "denied" and result.review["response"]["allowed"] is False
     message = result.review["response"]["status"]["message"]
-    for fragment in ("Job ml/train", "topology.scheduler/gpu-count", "'4096'", "even with every GPU free"):
+    for fragment in ("Job ml/train", "topology.scheduler/gpu-count", '"4096"', "even with every GPU free"):
         assert fragment in message
 
 

@@ -12,13 +12,14 @@ import pynvml
 import pytest
 import yaml
 
-from webhook.discover import discovery
+from webhook.discover import command, derive, facts
+from webhook.discover import nvml as nvml_reading
 from webhook.core.cluster import ClusterIndex
 from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
 from webhook.core.config import Config
 from webhook.kube.demo import make_node, make_pod
-from webhook.discover.discovery import (CLIQUE_LABEL, DOMAIN_SIZE_LABEL, LINK_LABEL, MATRIX_ANNOTATION, NUMA_ANNOTATION,
-                               UNREADABLE_ANNOTATION)
+from webhook.discover.derive import (CLIQUE_LABEL, DOMAIN_SIZE_LABEL, LINK_LABEL, MATRIX_ANNOTATION, NUMA_ANNOTATION,
+                                    UNREADABLE_ANNOTATION)
 from webhook.core.gpus import NVLINK_DOMAINS_ANNOTATION, parse_nvlink_domains
 from webhook.core.model import EXCEEDS_CLUSTER, Interconnect, Outcome, PlacementRequest
 from webhook.core.placer import place
@@ -35,13 +36,13 @@ def uniform(size: int, code: str) -> str:
     return matrix(*(" ".join("X" if i == j else code for j in range(size)) for i in range(size)))
 
 
-def discover(machine: fakes.FakeMachine, **options) -> discovery.Publication:
-    return discovery.publication(discovery.read_node(fakes.fake_nvml(machine, **options)))
+def discover(machine: fakes.FakeMachine, **options) -> derive.Publication:
+    return derive.publication(nvml_reading.read_node(fakes.fake_nvml(machine, **options)))
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="topology-webhook")
-    discovery.register(parser.add_subparsers(dest="command", required=True))
+    command.register(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(["discover", *argv])
 
 
@@ -81,8 +82,8 @@ def test_fake_refuses_what_the_real_bindings_refuse():
 
 def test_no_library_through_the_real_bindings():
     """The seam's default is the real pynvml: on this GPU-less machine it cannot find libnvidia-ml."""
-    assert discovery.load_nvml() is pynvml
-    assert discovery.run(parse(["--dry-run"])) == discovery.EXIT_NO_LIBRARY
+    assert nvml_reading.load_nvml() is pynvml
+    assert command.run(parse(["--dry-run"])) == facts.EXIT_NO_LIBRARY
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,8 +151,8 @@ def test_older_bindings_bytes_bus_ids_with_short_domain_give_the_same_result():
 def test_gpu_lost_mid_read_is_reported_and_skipped():
     machine = fakes.dgx_h100()
     machine.lose = {3: "nvmlDeviceGetNvLinkState"}
-    topology = discovery.read_node(fakes.fake_nvml(machine))
-    published = discovery.publication(topology)
+    topology = nvml_reading.read_node(fakes.fake_nvml(machine))
+    published = derive.publication(topology)
     assert published.annotations[NVLINK_DOMAINS_ANNOTATION] == "0-2+4-7"
     assert published.annotations[UNREADABLE_ANNOTATION] == "3"
     assert published.annotations[MATRIX_ANNOTATION].split(";")[3] == "-,-,-,X,-,-,-,-"
@@ -169,14 +170,14 @@ def test_failed_pair_call_leaves_that_cell_unknown():
         return ancestor(a, b)
 
     machine.ancestor = flaky
-    topology = discovery.read_node(fakes.fake_nvml(machine))
-    assert discovery.link_matrix(topology)[1] == ("NV12", "X", "-", "SYS")
+    topology = nvml_reading.read_node(fakes.fake_nvml(machine))
+    assert derive.link_matrix(topology)[1] == ("NV12", "X", "-", "SYS")
     assert topology.warnings == ("GPU 1 and GPU 2: topology: Unknown Error",)
 
 
 def test_nvml_is_shut_down_after_every_read():
     module = fakes.fake_nvml(fakes.hgx_a100())
-    discovery.read_node(module)
+    nvml_reading.read_node(module)
     assert module.fake.initialised == 0 and module.fake.calls[-1] == "nvmlShutdown"
 
 
@@ -185,11 +186,11 @@ def test_nvml_is_shut_down_after_every_read():
 
 
 @pytest.mark.parametrize("machine, code, message", [
-    (fakes.no_driver(), discovery.EXIT_NO_LIBRARY, "NVML cannot start: NVML Shared Library Not Found"),
-    (fakes.no_gpus(), discovery.EXIT_NO_GPUS, "NVML sees no GPUs on this node"),
+    (fakes.no_driver(), facts.EXIT_NO_LIBRARY, "NVML cannot start: NVML Shared Library Not Found"),
+    (fakes.no_gpus(), facts.EXIT_NO_GPUS, "NVML sees no GPUs on this node"),
 ], ids=["driver library missing", "no GPUs"])
 def test_no_driver_or_no_gpu_is_one_line_and_an_exit_code(machine, code, message, capsys):
-    assert discovery.run(parse(["--dry-run"]), nvml=fakes.fake_nvml(machine)) == code
+    assert command.run(parse(["--dry-run"]), nvml=fakes.fake_nvml(machine)) == code
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and message in err and "Traceback" not in err
 
@@ -197,20 +198,20 @@ def test_no_driver_or_no_gpu_is_one_line_and_an_exit_code(machine, code, message
 def test_all_gpus_unreadable_is_an_nvml_error(capsys):
     machine = fakes.pcie_bridged_pairs()
     machine.lose = {i: "nvmlDeviceGetName" for i in range(4)}
-    assert discovery.run(parse(["--dry-run"]), nvml=fakes.fake_nvml(machine)) == discovery.EXIT_NVML
+    assert command.run(parse(["--dry-run"]), nvml=fakes.fake_nvml(machine)) == facts.EXIT_NVML
     assert "NVML could not read any of the 4 GPUs: GPU is lost" in capsys.readouterr().err
 
 
 def test_dry_run_prints_what_it_would_publish_without_a_node_or_api(capsys, monkeypatch):
     monkeypatch.delenv("NODE_NAME", raising=False)
-    assert discovery.run(parse(["--dry-run"]), nvml=fakes.fake_nvml(fakes.gb200_nvl72_tray())) == 0
+    assert command.run(parse(["--dry-run"]), nvml=fakes.fake_nvml(fakes.gb200_nvl72_tray())) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["metadata"]["annotations"][NVLINK_DOMAINS_ANNOTATION] == "0-3"
     assert printed["metadata"]["labels"][CLIQUE_LABEL].startswith(fakes.GB200_CLUSTER_UUID)
 
 
 def test_print_matrix_looks_like_nvidia_smi_topo(capsys):
-    assert discovery.run(parse(["--print-matrix"]), nvml=fakes.fake_nvml(fakes.dgx_h100())) == 0
+    assert command.run(parse(["--print-matrix"]), nvml=fakes.fake_nvml(fakes.dgx_h100())) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == [f"GPU{i}" for i in range(8)] + ["CPU", "Affinity", "NUMA", "Affinity"]
     assert lines[1].split() == ["GPU0", "X"] + ["NV18"] * 7 + ["0-55,112-167", "0"]
@@ -219,7 +220,7 @@ def test_print_matrix_looks_like_nvidia_smi_topo(capsys):
 
 
 def test_fabric_manager_down_is_explained(capsys):
-    discovery.run(parse(["--dry-run"]), nvml=fakes.fake_nvml(fakes.dgx_h100(fabric_manager=False)))
+    command.run(parse(["--dry-run"]), nvml=fakes.fake_nvml(fakes.dgx_h100(fabric_manager=False)))
     assert capsys.readouterr().err == ("discover: GPUs 0-7 have NVLinks but NVML reports P2P over NVLink not "
                                        "supported for 28 pair(s) (fabric manager not running?); those links are "
                                        "left out of the NVLink domains\n")
@@ -227,7 +228,7 @@ def test_fabric_manager_down_is_explained(capsys):
 
 def test_publishing_needs_a_node_name(capsys, monkeypatch):
     monkeypatch.delenv("NODE_NAME", raising=False)
-    assert discovery.run(parse([]), nvml=fakes.fake_nvml(fakes.dgx_h100())) == discovery.EXIT_USAGE
+    assert command.run(parse([]), nvml=fakes.fake_nvml(fakes.dgx_h100())) == facts.EXIT_USAGE
     assert "no node name: pass --node or set NODE_NAME" in capsys.readouterr().err
 
 
@@ -240,7 +241,7 @@ def test_interval_must_be_positive(value, capsys):
 
 def test_register_adds_discover_with_run_as_its_function():
     args = parse(["--node", "gpu-1", "--interval", "30", "--kubeconfig", "/k"])
-    assert (args.func, args.node, args.interval, args.kubeconfig, args.dry_run) == (discovery.run, "gpu-1", 30.0,
+    assert (args.func, args.node, args.interval, args.kubeconfig, args.dry_run) == (command.run, "gpu-1", 30.0,
                                                                                     "/k", False)
 
 
@@ -342,7 +343,7 @@ def _patches(server: FakeApiServer) -> list:
 
 def test_publish_patches_only_owned_keys_that_changed(api_server, kubeconfig, monkeypatch, capsys):
     monkeypatch.setenv("NODE_NAME", "gpu-1")
-    assert discovery.run(parse(["--kubeconfig", kubeconfig]), nvml=fakes.fake_nvml(fakes.dgx_h100())) == 0
+    assert command.run(parse(["--kubeconfig", kubeconfig]), nvml=fakes.fake_nvml(fakes.dgx_h100())) == 0
     [(_, path, content_type, body)] = _patches(api_server)
     assert (path, content_type) == ("/api/v1/nodes/gpu-1", "application/merge-patch+json")
     assert body["metadata"]["annotations"][NVLINK_DOMAINS_ANNOTATION] == "0-7"
@@ -353,23 +354,23 @@ def test_publish_patches_only_owned_keys_that_changed(api_server, kubeconfig, mo
     assert metadata["labels"]["kubernetes.io/hostname"] == "gpu-1"
     assert "node gpu-1: patched" in capsys.readouterr().err
 
-    assert discovery.run(parse(["--node", "gpu-1", "--kubeconfig", kubeconfig]),
+    assert command.run(parse(["--node", "gpu-1", "--kubeconfig", kubeconfig]),
                          nvml=fakes.fake_nvml(fakes.dgx_h100())) == 0
     assert len(_patches(api_server)) == 1  # nothing changed: no second patch
     assert "node gpu-1: up to date" in capsys.readouterr().err
 
 
 def test_unknown_node_is_an_api_error(api_server, kubeconfig, capsys):
-    assert discovery.run(parse(["--node", "gpu-9", "--kubeconfig", kubeconfig]),
-                         nvml=fakes.fake_nvml(fakes.dgx_h100())) == discovery.EXIT_API
+    assert command.run(parse(["--node", "gpu-9", "--kubeconfig", kubeconfig]),
+                         nvml=fakes.fake_nvml(fakes.dgx_h100())) == facts.EXIT_API
     err = capsys.readouterr().err
     assert "Kubernetes API: GET node gpu-9: 404" in err and err.count("\n") == 1
 
 
 def test_bad_kubeconfig_is_an_api_error(tmp_path, capsys):
     missing = str(tmp_path / "nope")
-    assert discovery.run(parse(["--node", "gpu-1", "--kubeconfig", missing]),
-                         nvml=fakes.fake_nvml(fakes.dgx_h100())) == discovery.EXIT_API
+    assert command.run(parse(["--node", "gpu-1", "--kubeconfig", missing]),
+                         nvml=fakes.fake_nvml(fakes.dgx_h100())) == facts.EXIT_API
     assert f"Kubernetes kubeconfig {missing}:" in capsys.readouterr().err
 
 
@@ -400,7 +401,7 @@ def test_interval_republishes_only_on_change_and_retries_api_errors(api_server, 
         3: lambda: machine.lose.update({5: "nvmlDeviceGetName"}),
     })
     args = parse(["--node", "gpu-1", "--kubeconfig", kubeconfig, "--interval", "0.001"])
-    assert discovery.run(args, nvml=nvml, stop=stop) == 0
+    assert command.run(args, nvml=nvml, stop=stop) == 0
     assert nvml.started == 4
     bodies = [body for *_, body in _patches(api_server)]
     assert len(bodies) == 2  # round 2 publishes, round 3 publishes GPU 5 lost, round 4 changes nothing
@@ -480,7 +481,7 @@ def test_without_discovery_the_product_table_would_split_an_island_board_wrongly
     ("", ""),
 ], ids=["NVML 13 form", "older bytes, short domain", "GB200 domain", "empty stays itself"])
 def test_bus_ids_compare_in_one_form(raw, normal):
-    assert discovery.normalize_bus_id(raw) == normal
+    assert nvml_reading.normalize_bus_id(raw) == normal
 
 
 @pytest.mark.parametrize("call", ["nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetMemoryAffinity"])
@@ -491,7 +492,7 @@ def test_a_driver_without_an_optional_call_still_publishes_the_rest(call):
         raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 
     setattr(module, call, missing)
-    published = discovery.publication(discovery.read_node(module))
+    published = derive.publication(nvml_reading.read_node(module))
     assert published.annotations[NVLINK_DOMAINS_ANNOTATION] == "0-3"
     assert (CLIQUE_LABEL in published.labels) == (call != "nvmlDeviceGetGpuFabricInfoV")
     assert (published.annotations[NUMA_ANNOTATION] == "") == (call == "nvmlDeviceGetMemoryAffinity")
@@ -500,7 +501,7 @@ def test_a_driver_without_an_optional_call_still_publishes_the_rest(call):
 def test_unreachable_api_server_is_an_api_error(api_server, kubeconfig, capsys):
     api_server.shutdown()
     api_server.server_close()  # the port now refuses connections
-    assert discovery.run(parse(["--node", "gpu-1", "--kubeconfig", kubeconfig]),
-                         nvml=fakes.fake_nvml(fakes.dgx_h100())) == discovery.EXIT_API
+    assert command.run(parse(["--node", "gpu-1", "--kubeconfig", kubeconfig]),
+                         nvml=fakes.fake_nvml(fakes.dgx_h100())) == facts.EXIT_API
     err = capsys.readouterr().err
     assert "Kubernetes API: GET node gpu-1: MaxRetryError" in err and err.count("\n") == 1

@@ -164,7 +164,7 @@ def test_a_member_declaring_another_size_is_denied_naming_both_sizes(fresh_index
     other = review(review_of(operator_pod("b", {}, {**annotations, "topology.scheduler/group-size": "3"}, gpus=4)),
                    fresh_index, Config())
     message = other.review["response"]["status"]["message"]
-    assert other.outcome == "denied" and "topology.scheduler/group-size='3'" in message
+    assert other.outcome == "denied" and 'topology.scheduler/group-size="3"' in message
     assert "declares 3 pod(s) x 4 GPU(s)" in message and "placed for 2 pod(s) x 4 GPU(s)" in message
     honest = admit(operator_pod("c", {}, annotations, gpus=4), fresh_index)
     assert honest.outcome == "placed" and honest.decision is first.decision

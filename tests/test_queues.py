@@ -125,9 +125,9 @@ def test_max_domain_leaf_waits_rather_than_spanning_leaves(demo_index):
 
 @pytest.mark.parametrize("annotations, fragment", [
     ({"topology.scheduler/max-domain": "rack"},
-     "annotation topology.scheduler/max-domain='rack': max-domain 'rack' is not a topology level; allowed: zone,"),
+     'annotation topology.scheduler/max-domain="rack": max-domain \'rack\' is not a topology level; allowed: zone,'),
     ({"kueue.x-k8s.io/podset-required-topology": "example.com/block"},
-     "annotation kueue.x-k8s.io/podset-required-topology='example.com/block': max-domain"),
+     'annotation kueue.x-k8s.io/podset-required-topology="example.com/block": max-domain'),
 ])
 def test_a_max_domain_that_names_no_level_is_denied_naming_the_annotation(annotations, fragment, demo_index):
     result = placed_job(annotations, demo_index)

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import yaml
 
 from . import __version__
-from .discover import discovery
+from .discover import command as discover_command
 from .kube import certbootstrap, demo
 from .objects import admission
 from .serving import certs, logs
@@ -436,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     certs_cmd.add_argument("--out", metavar="DIR", required=True)
     certs_cmd.add_argument("--force", action="store_true", help="replace a CA already in DIR")
     certs_cmd.set_defaults(func=cmd_certs)
-    discovery.register(subparsers)
+    discover_command.register(subparsers)
     parser.add_argument("--log-level", choices=logs.LEVELS, default="info", help="(default: %(default)s)")
     parser.add_argument("--log-format", choices=logs.FORMATS,
                         help="log lines as JSON objects or text (default: json for serve, text otherwise)")

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Mapping, Protocol, Sequence
 from . import dra
 from .config import HOSTNAME_LABEL, PRESETS, Config, choose_preset, preset_marks
 from .filters import ConstrainedSubsets, NodeFilters
-from .gpus import parse_nvlink_domains, pod_gpus
+from .gpus import parse_gpu_set, pod_gpus
 from .growth import GrowthState, Pool, is_growth_object, object_key
 from .injection import GPU_IDS, RESERVATION
 from .ledger import ReservationLedger, held_by
@@ -70,7 +70,7 @@ def pending_hold(annotations: Mapping, spec: Mapping, gpus: int) -> tuple[str, s
     if not reservation or not hinted or gpus <= 0:
         return None
     try:
-        held = tuple(i for d in parse_nvlink_domains(str(hinted)) for i in d)
+        held = parse_gpu_set(str(hinted))
     except ValueError:
         return None
     affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
@@ -475,7 +475,7 @@ class ClusterIndex:
         ids: tuple[int, ...] = ()
         if hinted:
             try:
-                wanted = tuple(i for d in parse_nvlink_domains(hinted) for i in d)
+                wanted = parse_gpu_set(hinted)
             except ValueError:
                 wanted = ()
             if len(wanted) == gpus and not taken.intersection(wanted) and all(i < node.alloc for i in wanted):

@@ -15,6 +15,7 @@ import re
 from typing import Iterable, Mapping
 
 from .model import GPU_RESOURCE
+from .resources import containers_total
 
 NVLINK_DOMAINS_ANNOTATION = "topology.scheduler/nvlink-domains"
 
@@ -42,6 +43,11 @@ def parse_nvlink_domains(text: str) -> tuple[tuple[int, ...], ...]:
         seen.update(gpus)
         domains.append(tuple(sorted(gpus)))
     return tuple(sorted(domains))
+
+
+def parse_gpu_set(text: str) -> tuple[int, ...]:
+    """`0-3+6` (format_gpu_set's output, or several domains) -> (0, 1, 2, 3, 6). Raises ValueError."""
+    return tuple(i for domain in parse_nvlink_domains(text) for i in domain)
 
 
 def format_gpu_set(gpus: Iterable[int]) -> str:
@@ -87,16 +93,12 @@ def container_gpus(container: Mapping) -> int:
 
 
 def pod_gpus(pod_spec: Mapping) -> int:
-    """GPUs a pod holds on its node, as kube-scheduler counts it: the sum over app containers
-    and restartable (sidecar) init containers, or the largest plain init container if bigger."""
-    main = sum(container_gpus(c) for c in pod_spec.get("containers") or ())
-    init_peak = 0
-    for init in pod_spec.get("initContainers") or ():
-        if init.get("restartPolicy") == "Always":
-            main += container_gpus(init)
-        else:
-            init_peak = max(init_peak, container_gpus(init))
-    return max(main, init_peak)
+    """GPUs a pod holds on its node, as kube-scheduler counts it (resources.containers_total)."""
+    return containers_total(pod_spec, _gpus_of).get(GPU_RESOURCE, 0)
+
+
+def _gpus_of(container: Mapping) -> dict[str, int]:
+    return {GPU_RESOURCE: container_gpus(container)}
 
 
 _BANDWIDTH = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(b|bps|B|Bps)?(?:/s)?", re.IGNORECASE)

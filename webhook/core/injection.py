@@ -23,8 +23,8 @@ RESERVATION = ANNOTATION_PREFIX + "reservation"
 INJECTED = ANNOTATION_PREFIX + "injected"
 WORKLOAD_LABEL = ANNOTATION_PREFIX + "workload"
 OUTPUT_ANNOTATIONS = (PLACEMENT, GPU_IDS, RESERVATION, INJECTED)
-_REQUIRED_TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
-_PREFERRED = ("affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
+REQUIRED_TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
+PREFERRED = ("affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
 
 
 @dataclass(frozen=True)
@@ -79,16 +79,17 @@ def already_placed(template: Mapping | None) -> bool:
         return False
     record = recorded(template)
     spec = (template or {}).get("spec") or {}
-    terms = _get(spec, _REQUIRED_TERMS) or []
+    terms = at(spec, REQUIRED_TERMS) or []
     pinned = len(record.required) <= len(terms) and all(
         isinstance(term, dict) and all(e in (term.get("matchExpressions") or []) for e in ours)
         for term, ours in zip(terms, record.required))
-    preferred = record.preferred is None or record.preferred in (_get(spec, _PREFERRED) or [])
+    preferred = record.preferred is None or record.preferred in (at(spec, PREFERRED) or [])
     spread = all(c in (spec.get("topologySpreadConstraints") or []) for c in record.spread)
     return pinned and preferred and spread
 
 
-def _get(node: Any, path: tuple[str, ...]) -> Any:
+def at(node: Any, path: tuple[str, ...]) -> Any:
+    """What `path` leads to through nested dicts, or None."""
     for key in path:
         node = node.get(key) if isinstance(node, dict) else None
     return node

@@ -156,6 +156,9 @@ class Decision:
 
 
 def quoted(value: object) -> str:
-    """A user's bad value in our message, shortened so the message stays one readable line."""
-    text = str(value).replace("\n", " ")
-    return '"' + (text if len(text) <= 40 else text[:37] + "...") + '"'
+    """A user's bad value in our message, shortened so the message stays one readable line: text
+    in double quotes, anything else as Python writes it (None, 8, [1]), so a missing value never
+    reads like the text "None"."""
+    text = str(value).replace("\n", " ") if isinstance(value, str) else repr(value)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    return f'"{text}"' if isinstance(value, str) else text

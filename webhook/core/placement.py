@@ -22,8 +22,8 @@ import heapq
 import math
 from typing import Callable, Iterable, Iterator, Sequence, Union
 
-from . import orderings
-from .config import HOSTNAME_LABEL, HardwareProfile
+from . import estimate, orderings
+from .config import HOSTNAME_LABEL
 from .filters import expression_matches, node_matches, tolerates
 from .growth import TOPOLOGY_IN_ADVANCE, Pool
 from .model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN,
@@ -418,7 +418,7 @@ def _placed(subset: TopologyTree, request: PlacementRequest, scope: Member, spli
             sets.append(ids)
         links = [node.link_for(ids) for ids in sets]
         assignment.append(NodeAssignment(node.name, count, tuple(sets), max(links, key=lambda lk: lk.rank)))
-    interconnect, bandwidth, profile = _estimate(subset, request, assignment)
+    interconnect, bandwidth, profile = estimate.bus_bandwidth(subset, request, assignment)
     # The switches used below the scope (its children that are domains, not nodes).
     used_children = {_child_towards(node, scope).ref.name for node, _ in split
                      if scope.children and _child_towards(node, scope).children}
@@ -449,43 +449,6 @@ def _why(subset: TopologyTree, request: PlacementRequest, scope: Member, domains
                 f"no single {domains[0].level_name} holds them; fewest {domains[0].level_name}s, balanced")
     return (f"{shape} in {scope.label}: the tightest {scope.ref.level_name} that holds them "
             f"({scope.fits(request.gpus_per_pod)} such pod(s) fit there)")
-
-
-def _estimate(subset: TopologyTree, request: PlacementRequest, assignment: list[NodeAssignment]
-              ) -> tuple[Interconnect, float, HardwareProfile]:
-    """Bottleneck all-reduce bus bandwidth (as nccl-tests' doc/PERFORMANCE.md defines busbw): the
-    slowest pod inside, then the NICs of the node with the fewest job GPUs, then switch
-    oversubscription."""
-    nodes = [subset.nodes[a.node] for a in assignment]
-    profile = min((n.profile for n in nodes), key=lambda p: p.nvlink_gbs)
-    intra = min(p.nvlink_gbs if a.interconnect is Interconnect.NVLINK else p.pcie_gbs
-                for a, p in zip(assignment, (n.profile for n in nodes)))
-    if len(assignment) == 1 and assignment[0].pods == 1:
-        return assignment[0].interconnect, intra, profile
-    gpus = request.gpus_per_pod
-    if len(assignment) == 1:
-        node = nodes[0]
-        nics = max(1, node.profile.nics_per_node * gpus // max(node.alloc, 1))
-        return Interconnect.NODE, min(intra, nics * node.profile.nic_gbs), profile
-    common = _common_prefix([n.domain.ref.path for n in nodes])
-    level = len(common) - 1
-    levels = subset.config.levels
-    link = levels[level].link if level >= 0 else "cluster"
-    if link == "nvlink":
-        return Interconnect.NVLINK, profile.nvlink_gbs, profile
-    network = min(min(a.pods * gpus, n.profile.nics_per_node) * n.profile.nic_gbs for a, n in zip(assignment, nodes))
-    divisor = math.prod(lv.oversubscription for lv in levels[max(level, 0):])
-    if level < 0:
-        divisor *= subset.config.cluster_oversubscription
-    return Interconnect(link), min(intra, network / divisor), profile
-
-
-def _common_prefix(paths: list[tuple]) -> tuple:
-    first = paths[0]
-    size = 0
-    while size < len(first) and all(len(p) > size and p[size] == first[size] for p in paths):
-        size += 1
-    return first[:size]
 
 
 # -- nothing fits now, or not on the nodes there are, or ever ---------------------------------------------

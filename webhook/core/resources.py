@@ -11,7 +11,7 @@ import functools
 import math
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Mapping
+from typing import Callable, Mapping
 
 from .model import GPU_RESOURCE
 
@@ -65,21 +65,28 @@ def _add(into: Vector, more: Mapping[str, int]) -> None:
         into[name] = into.get(name, 0) + amount
 
 
-def pod_requests(pod_spec: Mapping) -> Vector:
-    """What one pod takes from its node, as kube-scheduler computes it: app and sidecar
-    (restartable init) containers summed, or the largest plain init container where larger
-    (per resource), plus the pod overhead, plus one of the node's pods."""
+def containers_total(pod_spec: Mapping, per_container: Callable[[Mapping], Mapping[str, int]]) -> Vector:
+    """What a pod's containers take together, as kube-scheduler computes it: app and sidecar
+    (restartable init) containers summed, or the largest plain init container where larger (per
+    resource). The one place this arithmetic is written: GPUs (gpus.pod_gpus) and every other
+    resource (pod_requests) are counted by it."""
     running: Vector = {}
     for container in pod_spec.get("containers") or ():
-        _add(running, _container(container))
+        _add(running, per_container(container))
     peak: Vector = {}
     for init in pod_spec.get("initContainers") or ():
         if init.get("restartPolicy") == "Always":
-            _add(running, _container(init))
+            _add(running, per_container(init))
         else:
-            for name, amount in _container(init).items():
+            for name, amount in per_container(init).items():
                 peak[name] = max(peak.get(name, 0), amount)
-    total = {name: max(running.get(name, 0), peak.get(name, 0)) for name in {*running, *peak}}
+    return {name: max(running.get(name, 0), peak.get(name, 0)) for name in {*running, *peak}}
+
+
+def pod_requests(pod_spec: Mapping) -> Vector:
+    """What one pod takes from its node, GPUs aside: its containers (containers_total), plus the
+    pod overhead, plus one of the node's pods."""
+    total = containers_total(pod_spec, _container)
     _add(total, _vector(pod_spec.get("overhead")))
     total = {name: amount for name, amount in total.items() if amount > 0}
     total[PODS] = 1

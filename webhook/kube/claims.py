@@ -38,7 +38,7 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from ..core.cluster import ClusterIndex
-from ..core.gpus import format_gpu_set, parse_nvlink_domains
+from ..core.gpus import format_gpu_set, parse_gpu_set
 from ..core.placer import CONFLICT
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def read_claims(lease: dict | None, known: Mapping[str, dict] | None = None) -> 
 
 def _sets_of(claim: dict) -> dict[str, list[tuple[int, ...]]]:
     """node -> GPU sets of a claim; raises on anything else."""
-    return {str(node): [tuple(i for d in parse_nvlink_domains(text) for i in d) for text in sets]
+    return {str(node): [parse_gpu_set(text) for text in sets]
             for node, sets in claim["sets"].items()}
 
 

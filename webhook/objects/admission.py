@@ -32,7 +32,7 @@ from ..core.gpus import pod_gpus
 from ..core.growth import POOL_LABELS
 from ..core.ledger import held_by, reservation_key
 from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, GROWS_POOL, UNKNOWN_DOMAIN,
-                          UNKNOWN_LEVEL, Decision, Outcome, PlacementRequest, Strategy)
+                          UNKNOWN_LEVEL, Decision, Outcome, PlacementRequest, Strategy, quoted)
 from ..core.placer import group_decision, place, place_group, place_shared, release_shared
 from . import alignment, mutation, podgroups, provisioning, workload
 from .groups import GROUP_SIZE
@@ -49,7 +49,6 @@ WARNING_MAX_CHARS = 256  # the apiserver truncates longer warnings once its budg
 # Objects of the kinds we handle nest about 20 levels at most (managedFields included); far deeper
 # would exhaust Python's recursion in copying and diffing, so it is denied up front.
 MAX_DEPTH = 100
-QUOTED_MAX_CHARS = 60  # a client's kind or apiVersion quoted in a 400 answer
 DENIED_CODE = 403
 _OUTCOMES = {Outcome.PLACED: "placed", Outcome.WAIT: "waiting"}
 # Waits the nodes there are cannot end, counted apart: only added nodes (a pool's, or any) can.
@@ -136,10 +135,10 @@ def _parse(body: object) -> _Request:
     if not isinstance(body, Mapping):
         raise MalformedReview(f"body is a JSON {type(body).__name__}, not an AdmissionReview object")
     if body.get("kind") != "AdmissionReview":
-        raise MalformedReview(f"kind is {_quoted(body.get('kind'))}, expected 'AdmissionReview'")
+        raise MalformedReview(f"kind is {quoted(body.get('kind'))}, expected 'AdmissionReview'")
     api_version = body.get("apiVersion")
     if api_version not in REVIEW_API_VERSIONS:
-        raise MalformedReview(f"apiVersion {_quoted(api_version)} is not one of {', '.join(REVIEW_API_VERSIONS)}")
+        raise MalformedReview(f"apiVersion {quoted(api_version)} is not one of {', '.join(REVIEW_API_VERSIONS)}")
     request = body.get("request")
     if not isinstance(request, Mapping):
         raise MalformedReview("request is missing or not an object")
@@ -412,7 +411,7 @@ def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str
     if decision.code in (UNKNOWN_LEVEL, EXCEEDS_MAX_DOMAIN):
         culprit = next((k for k in (workload.MAX_DOMAIN, *workload.PEER_REQUIRED) if k in annotations), None)
     if culprit in annotations:
-        return f"{who}: annotation {culprit}={_quoted(annotations[culprit])}: {reason}"
+        return f"{who}: annotation {culprit}={quoted(annotations[culprit])}: {reason}"
     return reason if who in reason else f"{who}: {reason}"
 
 
@@ -486,12 +485,6 @@ def _audit(outcome: str, decision: Decision | None) -> dict[str, str]:
         if decision.code:
             audit["reason"] = decision.code
     return audit
-
-
-def _quoted(value: object) -> str:
-    """A client's value in our answer: repr, cut to a bounded length."""
-    text = repr(value)
-    return text if len(text) <= QUOTED_MAX_CHARS else text[:QUOTED_MAX_CHARS - 3] + "..."
 
 
 def _one_line(text: str) -> str:

@@ -31,9 +31,8 @@ from typing import Any, Callable, Mapping
 
 from ..core.config import HOSTNAME_LABEL, Config
 from ..core.gpus import container_gpus, format_gpu_set
-from ..core.injection import GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, RESERVATION, WORKLOAD_LABEL, Injection
-from ..core.injection import annotations_of
-from ..core.injection import recorded
+from ..core.injection import (GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, PREFERRED, REQUIRED_TERMS, RESERVATION,
+                              WORKLOAD_LABEL, Injection, annotations_of, at, recorded)
 from ..core.model import EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, Decision, Outcome, Strategy
 from .workload import pod_templates
 
@@ -41,8 +40,6 @@ __all__ = ["GPU_IDS", "INJECTED", "PLACEMENT", "RESERVATION", "WORKLOAD_LABEL", 
 CUDA_DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA numbering = nvidia-smi/NVML numbering
 # Waits that the nodes there are cannot end, only nodes added to the cluster.
 WAITS_FOR_NODES = (EXCEEDS_NODES, NO_MATCHING_NODES)
-_REQUIRED = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
-_PREFERRED = ("affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
 
 
 def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
@@ -198,9 +195,9 @@ def _apply(meta: dict, spec: dict, previous: Injection, desired: Injection) -> I
     """Reconcile the template from `previous` (ours, as recorded) to `desired`; returns what we now own."""
     required = _apply_required(spec, previous.required, desired.required)
     preferred_items, preferred_owned = _reconcile(
-        _get(spec, _PREFERRED) or [], [previous.preferred] if previous.preferred else [],
+        at(spec, PREFERRED) or [], [previous.preferred] if previous.preferred else [],
         [desired.preferred] if desired.preferred else [], _canonical)
-    _put(spec, _PREFERRED, preferred_items)
+    _put(spec, PREFERRED, preferred_items)
     label = _apply_label(meta, previous.label, desired.label)
     spread, spread_owned = _reconcile(spec.get("topologySpreadConstraints") or [], list(previous.spread),
                                       list(desired.spread), _spread_identity)
@@ -223,11 +220,11 @@ def _apply_required(spec: dict, previous: tuple[tuple[dict, ...], ...],
     what the record says we put in that very term. An empty term `{}` matches no node, so it
     stays empty. Returns, per term, the expressions we now own there."""
     want = desired[0] if desired else ()
-    terms = _get(spec, _REQUIRED + ("nodeSelectorTerms",))
+    terms = at(spec, REQUIRED_TERMS)
     if not terms:
         if not want:
             return ()
-        _put(spec, _REQUIRED + ("nodeSelectorTerms",), [{"matchExpressions": _copy(list(want))}])
+        _put(spec, REQUIRED_TERMS, [{"matchExpressions": _copy(list(want))}])
         return (want,)
     owned: list[tuple[dict, ...]] = []
     kept = []
@@ -243,7 +240,7 @@ def _apply_required(spec: dict, previous: tuple[tuple[dict, ...], ...],
         _put(term, ("matchExpressions",), items)
         kept.append(term)
         owned.append(tuple(mine))
-    _put(spec, _REQUIRED + ("nodeSelectorTerms",), kept)
+    _put(spec, REQUIRED_TERMS, kept)
     return tuple(owned) if any(owned) else ()
 
 
@@ -356,16 +353,10 @@ def _set_annotations(meta: dict, values: Mapping[str, str | None]) -> None:
             meta.pop("annotations", None)
 
 
-def _get(node: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        node = node.get(key) if isinstance(node, dict) else None
-    return node
-
-
 def _put(node: dict, path: tuple[str, ...], items: list) -> None:
     """Store a list at `path`, creating parents; an emptied list is removed with parents it leaves
     empty. Unchanged lists are left as they are, so a user's `env: []` stays."""
-    if (_get(node, path) or []) == items:
+    if (at(node, path) or []) == items:
         return
     parents = [node]
     for key in path[:-1]:

@@ -1,0 +1,47 @@
+"""The estimate every placed decision carries: the slowest link its collective traffic crosses
+and the all-reduce bus bandwidth that leaves, from the hardware profiles and the levels' links
+and oversubscription (docs/design/cost-model.md). Pure: it reads the tree, changes nothing."""
+from __future__ import annotations
+
+import math
+
+from .config import HardwareProfile
+from .model import Interconnect, NodeAssignment, PlacementRequest
+from .topology import TopologyTree
+
+
+def bus_bandwidth(subset: TopologyTree, request: PlacementRequest, assignment: list[NodeAssignment]
+                  ) -> tuple[Interconnect, float, HardwareProfile]:
+    """Bottleneck all-reduce bus bandwidth (as nccl-tests' doc/PERFORMANCE.md defines busbw): the
+    slowest pod inside, then the NICs of the node with the fewest job GPUs, then switch
+    oversubscription."""
+    nodes = [subset.nodes[a.node] for a in assignment]
+    profile = min((n.profile for n in nodes), key=lambda p: p.nvlink_gbs)
+    intra = min(p.nvlink_gbs if a.interconnect is Interconnect.NVLINK else p.pcie_gbs
+                for a, p in zip(assignment, (n.profile for n in nodes)))
+    if len(assignment) == 1 and assignment[0].pods == 1:
+        return assignment[0].interconnect, intra, profile
+    gpus = request.gpus_per_pod
+    if len(assignment) == 1:
+        node = nodes[0]
+        nics = max(1, node.profile.nics_per_node * gpus // max(node.alloc, 1))
+        return Interconnect.NODE, min(intra, nics * node.profile.nic_gbs), profile
+    common = _common_prefix([n.domain.ref.path for n in nodes])
+    level = len(common) - 1
+    levels = subset.config.levels
+    link = levels[level].link if level >= 0 else "cluster"
+    if link == "nvlink":
+        return Interconnect.NVLINK, profile.nvlink_gbs, profile
+    network = min(min(a.pods * gpus, n.profile.nics_per_node) * n.profile.nic_gbs for a, n in zip(assignment, nodes))
+    divisor = math.prod(lv.oversubscription for lv in levels[max(level, 0):])
+    if level < 0:
+        divisor *= subset.config.cluster_oversubscription
+    return Interconnect(link), min(intra, network / divisor), profile
+
+
+def _common_prefix(paths: list[tuple]) -> tuple:
+    first = paths[0]
+    size = 0
+    while size < len(first) and all(len(p) > size and p[size] == first[size] for p in paths):
+        size += 1
+    return first[:size]
