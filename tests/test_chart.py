@@ -613,9 +613,14 @@ def rules_of(case: str, role_name: str) -> list[dict]:
     return one(case, "ClusterRole", role_name)["rules"]
 
 
-def test_webhook_may_only_read_nodes_and_pods():
-    assert rules_of("defaults", FULLNAME) == [{"apiGroups": [""], "resources": ["nodes", "pods"],
-                                              "verbs": ["get", "list", "watch"]}]
+def test_webhook_may_only_read_nodes_pods_gpu_devices_claims_pod_groups_and_compute_domains():
+    read = ["get", "list", "watch"]
+    assert rules_of("defaults", FULLNAME) == [
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": read},
+        {"apiGroups": ["resource.k8s.io"],
+         "resources": ["resourceslices", "resourceclaims", "resourceclaimtemplates", "deviceclasses"], "verbs": read},
+        {"apiGroups": ["scheduling.k8s.io"], "resources": ["podgroups"], "verbs": read},
+        {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains"], "verbs": read}]
     binding = one("defaults", "ClusterRoleBinding", FULLNAME)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
     assert one("defaults", "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == FULLNAME

@@ -8,6 +8,7 @@ import json
 import pathlib
 
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 from conftest import assert_valid_kubernetes_object, review_of
@@ -16,8 +17,9 @@ from test_idempotence_properties import allowed_nodes
 
 from webhook.kube import demo
 from webhook.objects.admission import review
-from webhook.cli import file_index
-from webhook.core.config import Config
+from webhook.cli import file_index, main
+from webhook.core.config import PRESETS, Config
+from webhook.core.dra import DRA_KINDS
 from webhook.objects.workload import pod_templates
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -97,3 +99,93 @@ def test_the_nodepool_example_steers_a_job_larger_than_the_cluster_to_nodes_the_
     assert terms["nodeSelectorTerms"] == [{"matchExpressions": [
         {"key": "karpenter.sh/nodepool", "operator": "In", "values": ["gpu-h100"]},
         {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1a"]}]}]
+
+
+# ----- Dynamic Resource Allocation and PodGroups: placed on the DRA demo cluster, valid for 1.37 ------
+
+DRA_SCHEMA_VERSION = "1.37.0"
+
+
+def valid_137(obj: dict) -> dict:
+    kubernetes_validate.validate(obj, DRA_SCHEMA_VERSION, strict=True)
+    return obj
+
+
+def documents(name: str) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all((ROOT / "examples" / name).read_text()) if doc]
+
+
+@pytest.fixture
+def dra_index():
+    index, _ = file_index(Config(), demo.dra_demo_cluster())
+    return index
+
+
+def admit_all(docs: list[dict], index, config: Config = Config()) -> list:
+    """Each object reviewed at its CREATE, in order, and fed to the index as `mutate -f` does."""
+    results = []
+    for doc in docs:
+        result = review(review_of(doc), index, config)
+        results.append(result)
+        if doc["kind"] in DRA_KINDS:
+            index.upsert(result.admitted)
+    return results
+
+
+def test_the_dra_cluster_snapshot_is_valid_and_its_gpus_are_counted_from_slices_and_claims(tmp_path, capsys):
+    snapshot = example("dra-cluster.yaml")
+    for obj in snapshot["items"]:
+        valid_137(obj)
+    index, _ = file_index(Config(), (snapshot["items"], []))
+    assert index.stats().gpus_total == 32 and index.nodes["gpu-s1-l1-n1"].free == 6
+    assert main(["mutate", "--nodes", str(ROOT / "examples" / "dra-cluster.yaml"),
+                 "-f", str(ROOT / "examples" / "dra-job.yaml")]) == 0
+    template, job = yaml.safe_load_all(capsys.readouterr().out)
+    valid_137(template), valid_137(job)
+
+
+def test_the_dra_job_example_is_placed_in_one_free_leaf_with_its_claims_as_written(dra_index):
+    template, job = documents("dra-job.yaml")
+    results = admit_all([template, job], dra_index)
+    assert results[0].outcome == "ignored" and results[1].outcome == "placed"
+    admitted = valid_137(results[1].admitted)
+    assert admitted["spec"]["template"]["spec"]["resourceClaims"] == job["spec"]["template"]["spec"]["resourceClaims"]
+    assert results[1].decision.request.pods == 4 and results[1].decision.request.gpus_per_pod == 8
+    found = {LEAF_OF[name] for name in results[1].decision.nodes}
+    assert found in ({"leaf-3"}, {"leaf-7"})
+
+
+def test_the_podgroup_example_gets_the_leaf_key_and_its_four_ranks_one_leaf(dra_index):
+    group, rank = documents("podgroup-job.yaml")
+    results = admit_all([group, *(rank_pod(rank, i) for i in range(4))], dra_index)
+    assert valid_137(results[0].admitted)["spec"]["schedulingConstraints"] == {
+        "topology": [{"key": "topology.scheduler/leaf"}]}
+    pods = [valid_137(r.admitted) for r in results[1:]]
+    assert {r.outcome for r in results[1:]} == {"placed"} and results[1].decision.request.pods == 4
+    assert len({json.dumps(p["spec"]["affinity"], sort_keys=True) for p in pods}) == 1
+    assert {LEAF_OF[name] for name in results[1].decision.nodes} in ({"leaf-3"}, {"leaf-7"})
+
+
+def rank_pod(pod: dict, rank: int) -> dict:
+    out = json.loads(json.dumps(pod))
+    out["metadata"]["name"] = f"bert-rank-{rank}"
+    return out
+
+
+def test_the_gb200_example_keeps_the_whole_job_in_one_nvlink_domain():
+    config = Config(levels=PRESETS["nvl72"])
+    index, _ = file_index(config, (demo.gb200_dra_cluster(), []))
+    compute_domain, template, job = documents("gb200-computedomain.yaml")
+    assert compute_domain["spec"]["channel"]["resourceClaimTemplate"]["name"] == "imex-channel"
+    results = admit_all([compute_domain, template, job], index, config)
+    placed = results[2]
+    assert placed.outcome == "placed", placed.warnings
+    valid_137(template), valid_137(placed.admitted)
+    assert placed.decision.request.gpus_per_pod == 4 and placed.decision.request.pods == 16
+    cliques = {index.nodes[name].labels["nvidia.com/gpu.clique"] for name in placed.decision.nodes}
+    assert len(cliques) == 1
+    too_big = json.loads(json.dumps(job))
+    too_big["metadata"]["name"] = "too-big"
+    too_big["spec"]["parallelism"] = too_big["spec"]["completions"] = 19  # 76 GPUs: more than one NVL72 holds
+    denied = review(review_of(too_big), index, config)
+    assert denied.outcome == "denied" and "inside one clique" in denied.review["response"]["status"]["message"]

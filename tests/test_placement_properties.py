@@ -9,7 +9,7 @@ from webhook.objects import mutation, workload
 from webhook.core.cluster import ClusterIndex
 from webhook.core.filters import node_matches
 from webhook.core.config import Config
-from webhook.kube.demo import make_node, make_pod
+from webhook.kube.demo import make_allocated_claim, make_node, make_pod, make_resource_slice
 from webhook.core.model import Outcome, PlacementRequest, Strategy
 from webhook.core.placer import place
 
@@ -18,22 +18,38 @@ LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.s
 
 @st.composite
 def clusters(draw):
-    """Nodes (name, path of label values, GPUs, GPUs in use) of a random small zone/spine/leaf tree."""
+    """Nodes (name, path of label values, GPUs, GPUs in use) of a random small zone/spine/leaf tree.
+    A node named d... has its GPUs through DRA (a ResourceSlice, its GPUs in use allocated in a
+    ResourceClaim), one named n... through the device plugin (allocatable, pods)."""
     nodes = []
     for z in range(draw(st.integers(1, 2))):
         for s in range(draw(st.integers(1, 2))):
             for lf in range(draw(st.integers(1, 3))):
                 for n in range(draw(st.integers(1, 3))):
                     gpus = draw(st.sampled_from([4, 8]))
-                    nodes.append((f"n{z}{s}{lf}{n}", (f"z{z}", f"s{z}{s}", f"l{z}{s}{lf}"), gpus,
+                    source = draw(st.sampled_from("nd"))
+                    nodes.append((f"{source}{z}{s}{lf}{n}", (f"z{z}", f"s{z}{s}", f"l{z}{s}{lf}"), gpus,
                                   draw(st.integers(0, gpus))))
     return nodes
 
 
+def gpu_node(name: str, labels: dict, gpus: int) -> list[dict]:
+    """The objects that give node `name` its GPUs: a Node, and under DRA its ResourceSlice."""
+    if name.startswith("d"):
+        return [make_node(name, labels, gpus, dra=True), make_resource_slice(name, gpus)]
+    return [make_node(name, labels, gpus)]
+
+
+def in_use(name: str, used: int) -> dict:
+    """What takes `used` GPUs of node `name`: a pod, or under DRA an allocated claim."""
+    if name.startswith("d"):
+        return make_allocated_claim(f"use-{name}", name, [f"gpu-{g}" for g in range(used)])
+    return make_pod(f"use-{name}", name, used)
+
+
 def build(nodes, config=Config()):
-    objs = [make_node(name, dict(zip(LEVELS, path)), gpus) for name, path, gpus, _ in nodes]
-    pods = [make_pod(f"use-{name}", name, used) for name, _, _, used in nodes if used]
-    return ClusterIndex.from_objects(config, objs, pods)
+    objs = [obj for name, path, gpus, _ in nodes for obj in gpu_node(name, dict(zip(LEVELS, path)), gpus)]
+    return ClusterIndex.from_objects(config, objs, [in_use(name, used) for name, _, _, used in nodes if used])
 
 
 def oracle_levels(nodes, pods, gpus):
@@ -105,8 +121,8 @@ def test_the_emitted_pod_spec_allows_exactly_the_lowest_domains_a_consolidated_d
         labels = dict(zip(LEVELS, path[:2] if i in rackless else path))
         if i in renamed:
             labels["kubernetes.io/hostname"] = f"host-{name}"
-        objs.append(make_node(name, labels, total))
-    index = ClusterIndex.from_objects(Config(), objs, [make_pod(f"use-{n}", n, u) for n, _, _, u in nodes if u])
+        objs.extend(gpu_node(name, labels, total))
+    index = ClusterIndex.from_objects(Config(), objs, [in_use(n, u) for n, _, _, u in nodes if u])
     decision = place(index, PlacementRequest("Job ml/x", pods, gpus, Strategy.CONSOLIDATED))
     if decision.outcome is not Outcome.PLACED:
         return
@@ -158,9 +174,9 @@ def test_incremental_index_equals_a_rebuild(nodes, events):
         else:
             index.upsert_pod(pod)
             live[f"ev{which % 5}"] = pod
-    rebuilt = ClusterIndex.from_objects(
-        Config(), [make_node(n, dict(zip(LEVELS, p)), g) for n, p, g, _ in nodes],
-        [make_pod(f"use-{n}", n, u) for n, _, _, u in nodes if u] + list(live.values()))
+    rebuilt = build(nodes)
+    for pod in live.values():
+        rebuilt.upsert_pod(pod)
     assert index.root.cap == rebuilt.root.cap and index.root.free_hist == rebuilt.root.free_hist
     for level, domains in enumerate(index.levels):
         assert {p: (d.cap, d.partly_used) for p, d in domains.items()} == {
@@ -211,6 +227,59 @@ def test_a_wait_names_the_node_closest_to_fitting_as_a_scan_of_every_node_would(
     # Most pods fitting now, then most free GPUs, then the first by rack and name.
     best = min(able, key=lambda n: (-(n[2] // gpus), -n[2], n[1], n[0]))
     assert decision.scope.level_name == "node" and decision.scope.path[-1][1] == best[0], (decision.scope, best)
+
+
+# One DRA event: a slice of a node's second pool added (generation 1-2; one half of a pool published in
+# 2 slices, or the whole pool in one), or a claim on a node added (the GPU it takes, which claim); or,
+# when the last field is False, one of the objects added before deleted
+dra_events = st.lists(st.one_of(
+    # few nodes and generations, so that events meet on one slice, one pool, one claim
+    st.tuples(st.just("slice"), st.integers(0, 2), st.integers(1, 2),
+              st.sampled_from([((0,), 2), ((1,), 2), ((0, 1), 1)]), st.booleans()),
+    st.tuples(st.just("claim"), st.integers(0, 2), st.integers(0, 7), st.integers(0, 1), st.booleans())),
+    max_size=25)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(), dra_events)
+def test_slices_and_claims_applied_one_by_one_count_as_the_final_objects_do(nodes, events):
+    """Slices of several generations and halves of pools, claims added and deleted, in any order:
+    the index counts what a fresh index of the objects left counts, node by node and per domain."""
+    index = build(nodes)
+    names = [n[0] for n in nodes]
+    objects: dict[tuple, dict] = {}
+    for kind, which, a, b, present in events:
+        name = names[which % len(names)]
+        if kind == "slice":  # halves b[0] of generation a of the node's second pool ("<node>-b") in b[1] slices
+            halves, count = b
+            obj = make_resource_slice(name, generation=a, slice_count=count,
+                                      devices=[f"gpu-{8 + 4 * h + g}" for h in halves for g in range(4)])
+            obj["metadata"]["name"] = f"{name}-b-{a}-{'-'.join(map(str, halves))}"
+            obj["spec"]["pool"]["name"] = f"{name}-b"
+        else:  # claim b of the node takes its GPU a (of its first pool)
+            obj = make_allocated_claim(f"{name}-c{b}", name, [f"gpu-{a}"])
+        if present:
+            objects[(obj["kind"], obj["metadata"]["name"])] = obj
+            index.upsert(obj)
+        elif objects:  # a deletion takes one of the objects there are
+            index.delete(objects.pop(sorted(objects)[which % len(objects)]))
+    gpu_objects = [o for name, path, gpus, _ in nodes for o in gpu_node(name, dict(zip(LEVELS, path)), gpus)]
+    rebuilt = ClusterIndex.from_objects(Config(), gpu_objects, [
+        *(in_use(name, used) for name, _, _, used in nodes if used), *objects.values()])
+    assert {n: (s.alloc, s.free, sorted(s.claimed)) for n, s in index.nodes.items()} == {
+        n: (s.alloc, s.free, sorted(s.claimed)) for n, s in rebuilt.nodes.items()}
+    # a node that once had more GPUs widened the index's aggregates for good: compare what they hold
+    assert trimmed(index.root.cap) == trimmed(rebuilt.root.cap)
+    assert trimmed(index.root.free_hist) == trimmed(rebuilt.root.free_hist)
+    assert index.inventory_warnings() == rebuilt.inventory_warnings()
+
+
+def trimmed(counts: list[int]) -> list[int]:
+    """Counts per size without the zeros beyond the largest size counted."""
+    end = len(counts)
+    while end and not counts[end - 1]:
+        end -= 1
+    return counts[:end]
 
 
 @st.composite

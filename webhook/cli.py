@@ -25,6 +25,7 @@ from .objects import admission
 from .serving import certs, logs
 from .serving.app import Readiness, create_app
 from .core.cluster import ClusterIndex
+from .core.dra import DRA_KINDS, in_namespace
 from .kube.claims import DEFAULT_BUDGET_SECONDS
 from .kube.clusterview import ApiFeed, own_namespace
 from .core.config import DEFAULT_PORT, ConfigError, Config, load_config
@@ -50,25 +51,29 @@ class UsageError(ValueError):
 # ----- the cluster view ---------------------------------------------------------------------------
 
 def read_cluster(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
-    """Node and Pod objects from --nodes / --pods, or the built-in demo cluster without --nodes."""
+    """Node and Pod objects from --nodes / --pods, each file with any of the DRA kinds mixed in
+    (ResourceSlices, DeviceClasses, ResourceClaims, their templates, PodGroups), or the built-in
+    demo cluster without --nodes."""
     if not args.nodes:
         if args.pods:
             raise UsageError("--pods needs --nodes (without --nodes the built-in demo cluster is used)")
         return demo.demo_cluster()
     nodes = node_file(args.nodes)
-    pods = read_objects(args.pods, kind="Pod") if args.pods else []
+    pods = read_objects(args.pods, kind=("Pod", *DRA_KINDS)) if args.pods else []
     return nodes, pods
 
 
 def node_file(path: str) -> list[dict]:
     """Node objects, with the autoscaler objects that say how the cluster can grow among them, as
-    `kubectl get nodes,nodepools -o yaml` prints them (plus cluster-autoscaler's status ConfigMap)."""
+    `kubectl get nodes,nodepools -o yaml` prints them (plus cluster-autoscaler's status ConfigMap),
+    and any of the DRA kinds (core/dra.py), as `kubectl get nodes,resourceslices,deviceclasses`."""
     objects = read_objects(path)
     for obj in objects:
-        if obj["kind"] != "Node" and not is_growth_object(obj):
+        if obj["kind"] != "Node" and obj["kind"] not in DRA_KINDS and not is_growth_object(obj):
             raise ManifestError(f"{path}: {obj['kind']} {(obj.get('metadata') or {}).get('name', '?')} found; this "
-                                "file may only hold Node objects, Karpenter NodePools and the ConfigMap "
-                                "kube-system/cluster-autoscaler-status")
+                                "file may only hold Node objects, Karpenter NodePools, the ConfigMap "
+                                "kube-system/cluster-autoscaler-status and DRA objects (ResourceSlices, "
+                                "DeviceClasses...)")
     return objects
 
 
@@ -85,7 +90,10 @@ def file_index(config: Config, cluster: tuple[list[dict], list[dict]]) -> tuple[
     """The cluster index and its readiness check from files or the demo: complete at once, so
     always ready."""
     nodes, pods = cluster
-    return ClusterIndex.from_objects(config, nodes, pods), lambda: (True, "")
+    index = ClusterIndex.from_objects(config, nodes, pods)
+    for warning in index.inventory_warnings():
+        log.warning("%s", warning)
+    return index, lambda: (True, "")
 
 
 def live_source(args: argparse.Namespace) -> bool:
@@ -310,6 +318,8 @@ def cmd_mutate(args: argparse.Namespace) -> int:
             continue
         patches.append(list(result.patch))
         mutated.append(result.admitted)
+        if obj.get("kind") in DRA_KINDS:  # a workload's ResourceClaimTemplate or PodGroup, ahead of it
+            index.upsert(in_namespace(result.admitted or obj, namespace))
     if args.output == "patch":  # one line per admitted object, each what `kubectl patch --type=json -p` takes
         for patch in patches:
             print(json.dumps(patch, separators=(",", ":")))

@@ -59,6 +59,20 @@ API_VERSIONS = {"nodes": "v1", "pods": "v1", "leases": "coordination.k8s.io/v1",
 CLUSTER_SCOPED = {"nodes", "mutatingwebhookconfigurations", "nodepools"}
 # Lists and watches of whole collections: the core ones, and Karpenter's NodePools when `serve_nodepools`.
 COLLECTIONS = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods", "/apis/karpenter.sh/v1/nodepools": "nodepools"}
+# Dynamic Resource Allocation and PodGroups, listed and watched across namespaces when `serve_dra`
+# (a cluster whose API does not serve them answers 404, as without it).
+DRA_PATHS = {"/apis/resource.k8s.io/v1/resourceslices": "resourceslices",
+             "/apis/resource.k8s.io/v1/deviceclasses": "deviceclasses",
+             "/apis/resource.k8s.io/v1/resourceclaims": "resourceclaims",
+             "/apis/resource.k8s.io/v1/resourceclaimtemplates": "resourceclaimtemplates",
+             "/apis/scheduling.k8s.io/v1beta1/podgroups": "podgroups",
+             "/apis/resource.nvidia.com/v1beta1/computedomains": "computedomains"}
+for _path, _plural in DRA_PATHS.items():
+    KINDS[_plural] = {"resourceslices": "ResourceSlice", "deviceclasses": "DeviceClass", "resourceclaims": "ResourceClaim",
+                      "resourceclaimtemplates": "ResourceClaimTemplate", "podgroups": "PodGroup",
+                      "computedomains": "ComputeDomain"}[_plural]
+    API_VERSIONS[_plural] = _path.removeprefix("/apis/").rpartition("/")[0]
+CLUSTER_SCOPED |= {"resourceslices", "deviceclasses"}
 LEASES = re.compile(r"/apis/coordination\.k8s\.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?")
 SECRETS = re.compile(r"/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?")
 PODTEMPLATES = re.compile(r"/api/v1/namespaces/([^/]+)/podtemplates(?:/([^/]+))?")
@@ -115,6 +129,7 @@ class FakeApiServer:
         self.refuse_writes = False
         self.writes: list[tuple[str, str, int]] = []  # (method, path, HTTP status) of every write answered
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every request answered
+        self.serve_dra = False  # serve DRA_PATHS (else 404: an API this cluster does not serve)
         self._cond = threading.Condition()
         self._rv = 1
         self._compacted_rv = 0
@@ -388,6 +403,11 @@ class _Handler(BaseHTTPRequestHandler):
             kind, namespace, name = named
         elif url.path in COLLECTIONS and (COLLECTIONS[url.path] != "nodepools" or fake.serve_nodepools):
             kind, namespace, name = COLLECTIONS[url.path], None, None
+        elif fake.serve_dra and url.path in DRA_PATHS:
+            kind, namespace, name = DRA_PATHS[url.path], None, None
+            if kind in fake.forbidden:
+                self._send_json(403, json.dumps(fake._forbidden("GET", kind, None, None)).encode())
+                return
         else:
             self._send_json(404, json.dumps(_status(404, "NotFound", f"{url.path} not found")).encode())
             return

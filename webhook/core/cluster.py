@@ -17,17 +17,32 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
+from . import dra
 from .config import HOSTNAME_LABEL, PRESETS, Config, choose_preset, preset_marks
 from .filters import ConstrainedSubsets, NodeFilters
 from .gpus import parse_gpu_set, pod_gpus
 from .growth import GrowthState, Pool, is_growth_object, object_key
 from .injection import GPU_IDS, RESERVATION
 from .ledger import ReservationLedger, held_by
-from .model import PlacementRequest
+from .model import GPU_RESOURCE, PlacementRequest
 from .resources import pod_requests
-from .topology import Domain, NodeState, TopologyTree, parse_node, placement_fields
+from .topology import Domain, NodeState, TopologyTree, parse_node, placement_fields, with_gpus
 
 _FINISHED_PHASES = ("Succeeded", "Failed")
+# From files, what a kind's count depends on is read before it: slices before the nodes they
+# name, claims and templates before the pods that use them.
+_FEED_ORDER = {"DeviceClass": 0, "ResourceSlice": 1, "Node": 2, "ResourceClaimTemplate": 3, "ResourceClaim": 3,
+               "PodGroup": 3, "ComputeDomain": 3, "Pod": 4}
+
+
+def _replace_set(target: set[int], values: set[int]) -> None:
+    """Change a set in place (a node's claimed GPUs, shared with the subsets that hold it)."""
+    target.clear()
+    target.update(values)
+
+
+def _feed_order(obj: Mapping) -> int:
+    return _FEED_ORDER.get(str(obj.get("kind", "Node")), 2)  # others (autoscalers' pools) with the Nodes
 
 
 @dataclass(frozen=True)
@@ -116,6 +131,8 @@ class ClusterIndex:
         self.usage_on: dict[str, dict[str, int]] = {}  # node name -> summed requests (NodeState.requested)
         self.holders: dict[str, set[str]] = {}  # reservation key -> bound pods carrying it
         self.pod_reservations: dict[str, str] = {}  # bound pod key -> the reservation key it carries
+        self.dra = dra.DraInventory()
+        self.both_sources: set[str] = set()  # nodes with allocatable nvidia.com/gpu and DRA GPUs
         self.growth = GrowthState()  # autoscalers' pools: how the cluster can grow
         self.scale_ups: ScaleUps | None = None  # ProvisioningRequests, with a class configured and an API
         # `levels: auto`: the preset the nodes' labels call for (None: levels as configured), the
@@ -128,14 +145,38 @@ class ClusterIndex:
     @classmethod
     def from_objects(cls, config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = (),
                      clock: Callable[[], float] = time.monotonic) -> "ClusterIndex":
-        nodes = list(nodes)
-        width = max([8] + [parse_node(n, config).alloc for n in nodes if not is_growth_object(n)])
+        """The index of these objects: Nodes and Pods, and any of the DRA kinds (dra.DRA_KINDS)
+        mixed in, as `kubectl get nodes,resourceslices,deviceclasses -o yaml` prints them."""
+        objects = [*nodes, *pods]
+        width = max([8] + [parse_node(n, config).alloc for n in objects if n.get("kind", "Node") == "Node"])
         index = cls(config, width, clock)
-        for node in nodes:  # autoscalers' objects come with the Nodes, as `kubectl get nodes,nodepools` lists them
-            (index.upsert_growth if is_growth_object(node) else index.upsert_node)(node)
-        for pod in pods:
-            index.upsert_pod(pod)
+        for obj in sorted(objects, key=_feed_order):  # what a pod's GPUs depend on comes first
+            index.upsert(obj)
         return index
+
+    def upsert(self, obj: Mapping) -> None:
+        """An object of any kind the index reads, added or changed (files and watch events alike)."""
+        kind = obj.get("kind", "Node")
+        if kind == "Node":
+            self.upsert_node(obj)
+        elif kind == "Pod":
+            self.upsert_pod(obj)
+        elif kind in dra.DRA_KINDS:
+            self.put_dra(kind, obj, present=True)
+        elif is_growth_object(obj):
+            self.upsert_growth(obj)
+
+    def delete(self, obj: Mapping) -> None:
+        """An object of any kind the index reads is gone."""
+        kind = obj.get("kind", "Node")
+        if kind == "Node":
+            self.delete_node(str((obj.get("metadata") or {}).get("name", "")))
+        elif kind == "Pod":
+            self.delete_pod(obj)
+        elif kind in dra.DRA_KINDS:
+            self.put_dra(kind, obj, present=False)
+        elif is_growth_object(obj):
+            self.delete_growth(obj)
 
     @property
     def nodes(self) -> Mapping[str, NodeState]:
@@ -164,32 +205,37 @@ class ClusterIndex:
 
     def upsert_node(self, obj: Mapping) -> None:
         with self.lock:
-            fresh = parse_node(obj, self.config)
+            fresh = self._counted(parse_node(obj, self.config))
             if not fresh.name:
                 return
             old = self.tree.nodes.get(fresh.name)
             if old is not None and placement_fields(old) == placement_fields(fresh):
                 return  # kubelet's status updates: nothing placement reads has changed
-            if fresh.alloc > self.tree.width:
-                self.subsets.clear()  # built for the old width; rebuilt on next use
-                self.tree.grow(fresh.alloc)
-            if old is not None:
-                fresh.pods, fresh.terminating = old.pods, old.terminating
-                self.filters.count(old, -1)
-                self.tree.detach(old)
-            else:
-                fresh.pods = self.orphan_pods.pop(fresh.name, {})
-            self.growth.node_changed(fresh.name, old.labels if old is not None else {}, fresh.labels)
-            fresh.held = list(self.ledger.held_on(fresh.name))
-            fresh.requested = self.usage_on.setdefault(fresh.name, {})
-            self.tree.attach(fresh)
-            self.filters.count(fresh, +1)
-            self.filters.headroom_changed.add(fresh.name)
-            self.subsets.node_changed(fresh)
-            self._mark_presets(fresh.name, preset_marks(fresh.labels))
+            self._install(old, fresh)
+
+    def _install(self, old: NodeState | None, fresh: NodeState) -> None:
+        """Put `fresh` in the tree in place of `old` (None: a new node), keeping what runs and is held there."""
+        if fresh.alloc > self.tree.width:
+            self.subsets.clear()  # built for the old width; rebuilt on next use
+            self.tree.grow(fresh.alloc)
+        if old is not None:
+            fresh.pods, fresh.terminating = old.pods, old.terminating
+            self.filters.count(old, -1)
+            self.tree.detach(old)
+        else:
+            fresh.pods = self.orphan_pods.pop(fresh.name, {})
+        self.growth.node_changed(fresh.name, old.labels if old is not None else {}, fresh.labels)
+        fresh.held = list(self.ledger.held_on(fresh.name))
+        fresh.requested = self.usage_on.setdefault(fresh.name, {})
+        self.tree.attach(fresh)
+        self.filters.count(fresh, +1)
+        self.filters.headroom_changed.add(fresh.name)
+        self.subsets.node_changed(fresh)
+        self._mark_presets(fresh.name, preset_marks(fresh.labels))
 
     def delete_node(self, name: str) -> None:
         with self.lock:
+            self.both_sources.discard(name)
             node = self.tree.nodes.get(name)
             if node is not None:
                 self.growth.node_changed(name, node.labels, {})
@@ -226,6 +272,110 @@ class ClusterIndex:
             tree.attach(node)
         self.tree = tree
         self.subsets.clear()
+
+    # -- DRA: slices, claims, their templates, device classes, pod groups (dra.py) ---------------
+
+    def _counted(self, node: NodeState) -> NodeState:
+        """The node with the GPUs it is counted with: allocatable nvidia.com/gpu when it has any
+        (the device plugin), else its GPU devices in ResourceSlices, never both."""
+        gpus = self.dra.node_gpus(node.name)
+        if node.plugin_gpus and gpus:
+            self.both_sources.add(node.name)
+        else:
+            self.both_sources.discard(node.name)
+        if node.plugin_gpus or not gpus:
+            return node if node.alloc == node.plugin_gpus and not node.devices else with_gpus(node, node.plugin_gpus)
+        counted = with_gpus(node, sum(len(names) for _, names in gpus), gpus)
+        counted.claimed.update(self.dra.claimed(node.name, gpus))
+        return counted
+
+    def put_dra(self, kind: str, obj: Mapping, present: bool) -> None:
+        """A DRA object (or PodGroup) of `kind` added or changed (`present`), or deleted (only its
+        metadata is read); the nodes whose GPUs or GPUs in use it changes are recounted, no others."""
+        with self.lock:
+            key = dra.object_key(obj)
+            if kind == "ResourceSlice":
+                self._recount_gpus(self.dra.put_slice(key, dra.parse_slice(obj) if present else None))
+            elif kind == "ResourceClaim":
+                facts = dra.parse_claim(obj) if present else None
+                self._recount_gpus(self.dra.put_claim(key, facts))
+                if facts is not None and facts.scheduler_made_for in self.pod_nodes:
+                    self._forget_gpus(facts.scheduler_made_for)  # the claim counts its pod's GPUs now
+            elif kind == "ResourceClaimTemplate":
+                self._keep(self.dra.templates, key, dra.parse_template(obj) if present else None)
+            elif kind == "ComputeDomain":
+                # it names its channel template before its controller makes it: workloads created with
+                # it are not left unknown
+                channel = dra.channel_template(obj) if present else None
+                self.dra.put_compute_domain(key, f"{key.rpartition('/')[0]}/{channel}" if channel else None)
+            elif kind == "DeviceClass":
+                self._keep(self.dra.classes, key, dra.selects_gpus(obj) if present else None)
+            elif kind == "PodGroup":
+                self._keep(self.dra.pod_groups, key, dra.parse_pod_group(obj) if present else None)
+
+    @staticmethod
+    def _keep(table: dict, key: str, value: object) -> None:
+        if value is not None:
+            table[key] = value
+        else:
+            table.pop(key, None)
+
+    def _recount_gpus(self, names: Iterable[str]) -> None:
+        for name in names:
+            node = self.tree.nodes.get(name)
+            if node is None:
+                continue
+            fresh = self._counted(node)
+            if placement_fields(fresh) != placement_fields(node):
+                self._install(node, fresh)
+            elif fresh.claimed != node.claimed:
+                self._change(node, functools.partial(_replace_set, node.claimed, fresh.claimed))
+
+    def _claims_gpus(self, namespace: str, spec: Mapping) -> bool:
+        if not spec.get("resourceClaims"):
+            return False
+        demand = dra.claims_demand(namespace, spec, self.dra)
+        return bool(demand.per_pod or demand.whole_node)
+
+    def claims_demand(self, namespace: str, spec: Mapping) -> dra.ClaimDemand:
+        """What a pod spec's resourceClaims ask of GPUs, from the templates and claims known now."""
+        with self.lock:
+            demand = dra.claims_demand(namespace, spec, self.dra)
+            if not demand.whole_node:
+                return demand
+            # every GPU of one node: of the largest nodes (the widest g any node holds a pod of)
+            ever = self.tree.root.ever
+            largest = next((g for g in range(len(ever) - 1, 0, -1) if ever[g] > 0), 0)
+            return dataclasses.replace(demand, per_pod=demand.per_pod + largest)
+
+    def pod_group(self, key: str) -> dra.PodGroupFacts | None:
+        """The PodGroup namespace/name as last seen, None when not seen."""
+        with self.lock:
+            return self.dra.pod_groups.get(key)
+
+    def is_gpu_class(self, name: str) -> bool:
+        """Whether DeviceClass `name` selects whole GPUs (dra.py)."""
+        with self.lock:
+            return self.dra.is_gpu_class(name)
+
+    def has_level(self, label: str) -> bool:
+        return any(level.label == label for level in self.config.levels)
+
+    def dra_keys(self, kind: str) -> set[str]:
+        """Keys of the DRA objects of `kind` the index holds (a relist forgets the others)."""
+        with self.lock:
+            tables: dict[str, Mapping[str, object]] = {
+                "ResourceSlice": self.dra.slices, "ResourceClaim": self.dra.claims,
+                "ResourceClaimTemplate": self.dra.templates, "DeviceClass": self.dra.classes,
+                "PodGroup": self.dra.pod_groups, "ComputeDomain": self.dra.compute_domains}
+            return set(tables[kind])
+
+    def inventory_warnings(self) -> list[str]:
+        """What the GPU count per node cannot be sure of now, for people."""
+        with self.lock:
+            both = [f"node {name} has allocatable {GPU_RESOURCE} and GPU devices in ResourceSlices; its GPUs "
+                    "are counted once, from allocatable" for name in sorted(self.both_sources)]
+            return [*(self.dra.incomplete[pool] for pool in sorted(self.dra.incomplete)), *both]
 
     # -- autoscalers' pools ------------------------------------------------------------------
 
@@ -264,6 +414,9 @@ class ClusterIndex:
                 gpus = pod_gpus(spec)
             except ValueError:
                 gpus = 0
+            through_claims = dra.covered_by_claim(pod) or key in self.dra.scheduler_made
+            if through_claims:
+                gpus = 0  # its claim's devices are what it uses: counted once, there
             annotations = (pod.get("metadata") or {}).get("annotations") or {}
             if not node_name or phase in _FINISHED_PHASES:
                 self._forget_pod(key)
@@ -278,6 +431,11 @@ class ClusterIndex:
             if gpus <= 0:
                 self._forget_gpus(key)
                 self._recount(self.ledger.drop_pod(key))
+                reservation = annotations.get(RESERVATION)
+                namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+                if reservation and (through_claims or self._claims_gpus(namespace, spec)):
+                    # GPUs from claims: bound, its devices are allocated and counted, so the hold goes
+                    self._recount(self.ledger.confirm(str(reservation), key, namespace, node_name))
                 return
             terminating = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
             counted = self.tree.nodes.get(node_name)

@@ -98,7 +98,7 @@ def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserv
             # to write. (Bound members make a claim read smaller, never larger.)
             return _mismatch(request, f"{claimed.pods} pod(s)"), [], True
         if nodes:  # another replica placed the group first and claimed it: decide on its nodes
-            request = _on_nodes(request, nodes)
+            request = on_nodes(request, nodes)
         decision, alone = place_shared(index, request, key if reserve else None)
         if reserve and decision.outcome is not Outcome.NEVER:  # a denial is the member's alone
             with index.lock:
@@ -118,7 +118,7 @@ def group_decision(index: ClusterIndex, key: str) -> Decision | None:
         return index.ledger.group(key)
 
 
-def _on_nodes(request: PlacementRequest, nodes: list[str]) -> PlacementRequest:
+def on_nodes(request: PlacementRequest, nodes: list[str]) -> PlacementRequest:
     """The request confined to `nodes` (by name, in every ORed term of its own affinity)."""
     by_name = {"key": "metadata.name", "operator": "In", "values": nodes}
     terms = request.required_node_terms or ({},)

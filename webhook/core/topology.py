@@ -16,6 +16,7 @@ request may use); it knows nothing of pods, holds or filters, which the cluster 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Iterator, Mapping
@@ -98,7 +99,7 @@ class NodeState:
     labels: Mapping[str, str]
     out: str  # why it is out of service for now ("cordoned", "NotReady", a lifecycle taint); "" in service
     taints: tuple[tuple[str, str, str], ...]  # (key, value, effect) with NoSchedule/NoExecute
-    alloc: int  # allocatable nvidia.com/gpu
+    alloc: int  # its GPUs: allocatable nvidia.com/gpu (device plugin), else its DRA GPU devices (dra.py)
     nvlink_domains: tuple[tuple[int, ...], ...]
     profile: HardwareProfile
     bandwidth_gbps: float | None
@@ -112,6 +113,12 @@ class NodeState:
     held: list[tuple[int, ...]] = field(default_factory=list)
     # Requests of every pod bound here (GPU pods or not), the index's own dict for this node name.
     requested: dict[str, int] = field(default_factory=dict)
+    plugin_gpus: int = 0  # allocatable nvidia.com/gpu, whatever DRA says
+    declared_domains: tuple[tuple[int, ...], ...] | None = None  # the nvlink-domains annotation, if valid
+    devices: tuple[tuple[str, tuple[str, ...]], ...] = ()  # DRA GPUs per pool (dra.NodeDevices)
+    # Indices of its DRA GPUs allocated in ResourceClaims; changed in place, so constrained
+    # subsets (which share this set) see it too.
+    claimed: set[int] = field(default_factory=set)
 
     # -- the read-only interface shared with Domain -------------------------------------------
     children = _NO_CHILDREN
@@ -172,7 +179,7 @@ class NodeState:
 
     @property
     def used(self) -> int:
-        return sum(gpus for gpus, _ in self.pods.values())
+        return sum(gpus for gpus, _ in self.pods.values()) + len(self.claimed)
 
     @property
     def held_gpus(self) -> int:
@@ -185,6 +192,7 @@ class NodeState:
     def taken_ids(self) -> set[int]:
         taken = {i for _, ids in self.pods.values() for i in ids}
         taken.update(i for ids in self.held for i in ids)
+        taken.update(self.claimed)
         return taken
 
     def nvlink_groups(self) -> list[tuple[int, ...]]:
@@ -238,23 +246,39 @@ def parse_node(node: Mapping, config: Config) -> NodeState:
            else f"tainted {lifecycle[0]}" if lifecycle else "")
     profile = _node_profile(labels, config)
     try:
-        domains = parse_nvlink_domains(annotations[NVLINK_DOMAINS_ANNOTATION])
+        declared: tuple[tuple[int, ...], ...] | None = parse_nvlink_domains(annotations[NVLINK_DOMAINS_ANNOTATION])
     except (KeyError, ValueError):
-        size = profile.nvlink_domain_size
-        domains = tuple(tuple(range(s, min(s + size, alloc))) for s in range(0, alloc, size)) if size > 1 else ()
+        declared = None
     try:
         bandwidth = parse_bandwidth_gbps(labels[BANDWIDTH_LABEL])
     except (KeyError, ValueError):
         bandwidth = None
     return NodeState(name=meta.get("name", ""), labels=labels, out=out, taints=taints, alloc=alloc,
-                     nvlink_domains=domains, profile=profile, bandwidth_gbps=bandwidth,
-                     allocatable=node_allocatable(status))
+                     nvlink_domains=_nvlink_domains(declared, profile, alloc), profile=profile,
+                     bandwidth_gbps=bandwidth, allocatable=node_allocatable(status), plugin_gpus=alloc,
+                     declared_domains=declared)
+
+
+def _nvlink_domains(declared: tuple[tuple[int, ...], ...] | None, profile: HardwareProfile,
+                    gpus: int) -> tuple[tuple[int, ...], ...]:
+    """The annotation's domains, else the hardware profile's: GPUs in runs of its domain size."""
+    if declared is not None:
+        return declared
+    size = profile.nvlink_domain_size
+    return tuple(tuple(range(s, min(s + size, gpus))) for s in range(0, gpus, size)) if size > 1 else ()
+
+
+def with_gpus(node: NodeState, gpus: int, devices: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> NodeState:
+    """The node counted with `gpus` GPUs (its DRA devices, or back to its allocatable), unattached;
+    what it runs and holds is the index's to carry over."""
+    return dataclasses.replace(node, alloc=gpus, devices=devices, parent=None, claimed=set(),
+                               nvlink_domains=_nvlink_domains(node.declared_domains, node.profile, gpus))
 
 
 def placement_fields(node: NodeState) -> tuple:
     """What placement reads of a node: an update that changes none of it changes nothing."""
     return (node.labels, node.out, node.taints, node.alloc, node.nvlink_domains, node.profile,
-            node.bandwidth_gbps, node.allocatable)
+            node.bandwidth_gbps, node.allocatable, node.devices)
 
 
 class TopologyTree:

@@ -46,6 +46,7 @@ from .scaleups import ApiScaleUps
 from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
 from ..core.cluster import ClusterIndex, pod_key
 from ..core.config import Config
+from ..core import dra
 from ..core.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND, object_key
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,8 @@ class ApiFeed:
         self.expire_interval_seconds = expire_interval_seconds
         rng = rng or random.Random()
         self._backoff = {kind: Backoff(backoff_base, backoff_cap, random.Random(rng.random()))
-                         for kind in ("nodes", "pods", "leases", *GROWTH_STREAMS)}
+                         for kind in ("nodes", "pods", "leases", *GROWTH_STREAMS,
+                                      *(plural for plural, _, _ in DRA_LISTS))}
         core = k8s_client.CoreV1Api(api_client)
         index = self.index
         self._streams: tuple[_Stream, ...] = (
@@ -212,6 +214,7 @@ class ApiFeed:
             self._streams += (_Stream(
                 "leases", leases, lambda lease: (lease.get("metadata") or {}).get("name", ""), claims.apply,
                 claims.deleted, claims.names, claims.forget),)
+        self._streams += dra_streams(api_client, index)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._levels_said: str | None = None
@@ -380,10 +383,13 @@ class ApiFeed:
         stream.last_error = None
         self._progress(stream)
         log.info("%s: listed %d at resourceVersion %s", stream.kind, len(seen), resource_version)
+        if stream.kind == "resourceslices":
+            for warning in self.index.inventory_warnings():
+                log.warning("%s", warning)
 
     def _watch(self, stream: _Stream, backoff: Backoff) -> None:
         """One watch call from the last resourceVersion until the server ends it."""
-        stream.watch = _DictWatch()
+        stream.watch = _DictWatch(return_type=dict)  # objects stay dicts: no model lookup by name
         try:
             for event in stream.watch.stream(stream.list_call, resource_version=stream.resource_version,
                                              allow_watch_bookmarks=True,
@@ -424,3 +430,33 @@ class ApiFeed:
     def _expire_loop(self) -> None:
         while not self._stop.wait(self.expire_interval_seconds):
             self.index.expire_reservations()
+
+
+# ----- Dynamic Resource Allocation and PodGroups ------------------------------------------------------
+
+# (stream name, the kind, the API's list-for-all-namespaces call) per kind the inventory reads
+# (core/dra.py); NVIDIA's ComputeDomains name their channel templates before these exist
+DRA_LISTS = (
+    ("resourceslices", "ResourceSlice", lambda api: k8s_client.ResourceV1Api(api).list_resource_slice),
+    ("deviceclasses", "DeviceClass", lambda api: k8s_client.ResourceV1Api(api).list_device_class),
+    ("resourceclaims", "ResourceClaim",
+     lambda api: k8s_client.ResourceV1Api(api).list_resource_claim_for_all_namespaces),
+    ("resourceclaimtemplates", "ResourceClaimTemplate",
+     lambda api: k8s_client.ResourceV1Api(api).list_resource_claim_template_for_all_namespaces),
+    ("podgroups", "PodGroup", lambda api: k8s_client.SchedulingV1beta1Api(api).list_pod_group_for_all_namespaces),
+    ("computedomains", "ComputeDomain", lambda api: functools.partial(
+        k8s_client.CustomObjectsApi(api).list_cluster_custom_object, "resource.nvidia.com", "v1beta1", "computedomains")),
+)
+
+
+def dra_streams(api_client: k8s_client.ApiClient, index: ClusterIndex) -> tuple[_Stream, ...]:
+    """List+watch of every DRA kind and PodGroups, each optional (an API the cluster does not
+    serve has none). List items carry no kind, so each stream names its own."""
+    def stream(plural: str, kind: str, list_call: Callable) -> _Stream:
+        def forget(key: str) -> None:
+            namespace, _, name = key.rpartition("/")
+            index.put_dra(kind, {"metadata": {"name": name, "namespace": namespace or None}}, present=False)
+        return _Stream(plural, list_call, dra.object_key, lambda obj: index.put_dra(kind, obj, present=True),
+                       lambda obj: index.put_dra(kind, obj, present=False), lambda: index.dra_keys(kind),
+                       forget, optional=True)
+    return tuple(stream(plural, kind, make(api_client)) for plural, kind, make in DRA_LISTS)

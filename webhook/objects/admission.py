@@ -34,7 +34,7 @@ from ..core.ledger import held_by, reservation_key
 from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, GROWS_POOL, UNKNOWN_DOMAIN,
                           UNKNOWN_LEVEL, Decision, Outcome, PlacementRequest, Strategy, quoted)
 from ..core.placer import group_decision, place, place_group, place_shared, release_shared
-from . import mutation, provisioning, workload
+from . import alignment, mutation, podgroups, provisioning, workload
 from .groups import GROUP_SIZE
 from .kinds import KINDS
 from .patch import encode, make_patch
@@ -68,7 +68,10 @@ class AdmissionResult:
     namespace: str
     name: str  # metadata.name, else generateName
     # "ignored", "placed", "waiting", "waiting-for-nodes", "waiting-for-growth", "denied", "failed-open",
-    # "not-ready", "released", "suspended", "repaired"
+    # "not-ready", "released", "suspended", "repaired", "demand-unknown" (GPUs asked through a
+    # ResourceClaimTemplate or claim not known yet), "constrained" (a PodGroup or Workload given the
+    # topology key of the level it asks for), "aligned" (a ResourceClaimTemplate given the device
+    # constraint it asks for)
     outcome: str
     strategy: str | None
     decision: Decision | None
@@ -167,6 +170,10 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     kind, obj = request.kind, request.obj
     if request.operation == "DELETE":
         return _released(request, index)
+    if obj is not None and request.operation == "CREATE" and podgroups.handles(request.group, kind):
+        return _pod_group(request, obj, config)
+    if obj is not None and request.operation == "CREATE" and alignment.handles(request.group, kind):
+        return _claim_template(request, obj, index)
     if obj is None or not workload.supports(request.group, kind) or not workload.is_ours(kind, obj, config):
         return _result(request, "ignored")
     # Un-suspended (a queue such as Kueue admitted it): placed now, as if created now, inside the
@@ -204,15 +211,17 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
         return _result(request, "not-ready", warnings=[
             f"topology-webhook is not ready ({why or 'no cluster view yet'}); {who} admitted without placement"])
     try:
-        wanted = workload.read(kind, mutation.without_injection(obj, kind), request.namespace)
+        wanted = workload.read(kind, mutation.without_injection(obj, kind), request.namespace, index)
     except workload.InvalidWorkload as err:
         return _denied(request, str(err))
     if request.old is not None and _placed(kind, request.old) and not admitted_by_queue:
-        return _kept(request, request.old, config, wanted)
+        return _kept(request, request.old, index, config, wanted)
     if workload.suspended(kind, obj):
         return _result(request, "suspended", warnings=[
             *wanted.warnings, f"{who} is suspended: nothing is placed or held until it is un-suspended"])
-    key = _reservation_key(request, obj)
+    if wanted.unknown:  # never a guess: admitted as written, and counted (outcome demand-unknown)
+        return _result(request, "demand-unknown", warnings=list(wanted.warnings))
+    key = wanted.group.key if wanted.group is not None else _reservation_key(request, obj)
     if wanted.request is None:
         group = group_decision(index, key) if workload.group_of(kind, obj, request.namespace) else None
         if group is not None:  # a launcher or head of a placed group: kept with it, holding no GPU
@@ -237,6 +246,26 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     outcome = _WAITS_BY_CODE.get(decision.code or "", _OUTCOMES[decision.outcome])
     return _result(request, outcome, decision=decision, mutated=mutated,
                    warnings=[*wanted.warnings, *mutation.warnings(decision, config), *alone])
+
+
+def _pod_group(request: _Request, obj: dict, config: Config) -> AdmissionResult:
+    """A PodGroup or Workload at its CREATE: the level its annotation asks for becomes its
+    topology constraint (webhook/objects/podgroups.py)."""
+    try:
+        written, _ = podgroups.constrained(request.kind, obj, request.namespace, config)
+    except workload.InvalidWorkload as err:
+        return _denied(request, str(err))
+    return _result(request, "ignored") if written is None else _result(request, "constrained", mutated=written)
+
+
+def _claim_template(request: _Request, obj: dict, index: "ClusterIndex") -> AdmissionResult:
+    """A ResourceClaimTemplate at its CREATE: the device alignment it asks for, as a constraint
+    (webhook/objects/alignment.py)."""
+    try:
+        written, warnings = alignment.aligned(obj, request.namespace, index.is_gpu_class)
+    except workload.InvalidWorkload as err:
+        return _denied(request, str(err))
+    return _result(request, "ignored" if written is None else "aligned", mutated=written, warnings=warnings)
 
 
 def _scale_up(request: _Request, scale_ups: "ScaleUps", mutated: dict, decision: Decision, key: str,
@@ -310,14 +339,16 @@ def _repaired(request: _Request, obj: dict, index: "ClusterIndex", config: Confi
         f"{decision.scope}, the nearest domain with room"])
 
 
-def _kept(request: _Request, old: dict, config: Config, wanted: workload.Workload) -> AdmissionResult:
+def _kept(request: _Request, old: dict, index: "ClusterIndex", config: Config, wanted: workload.Workload
+          ) -> AdmissionResult:
     """An UPDATE of a workload we placed: put our placement back, never move running work. If what
     it asks for changed, say so: re-placing would roll every pod."""
     kind, obj = request.kind, request.obj
     assert obj is not None, "an UPDATE carries its object (_parse checked)"
     warnings = list(wanted.warnings)
     try:
-        before = workload.read(kind, mutation.without_injection(old, kind), request.namespace).request
+        before = workload.read(kind, mutation.without_injection(old, kind), request.namespace,
+                               index).request
     except workload.InvalidWorkload:
         before = None
     if before != wanted.request:

@@ -7,6 +7,10 @@ the pod, never from state: the operators' well-known labels, or our own `topolog
 for anything else. The group's key is a reservation key (namespace/Kind/name), so the hold made
 for the group is confirmed pod by pod as its members are bound.
 
+Pods that name a PodGroup (`spec.schedulingGroup.podGroupName`, kube-scheduler's gang scheduling,
+Kubernetes 1.36+) are that group; its gang `minCount` sizes it (webhook/objects/workload.py reads
+it from the cluster view).
+
 How many pods the group has: `topology.scheduler/group-size`, else what the operator writes on its
 pods (LeaderWorkerSet's size annotation), else `topology.scheduler/gpu-count` (the group's total)
 divided by the pod's own GPUs. Pure: objects in, values out.
@@ -17,12 +21,15 @@ import re
 from dataclasses import dataclass
 from collections.abc import Mapping
 
+from ..core.dra import pod_group_of
 from ..core.ledger import reservation_key
 from ..core.model import ANNOTATION_PREFIX, quoted
 
 GROUP = ANNOTATION_PREFIX + "group"
 GROUP_SIZE = ANNOTATION_PREFIX + "group-size"
 GROUP_ANNOTATIONS = (GROUP, GROUP_SIZE)
+POD_GROUP = "PodGroup"
+POD_GROUP_FIELD = "spec.schedulingGroup.podGroupName"
 MAX_GROUP_SIZE = 100_000
 
 
@@ -69,6 +76,11 @@ def membership(obj: Mapping, namespace: str, labels: Mapping, annotations: Mappi
             raise InvalidGroup(f"annotation {GROUP}={quoted(named)} is not allowed; allowed: a name of letters, digits, "
                                "'.', '_' and '-' (at most 253 characters)")
         return Membership(reservation_key(namespace, "Group", text), f"group {namespace}/{text}", size, GROUP)
+    spec = obj.get("spec")
+    pod_group = pod_group_of(spec if isinstance(spec, Mapping) else {})
+    if pod_group is not None:
+        return Membership(reservation_key(namespace, POD_GROUP, pod_group), f"PodGroup {namespace}/{pod_group}", size,
+                          POD_GROUP_FIELD)
     for operator in OPERATORS:
         name = labels.get(operator.name_label)
         if not name:
@@ -84,6 +96,23 @@ def membership(obj: Mapping, namespace: str, labels: Mapping, annotations: Mappi
                           f"{kind} {namespace}/{name}" + (f" group {index}" if index is not None else ""),
                           size, operator.name_label)
     return None
+
+
+def channel_membership(namespace: str, template: str, annotations: Mapping) -> Membership:
+    """Pods that claim one ComputeDomain's IMEX channel (its ResourceClaimTemplate, namespace/name)
+    are the ranks of one workload, whoever made them."""
+    size = _size(annotations.get(GROUP_SIZE)) if GROUP_SIZE in annotations else None
+    name = template.rpartition("/")[2]
+    return Membership(reservation_key(namespace, "ComputeDomainChannel", name),
+                      f"ComputeDomain channel {namespace}/{name}", size, "spec.resourceClaims")
+
+
+def claim_membership(namespace: str, claim: str) -> Membership:
+    """Pods naming one ResourceClaim not yet allocated (namespace/name) share its devices, so one
+    node: the first decides for all, and its GPUs are held once."""
+    name = claim.rpartition("/")[2]
+    return Membership(reservation_key(namespace, "ResourceClaim", name), f"ResourceClaim {namespace}/{name}", 1,
+                      "spec.resourceClaims")
 
 
 def made_for_group(labels: Mapping) -> bool:

@@ -43,8 +43,9 @@ def _flatten(doc: object, source: str, position: str) -> list[dict]:
     return [doc]
 
 
-def read_objects(path: str, stdin: IO[str] | None = None, kind: str | None = None) -> list[dict]:
-    """All objects in the file (`-` reads stdin), in order; with `kind`, every object must be one."""
+def read_objects(path: str, stdin: IO[str] | None = None, kind: str | tuple[str, ...] | None = None) -> list[dict]:
+    """All objects in the file (`-` reads stdin), in order; with `kind` (one or several), every
+    object must be of it."""
     source = "stdin" if path == "-" else path
     try:
         if path == "-":
@@ -60,9 +61,11 @@ def read_objects(path: str, stdin: IO[str] | None = None, kind: str | None = Non
     for number, doc in enumerate(_documents(text, source), start=1):
         if doc is not None:  # empty documents between `---` separators
             objects.extend(_flatten(doc, source, f"document {number}"))
-    if kind:
+    kinds = (kind,) if isinstance(kind, str) else kind
+    if kinds:
         for obj in objects:
-            if obj["kind"] != kind:
+            if obj["kind"] not in kinds:
                 name = (obj.get("metadata") or {}).get("name", "?")
-                raise ManifestError(f"{source}: {obj['kind']} {name} found; this file may only hold {kind} objects")
+                raise ManifestError(f"{source}: {obj['kind']} {name} found; this file may only hold "
+                                    f"{', '.join(kinds)} objects")
     return objects

@@ -177,8 +177,18 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
     profile = dict(config.nccl_profiles.get(link.value, {})) if link and decision.request.total_gpus > 1 else {}
     profile.update(CUDA_DEVICE_ORDER)
     profile = dict(sorted(profile.items()))  # the record keeps names sorted: so does the container
-    env = {c["name"]: profile for c in _containers(spec) if container_gpus(c) > 0}
+    env = {c["name"]: profile for c in _gpu_containers(spec)}
     return Injection(required, preferred, spread, env, label)
+
+
+def _gpu_containers(spec: Mapping) -> list[dict]:
+    """The containers that use the pod's GPUs: those asking nvidia.com/gpu, else (GPUs asked through
+    Dynamic Resource Allocation) those that use one of the pod's claims."""
+    containers = _containers(spec)
+    by_limits = [c for c in containers if container_gpus(c) > 0]
+    if by_limits:
+        return by_limits
+    return [c for c in containers if isinstance(c.get("resources"), Mapping) and c["resources"].get("claims")]
 
 
 def _apply(meta: dict, spec: dict, previous: Injection, desired: Injection) -> Injection:

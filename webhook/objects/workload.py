@@ -3,7 +3,9 @@
 Pure: takes the object as the API sends it and returns values. How many GPUs a workload wants:
 
 - `per_pod` is what the pod template's containers ask for (`nvidia.com/gpu` limits, counted the
-  way kube-scheduler counts them), `replicas` the pods the controller runs at once (Job and
+  way kube-scheduler counts them) plus the GPUs of its `resourceClaims` (Dynamic Resource
+  Allocation: the ResourceClaimTemplates and ResourceClaims they name, as the cluster view knows
+  them, webhook/core/dra.py), `replicas` the pods the controller runs at once (Job and
   CronJob: parallelism, default 1, capped by completions; Deployment, StatefulSet, ReplicaSet:
   replicas, default 1; Pod: 1).
 - Without `gpu-count`: pods = replicas, each with per_pod GPUs.
@@ -15,20 +17,23 @@ Pure: takes the object as the API sends it and returns values. How many GPUs a w
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import re
 from dataclasses import dataclass
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
 
 from ..core.config import Config
+from ..core.dra import CLIQUE_LABEL, ClaimDemand, PodGroupFacts, pod_group_of
 from ..core.gpus import parse_bandwidth_gbps, pod_gpus
 from . import groups
 from .groups import GROUP_ANNOTATIONS, GROUP_SIZE, InvalidGroup, Membership, membership
 from ..core.injection import OUTPUT_ANNOTATIONS
 from .kinds import ANY, KINDS, Templates
 from ..core.model import ANNOTATION_PREFIX, PlacementRequest, Strategy, quoted
+from ..core.placer import on_nodes
 from ..core.resources import pod_requests
 
 GPU_COUNT = ANNOTATION_PREFIX + "gpu-count"
@@ -37,7 +42,8 @@ LATENCY_SENSITIVE = ANNOTATION_PREFIX + "latency-sensitive"
 PREFERRED_DOMAIN = ANNOTATION_PREFIX + "preferred-domain"
 NETWORK_BANDWIDTH = ANNOTATION_PREFIX + "network-bandwidth"
 MAX_DOMAIN = ANNOTATION_PREFIX + "max-domain"
-INPUT_ANNOTATIONS = (GPU_COUNT, STRATEGY, LATENCY_SENSITIVE, PREFERRED_DOMAIN, NETWORK_BANDWIDTH, MAX_DOMAIN
+ALIGN = ANNOTATION_PREFIX + "align"  # on a ResourceClaimTemplate (webhook/objects/alignment.py)
+INPUT_ANNOTATIONS = (GPU_COUNT, STRATEGY, LATENCY_SENSITIVE, PREFERRED_DOMAIN, NETWORK_BANDWIDTH, MAX_DOMAIN, ALIGN
                      ) + GROUP_ANNOTATIONS
 # The peers' annotations, read as ours so a workload written for them works unchanged: a required
 # level is consolidated and never wider than that level (max-domain); a preferred one is balanced.
@@ -87,6 +93,7 @@ class Workload:
     warnings: tuple[str, ...] = ()
     idle: str = ""
     group: Membership | None = None  # a Pod placed as a member of this group (request: the whole group's)
+    unknown: tuple[str, ...] = ()  # claim templates or claims it names that are not known: not placed
 
 
 def supports(group: str, kind: str) -> bool:
@@ -207,19 +214,54 @@ def check_shape(kind: str, obj: Mapping, namespace: str) -> None:
                 _check(template, _TEMPLATE_SHAPE, found_where, who)
 
 
-def read(kind: str, obj: Mapping, namespace: str) -> Workload:
-    """The validated request of one object of ours. Raises InvalidWorkload (or InvalidAnnotation)."""
+class ClusterFacts(Protocol):
+    """What a workload's request depends on besides the object itself: the cluster view's DRA
+    objects and PodGroups (webhook/core/cluster.py)."""
+
+    def claims_demand(self, namespace: str, spec: Mapping) -> ClaimDemand: ...  # GPUs of its resourceClaims
+    def pod_group(self, key: str) -> PodGroupFacts | None: ...  # a PodGroup, by namespace/name
+    def has_level(self, label: str) -> bool: ...  # a topology level is labelled so
+
+
+def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = None) -> Workload:
+    """The validated request of one object of ours. Raises InvalidWorkload (or InvalidAnnotation).
+    `facts` gives GPU demand from resourceClaims and PodGroups; without them only nvidia.com/gpu
+    counts, and a PodGroup is sized by annotations only."""
     check_shape(kind, obj, namespace)
     who = display_name(kind, obj, namespace)
     annotations = annotations_of(kind, obj)
-    template, per_pod, running, count_field = _pods(kind, obj, who)
+    pod_group = _pod_group(kind, obj, namespace, facts)
+    if pod_group is not None:  # what the PodGroup asks for, where its pods say nothing
+        annotations = {**pod_group.annotations, **annotations}
+
+    def demand_of(spec: Mapping) -> ClaimDemand:
+        return facts.claims_demand(namespace, spec) if facts is not None and spec.get("resourceClaims") \
+            else ClaimDemand()
+
+    template, per_pod, running, count_field = _pods(kind, obj, who, lambda spec: demand_of(spec).per_pod)
     spec = template["spec"]
+    demand = demand_of(spec)
+    if demand.unknown:
+        return Workload(None, (f"{who}: asks for devices through {', '.join(demand.unknown)}, not known to the "
+                               "webhook yet, so how many GPUs it needs is unknown and it is admitted without "
+                               "placement (create the template before the workload)",), "", unknown=demand.unknown)
+    own_gpus = per_pod
+    per_pod, running, shared_warnings = _with_shared_claims(who, per_pod, running, demand)
+    if demand.channel is not None and facts is not None:
+        annotations, channel_warnings = _in_one_clique(who, demand.channel, annotations, facts)
+        shared_warnings += channel_warnings
     group = _group(kind, obj, namespace, who, template, annotations) if per_pod else None
+    if group is None and per_pod and kind == "Pod" and demand.channel is not None:
+        group = groups.channel_membership(namespace, demand.channel, annotations)
+    if group is None and kind == "Pod" and demand.shared and not own_gpus:
+        group = groups.claim_membership(namespace, demand.shared[0][0])  # pods naming it share one decision
+    if group is not None and pod_group is not None and pod_group.min_count is not None:
+        group = dataclasses.replace(group, size=pod_group.min_count)  # the gang's size wins
     if group is not None:
         group, pods, gpus_per_pod, warnings = _group_size(who, group, per_pod, annotations.get(GPU_COUNT))
     else:
         pods, gpus_per_pod, warnings = _size(kind, who, per_pod, running, annotations.get(GPU_COUNT))
-    warnings = _unknown_annotations(who, annotations) + warnings
+    warnings = _unknown_annotations(who, annotations) + shared_warnings + warnings
     if pods == 0 or gpus_per_pod == 0:
         idle = (f"runs no pods now ({count_field}: 0), so nothing to place until it "
                 "is scaled up" if running == 0 else "requests no nvidia.com/gpu; nothing to place")
@@ -238,7 +280,44 @@ def read(kind: str, obj: Mapping, namespace: str) -> Workload:
         tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, Mapping)),
         resources=tuple(sorted(pod_requests(spec).items())),
     )
+    if demand.pinned:  # an allocated claim's devices are on its node: its pods can run nowhere else
+        request = on_nodes(request, list(demand.pinned))
     return Workload(request, tuple(warnings), group=group)
+
+
+def _with_shared_claims(who: str, per_pod: int, running: int, demand: ClaimDemand) -> tuple[int, int, list[str]]:
+    """(GPUs per pod, pods, warnings) with the GPUs of named claims not yet allocated: one set of
+    GPUs on one node however many pods name it, counted once. A workload whose pods have no GPUs
+    of their own is placed as that one set: its pods all run on the node it goes to."""
+    shared = sum(gpus for _, gpus in demand.shared)
+    if not shared:
+        return per_pod, running, []
+    if running <= 1:
+        return per_pod + shared, running, []
+    names = ", ".join(name for name, _ in demand.shared)
+    if not per_pod:
+        return shared, 1, [f"{who}: its {running} pods share ResourceClaim {names}: placed as its {shared} GPUs "
+                           "on one node, where all of them run"]
+    return per_pod, running, [f"{who}: its {running} pods share ResourceClaim {names} ({shared} GPUs, allocated "
+                              "once wherever the first pod is scheduled); those GPUs are not placed"]
+
+
+def _in_one_clique(who: str, channel: str, annotations: dict[str, str], facts: ClusterFacts
+                   ) -> tuple[dict[str, str], list[str]]:
+    """A workload sharing a ComputeDomain's channel never spans NVLink domains: max-domain is the
+    clique level, unless it asks for a level itself."""
+    if any(key in annotations for key in (MAX_DOMAIN, *PEER_REQUIRED)):
+        return annotations, []
+    if not facts.has_level(CLIQUE_LABEL):
+        return annotations, [f"{who}: shares ComputeDomain channel {channel}, but no topology level is labelled "
+                             f"{CLIQUE_LABEL}, so it is not kept inside one NVLink domain (use levels: nvl72)"]
+    return {**annotations, MAX_DOMAIN: CLIQUE_LABEL}, []
+
+
+def _pod_group(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None) -> PodGroupFacts | None:
+    """The PodGroup a Pod names, as the cluster view knows it."""
+    name = pod_group_of(mapping_of(obj.get("spec"))) if kind == "Pod" else None
+    return facts.pod_group(f"{namespace}/{name}") if name and facts is not None else None
 
 
 def _unknown_annotations(who: str, annotations: Mapping) -> list[str]:
@@ -304,9 +383,10 @@ def _group_size(who: str, group: Membership, per_pod: int, gpu_count: object
     return group, total // per_pod, per_pod, []
 
 
-def _pods(kind: str, obj: Mapping, who: str) -> tuple[Mapping, int, int, str]:
+def _pods(kind: str, obj: Mapping, who: str, claimed: Callable[[Mapping], int]) -> tuple[Mapping, int, int, str]:
     """(the template placement reads, GPUs per pod, pods the controllers run at once, the field
-    that counts them). Templates whose pods ask for no GPUs (an MPIJob's launcher, a Ray head) are
+    that counts them). A pod's GPUs are its nvidia.com/gpu and what its claims from templates ask
+    (`claimed`). Templates whose pods ask for no GPUs (an MPIJob's launcher, a Ray head) are
     not counted when others ask for GPUs: they run inside the group's domain, holding none."""
     counted: list[tuple[Mapping, int, int, str]] = []
     for found in pod_templates(kind, obj):
@@ -315,7 +395,7 @@ def _pods(kind: str, obj: Mapping, who: str) -> tuple[Mapping, int, int, str]:
             raise InvalidWorkload(f"{who}: {_joined(found.where, 'spec')} is missing; a pod spec with containers is "
                                   "required to place it")
         try:
-            gpus = pod_gpus(template["spec"])
+            gpus = pod_gpus(template["spec"]) + claimed(template["spec"])
         except ValueError as err:
             raise InvalidWorkload(f"{who}: nvidia.com/gpu request {err}; allowed: a whole number of GPUs") from None
         counted.append((template, gpus, *_running(found, who)))
