@@ -26,7 +26,7 @@ from webhook.objects import admission
 from webhook.objects.admission import make_review
 from webhook.objects import workload
 from webhook.objects.manifests import read_objects
-from webhook.objects.workload import PEER_PREFERRED, PEER_REQUIRED
+from webhook.objects.user_annotations import PEER_PREFERRED, PEER_REQUIRED
 
 from fixtures.builders import workload as make_workload
 

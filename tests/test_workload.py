@@ -2,6 +2,7 @@ import pytest
 
 from tests.fixtures.builders import API_VERSIONS, container, template_of, workload
 from webhook.objects import workload as wl
+from webhook.objects.user_annotations import InvalidAnnotation, InvalidWorkload
 from webhook.core.config import Config
 from webhook.core.model import Strategy
 
@@ -68,7 +69,7 @@ def test_no_gpus_anywhere_means_nothing_to_place():
     pytest.param("topology.scheduler/preferred-domain", "leaf 1", "LEVEL=VALUE", id="preferred domain with a space"),
 ])
 def test_invalid_annotation_names_object_annotation_value_and_allowed(key, value, allowed):
-    with pytest.raises(wl.InvalidAnnotation) as err:
+    with pytest.raises(InvalidAnnotation) as err:
         wl.read("Job", workload("Job", annotations={key: value}), "ml")
     message = str(err.value)
     assert message.startswith("Job ml/train: ") and key in message and f'"{value}"' in message
@@ -76,7 +77,7 @@ def test_invalid_annotation_names_object_annotation_value_and_allowed(key, value
 
 
 def test_gpu_count_that_does_not_divide_over_replicas_without_limits_is_denied():
-    with pytest.raises(wl.InvalidAnnotation, match="does not divide over 4 pods; allowed: a multiple of 4"):
+    with pytest.raises(InvalidAnnotation, match="does not divide over 4 pods; allowed: a multiple of 4"):
         wl.read("Deployment", workload("Deployment", gpus=0, replicas=4, annotations={GPU_COUNT: "10"}), "ml")
 
 
@@ -88,7 +89,7 @@ def test_gpu_count_that_does_not_divide_over_replicas_without_limits_is_denied()
                  "nvidia.com/gpu request", id="fractional GPU limit"),
 ])
 def test_invalid_workload_is_a_clear_error(obj, fragment):
-    with pytest.raises(wl.InvalidWorkload, match=fragment):
+    with pytest.raises(InvalidWorkload, match=fragment):
         wl.read("Job", obj, "ml")
 
 
@@ -209,7 +210,7 @@ def test_fields_we_use_must_have_their_api_type(kind, path, value, message):
     for key in path[:-1]:
         node = node.setdefault(key, {}) if isinstance(node, dict) else node[key]
     node[path[-1]] = value
-    with pytest.raises(wl.InvalidWorkload) as err:
+    with pytest.raises(InvalidWorkload) as err:
         wl.check_shape(kind, obj, "ml")
     assert str(err.value).startswith(f"{kind} ml/train: ") and str(err.value).endswith(message)
 
@@ -217,7 +218,7 @@ def test_fields_we_use_must_have_their_api_type(kind, path, value, message):
 def test_only_empty_required_terms_match_no_node_and_are_denied():
     obj = workload("Job", spec={"affinity": {"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}, {}]}}}})
-    with pytest.raises(wl.InvalidWorkload, match="an empty term matches no node"):
+    with pytest.raises(InvalidWorkload, match="an empty term matches no node"):
         wl.read("Job", obj, "ml")
 
 

@@ -38,6 +38,7 @@ from . import alignment, mutation, podgroups, provisioning, workload
 from .groups import GROUP_SIZE
 from .kinds import KINDS
 from .patch import encode, make_patch
+from .user_annotations import GPU_COUNT, MAX_DOMAIN, PEER_REQUIRED, PREFERRED_DOMAIN, InvalidWorkload
 
 if TYPE_CHECKING:
     from ..core.cluster import ClusterIndex, ScaleUps
@@ -192,7 +193,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
                                 f"than {MAX_DEPTH} levels deep; allowed: at most {MAX_DEPTH} levels")
     try:
         workload.check_shape(kind, obj, request.namespace)
-    except workload.InvalidWorkload as err:
+    except InvalidWorkload as err:
         return _denied(request, str(err))
     if workload.controller_owned(obj) and _placed(kind, obj) and _placed_by_owner(kind, obj):
         return _repaired(request, obj, index, config) if kind == "Pod" else _result(request, "ignored")
@@ -212,7 +213,7 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
             f"topology-webhook is not ready ({why or 'no cluster view yet'}); {who} admitted without placement"])
     try:
         wanted = workload.read(kind, mutation.without_injection(obj, kind), request.namespace, index)
-    except workload.InvalidWorkload as err:
+    except InvalidWorkload as err:
         return _denied(request, str(err))
     if request.old is not None and _placed(kind, request.old) and not admitted_by_queue:
         return _kept(request, request.old, index, config, wanted)
@@ -253,7 +254,7 @@ def _pod_group(request: _Request, obj: dict, config: Config) -> AdmissionResult:
     topology constraint (webhook/objects/podgroups.py)."""
     try:
         written, _ = podgroups.constrained(request.kind, obj, request.namespace, config)
-    except workload.InvalidWorkload as err:
+    except InvalidWorkload as err:
         return _denied(request, str(err))
     return _result(request, "ignored") if written is None else _result(request, "constrained", mutated=written)
 
@@ -263,7 +264,7 @@ def _claim_template(request: _Request, obj: dict, index: "ClusterIndex") -> Admi
     (webhook/objects/alignment.py)."""
     try:
         written, warnings = alignment.aligned(obj, request.namespace, index.is_gpu_class)
-    except workload.InvalidWorkload as err:
+    except InvalidWorkload as err:
         return _denied(request, str(err))
     return _result(request, "ignored" if written is None else "aligned", mutated=written, warnings=warnings)
 
@@ -317,7 +318,7 @@ def _repaired(request: _Request, obj: dict, index: "ClusterIndex", config: Confi
         return _result(request, "ignored")  # busy at most: it waits for its domain, as placed
     try:
         wanted = workload.read("Pod", mutation.without_injection(obj, "Pod"), request.namespace)
-    except workload.InvalidWorkload:
+    except InvalidWorkload:
         return _result(request, "ignored")
     if wanted.request is None:
         return _result(request, "ignored")
@@ -349,7 +350,7 @@ def _kept(request: _Request, old: dict, index: "ClusterIndex", config: Config, w
     try:
         before = workload.read(kind, mutation.without_injection(old, kind), request.namespace,
                                index).request
-    except workload.InvalidWorkload:
+    except InvalidWorkload:
         before = None
     if before != wanted.request:
         warnings.append(f"{workload.display_name(kind, obj, request.namespace)}: placement inputs changed; "
@@ -406,10 +407,10 @@ def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str
     """The denial: the object, the annotation that asked for the impossible, and why."""
     reason = decision.reasons[0] if decision.reasons else str(decision.code)
     annotations = workload.annotations_of(kind, obj)
-    culprit = {UNKNOWN_DOMAIN: workload.PREFERRED_DOMAIN, EXCEEDS_CLUSTER: workload.GPU_COUNT,
+    culprit = {UNKNOWN_DOMAIN: PREFERRED_DOMAIN, EXCEEDS_CLUSTER: GPU_COUNT,
                GROUP_MISMATCH: GROUP_SIZE}.get(decision.code or "")
     if decision.code in (UNKNOWN_LEVEL, EXCEEDS_MAX_DOMAIN):
-        culprit = next((k for k in (workload.MAX_DOMAIN, *workload.PEER_REQUIRED) if k in annotations), None)
+        culprit = next((k for k in (MAX_DOMAIN, *PEER_REQUIRED) if k in annotations), None)
     if culprit in annotations:
         return f"{who}: annotation {culprit}={quoted(annotations[culprit])}: {reason}"
     return reason if who in reason else f"{who}: {reason}"

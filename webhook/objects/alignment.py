@@ -22,7 +22,8 @@ from collections.abc import Callable, Mapping
 
 from ..core.dra import CHANNEL_CLASS, RESOURCE_GROUP
 from ..core.model import quoted
-from .workload import ALIGN, InvalidAnnotation, display_name, mapping_of
+from .user_annotations import ALIGN, InvalidAnnotation
+from .workload import display_name, mapping_of
 
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 NUMA_NODE = "resource.kubernetes.io/numaNode"

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from ..core.config import HOSTNAME_LABEL, Config
 from ..core.dra import SCHEDULING_GROUP
 from ..core.model import quoted
-from .workload import MAX_DOMAIN, PEER_REQUIRED, InvalidAnnotation, display_name, mapping_of
+from .user_annotations import MAX_DOMAIN, PEER_REQUIRED, InvalidAnnotation
+from .workload import display_name, mapping_of
 
 KINDS = ("PodGroup", "Workload")
 

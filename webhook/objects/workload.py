@@ -18,40 +18,23 @@ Pure: takes the object as the API sends it and returns values. How many GPUs a w
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-import re
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from ..core.config import Config
 from ..core.dra import CLIQUE_LABEL, ClaimDemand, PodGroupFacts, pod_group_of
-from ..core.gpus import parse_bandwidth_gbps, pod_gpus
+from ..core.gpus import pod_gpus
 from . import groups
-from .groups import GROUP_ANNOTATIONS, GROUP_SIZE, InvalidGroup, Membership, membership
-from ..core.injection import OUTPUT_ANNOTATIONS
+from . import user_annotations as asked
+from .user_annotations import (GPU_COUNT, LATENCY_SENSITIVE, MAX_DOMAIN, NETWORK_BANDWIDTH, PEER_PREFERRED, PEER_REQUIRED,
+                               PREFERRED_DOMAIN, STRATEGY, InvalidAnnotation, InvalidWorkload)
+from .groups import GROUP_SIZE, InvalidGroup, Membership, membership
 from .kinds import ANY, KINDS, Templates
-from ..core.model import ANNOTATION_PREFIX, PlacementRequest, Strategy, quoted
+from ..core.model import ANNOTATION_PREFIX, PlacementRequest, quoted
 from ..core.placer import on_nodes
 from ..core.resources import pod_requests
-
-GPU_COUNT = ANNOTATION_PREFIX + "gpu-count"
-STRATEGY = ANNOTATION_PREFIX + "placement-strategy"
-LATENCY_SENSITIVE = ANNOTATION_PREFIX + "latency-sensitive"
-PREFERRED_DOMAIN = ANNOTATION_PREFIX + "preferred-domain"
-NETWORK_BANDWIDTH = ANNOTATION_PREFIX + "network-bandwidth"
-MAX_DOMAIN = ANNOTATION_PREFIX + "max-domain"
-ALIGN = ANNOTATION_PREFIX + "align"  # on a ResourceClaimTemplate (webhook/objects/alignment.py)
-INPUT_ANNOTATIONS = (GPU_COUNT, STRATEGY, LATENCY_SENSITIVE, PREFERRED_DOMAIN, NETWORK_BANDWIDTH, MAX_DOMAIN, ALIGN
-                     ) + GROUP_ANNOTATIONS
-# The peers' annotations, read as ours so a workload written for them works unchanged: a required
-# level is consolidated and never wider than that level (max-domain); a preferred one is balanced.
-PEER_REQUIRED = ("kueue.x-k8s.io/podset-required-topology", "kai.scheduler/topology-required-placement")
-PEER_PREFERRED = ("kueue.x-k8s.io/podset-preferred-topology", "kai.scheduler/topology-preferred-placement")
-MAX_GPU_COUNT_DIGITS = 7  # ten million GPUs: beyond any cluster, and far below Python's int parsing limit
-
-_BOOLEANS = {"true": True, "false": False}
 
 # The shape of the fields we read or write, as the API types them: the apiserver only sends
 # objects that decode into these, but offline manifests are whatever a file holds. A list holds
@@ -73,15 +56,6 @@ _TEMPLATE_SHAPE = {
             "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": int, "preference": _TERM}]}},
     },
 }
-
-
-class InvalidWorkload(ValueError):
-    """The object cannot be placed as written; the message names the object, the field, the bad
-    value and what is allowed. The admission step denies the request with it."""
-
-
-class InvalidAnnotation(InvalidWorkload):
-    """A `topology.scheduler/*` annotation has a value we do not accept."""
 
 
 @dataclass(frozen=True)
@@ -261,7 +235,7 @@ def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = N
         group, pods, gpus_per_pod, warnings = _group_size(who, group, per_pod, annotations.get(GPU_COUNT))
     else:
         pods, gpus_per_pod, warnings = _size(kind, who, per_pod, running, annotations.get(GPU_COUNT))
-    warnings = _unknown_annotations(who, annotations) + shared_warnings + warnings
+    warnings = asked.unknown_annotations(who, annotations) + shared_warnings + warnings
     if pods == 0 or gpus_per_pod == 0:
         idle = (f"runs no pods now ({count_field}: 0), so nothing to place until it "
                 "is scaled up" if running == 0 else "requests no nvidia.com/gpu; nothing to place")
@@ -270,11 +244,11 @@ def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = N
         workload=group.name if group is not None else who,
         pods=pods,
         gpus_per_pod=gpus_per_pod,
-        strategy=_strategy(who, annotations.get(STRATEGY, _peer_strategy(annotations))),
-        latency_sensitive=_boolean(who, LATENCY_SENSITIVE, annotations.get(LATENCY_SENSITIVE)),
-        preferred_domain=_preferred_domain(who, annotations.get(PREFERRED_DOMAIN)),
-        max_domain=_max_domain(who, annotations),
-        min_bandwidth_gbps=_bandwidth(who, annotations.get(NETWORK_BANDWIDTH)),
+        strategy=asked.strategy(who, annotations.get(STRATEGY, asked.peer_strategy(annotations))),
+        latency_sensitive=asked.boolean(who, LATENCY_SENSITIVE, annotations.get(LATENCY_SENSITIVE)),
+        preferred_domain=asked.preferred_domain(who, annotations.get(PREFERRED_DOMAIN)),
+        max_domain=asked.max_domain(who, annotations),
+        min_bandwidth_gbps=asked.bandwidth(who, annotations.get(NETWORK_BANDWIDTH)),
         node_selector={str(k): str(v) for k, v in mapping_of(spec.get("nodeSelector")).items()},
         required_node_terms=_required_terms(who, spec),
         tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, Mapping)),
@@ -320,19 +294,6 @@ def _pod_group(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | No
     return facts.pod_group(f"{namespace}/{name}") if name and facts is not None else None
 
 
-def _unknown_annotations(who: str, annotations: Mapping) -> list[str]:
-    """A warning for each topology.scheduler/ key we neither read nor write: a typo is otherwise
-    silently ignored."""
-    known = INPUT_ANNOTATIONS + OUTPUT_ANNOTATIONS
-    warnings = []
-    for key in sorted(str(k) for k in annotations if str(k).startswith(ANNOTATION_PREFIX) and k not in known):
-        guess = difflib.get_close_matches(key, INPUT_ANNOTATIONS, n=1, cutoff=0.8)
-        hint = f"did you mean {guess[0]}?" if guess else \
-            f"known: {', '.join(k.removeprefix(ANNOTATION_PREFIX) for k in INPUT_ANNOTATIONS)}"
-        warnings.append(f"{who}: annotation {quoted(key)[1:-1]} is not one of ours and is ignored; {hint}")
-    return warnings
-
-
 def group_of(kind: str, obj: Mapping, namespace: str) -> Membership | None:
     """The group a Pod or Job belongs to; None for other kinds, and for a bad group annotation (which
     `read` denies with its message)."""
@@ -368,14 +329,14 @@ def _group_size(who: str, group: Membership, per_pod: int, gpu_count: object
     `per_pod` GPUs; when nothing says the group's size, the pod is placed on its own (group None)."""
     if group.size is not None:
         warnings = []
-        if gpu_count is not None and _positive(who, gpu_count) != group.size * per_pod:
-            warnings.append(f"{who}: {GPU_COUNT}={_positive(who, gpu_count)} disagrees with {group.size} pods x "
+        if gpu_count is not None and asked.gpu_count(who, gpu_count) != group.size * per_pod:
+            warnings.append(f"{who}: {GPU_COUNT}={asked.gpu_count(who, gpu_count)} disagrees with {group.size} pods x "
                             f"{per_pod} GPUs of {group.name}; the group's size wins")
         return group, group.size, per_pod, warnings
     if gpu_count is None:
         return None, 1, per_pod, [f"{who}: the size of {group.name} is not known, so this pod is placed on its own; "
                                   f"allowed: annotation {GROUP_SIZE} (pods) or {GPU_COUNT} (the group's GPUs)"]
-    total = _positive(who, gpu_count)
+    total = asked.gpu_count(who, gpu_count)
     if total % per_pod:
         raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={total} (the GPUs of all of {group.name}) does not "
                                 f"divide by the {per_pod} GPUs of this pod; allowed: a multiple of {per_pod}, or "
@@ -432,7 +393,7 @@ def _size(kind: str, who: str, per_pod: int, running: int, gpu_count: object) ->
     """(pods, GPUs per pod, warnings) by the rule in the module docstring."""
     if gpu_count is None:
         return running, per_pod, []
-    total = _positive(who, gpu_count)
+    total = asked.gpu_count(who, gpu_count)
     derived = per_pod * running
     if total == derived:
         return running, per_pod, []
@@ -452,77 +413,6 @@ def _size(kind: str, who: str, per_pod: int, running: int, gpu_count: object) ->
                                            f"of {per_pod} GPUs (make replicas/parallelism match)"]
     return running, per_pod, [f"{who}: {said}; it does not divide by {per_pod}, so the containers win: "
                               f"placing {derived} GPUs"]
-
-
-def _positive(who: str, value: object) -> int:
-    text = str(value).strip()
-    if re.fullmatch(r"\d+", text) and len(text.lstrip("0")) > MAX_GPU_COUNT_DIGITS:
-        raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={quoted(value)} ({len(text)} digits) is not allowed; "
-                                f"allowed: a whole number of GPUs from 1 to {10 ** MAX_GPU_COUNT_DIGITS - 1}")
-    if not re.fullmatch(r"\d+", text) or int(text) <= 0:
-        raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={quoted(value)} is not allowed; "
-                                "allowed: a whole number of GPUs greater than 0, e.g. \"8\"")
-    return int(text)
-
-
-def _strategy(who: str, value: object) -> Strategy:
-    if value is None:
-        return Strategy.BALANCED
-    try:
-        return Strategy(str(value).strip().lower())
-    except ValueError:
-        allowed = ", ".join(s.value for s in Strategy)
-        raise InvalidAnnotation(f"{who}: annotation {STRATEGY}={quoted(value)} is not allowed; allowed: {allowed}") from None
-
-
-def _boolean(who: str, key: str, value: object) -> bool:
-    if value is None:
-        return False
-    text = str(value).strip().lower()
-    if text not in _BOOLEANS:
-        raise InvalidAnnotation(f"{who}: annotation {key}={quoted(value)} is not allowed; allowed: true, false")
-    return _BOOLEANS[text]
-
-
-def _preferred_domain(who: str, value: object) -> str | None:
-    if value is None:
-        return None
-    text = str(value).strip()
-    if not text or any(c.isspace() for c in text):
-        raise InvalidAnnotation(f"{who}: annotation {PREFERRED_DOMAIN}={quoted(value)} is not allowed; "
-                                "allowed: a domain's label value (leaf-1) or LEVEL=VALUE (spine=spine-1)")
-    return text
-
-
-def _peer_strategy(annotations: Mapping) -> str | None:
-    if any(key in annotations for key in PEER_REQUIRED):
-        return Strategy.CONSOLIDATED.value
-    return Strategy.BALANCED.value if any(key in annotations for key in PEER_PREFERRED) else None
-
-
-def _max_domain(who: str, annotations: Mapping) -> str | None:
-    """Ours, else a peer's required level; the placement core checks it names a level."""
-    key = next((k for k in (MAX_DOMAIN, *PEER_REQUIRED) if k in annotations), None)
-    if key is None:
-        return None
-    text = str(annotations[key]).strip()
-    if not text or any(c.isspace() for c in text):
-        raise InvalidAnnotation(f"{who}: annotation {key}={quoted(annotations[key])} is not allowed; "
-                                "allowed: a topology level's name (leaf) or node label key (topology.scheduler/leaf)")
-    return text
-
-
-def _bandwidth(who: str, value: object) -> float | None:
-    if value is None:
-        return None
-    try:
-        gbps = parse_bandwidth_gbps(str(value))
-    except ValueError:
-        gbps = 0.0
-    if gbps <= 0:
-        raise InvalidAnnotation(f"{who}: annotation {NETWORK_BANDWIDTH}={quoted(value)} is not allowed; "
-                                "allowed: a bandwidth such as 200Gb, 400Gbps or 1.6Tb")
-    return gbps
 
 
 def _required_terms(who: str, spec: Mapping) -> tuple[Mapping, ...]:

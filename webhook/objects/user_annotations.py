@@ -1,0 +1,123 @@
+"""The `topology.scheduler/*` annotations a user writes (and the peers' topology annotations we read
+as ours), and what each accepts: every parser takes the raw value and returns it typed, or raises
+InvalidAnnotation naming the annotation, the value and what is allowed. Pure."""
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+
+from ..core.gpus import parse_bandwidth_gbps
+from ..core.injection import OUTPUT_ANNOTATIONS
+from ..core.model import ANNOTATION_PREFIX, Strategy, quoted
+from .groups import GROUP_ANNOTATIONS
+
+GPU_COUNT = ANNOTATION_PREFIX + "gpu-count"
+STRATEGY = ANNOTATION_PREFIX + "placement-strategy"
+LATENCY_SENSITIVE = ANNOTATION_PREFIX + "latency-sensitive"
+PREFERRED_DOMAIN = ANNOTATION_PREFIX + "preferred-domain"
+NETWORK_BANDWIDTH = ANNOTATION_PREFIX + "network-bandwidth"
+MAX_DOMAIN = ANNOTATION_PREFIX + "max-domain"
+ALIGN = ANNOTATION_PREFIX + "align"  # on a ResourceClaimTemplate (webhook/objects/alignment.py)
+INPUT_ANNOTATIONS = (GPU_COUNT, STRATEGY, LATENCY_SENSITIVE, PREFERRED_DOMAIN, NETWORK_BANDWIDTH, MAX_DOMAIN, ALIGN
+                     ) + GROUP_ANNOTATIONS
+# The peers' annotations, read as ours so a workload written for them works unchanged: a required
+# level is consolidated and never wider than that level (max-domain); a preferred one is balanced.
+PEER_REQUIRED = ("kueue.x-k8s.io/podset-required-topology", "kai.scheduler/topology-required-placement")
+PEER_PREFERRED = ("kueue.x-k8s.io/podset-preferred-topology", "kai.scheduler/topology-preferred-placement")
+MAX_GPU_COUNT_DIGITS = 7  # ten million GPUs: beyond any cluster, and far below Python's int parsing limit
+
+_BOOLEANS = {"true": True, "false": False}
+
+
+class InvalidWorkload(ValueError):
+    """The object cannot be placed as written; the message names the object, the field, the bad
+    value and what is allowed. The admission step denies the request with it."""
+
+
+class InvalidAnnotation(InvalidWorkload):
+    """A `topology.scheduler/*` annotation has a value we do not accept."""
+
+
+def unknown_annotations(who: str, annotations: Mapping) -> list[str]:
+    """A warning for each topology.scheduler/ key we neither read nor write: a typo is otherwise
+    silently ignored."""
+    known = INPUT_ANNOTATIONS + OUTPUT_ANNOTATIONS
+    warnings = []
+    for key in sorted(str(k) for k in annotations if str(k).startswith(ANNOTATION_PREFIX) and k not in known):
+        guess = difflib.get_close_matches(key, INPUT_ANNOTATIONS, n=1, cutoff=0.8)
+        hint = f"did you mean {guess[0]}?" if guess else \
+            f"known: {', '.join(k.removeprefix(ANNOTATION_PREFIX) for k in INPUT_ANNOTATIONS)}"
+        warnings.append(f"{who}: annotation {quoted(key)[1:-1]} is not one of ours and is ignored; {hint}")
+    return warnings
+
+
+def gpu_count(who: str, value: object) -> int:
+    text = str(value).strip()
+    if re.fullmatch(r"\d+", text) and len(text.lstrip("0")) > MAX_GPU_COUNT_DIGITS:
+        raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={quoted(value)} ({len(text)} digits) is not allowed; "
+                                f"allowed: a whole number of GPUs from 1 to {10 ** MAX_GPU_COUNT_DIGITS - 1}")
+    if not re.fullmatch(r"\d+", text) or int(text) <= 0:
+        raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={quoted(value)} is not allowed; "
+                                "allowed: a whole number of GPUs greater than 0, e.g. \"8\"")
+    return int(text)
+
+
+def strategy(who: str, value: object) -> Strategy:
+    if value is None:
+        return Strategy.BALANCED
+    try:
+        return Strategy(str(value).strip().lower())
+    except ValueError:
+        allowed = ", ".join(s.value for s in Strategy)
+        raise InvalidAnnotation(f"{who}: annotation {STRATEGY}={quoted(value)} is not allowed; allowed: {allowed}") from None
+
+
+def boolean(who: str, key: str, value: object) -> bool:
+    if value is None:
+        return False
+    text = str(value).strip().lower()
+    if text not in _BOOLEANS:
+        raise InvalidAnnotation(f"{who}: annotation {key}={quoted(value)} is not allowed; allowed: true, false")
+    return _BOOLEANS[text]
+
+
+def preferred_domain(who: str, value: object) -> str | None:
+    if value is None:
+        return None
+    text = str(value).strip()
+    if not text or any(c.isspace() for c in text):
+        raise InvalidAnnotation(f"{who}: annotation {PREFERRED_DOMAIN}={quoted(value)} is not allowed; "
+                                "allowed: a domain's label value (leaf-1) or LEVEL=VALUE (spine=spine-1)")
+    return text
+
+
+def peer_strategy(annotations: Mapping) -> str | None:
+    if any(key in annotations for key in PEER_REQUIRED):
+        return Strategy.CONSOLIDATED.value
+    return Strategy.BALANCED.value if any(key in annotations for key in PEER_PREFERRED) else None
+
+
+def max_domain(who: str, annotations: Mapping) -> str | None:
+    """Ours, else a peer's required level; the placement core checks it names a level."""
+    key = next((k for k in (MAX_DOMAIN, *PEER_REQUIRED) if k in annotations), None)
+    if key is None:
+        return None
+    text = str(annotations[key]).strip()
+    if not text or any(c.isspace() for c in text):
+        raise InvalidAnnotation(f"{who}: annotation {key}={quoted(annotations[key])} is not allowed; "
+                                "allowed: a topology level's name (leaf) or node label key (topology.scheduler/leaf)")
+    return text
+
+
+def bandwidth(who: str, value: object) -> float | None:
+    if value is None:
+        return None
+    try:
+        gbps = parse_bandwidth_gbps(str(value))
+    except ValueError:
+        gbps = 0.0
+    if gbps <= 0:
+        raise InvalidAnnotation(f"{who}: annotation {NETWORK_BANDWIDTH}={quoted(value)} is not allowed; "
+                                "allowed: a bandwidth such as 200Gb, 400Gbps or 1.6Tb")
+    return gbps
