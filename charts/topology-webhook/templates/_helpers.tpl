@@ -182,7 +182,7 @@ Arguments: (list . "group/version/Kind" "the value that asks for it").
 {{- end -}}
 
 {{/*
-The peers' topology annotations the webhook reads as its own (webhook/objects/workload.py), as a CEL list.
+The peers' topology annotations the webhook reads as its own (webhook/objects/user_annotations.py), as a CEL list.
 */}}
 {{- define "topology-webhook.peerAnnotations" -}}
 ["kueue.x-k8s.io/podset-required-topology", "kueue.x-k8s.io/podset-preferred-topology", "kai.scheduler/topology-required-placement", "kai.scheduler/topology-preferred-placement"]
