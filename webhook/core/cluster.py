@@ -27,6 +27,7 @@ from .ledger import ReservationLedger, held_by
 from .model import GPU_RESOURCE, PlacementRequest
 from .resources import pod_requests
 from .topology import Domain, NodeState, TopologyTree, parse_node, placement_fields, with_gpus
+from .usage import ResourceUsage
 
 _FINISHED_PHASES = ("Succeeded", "Failed")
 # From files, what a kind's count depends on is read before it: slices before the nodes they
@@ -127,8 +128,7 @@ class ClusterIndex:
         self.claims: SharedClaims | None = None  # holds shared with other replicas (share_claims)
         self.orphan_pods: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {}  # pods bound to unknown nodes
         self.pod_nodes: dict[str, str] = {}  # pod key -> node name its GPUs are counted on
-        self.usage: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}  # pod key -> (node, its requests)
-        self.usage_on: dict[str, dict[str, int]] = {}  # node name -> summed requests (NodeState.requested)
+        self.usage = ResourceUsage()  # bound pods' requests of every resource but GPUs
         self.holders: dict[str, set[str]] = {}  # reservation key -> bound pods carrying it
         self.pod_reservations: dict[str, str] = {}  # bound pod key -> the reservation key it carries
         self.dra = dra.DraInventory()
@@ -198,7 +198,7 @@ class ClusterIndex:
         after = node.compute_free()
         if after != before:
             self.tree.shift_free(node, before, after)
-        self.filters.headroom_changed.add(node.name)
+        self.filters.note_headroom(node.name)
         self.subsets.recount(node.name)
 
     # -- nodes -------------------------------------------------------------------------------
@@ -226,10 +226,10 @@ class ClusterIndex:
             fresh.pods = self.orphan_pods.pop(fresh.name, {})
         self.growth.node_changed(fresh.name, old.labels if old is not None else {}, fresh.labels)
         fresh.held = list(self.ledger.held_on(fresh.name))
-        fresh.requested = self.usage_on.setdefault(fresh.name, {})
+        fresh.requested = self.usage.on_node(fresh.name)
         self.tree.attach(fresh)
         self.filters.count(fresh, +1)
-        self.filters.headroom_changed.add(fresh.name)
+        self.filters.note_headroom(fresh.name)
         self.subsets.node_changed(fresh)
         self._mark_presets(fresh.name, preset_marks(fresh.labels))
 
@@ -499,27 +499,14 @@ class ClusterIndex:
 
     def _use(self, key: str, node_name: str | None, requests: tuple[tuple[str, int], ...]) -> None:
         """Count a pod's requests of other resources on the node it is bound to (None: nowhere)."""
-        old = self.usage.get(key)
-        if old == (node_name, requests):
-            return  # status updates
-        if old is not None:
-            self._add_usage(*old, -1)
-            del self.usage[key]
-        if node_name is not None:
-            self.usage[key] = (node_name, requests)
-            self._add_usage(node_name, requests, +1)
-
-    def _add_usage(self, node_name: str, requests: tuple[tuple[str, int], ...], sign: int) -> None:
-        summed = self.usage_on.setdefault(node_name, {})
-        for name, amount in requests:
-            summed[name] = summed.get(name, 0) + sign * amount
-        if node_name in self.tree.nodes:  # its free GPUs are as they were; what uses them may not be
-            self.filters.headroom_changed.add(node_name)
-            self.subsets.recount(node_name)
+        for changed in self.usage.use(key, node_name, requests):
+            if changed in self.tree.nodes:  # its free GPUs are as they were; what uses them may not be
+                self.filters.note_headroom(changed)
+                self.subsets.recount(changed)
 
     def counted_pods(self) -> set[str]:
         """Keys of every pod the index counts (a relist forgets the others)."""
-        return set(self.pod_nodes) | set(self.usage)
+        return set(self.pod_nodes) | self.usage.pods()
 
     def _forget_gpus(self, key: str) -> None:
         node_name = self.pod_nodes.pop(key, None)

@@ -87,7 +87,11 @@ class NodeFilters:
         # checked against the node when read: whether any node's other resources run out before
         # its GPUs, answered without visiting nodes.
         self.headroom_per_gpu: dict[str, list[tuple[float, str]]] = {}
-        self.headroom_changed: set[str] = set()  # nodes to note in those heaps before the next read
+        self._headroom_changed: set[str] = set()  # nodes to note in those heaps before the next read
+
+    def note_headroom(self, name: str) -> None:
+        """The node's free GPUs or what its pods request changed: read it again before the next answer."""
+        self._headroom_changed.add(name)
 
     def count(self, node: NodeState, sign: int) -> None:
         if node.alloc <= 0:
@@ -117,11 +121,11 @@ class NodeFilters:
 
     def _least_headroom_per_gpu(self, resource: str, nodes: Mapping[str, NodeState]) -> float | None:
         """The lowest headroom per free GPU of `resource` over nodes with free GPUs (None: none)."""
-        for changed in self.headroom_changed:  # noted here, not on every pod event
+        for changed in self._headroom_changed:  # noted here, not on every pod event
             node = nodes.get(changed)
             if node is not None and node.free > 0 and node.alloc > 0:
                 self._note_headroom(node, nodes)
-        self.headroom_changed.clear()
+        self._headroom_changed.clear()
         heap = self.headroom_per_gpu.get(resource, [])
         while heap:
             ratio, name = heap[0]
