@@ -2,10 +2,32 @@
 each decision did (span, tightest-domain checks, all-reduce estimate) and what the cluster looked
 like over time (allocation, FGD fragmentation).
 
-Queue discipline, identical for every policy: FIFO with backfill and no reservation. On every
-arrival and completion one pass walks the queue in submit order (the first WINDOW jobs) and starts
-every job the policy places now; once a job of k GPUs failed in a pass, jobs of k or more GPUs are
-skipped for the rest of that pass (nothing was freed meanwhile).
+Queue discipline, identical for every policy: FIFO with backfill and no reservation, gang-placed
+(every pod of a job or none). On every arrival and completion one pass walks the whole queue in
+submit order and starts every job the policy places now. What it stands for:
+
+- kube-scheduler's per-pod queue (https://kubernetes.io/docs/concepts/scheduling-eviction/scheduling-framework/):
+  pending pods sit in activeQ ordered by priority and then by when they were queued (PrioritySort);
+  a pod that did not fit goes to the unschedulable pool and back to activeQ on a cluster event that
+  may make it fit (a pod deleted, a node added). There is no window: after a release every pending
+  pod is tried again, oldest first, which is what one pass here does. kube-scheduler alone has no
+  gang; the simulator starts a job's pods together (as Kueue admission or a coscheduling plugin
+  would), for every policy alike.
+- Kueue's BestEffortFIFO (https://kueue.sigs.k8s.io/docs/concepts/cluster_queue/#queueing-strategy),
+  the queueing strategy the Kueue TAS baseline stands for: workloads ordered by priority and creation
+  time; one that cannot be admitted is set aside and does not block newer ones that fit, and is
+  requeued when quota or capacity is freed. Same order, same backfill, so the same pass. StrictFIFO
+  (an older workload that cannot be admitted blocks newer ones) is not modelled.
+- `window`: passing WINDOW (64) looks at only the first 64 queued jobs per pass, which is how the
+  simulator ran before 25 Nov 2026. No scheduler named above has such a cut-off: under load the 64
+  places filled with multi-node jobs that wait long (more of them under a policy that keeps them
+  waiting) and starved the small jobs behind them. Kept only to reproduce earlier figures.
+
+Two shortcuts keep a pass cheap, neither changing what starts: a job that had to wait is not asked
+again until some job has ended, and once a job of k GPUs that could go anywhere (the policy says
+`anywhere`) failed, jobs of k or more GPUs are skipped for the rest of that pass: every policy's fit
+is monotone in free GPUs and in size, so nothing of that size fits until something is freed. A job
+held to one domain (ours consolidated, waiting inside its pin) failing says nothing of the others.
 """
 from __future__ import annotations
 
@@ -16,11 +38,11 @@ from dataclasses import dataclass, field
 from webhook.core.config import HardwareProfile
 
 from .costmodel import Network, allreduce_seconds, ideal_placement
-from .fabric import ClusterSpec, SimCluster, dynamic_tightest, span_level, static_tightest
+from .fabric import GPUS_PER_NODE, ClusterSpec, SimCluster, dynamic_tightest, span_level, static_tightest
 from .policies import NeverFits, PodPlacement, Policy
 from .traces import Job
 
-WINDOW = 64  # queued jobs a pass looks at
+WINDOW = 64  # queued jobs a pass looked at before 25 Nov 2026 (run(..., window=WINDOW) reproduces it)
 
 
 @dataclass(frozen=True)
@@ -66,6 +88,24 @@ class JobRecord:
         return self.job.gpus * self.run_s
 
 
+@dataclass(frozen=True)
+class ClusterSample:
+    """What the queue and the free capacity looked like at one moment (for the JCT diagnosis)."""
+
+    time_s: float
+    queued: tuple[int, ...]  # GPUs of each queued job, in queue order
+    free_gpus: int
+    partly_used_nodes: int  # nodes with some GPUs free and some taken
+    idle_nodes: int  # nodes with every GPU free
+    leaves_with_partly_used: int  # leaves holding at least one partly used node
+
+
+def sample_cluster(cluster: SimCluster, now: float, queue: list[Job]) -> ClusterSample:
+    partly = [n for n, free in zip(cluster.nodes, cluster.free_count) if 0 < free < GPUS_PER_NODE]
+    return ClusterSample(now, tuple(j.gpus for j in queue), cluster.spec.gpus - cluster.used, len(partly),
+                         len(cluster.by_free[GPUS_PER_NODE]), len({n.leaf for n in partly}))
+
+
 @dataclass
 class RunResult:
     policy: str
@@ -77,6 +117,8 @@ class RunResult:
     decision_seconds: list[float] = field(default_factory=list)  # wall time of each policy.place call
     window: tuple[float, float] = (0.0, 0.0)  # measurement window (s)
     cluster_gpus: int = 0
+    waits: dict[str, int] = field(default_factory=dict)  # job id -> times the policy answered "wait"
+    states: list[ClusterSample] = field(default_factory=list)  # queue and free capacity, at the FGD sample times
 
     @property
     def useful_allocation(self) -> float:
@@ -112,7 +154,9 @@ def pod_size_shares(jobs: tuple[Job, ...]) -> dict[int, float]:
     return {size: n / total for size, n in counts.items()}
 
 
-def run(workload: Workload, policy: Policy, frag_samples: int = 100) -> RunResult:
+def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int | None = None) -> RunResult:
+    """One policy over the workload's stream; `window` (None: the whole queue) caps how many queued
+    jobs a pass looks at (see the module docstring)."""
     cluster = SimCluster(workload.spec)
     policy.reset(cluster, workload.seed)
     result = RunResult(policy.name, cluster_gpus=workload.spec.gpus)
@@ -167,11 +211,14 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100) -> RunResul
 
     def schedule_pass() -> None:
         smallest_failure = None
-        for job in list(queue[:WINDOW]):
+        for job in list(queue if window is None else queue[:window]):
+            if cluster.used == cluster.spec.gpus:
+                break  # nothing fits anywhere
             if smallest_failure is not None and job.gpus >= smallest_failure:
                 continue
             if waited_at.get(job.job_id) == releases:
-                smallest_failure = job.gpus
+                if policy.anywhere(job):
+                    smallest_failure = job.gpus
                 continue
             pods = None
             try:
@@ -186,8 +233,11 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100) -> RunResul
                 result.rejected += 1
                 continue
             if pods is None:
-                smallest_failure = job.gpus
+                if policy.anywhere(job):
+                    smallest_failure = job.gpus
                 waited_at[job.job_id] = releases
+                if job.gpus <= cluster.spec.gpus - cluster.used:  # the policy was asked and said wait
+                    result.waits[job.job_id] = result.waits.get(job.job_id, 0) + 1
                 continue
             queue.remove(job)
             start(job, pods)
@@ -205,6 +255,7 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100) -> RunResul
             sampled = sample_times.pop(0)
             if ratio is not None:
                 result.fragmentation.append((sampled, ratio))
+            result.states.append(sample_cluster(cluster, sampled, queue))
         now = t
         if finish_t <= arrival_t:
             _, _, pods, job = heapq.heappop(finishes)

@@ -30,6 +30,8 @@ from bench.traces import SIZE_SHARES  # noqa: E402
 
 TUNING_SEEDS = frozenset(simulate.SEEDS) | frozenset(range(1000, 1012))
 OURS = "ours-consolidated"
+# Both strategies users get from us: balanced is the default, consolidated the one asked for.
+OURS_VARIANTS = (OURS, "ours-balanced")
 BASELINES = ("spread", "best-fit", "random", "kueue")
 BUCKETS = ("9-64", "65+")  # buckets above one node
 # Same zone > spine > leaf > node shape at three sizes; load is relative to the cluster's GPUs.
@@ -50,48 +52,55 @@ def fresh_seeds(count: int) -> list[int]:
     return seeds
 
 
-def verdicts(results, cells, seeds, rng: random.Random) -> list[tuple]:
-    """Rows (trace, load, bucket or 'allocation', baseline, protocol.Paired) for every comparison."""
+def verdicts(results, cells, seeds, rng: random.Random, variants=(OURS,)) -> list[tuple]:
+    """Rows (trace, load, bucket or 'allocation', baseline, protocol.Paired, ours' variant) for every
+    comparison."""
     rows = []
-    for trace, load in cells:
-        for baseline in BASELINES:
-            for bucket in BUCKETS:
-                pairs = [(results[trace, load, s, OURS].buckets[bucket].allreduce_ms,
-                          results[trace, load, s, baseline].buckets[bucket].allreduce_ms)
-                         for s in seeds if all(bucket in results[trace, load, s, k].buckets for k in (OURS, baseline))]
-                if pairs:
-                    rows.append((trace, load, bucket, baseline, protocol.compare(*map(list, zip(*pairs)), rng)))
-            if load > 1:  # below overload, allocation grows with slow placements (jobs run longer)
-                ours = [100 * results[trace, load, s, OURS].allocation for s in seeds]
-                theirs = [100 * results[trace, load, s, baseline].allocation for s in seeds]
-                rows.append((trace, load, "allocation", baseline,
-                             protocol.compare(ours, theirs, rng, lower_is_better=False)))
+    for variant in variants:
+        for trace, load in cells:
+            for baseline in BASELINES:
+                for bucket in BUCKETS:
+                    pairs = [(results[trace, load, s, variant].buckets[bucket].allreduce_ms,
+                              results[trace, load, s, baseline].buckets[bucket].allreduce_ms)
+                             for s in seeds
+                             if all(bucket in results[trace, load, s, k].buckets for k in (variant, baseline))]
+                    if pairs:
+                        rows.append((trace, load, bucket, baseline, protocol.compare(*map(list, zip(*pairs)), rng),
+                                     variant))
+                if load > 1:  # below overload, allocation grows with slow placements (jobs run longer)
+                    ours = [100 * results[trace, load, s, variant].allocation for s in seeds]
+                    theirs = [100 * results[trace, load, s, baseline].allocation for s in seeds]
+                    rows.append((trace, load, "allocation", baseline,
+                                 protocol.compare(ours, theirs, rng, lower_is_better=False), variant))
     return rows
 
 
 def render(rows, seeds, gpus: int, wall_s: float, command: str) -> str:
-    counts = {v: sum(p.verdict == v for *_, p in rows if _[2] != "allocation") for v in ("ahead", "level", "behind")}
-    kueue = [p for *key, p in rows if key[3] == "kueue" and key[2] != "allocation"]
     lines = [f"### Evaluation on fresh seeds, {gpus} GPUs",
              "",
              f"`{command}` drew seeds {' '.join(map(str, seeds))} ({len(seeds)} streams per cell, none of them a "
-             f"tuning seed); {wall_s:.0f} s wall. Each row pairs ours with one baseline on the same streams: "
+             f"tuning seed); {wall_s:.0f} s wall. Each row pairs ours (with the strategy in the last column) with "
+             "one baseline on the same streams: "
              "mean of ours - theirs, its 95% bootstrap interval, streams ours won, verdict (ahead/behind only "
              "if the whole interval lies on one side). All-reduce in ms of 1 GB (lower is better); allocation "
              "in GPU-% points (higher is better), at overload only: below it, a slower placement makes jobs run "
              "longer and so holds more GPUs.",
-             "",
-             f"Buckets above one node: ahead {counts['ahead']}, level {counts['level']}, behind {counts['behind']} "
-             f"of {sum(counts.values())} comparisons; against Kueue TAS BestFit ahead in "
-             f"{sum(p.verdict == 'ahead' for p in kueue)} of {len(kueue)}, behind in "
-             f"{sum(p.verdict == 'behind' for p in kueue)}.",
-             "",
-             "| trace | load | bucket | baseline | ours - theirs | 95% interval | ours won | verdict |",
-             "|---|---:|---:|---|---:|---:|---:|---|"]
-    for trace, load, bucket, baseline, p in rows:
+             ""]
+    for variant in dict.fromkeys(row[5] for row in rows):
+        mine = [row for row in rows if row[5] == variant and row[2] != "allocation"]
+        counts = {v: sum(row[4].verdict == v for row in mine) for v in ("ahead", "level", "behind")}
+        kueue = [row[4] for row in mine if row[3] == "kueue"]
+        lines.append(f"{simulate.STRATEGY_OF[variant]}: buckets above one node ahead {counts['ahead']}, level "
+                     f"{counts['level']}, behind {counts['behind']} of {len(mine)} comparisons; against Kueue TAS "
+                     f"BestFit ahead in {sum(p.verdict == 'ahead' for p in kueue)} of {len(kueue)}, behind in "
+                     f"{sum(p.verdict == 'behind' for p in kueue)}.")
+        lines.append("")
+    lines += ["| trace | load | bucket | baseline | ours - theirs | 95% interval | ours won | verdict | ours |",
+              "|---|---:|---:|---|---:|---:|---:|---|---|"]
+    for trace, load, bucket, baseline, p, variant in rows:
         mark = f"**{p.verdict}**" if p.verdict == "behind" else p.verdict
         lines.append(f"| {trace} | {load:g} | {bucket} | {baseline} | {p.mean:+.1f} | [{p.low:+.1f}, {p.high:+.1f}] "
-                     f"| {p.wins}/{p.n} | {mark} |")
+                     f"| {p.wins}/{p.n} | {mark} | {simulate.STRATEGY_OF[variant]} |")
     return "\n".join(lines) + "\n"
 
 
@@ -139,15 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds or fresh_seeds(args.n_seeds)
     print(f"seeds {' '.join(map(str, seeds))} (repeat with --seeds {' '.join(map(str, seeds))})", flush=True)
     tasks = [(simulate.Scenario("main", trace, load, seed=seed), key, settings)
-             for trace, load in cells for seed in seeds for key in (OURS, *BASELINES)]
-    tasks.sort(key=lambda t: t[1] != OURS)  # our core's runs are the slowest: start them first
+             for trace, load in cells for seed in seeds for key in (*OURS_VARIANTS, *BASELINES)]
+    tasks.sort(key=lambda t: t[1] not in OURS_VARIANTS)  # our core's runs are the slowest: start them first
     began = time.perf_counter()
     with multiprocessing.Pool(args.processes) as pool:
         results = {(s.trace, s.load, s.seed, key): summary
                    for s, key, summary in pool.imap_unordered(simulate.run_one, tasks)}
     wall = time.perf_counter() - began
     gpus = settings.spec.gpus
-    section = render(verdicts(results, cells, seeds, random.Random(0)), seeds, gpus, wall,
+    section = render(verdicts(results, cells, seeds, random.Random(0), OURS_VARIANTS), seeds, gpus, wall,
                      f"bench/evaluate.py --gpus {gpus} --seeds {' '.join(map(str, seeds))}")
     print(section)
     if args.write:

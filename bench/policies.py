@@ -19,8 +19,9 @@ from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
 from webhook.core.config import Config
 from webhook.kube.demo import make_pod
 from webhook.core.gpus import format_gpu_set
-from webhook.core.model import Outcome, PlacementRequest, Strategy
+from webhook.core.model import Decision, Outcome, PlacementRequest, Strategy
 from webhook.core.placer import place
+from webhook.objects.mutation import pins
 
 from .costmodel import Network
 from .fabric import GPUS_PER_NODE, SimCluster, SimNode, pick_gpus
@@ -45,6 +46,11 @@ class Policy:
 
     def place(self, job: Job) -> list[PodPlacement] | None:
         raise NotImplementedError
+
+    def anywhere(self, job: Job) -> bool:
+        """Whether the job may go anywhere in the cluster (its "wait" then means no room for its
+        size anywhere), rather than being held to one domain."""
+        return True
 
     def started(self, job: Job, pods: list[PodPlacement]) -> None:
         """The simulator bound the pods (policies that keep their own view update it here)."""
@@ -203,7 +209,13 @@ class BySize(Policy):
         self.multi.reset(cluster, seed)
 
     def place(self, job: Job) -> list[PodPlacement] | None:
-        return (self.single if job.pods == 1 else self.multi).place(job)
+        return self._for(job).place(job)
+
+    def anywhere(self, job: Job) -> bool:
+        return self._for(job).anywhere(job)
+
+    def _for(self, job: Job) -> Policy:
+        return self.single if job.pods == 1 else self.multi
 
     def started(self, job: Job, pods: list[PodPlacement]) -> None:
         self.single.started(job, pods)
@@ -226,29 +238,89 @@ def core_config(network: Network) -> Config:
 
 class Ours(Policy):
     """Our placement core, webhook.core.placement.place, on a ClusterIndex fed the same Node objects and
-    the simulator's bound pods. The simulator binds pods to the nodes of our assignment and to its
-    GPU ids. For consolidated that is kube-scheduler inside the pinned domain picking our nodes; for
-    balanced it assumes the preference is honoured; both are stated in RESULTS.md."""
+    the simulator's bound pods. What the cluster then does with each answer follows what the
+    mutation writes (webhook.objects.mutation.pins):
 
-    def __init__(self, strategy: Strategy, network: Network) -> None:
+    - Placed: the pods are bound to the nodes and GPU ids of our assignment. For consolidated that is
+      kube-scheduler inside the pinned domain picking our nodes; for balanced it assumes the
+      preference is honoured (the domain has room for every pod).
+    - Wait, consolidated: the pods are pinned (required node affinity) to the domain that will fit
+      first, and the job is not decided again. It starts once that domain holds every pod: our best
+      fit inside it (ours asked with it as the preferred domain; for a node, the device plugin's
+      GPU choice there). Until then it waits, whatever room opens elsewhere.
+    - Wait, balanced (the default strategy): the pods only prefer that domain (weight 100). Once it
+      holds every pod, as for consolidated. Before that, as soon as the cluster holds them,
+      kube-scheduler places them pod by pod (`kube_scheduler_with_preference`) instead of waiting.
+
+    `pinned=False` decides the job afresh at every pass, as if nothing had been written on a
+    wait: how the simulator ran before 25 Nov 2026, kept to reproduce earlier figures."""
+
+    def __init__(self, strategy: Strategy, network: Network, pinned: bool = True) -> None:
         self.strategy = strategy
         self.config = core_config(network)
-        self.name = f"ours ({strategy.value})"
+        self.pinned = pinned
+        self.name = f"ours ({strategy.value})" + ("" if pinned else ", re-decided each pass")
 
     def reset(self, cluster: SimCluster, seed: int) -> None:
         super().reset(cluster, seed)
         self.index = ClusterIndex.from_objects(self.config, cluster.node_objects, [])
+        self.labels = [o["metadata"]["labels"] for o in cluster.node_objects]
+        self.waiting: dict[str, tuple[Decision, list[int]]] = {}  # job id -> its wait and the nodes it names
+
+    def anywhere(self, job: Job) -> bool:
+        wait = self.waiting.get(job.job_id)
+        return wait is None or not pins(wait[0], self.config)
 
     def place(self, job: Job) -> list[PodPlacement] | None:
+        if job.job_id in self.waiting:
+            return self._after_wait(job, *self.waiting[job.job_id])
+        decision = self._decide(job, None)
+        if decision.outcome is Outcome.WAIT:
+            if self.pinned and decision.scope is not None and decision.requirements:
+                self.waiting[job.job_id] = (decision, self._nodes_of(decision))
+            return None
+        return self._assignment(decision)
+
+    def _decide(self, job: Job, preferred: str | None) -> Decision:
         decision = place(self.index, PlacementRequest(f"Job sim/{job.job_id}", job.pods, job.gpus_per_pod,
-                                                      self.strategy))
+                                                      self.strategy, preferred_domain=preferred))
         if decision.outcome is Outcome.NEVER:
             raise NeverFits(decision.reasons[0])
-        if decision.outcome is Outcome.WAIT:
-            return None
+        return decision
+
+    @staticmethod
+    def _assignment(decision: Decision) -> list[PodPlacement]:
         return [(a.node, ids) for a in decision.assignment for ids in a.gpu_ids]
 
+    def _nodes_of(self, decision: Decision) -> list[int]:
+        """Positions of the nodes the wait's node affinity admits."""
+        return [i for i, labels in enumerate(self.labels)
+                if all(labels.get(r.key) in r.values if r.values else r.key not in labels
+                       for r in decision.requirements)]
+
+    def _after_wait(self, job: Job, wait: Decision, nodes: list[int]) -> list[PodPlacement] | None:
+        cluster, gpus = self.cluster, job.gpus_per_pod
+        if sum(cluster.free_count[i] // gpus for i in nodes) >= job.pods:  # the named domain holds it now
+            if len(nodes) == 1:  # pinned to a node: the device plugin picks the GPUs there
+                node, taken = cluster.nodes[nodes[0]], set()
+                placement = []
+                for _ in range(job.pods):
+                    ids = _pick_excluding(node, taken, gpus)
+                    taken.update(ids)
+                    placement.append((node.name, ids))
+                return placement
+            assert wait.scope is not None
+            decision = self._decide(job, f"{wait.scope.level_name}={wait.scope.name}")
+            inside = {cluster.nodes[i].name for i in nodes}
+            if decision.outcome is Outcome.PLACED and all(a.node in inside for a in decision.assignment):
+                return self._assignment(decision)
+            return None  # not expected: a preferred domain with room is searched first
+        if pins(wait, self.config):
+            return None
+        return kube_scheduler_with_preference(cluster, self.rng, job, set(nodes))
+
     def started(self, job: Job, pods: list[PodPlacement]) -> None:
+        self.waiting.pop(job.job_id, None)
         for pod in self._pods(job, pods):
             self.index.upsert_pod(pod)
 
@@ -261,6 +333,33 @@ class Ours(Policy):
         return [make_pod(f"{job.job_id}-{i}", node, len(ids), namespace="sim",
                          annotations={GPU_IDS_ANNOTATION: format_gpu_set(ids)})
                 for i, (node, ids) in enumerate(pods)]
+
+
+def kube_scheduler_with_preference(cluster: SimCluster, rng: random.Random, job: Job,
+                                   preferred: set[int]) -> list[PodPlacement] | None:
+    """kube-scheduler placing a job's pods one at a time (gang: all or none) when they carry a
+    preferred node affinity of weight 100 for the nodes `preferred`. NodeAffinity scores a matching
+    node 100 and an other 0, and its default plugin weight is 2, against at most 100 from
+    NodeResourcesFit (weight 1): so a node of the preferred domain with room always wins. Among
+    equals, NodeResourcesFit's default LeastAllocated, modelled over nvidia.com/gpu as the spread
+    baseline is (most GPUs free wins); remaining ties at random, as selectHost does. Other score
+    plugins (BalancedAllocation, ImageLocality...) are left out."""
+    gpus = job.gpus_per_pod
+    free = list(cluster.free_count)
+    taken: dict[str, set[int]] = {}
+    pods: list[PodPlacement] = []
+    for _ in range(job.pods):
+        able = [i for i, f in enumerate(free) if f >= gpus]
+        if not able:
+            return None
+        best = max((i in preferred, free[i]) for i in able)
+        i = rng.choice([i for i in able if (i in preferred, free[i]) == best])
+        node = cluster.nodes[i]
+        ids = _pick_excluding(node, taken.get(node.name, set()), gpus)
+        taken.setdefault(node.name, set()).update(ids)
+        free[i] -= gpus
+        pods.append((node.name, ids))
+    return pods
 
 
 # Our rules that an ablation switches off, one at a time: the ordering of webhook/core/orderings.py

@@ -35,6 +35,9 @@ MAIN_COMM = 0.1  # share of run time in all-reduce at the tightest placement, ma
 POLICY_KEYS = ("spread", "best-fit", "random", "kueue", "ours-consolidated", "ours-distributed")
 # Attribution: our decisions for one job shape and Kueue's for the other.
 HYBRID_KEYS = ("ours-single+kueue-multi", "kueue-single+ours-multi")
+# Our variants by the strategy a user asks for (balanced is what a workload without the annotation gets).
+STRATEGY_OF = {"ours-consolidated": "consolidated", "ours-balanced": "balanced (default)",
+               "ours-distributed": "distributed"}
 
 
 def make_policy(key: str, network: Network) -> Policy:
@@ -43,6 +46,7 @@ def make_policy(key: str, network: Network) -> Policy:
 
     makers = {"spread": least_allocated, "best-fit": most_allocated, "random": random_fit, "kueue": KueueBestFit,
               "ours-consolidated": ours, "ours-distributed": lambda: Ours(Strategy.DISTRIBUTED, network),
+              "ours-balanced": lambda: Ours(Strategy.BALANCED, network),
               "ours-single+kueue-multi": lambda: BySize("ours single-pod, Kueue multi-pod", ours(), KueueBestFit()),
               "kueue-single+ours-multi": lambda: BySize("Kueue single-pod, ours multi-pod", KueueBestFit(), ours())}
     makers.update({f"ours-without-{rule}": (lambda rule=rule: Without(rule, network)) for rule in ABLATIONS})

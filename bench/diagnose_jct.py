@@ -1,0 +1,182 @@
+"""Job completion time, taken apart: per size bucket, wait, run and all-reduce, how often each policy
+answered "wait", how full the queue was and what shape the free capacity had, for ours (both
+strategies), Kueue TAS BestFit and the two hybrids, on given streams.
+
+    .venv/bin/python bench/diagnose_jct.py --cells acme_seren:1.2 --seeds 11 12           # as the cluster runs
+    .venv/bin/python bench/diagnose_jct.py --cells acme_seren:1.2 --seeds 11 12 --before  # as the simulator ran
+
+`--before` is the simulator before 25 Nov 2026: a pass looked at the first 64 queued jobs
+(engine.WINDOW) and ours was decided afresh at every pass (no pin or preference written on a wait).
+`--window N` and `--unpinned` set either apart. The seeds given are looked at: a rule chosen from
+what this prints must be judged on fresh seeds (bench/evaluate.py).
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import engine, simulate  # noqa: E402
+from bench.evaluate import CLUSTERS  # noqa: E402
+from bench.fabric import GPUS_PER_NODE  # noqa: E402
+from bench.policies import BySize, KueueBestFit, Ours, Policy, PodPlacement  # noqa: E402
+from bench.traces import Job  # noqa: E402
+from webhook.core.model import Strategy  # noqa: E402
+
+BUCKETS = ("1", "2-8", "9-64", "65+")
+POLICIES = ("ours-consolidated", "ours-balanced", "kueue", "ours-single+kueue-multi", "kueue-single+ours-multi")
+
+
+def bucket_of(gpus: int) -> str:
+    return "1" if gpus == 1 else "2-8" if gpus <= GPUS_PER_NODE else "9-64" if gpus <= 64 else "65+"
+
+
+class Observed(Policy):
+    """A policy, unchanged, that notes where each single-node job went: onto an idle node (opening
+    it) or a partly used one, and whether that node's leaf was whole (every node idle) before."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner, self.name = inner, inner.name
+        self.opened = self.into_whole_leaf = self.single = 0
+
+    def reset(self, cluster, seed: int) -> None:
+        super().reset(cluster, seed)
+        self.inner.reset(cluster, seed)
+
+    def place(self, job: Job) -> list[PodPlacement] | None:
+        pods = self.inner.place(job)
+        if pods is not None and job.pods == 1:
+            cluster = self.cluster
+            node = cluster.by_name[pods[0][0]]
+            self.single += 1
+            if cluster.free_count[cluster.position[node.name]] == GPUS_PER_NODE:
+                self.opened += 1
+                if cluster.histogram["leaf"][node.leaf][GPUS_PER_NODE] == len(cluster.members["leaf"][node.leaf]):
+                    self.into_whole_leaf += 1
+        return pods
+
+    def anywhere(self, job: Job) -> bool:
+        return self.inner.anywhere(job)
+
+    def started(self, job: Job, pods: list[PodPlacement]) -> None:
+        self.inner.started(job, pods)
+
+    def finished(self, job: Job, pods: list[PodPlacement]) -> None:
+        self.inner.finished(job, pods)
+
+
+def make(key: str, network, pinned: bool) -> Policy:
+    def ours(strategy: Strategy = Strategy.CONSOLIDATED) -> Policy:
+        return Ours(strategy, network, pinned=pinned)
+
+    return {"ours-consolidated": ours, "ours-balanced": lambda: ours(Strategy.BALANCED), "kueue": KueueBestFit,
+            "ours-single+kueue-multi": lambda: BySize("ours single, Kueue multi", ours(), KueueBestFit()),
+            "kueue-single+ours-multi": lambda: BySize("Kueue single, ours multi", KueueBestFit(), ours())}[key]()
+
+
+def one(task) -> tuple:
+    trace, load, seed, key, gpus, window, pinned = task
+    settings = replace(simulate.FULL, spec=CLUSTERS[gpus])
+    workload = simulate.workload_for(simulate.Scenario("main", trace, load, seed=seed), settings)
+    policy = Observed(make(key, workload.network, pinned))
+    began = time.perf_counter()
+    result = engine.run(workload, policy, window=window)
+    return task, figures(result, policy, window), time.perf_counter() - began
+
+
+def figures(result: engine.RunResult, observed: Observed, window: int | None) -> dict:
+    out: dict = {}
+    for name in BUCKETS:
+        recs = [r for r in result.records if bucket_of(r.job.gpus) == name]
+        if not recs:
+            continue
+        weight = sum(r.job.gpus * r.job.duration_s for r in recs)
+        out[name] = {"jobs": len(recs), "wait": statistics.fmean(r.wait_s for r in recs),
+                     "run": statistics.fmean(r.run_s for r in recs),
+                     "jct": statistics.fmean(r.completion_s for r in recs),
+                     "allreduce": sum(r.allreduce_s * 1e3 * r.job.gpus * r.job.duration_s for r in recs) / weight,
+                     "waits": sum(result.waits.get(r.job.job_id, 0) for r in recs) / len(recs),
+                     "leaves": statistics.fmean(r.leaves for r in recs)}
+    states = [s for s in result.states if result.window[0] <= s.time_s <= result.window[1]] or result.states
+    head = window or engine.WINDOW
+    out["cluster"] = {
+        "queued": statistics.fmean(len(s.queued) for s in states),
+        "head_multi": statistics.fmean(sum(g > GPUS_PER_NODE for g in s.queued[:head]) for s in states),
+        "free": statistics.fmean(s.free_gpus for s in states),
+        "partly": statistics.fmean(s.partly_used_nodes for s in states),
+        "idle": statistics.fmean(s.idle_nodes for s in states),
+        "leaves_partly": statistics.fmean(s.leaves_with_partly_used for s in states),
+        "fgd": statistics.fmean(f for _, f in result.fragmentation) if result.fragmentation else 0.0,
+        "opened": observed.opened / max(1, observed.single),
+        "whole_leaf": observed.into_whole_leaf / max(1, observed.single),
+        "unstarted": result.unstarted}
+    return out
+
+
+def render(results: dict, cells, seeds, keys) -> str:
+    lines = []
+    for trace, load in cells:
+        lines += [f"#### {trace}, load {load:g}: means over seeds {' '.join(map(str, seeds))}", "",
+                  "| bucket | policy | jobs | wait s | run s | JCT s | all-reduce ms | wait answers per job | leaves |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for bucket in BUCKETS:
+            for key in keys:
+                per_seed = [results[trace, load, s, key][bucket] for s in seeds if bucket in results[trace, load, s, key]]
+                if not per_seed:
+                    continue
+                mean = {f: statistics.fmean(p[f] for p in per_seed) for f in per_seed[0]}
+                lines.append(f"| {bucket} | {key} | {mean['jobs']:.0f} | {mean['wait']:,.0f} | {mean['run']:,.0f} | "
+                             f"{mean['jct']:,.0f} | {mean['allreduce']:.1f} | {mean['waits']:.2f} | "
+                             f"{mean['leaves']:.2f} |")
+        lines += ["", "| policy | queued jobs | 9+ GPU jobs in the first 64 | free GPUs | partly used nodes | "
+                      "idle nodes | leaves with a partly used node | FGD | single-node jobs opening an idle node | "
+                      "... of a whole leaf | unstarted |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for key in keys:
+            c = {f: statistics.fmean(results[trace, load, s, key]["cluster"][f] for s in seeds)
+                 for f in results[trace, load, seeds[0], key]["cluster"]}
+            lines.append(f"| {key} | {c['queued']:.0f} | {c['head_multi']:.1f} | {c['free']:.0f} | {c['partly']:.1f} | "
+                         f"{c['idle']:.1f} | {c['leaves_partly']:.1f} | {c['fgd']:.3f} | {100 * c['opened']:.1f}% | "
+                         f"{100 * c['whole_leaf']:.1f}% | {c['unstarted']:.0f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cells", nargs="+", metavar="TRACE:LOAD", required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", required=True)
+    parser.add_argument("--gpus", type=int, choices=sorted(CLUSTERS), default=512)
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--before", action="store_true", help="window 64 and ours unpinned: the old simulator")
+    parser.add_argument("--window", type=int, help="queued jobs a pass looks at (default: all)")
+    parser.add_argument("--unpinned", action="store_true", help="ours decided afresh at every pass")
+    parser.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
+    args = parser.parse_args(argv)
+    cells = [(trace, float(load)) for trace, load in (c.split(":") for c in args.cells)]
+    window = engine.WINDOW if args.before else args.window
+    pinned = not (args.before or args.unpinned)
+    keys = [k for k in args.policies if pinned or k != "ours-balanced"]  # unpinned, balanced decides as consolidated
+    tasks = [(t, load, s, k, args.gpus, window, pinned) for t, load in cells for s in args.seeds for k in keys]
+    tasks.sort(key=lambda t: "ours" not in t[3])
+    began = time.perf_counter()
+    results = {}
+    with multiprocessing.Pool(args.processes) as pool:
+        for task, found, wall in pool.imap_unordered(one, tasks):
+            results[task[:4]] = found
+            print(f"  {task[0]} {task[1]:g} seed {task[2]} {task[3]}: {wall:.0f} s", file=sys.stderr, flush=True)
+    print(f"window {window or 'none (whole queue)'}, ours {'pinned/preferred on a wait' if pinned else 'unpinned'}; "
+          f"{args.gpus} GPUs; {time.perf_counter() - began:.0f} s wall\n")
+    print(render(results, cells, args.seeds, keys))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
