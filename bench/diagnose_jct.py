@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import random
 import statistics
 import sys
 import time
@@ -23,7 +24,7 @@ from dataclasses import replace
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import engine, simulate  # noqa: E402
+from bench import engine, protocol, simulate  # noqa: E402
 from bench.evaluate import CLUSTERS  # noqa: E402
 from bench.fabric import GPUS_PER_NODE  # noqa: E402
 from bench.policies import BySize, KueueBestFit, Ours, Policy, PodPlacement  # noqa: E402
@@ -39,8 +40,9 @@ def bucket_of(gpus: int) -> str:
 
 
 class Observed(Policy):
-    """A policy, unchanged, that notes where each single-node job went: onto an idle node (opening
-    it) or a partly used one, and whether that node's leaf was whole (every node idle) before."""
+    """A policy, unchanged, that notes where each job of fewer GPUs than a node went: onto an idle
+    node (opening it) or a partly used one, and whether that node's leaf was whole (every node idle)
+    before."""
 
     def __init__(self, inner: Policy) -> None:
         self.inner, self.name = inner, inner.name
@@ -52,7 +54,7 @@ class Observed(Policy):
 
     def place(self, job: Job) -> list[PodPlacement] | None:
         pods = self.inner.place(job)
-        if pods is not None and job.pods == 1:
+        if pods is not None and job.pods == 1 and job.gpus < GPUS_PER_NODE:
             cluster = self.cluster
             node = cluster.by_name[pods[0][0]]
             self.single += 1
@@ -113,6 +115,7 @@ def figures(result: engine.RunResult, observed: Observed, window: int | None) ->
         "partly": statistics.fmean(s.partly_used_nodes for s in states),
         "idle": statistics.fmean(s.idle_nodes for s in states),
         "leaves_partly": statistics.fmean(s.leaves_with_partly_used for s in states),
+        "whole_leaves": statistics.fmean(s.whole_leaves for s in states),
         "fgd": statistics.fmean(f for _, f in result.fragmentation) if result.fragmentation else 0.0,
         "opened": observed.opened / max(1, observed.single),
         "whole_leaf": observed.into_whole_leaf / max(1, observed.single),
@@ -124,7 +127,7 @@ def render(results: dict, cells, seeds, keys) -> str:
     lines = []
     for trace, load in cells:
         lines += [f"#### {trace}, load {load:g}: means over seeds {' '.join(map(str, seeds))}", "",
-                  "| bucket | policy | jobs | wait s | run s | JCT s | all-reduce ms | wait answers per job | leaves |",
+                  "| bucket | policy | jobs | wait s | run s | JCT s | all-reduce ms | tries that did not start, per job | leaves |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         for bucket in BUCKETS:
             for key in keys:
@@ -136,15 +139,28 @@ def render(results: dict, cells, seeds, keys) -> str:
                              f"{mean['jct']:,.0f} | {mean['allreduce']:.1f} | {mean['waits']:.2f} | "
                              f"{mean['leaves']:.2f} |")
         lines += ["", "| policy | queued jobs | 9+ GPU jobs in the first 64 | free GPUs | partly used nodes | "
-                      "idle nodes | leaves with a partly used node | FGD | single-node jobs opening an idle node | "
-                      "... of a whole leaf | unstarted |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                      "idle nodes | whole leaves | leaves with a partly used node | FGD | jobs of 1-7 GPUs opening an "
+                      "idle node | ... in a whole leaf | unstarted |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for key in keys:
             c = {f: statistics.fmean(results[trace, load, s, key]["cluster"][f] for s in seeds)
                  for f in results[trace, load, seeds[0], key]["cluster"]}
             lines.append(f"| {key} | {c['queued']:.0f} | {c['head_multi']:.1f} | {c['free']:.0f} | {c['partly']:.1f} | "
-                         f"{c['idle']:.1f} | {c['leaves_partly']:.1f} | {c['fgd']:.3f} | {100 * c['opened']:.1f}% | "
+                         f"{c['idle']:.1f} | {c['whole_leaves']:.2f} | {c['leaves_partly']:.1f} | {c['fgd']:.3f} | {100 * c['opened']:.1f}% | "
                          f"{100 * c['whole_leaf']:.1f}% | {c['unstarted']:.0f} |")
+        if "kueue" in keys and len(seeds) > 1:
+            lines += ["", "Paired against Kueue TAS BestFit on the same streams (bench/protocol.py; mean JCT, s):", "",
+                      "| bucket | policy | - Kueue | 95% interval | won | verdict |", "|---|---|---:|---:|---:|---|"]
+            rng = random.Random(0)
+            for bucket in BUCKETS:
+                for key in keys:
+                    pairs = [(results[trace, load, s, key][bucket]["jct"], results[trace, load, s, "kueue"][bucket]["jct"])
+                             for s in seeds if bucket in results[trace, load, s, key]]
+                    if key == "kueue" or not pairs:
+                        continue
+                    p = protocol.compare(*map(list, zip(*pairs)), rng)
+                    lines.append(f"| {bucket} | {key} | {p.mean:+,.0f} | [{p.low:+,.0f}, {p.high:+,.0f}] | {p.wins}/{p.n} | "
+                                 f"{p.verdict} |")
         lines.append("")
     return "\n".join(lines)
 

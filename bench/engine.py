@@ -98,12 +98,15 @@ class ClusterSample:
     partly_used_nodes: int  # nodes with some GPUs free and some taken
     idle_nodes: int  # nodes with every GPU free
     leaves_with_partly_used: int  # leaves holding at least one partly used node
+    whole_leaves: int  # leaves with every GPU free
 
 
 def sample_cluster(cluster: SimCluster, now: float, queue: list[Job]) -> ClusterSample:
     partly = [n for n, free in zip(cluster.nodes, cluster.free_count) if 0 < free < GPUS_PER_NODE]
     return ClusterSample(now, tuple(j.gpus for j in queue), cluster.spec.gpus - cluster.used, len(partly),
-                         len(cluster.by_free[GPUS_PER_NODE]), len({n.leaf for n in partly}))
+                         len(cluster.by_free[GPUS_PER_NODE]), len({n.leaf for n in partly}),
+                         sum(h[GPUS_PER_NODE] == len(cluster.members["leaf"][leaf])
+                             for leaf, h in cluster.histogram["leaf"].items()))
 
 
 @dataclass

@@ -355,3 +355,70 @@ def test_ablation_pairs_ours_with_each_rule_off_and_reads_every_row(capsys):
         helps = high < 0 if row[2] != "allocation" else low > 0
         hurts = low > 0 if row[2] != "allocation" else high < 0
         assert row[7].strip("*") == ("helps" if helps else "hurts" if hurts else "no effect seen")
+
+
+# -- the queue and what the cluster does with a wait ------------------------------------------------------
+
+def test_a_small_job_behind_many_waiting_big_ones_starts_when_it_fits():
+    """kube-scheduler's queue has no window: a job that fits starts however many wait before it.
+    With the 64-job window the simulator used to have, it waited for the big ones to clear."""
+    spec = fabric.ClusterSpec(zones=1, spines_per_zone=1, leaves_per_spine=1, nodes_per_leaf=2)
+    jobs = ((traces.Job("long", 0, 1000, 1, 8),)
+            + tuple(traces.Job(f"big{i}", 1 + i, 10, 2, 8) for i in range(engine.WINDOW + 6))
+            + (traces.Job("small", 100, 10, 1, 4),))
+    workload = engine.Workload(spec, costmodel.Network(), jobs, 0.0, 1e9, 1, 0.0)
+    starts = {r.job.job_id: r.start_s for r in engine.run(workload, policies.most_allocated()).records}
+    assert starts["small"] == 100
+    windowed = engine.run(workload, policies.most_allocated(), window=engine.WINDOW).records
+    assert {r.job.job_id: r.start_s for r in windowed}["small"] > 1000
+
+
+def ours_on(spec, strategy, pinned=True):
+    """Ours on an idle cluster of `spec`, and a way to bind and free whole nodes under it."""
+    cluster = fabric.SimCluster(spec)
+    ours = policies.Ours(strategy, costmodel.Network(), pinned=pinned)
+    ours.reset(cluster, 1)
+
+    def hold(name, node):
+        job, pods = traces.Job(name, 0, 10, 1, 8), [(node, tuple(range(8)))]
+        cluster.take(node, pods[0][1])
+        ours.started(job, pods)
+        return lambda: (cluster.give_back(node, pods[0][1]), ours.finished(job, pods))
+    return cluster, ours, hold
+
+
+@pytest.mark.parametrize("strategy, pinned", [(Strategy.CONSOLIDATED, True), (Strategy.BALANCED, True),
+                                              (Strategy.CONSOLIDATED, False)])
+def test_a_wait_pins_consolidated_and_only_prefers_balanced(strategy, pinned):
+    """Every node full but one of leaf 0: a 2 x 8 job waits, named to leaf 0. Then leaf 1 empties.
+    Consolidated stays pinned to leaf 0 and waits on; balanced starts at once, one pod on the
+    preferred leaf's free node and one elsewhere (kube-scheduler); decided afresh (the old
+    simulator), it takes leaf 1 whole."""
+    cluster, ours, hold = ours_on(SMALL, strategy, pinned)
+    leaf0, leaf1 = node_names(cluster, 0, 2), node_names(cluster, 1, 2)
+    release = {node: hold(f"fill-{node}", node) for node in [n.name for n in cluster.nodes] if node != leaf0[0]}
+    job = traces.Job("big", 0, 10, 2, 8)
+    assert ours.place(job) is None
+    for node in leaf1:
+        release[node]()
+    placed = ours.place(job)
+    if not pinned:
+        assert sorted(n for n, _ in placed) == leaf1
+    elif strategy is Strategy.BALANCED:
+        nodes = [n for n, _ in placed]
+        assert leaf0[0] in nodes and len(set(nodes)) == 2 and ours.anywhere(job)
+    else:
+        assert placed is None and not ours.anywhere(job)
+        release[leaf0[1]]()
+        assert sorted(n for n, _ in ours.place(job)) == leaf0
+
+
+def test_kube_scheduler_fills_the_preferred_nodes_first_then_the_emptiest():
+    cluster = occupied(SMALL, [6, 0, 8, 4, 8, 8, 8, 8])
+    preferred = {0, 3}  # node 0 has 2 free, node 3 has 4: both preferred over idle node 1
+    pods = policies.kube_scheduler_with_preference(cluster, random.Random(1), traces.Job("j", 0, 1, 3, 2), preferred)
+    assert sorted(cluster.position[n] for n, _ in pods) == [0, 3, 3]
+    pods = policies.kube_scheduler_with_preference(cluster, random.Random(1), traces.Job("j", 0, 1, 4, 2), preferred)
+    assert sorted(cluster.position[n] for n, _ in pods) == [0, 1, 3, 3]
+    assert policies.kube_scheduler_with_preference(cluster, random.Random(1), traces.Job("j", 0, 1, 8, 2),
+                                                   preferred) is None  # 7 pods of 2 fit: a gang waits whole
