@@ -105,6 +105,7 @@ def figures(result: engine.RunResult, observed: Observed, window: int | None) ->
                      "jct": statistics.fmean(r.completion_s for r in recs),
                      "allreduce": sum(r.allreduce_s * 1e3 * r.job.gpus * r.job.duration_s for r in recs) / weight,
                      "waits": sum(result.waits.get(r.job.job_id, 0) for r in recs) / len(recs),
+                     "waited": sum(r.job.job_id in result.waits for r in recs) / len(recs),
                      "leaves": statistics.fmean(r.leaves for r in recs)}
     states = [s for s in result.states if result.window[0] <= s.time_s <= result.window[1]] or result.states
     head = window or engine.WINDOW
@@ -127,8 +128,8 @@ def render(results: dict, cells, seeds, keys) -> str:
     lines = []
     for trace, load in cells:
         lines += [f"#### {trace}, load {load:g}: means over seeds {' '.join(map(str, seeds))}", "",
-                  "| bucket | policy | jobs | wait s | run s | JCT s | all-reduce ms | tries that did not start, per job | leaves |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| bucket | policy | jobs | wait s | run s | JCT s | all-reduce ms | tries that did not start, per job | jobs told to wait | leaves |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for bucket in BUCKETS:
             for key in keys:
                 per_seed = [results[trace, load, s, key][bucket] for s in seeds if bucket in results[trace, load, s, key]]
@@ -136,7 +137,7 @@ def render(results: dict, cells, seeds, keys) -> str:
                     continue
                 mean = {f: statistics.fmean(p[f] for p in per_seed) for f in per_seed[0]}
                 lines.append(f"| {bucket} | {key} | {mean['jobs']:.0f} | {mean['wait']:,.0f} | {mean['run']:,.0f} | "
-                             f"{mean['jct']:,.0f} | {mean['allreduce']:.1f} | {mean['waits']:.2f} | "
+                             f"{mean['jct']:,.0f} | {mean['allreduce']:.1f} | {mean['waits']:.2f} | {100 * mean['waited']:.0f}% | "
                              f"{mean['leaves']:.2f} |")
         lines += ["", "| policy | queued jobs | 9+ GPU jobs in the first 64 | free GPUs | partly used nodes | "
                       "idle nodes | whole leaves | leaves with a partly used node | FGD | jobs of 1-7 GPUs opening an "

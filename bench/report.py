@@ -280,7 +280,7 @@ def render(results: dict, policies: tuple[str, ...], ctx: Context, analysis: str
     lines += ["## Verdict on the tuning seeds (in-sample)", "",
               "Targets: the best estimated all-reduce time of all policies in every bucket above one node; the "
               "tightest-available-domain rate at or above every baseline; GPU allocation within 1 point of the best "
-              "baseline. `ours` is the consolidated strategy (balanced makes the same decisions, see Method). "
+              "baseline. `ours` is the consolidated strategy (balanced, the default, is compared in bench/evaluate.py). "
               "All-reduce in ms for 1 GB, weighted by GPU time; 'seeds' counts the seeds in which ours was at least "
               "as good as every baseline.", ""]
     lines += _table(["trace", "load", "bucket", "jobs", "ours all-reduce ms", "best baseline ms", "best?", "seeds",
@@ -379,8 +379,10 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
         "with comm share f, run time = D x ((1 - f) + f x T / T_tightest), T the estimated all-reduce time. "
         f"f = {ctx.main_comm:g} in the main grid, swept 0 / 0.1 / 0.3 / 0.5.",
         "- **Queue (identical for all):** FIFO with backfill, no reservation, gang placement (all pods of a job or "
-        "none). Each arrival and completion triggers one pass over the first 64 queued jobs; after a job of k GPUs "
-        "fails, jobs of k or more GPUs are skipped for the rest of the pass.",
+        "none). Each arrival and completion triggers one pass over the whole queue in submit order, as "
+        "kube-scheduler retries its pending pods and Kueue's BestEffortFIFO its workloads (bench/engine.py); after a "
+        "job of k GPUs that may go anywhere fails, jobs of k or more GPUs are skipped for the rest of the pass. "
+        "(Before 25 Nov 2026 a pass looked at the first 64 queued jobs only.)",
         "- **Policies:** *spread* = kube-scheduler NodeResourcesFit LeastAllocated scored on nvidia.com/gpu, pods one "
         "at a time, random among equal scores (as selectHost does); *best-fit* = MostAllocated, same otherwise; "
         "*random* = any node with room; *Kueue TAS BestFit* = KEP-2724's findTopologyAssignment, default profile: "
@@ -392,9 +394,11 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
         "- **Honest limits of 'ours':** the webhook pins a domain (consolidated) or prefers it (balanced) and "
         "kube-scheduler picks nodes inside; the simulator uses our assignment's nodes and GPU ids for both, i.e. "
         "assumes kube-scheduler and the device plugin follow the hint. Consolidated and balanced produce the same "
-        "Decision in the core (they differ only in how the mutation enforces it), so balanced is not run separately "
-        "(tests/test_bench_quality.py checks the decisions are equal). Distributed spreads for failure isolation by "
-        "design and is expected to lose on all-reduce.",
+        "Decision in the core; they differ in what the mutation writes, which the simulator follows "
+        "(bench.policies.Ours): a consolidated job that waits is pinned to the domain named to fit first and starts "
+        "only there; a balanced one only prefers it, and kube-scheduler starts it pod by pod elsewhere as soon as "
+        "the cluster has room. Distributed spreads for failure isolation by design and is expected to lose on "
+        "all-reduce.",
         "- **Metrics:** *tightest static* = the job sits in the narrowest level (NVLink domain, node, leaf, spine, "
         "zone, cluster) that could hold it in an empty cluster; *tightest available* = no narrower domain had room for the "
         "whole job (by pod shape) at decision time, checked over every domain; nodes and leaves spanned; all-reduce "

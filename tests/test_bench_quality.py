@@ -230,7 +230,8 @@ def test_run_time_stretches_with_the_comm_share():
 # -- our core in the simulator ------------------------------------------------------------------------------
 
 def test_balanced_decides_like_consolidated():
-    """Why the benchmark runs balanced only once: the core gives it the same placement."""
+    """The core gives balanced the same decision; the two differ only in what the mutation writes,
+    which the simulator follows (test_a_wait_pins_consolidated_and_only_prefers_balanced)."""
     rng = random.Random(3)
     cluster = fabric.SimCluster(SMALL)
     ours = policies.Ours(Strategy.CONSOLIDATED, costmodel.Network())
