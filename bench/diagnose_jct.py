@@ -47,6 +47,9 @@ class Observed(Policy):
     def __init__(self, inner: Policy) -> None:
         self.inner, self.name = inner, inner.name
         self.opened = self.into_whole_leaf = self.single = 0
+        self.starts = self.into_a_pin = 0  # jobs started; ... on a node some other job waits pinned to
+        self.ours = [p for p in (inner, getattr(inner, "single", None), getattr(inner, "multi", None))
+                     if isinstance(p, Ours)]
 
     def reset(self, cluster, seed: int) -> None:
         super().reset(cluster, seed)
@@ -54,6 +57,11 @@ class Observed(Policy):
 
     def place(self, job: Job) -> list[PodPlacement] | None:
         pods = self.inner.place(job)
+        if pods is not None:
+            self.starts += 1
+            pinned = {i for ours in self.ours for other, (wait, nodes) in ours.waiting.items()
+                      if other != job.job_id and not ours.anywhere_for(wait) for i in nodes}
+            self.into_a_pin += any(self.cluster.position[node] in pinned for node, _ in pods)
         if pods is not None and job.pods == 1 and job.gpus < GPUS_PER_NODE:
             cluster = self.cluster
             node = cluster.by_name[pods[0][0]]
@@ -120,6 +128,7 @@ def figures(result: engine.RunResult, observed: Observed, window: int | None) ->
         "fgd": statistics.fmean(f for _, f in result.fragmentation) if result.fragmentation else 0.0,
         "opened": observed.opened / max(1, observed.single),
         "whole_leaf": observed.into_whole_leaf / max(1, observed.single),
+        "into_pin": observed.into_a_pin / max(1, observed.starts),
         "unstarted": result.unstarted}
     return out
 
@@ -141,14 +150,14 @@ def render(results: dict, cells, seeds, keys) -> str:
                              f"{mean['leaves']:.2f} |")
         lines += ["", "| policy | queued jobs | 9+ GPU jobs in the first 64 | free GPUs | partly used nodes | "
                       "idle nodes | whole leaves | leaves with a partly used node | FGD | jobs of 1-7 GPUs opening an "
-                      "idle node | ... in a whole leaf | unstarted |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                      "idle node | ... in a whole leaf | jobs started inside another's pin | unstarted |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for key in keys:
             c = {f: statistics.fmean(results[trace, load, s, key]["cluster"][f] for s in seeds)
                  for f in results[trace, load, seeds[0], key]["cluster"]}
             lines.append(f"| {key} | {c['queued']:.0f} | {c['head_multi']:.1f} | {c['free']:.0f} | {c['partly']:.1f} | "
                          f"{c['idle']:.1f} | {c['whole_leaves']:.2f} | {c['leaves_partly']:.1f} | {c['fgd']:.3f} | {100 * c['opened']:.1f}% | "
-                         f"{100 * c['whole_leaf']:.1f}% | {c['unstarted']:.0f} |")
+                         f"{100 * c['whole_leaf']:.1f}% | {100 * c['into_pin']:.1f}% | {c['unstarted']:.0f} |")
         if "kueue" in keys and len(seeds) > 1:
             lines += ["", "Paired against Kueue TAS BestFit on the same streams (bench/protocol.py; mean JCT, s):", "",
                       "| bucket | policy | - Kueue | 95% interval | won | verdict |", "|---|---|---:|---:|---:|---|"]

@@ -269,7 +269,11 @@ class Ours(Policy):
 
     def anywhere(self, job: Job) -> bool:
         wait = self.waiting.get(job.job_id)
-        return wait is None or not pins(wait[0], self.config)
+        return wait is None or self.anywhere_for(wait[0])
+
+    def anywhere_for(self, wait: Decision) -> bool:
+        """Whether a job told `wait` may still go anywhere (only prefers the domain it names)."""
+        return not pins(wait, self.config)
 
     def place(self, job: Job) -> list[PodPlacement] | None:
         if job.job_id in self.waiting:
