@@ -209,25 +209,33 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
     # A job that had to wait still has to while nothing was given back since: taking GPUs never
     # makes a job fit (every policy's fit is monotone in free GPUs), so it is not asked again.
     # The simulator spent most of its time in such repeated waits at high load.
+    # So after an arrival (no release since the last pass) only the new job can start, unless a job
+    # that may go anywhere and is no larger failed since the last release: `epoch_smallest`.
     releases = 0
     waited_at: dict[str, int] = {}
+    epoch_smallest: int | None = None
 
-    def schedule_pass() -> None:
-        smallest_failure = None
-        for job in list(queue if window is None else queue[:window]):
+    def schedule_pass(arrived: Job | None) -> None:
+        nonlocal epoch_smallest
+        if window is None and arrived is not None:
+            candidates, smallest_failure = [arrived], epoch_smallest
+        else:
+            candidates, smallest_failure = list(queue if window is None else queue[:window]), None
+        for job in candidates:
             if cluster.used == cluster.spec.gpus:
                 break  # nothing fits anywhere
-            if smallest_failure is not None and job.gpus >= smallest_failure:
+            gpus = job.gpus
+            if smallest_failure is not None and gpus >= smallest_failure:
                 continue
             if waited_at.get(job.job_id) == releases:
                 if policy.anywhere(job):
-                    smallest_failure = job.gpus
+                    smallest_failure = gpus
                 continue
             pods = None
             try:
                 if job.gpus > cluster.spec.gpus:
                     raise NeverFits(f"{job.gpus} GPUs exceed the cluster")
-                if job.gpus <= cluster.spec.gpus - cluster.used:
+                if gpus <= cluster.spec.gpus - cluster.used:
                     began = time.perf_counter()
                     pods = policy.place(job)
                     result.decision_seconds.append(time.perf_counter() - began)
@@ -237,13 +245,14 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
                 continue
             if pods is None:
                 if policy.anywhere(job):
-                    smallest_failure = job.gpus
+                    smallest_failure = gpus
                 waited_at[job.job_id] = releases
-                if job.gpus <= cluster.spec.gpus - cluster.used:  # the policy was asked and said wait
+                if gpus <= cluster.spec.gpus - cluster.used:  # the policy was asked and said wait
                     result.waits[job.job_id] = result.waits.get(job.job_id, 0) + 1
                 continue
             queue.remove(job)
             start(job, pods)
+        epoch_smallest = smallest_failure
 
     while next_arrival < len(jobs) or finishes:
         arrival_t = jobs[next_arrival].submit_s if next_arrival < len(jobs) else float("inf")
@@ -266,10 +275,12 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
             for node, ids in pods:
                 cluster.give_back(node, ids)
             policy.finished(job, pods)
+            arrived = None
         else:
-            queue.append(jobs[next_arrival])
+            arrived = jobs[next_arrival]
+            queue.append(arrived)
             next_arrival += 1
-        schedule_pass()
+        schedule_pass(arrived)
     result.unstarted = len(queue)
     result.allocation = allocated_gpu_seconds / (cluster.spec.gpus * (horizon - warmup)) if horizon > warmup else 0.0
     return result

@@ -266,10 +266,10 @@ class Ours(Policy):
         self.index = ClusterIndex.from_objects(self.config, cluster.node_objects, [])
         self.labels = [o["metadata"]["labels"] for o in cluster.node_objects]
         self.waiting: dict[str, tuple[Decision, list[int]]] = {}  # job id -> its wait and the nodes it names
+        self.held: set[str] = set()  # ids of the waiting jobs held to their domain (pinned)
 
     def anywhere(self, job: Job) -> bool:
-        wait = self.waiting.get(job.job_id)
-        return wait is None or self.anywhere_for(wait[0])
+        return job.job_id not in self.held
 
     def anywhere_for(self, wait: Decision) -> bool:
         """Whether a job told `wait` may still go anywhere (only prefers the domain it names)."""
@@ -282,6 +282,8 @@ class Ours(Policy):
         if decision.outcome is Outcome.WAIT:
             if self.pinned and decision.scope is not None and decision.requirements:
                 self.waiting[job.job_id] = (decision, self._nodes_of(decision))
+                if not self.anywhere_for(decision):
+                    self.held.add(job.job_id)
             return None
         return self._assignment(decision)
 
@@ -319,12 +321,13 @@ class Ours(Policy):
             if decision.outcome is Outcome.PLACED and all(a.node in inside for a in decision.assignment):
                 return self._assignment(decision)
             return None  # not expected: a preferred domain with room is searched first
-        if pins(wait, self.config):
+        if job.job_id in self.held:
             return None
         return kube_scheduler_with_preference(cluster, self.rng, job, set(nodes))
 
     def started(self, job: Job, pods: list[PodPlacement]) -> None:
         self.waiting.pop(job.job_id, None)
+        self.held.discard(job.job_id)
         for pod in self._pods(job, pods):
             self.index.upsert_pod(pod)
 
