@@ -24,10 +24,12 @@ submit order and starts every job the policy places now. What it stands for:
   waiting) and starved the small jobs behind them. Kept only to reproduce earlier figures.
 
 Two shortcuts keep a pass cheap, neither changing what starts: a job that had to wait is not asked
-again until some job has ended, and once a job of k GPUs that could go anywhere (the policy says
-`anywhere`) failed, jobs of k or more GPUs are skipped for the rest of that pass: every policy's fit
-is monotone in free GPUs and in size, so nothing of that size fits until something is freed. A job
-held to one domain (ours consolidated, waiting inside its pin) failing says nothing of the others.
+again until some job has ended, and once a job of p pods of g GPUs that could go anywhere (the
+policy says `anywhere`) failed, jobs of p or more pods of g or more GPUs are skipped until something
+is freed: every policy's fit is monotone in free GPUs, pod count and pod size. (Before 25 Nov 2026
+the skip went by total GPUs, which is the same for the sampled streams, whose jobs are one pod or
+pods of 8, but not for a replayed trace's worker shapes.) A job held to one domain (ours
+consolidated, waiting inside its pin) failing says nothing of the others.
 """
 from __future__ import annotations
 
@@ -157,6 +159,12 @@ def pod_size_shares(jobs: tuple[Job, ...]) -> dict[int, float]:
     return {size: n / total for size, n in counts.items()}
 
 
+def note_failure(failed: list[tuple[int, int]], shape: tuple[int, int]) -> None:
+    """Add (pods, GPUs per pod) to the shapes that found no room, dropping those it covers: the list
+    stays the few shapes no other one covers."""
+    failed[:] = [f for f in failed if not (f[0] >= shape[0] and f[1] >= shape[1])] + [shape]
+
+
 def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int | None = None) -> RunResult:
     """One policy over the workload's stream; `window` (None: the whole queue) caps how many queued
     jobs a pass looks at (see the module docstring)."""
@@ -210,26 +218,26 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
     # makes a job fit (every policy's fit is monotone in free GPUs), so it is not asked again.
     # The simulator spent most of its time in such repeated waits at high load.
     # So after an arrival (no release since the last pass) only the new job can start, unless a job
-    # that may go anywhere and is no larger failed since the last release: `epoch_smallest`.
+    # that may go anywhere and is no larger failed since the last release (`epoch_failed`).
     releases = 0
     waited_at: dict[str, int] = {}
-    epoch_smallest: int | None = None
+    epoch_failed: list[tuple[int, int]] = []
 
     def schedule_pass(arrived: Job | None) -> None:
-        nonlocal epoch_smallest
+        nonlocal epoch_failed
         if window is None and arrived is not None:
-            candidates, smallest_failure = [arrived], epoch_smallest
+            candidates, failed = [arrived], epoch_failed
         else:
-            candidates, smallest_failure = list(queue if window is None else queue[:window]), None
+            candidates, failed = list(queue if window is None else queue[:window]), []
         for job in candidates:
             if cluster.used == cluster.spec.gpus:
                 break  # nothing fits anywhere
-            gpus = job.gpus
-            if smallest_failure is not None and gpus >= smallest_failure:
-                continue
+            gpus, shape = job.gpus, (job.pods, job.gpus_per_pod)
+            if any(shape[0] >= pods and shape[1] >= per_pod for pods, per_pod in failed):
+                continue  # as many pods, each as large, as a job that found no room anywhere
             if waited_at.get(job.job_id) == releases:
                 if policy.anywhere(job):
-                    smallest_failure = gpus
+                    note_failure(failed, shape)
                 continue
             pods = None
             try:
@@ -245,14 +253,14 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
                 continue
             if pods is None:
                 if policy.anywhere(job):
-                    smallest_failure = gpus
+                    note_failure(failed, shape)
                 waited_at[job.job_id] = releases
                 if gpus <= cluster.spec.gpus - cluster.used:  # the policy was asked and said wait
                     result.waits[job.job_id] = result.waits.get(job.job_id, 0) + 1
                 continue
             queue.remove(job)
             start(job, pods)
-        epoch_smallest = smallest_failure
+        epoch_failed = failed
 
     while next_arrival < len(jobs) or finishes:
         arrival_t = jobs[next_arrival].submit_s if next_arrival < len(jobs) else float("inf")

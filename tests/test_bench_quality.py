@@ -423,3 +423,14 @@ def test_kube_scheduler_fills_the_preferred_nodes_first_then_the_emptiest():
     assert sorted(cluster.position[n] for n, _ in pods) == [0, 1, 3, 3]
     assert policies.kube_scheduler_with_preference(cluster, random.Random(1), traces.Job("j", 0, 1, 8, 2),
                                                    preferred) is None  # 7 pods of 2 fit: a gang waits whole
+
+
+def test_a_failed_job_holds_back_only_jobs_of_as_many_pods_each_as_large():
+    """Four nodes with one GPU free each: a 1 x 4 job waits, and a 4 x 1 job behind it (a replayed
+    trace's worker shape) starts: skipping it by its 4 GPUs in all would be an artifact."""
+    spec = fabric.ClusterSpec(zones=1, spines_per_zone=1, leaves_per_spine=1, nodes_per_leaf=4)
+    jobs = tuple(traces.Job(f"fill{i}", 0, 1000, 1, 7) for i in range(4)) + (
+        traces.Job("one-pod", 1, 10, 1, 4), traces.Job("four-pods", 2, 10, 4, 1))
+    workload = engine.Workload(spec, costmodel.Network(), jobs, 0.0, 1e9, 1, 0.0)
+    starts = {r.job.job_id: r.start_s for r in engine.run(workload, policies.most_allocated()).records}
+    assert starts["four-pods"] == 2 and starts["one-pod"] == 1000
