@@ -134,7 +134,8 @@ class KueueBestFit(Policy):
     keps/2724-topology-aware-scheduling), default profile, over levels zone > spine > leaf >
     hostname with pod counts per domain. Multi-pod jobs ask `podset-preferred-topology: leaf` (BestFit,
     escalating a level at a time; at the top level several zones are gathered). Single-pod jobs carry
-    no annotation and are therefore unconstrained: LeastFreeCapacity at hostname level."""
+    no annotation and are therefore unconstrained: LeastFreeCapacity at hostname level. Its queue is
+    the engine's, which stands for a ClusterQueue with BestEffortFIFO (bench/engine.py)."""
 
     name = "Kueue TAS BestFit"
     LEVELS = ("zone", "spine", "leaf")
