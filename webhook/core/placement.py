@@ -26,9 +26,9 @@ from . import estimate, orderings
 from .config import HOSTNAME_LABEL
 from .filters import expression_matches, node_matches, tolerates
 from .growth import TOPOLOGY_IN_ADVANCE, Pool
-from .model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN,
-                    UNKNOWN_LEVEL, Decision, DomainRef, Interconnect, NodeAssignment, NodeRequirement, Outcome,
-                    PlacementRequest, Strategy)
+from .model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW,
+                    UNKNOWN_DOMAIN, UNKNOWN_LEVEL, Decision, DomainRef, Interconnect, NodeAssignment, NodeRequirement,
+                    Outcome, PlacementRequest, Strategy)
 from .topology import Domain, NodeState, TopologyTree
 
 Member = Union[Domain, NodeState]  # a place in the tree: a domain or a node

@@ -22,8 +22,8 @@ import json
 import logging
 import re
 import uuid
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core import injection
