@@ -32,6 +32,7 @@ from .model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, EXCEEDS_NODES, GROWS_PO
 from .topology import Domain, NodeState, TopologyTree
 
 Member = Union[Domain, NodeState]  # a place in the tree: a domain or a node
+MAX_NAMED_NODES = 256  # nodes a pin may name one by one
 
 
 # -- tree helpers --------------------------------------------------------------------------------
@@ -393,6 +394,14 @@ def _requirements(subset: TopologyTree, scope: Member, used: Iterable[NodeState]
         merged[key] = (value(key, name),) if name else ()
     # A node right under the cluster (no levels, e.g. hostname-only) is its own lowest domain.
     lowest = {node.domain.path[-1] if node.domain.path else (HOSTNAME_LABEL, node.name) for node in used}
+    if not lowest and any(not name for _, name in scope.path):
+        # A wait into an unnamed domain: labels cannot tell its nodes from nodes that lack every
+        # label from that level down (each alone), so its nodes are named; past a few hundred the
+        # wait is not pinned at all (never wider than the decision, never a huge affinity).
+        members = {_hostname(node) for node in _nodes_under(scope)}
+        if len(members) > MAX_NAMED_NODES:
+            return ()
+        merged[HOSTNAME_LABEL] = tuple(sorted(members))
     if len({key for key, _ in lowest}) == 1:
         key = next(iter(lowest))[0]
         merged[key] = tuple(sorted({value(key, name) for _, name in lowest}))
