@@ -160,3 +160,19 @@ def test_no_configuration_fails_open_pins_stay_inside_the_decision_and_a_second_
     second = admission.review(make_review(mutated, uid=str(uuid.uuid4())), index, config)
     assert second.outcome != "failed-open", second.error
     assert second.review["response"]["allowed"] and wire_patch(second.review["response"]) == [], second.outcome
+    if obj["kind"] in CONTROLLERS:  # a pod its controller makes from our template (the repair check)
+        for template in pod_templates(mutated):
+            pod = controller_pod(obj, template)
+            made = admission.review(make_review(pod, uid=str(uuid.uuid4())), index, config)
+            assert made.outcome != "failed-open", made.error
+
+
+CONTROLLERS = ("Job", "Deployment", "StatefulSet", "ReplicaSet")
+
+
+def controller_pod(owner: dict, template: dict) -> dict:
+    meta = copy.deepcopy(template.get("metadata") or {})
+    meta.update(name=f"{owner['metadata']['name']}-x1", namespace=owner["metadata"]["namespace"],
+                ownerReferences=[{"apiVersion": owner["apiVersion"], "kind": owner["kind"],
+                                  "name": owner["metadata"]["name"], "uid": "u-1", "controller": True}])
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": copy.deepcopy(template["spec"])}

@@ -19,20 +19,20 @@ from typing import Callable, Sequence
 import yaml
 
 from . import __version__
+from .core.cluster import ClusterIndex
+from .core.config import DEFAULT_PORT, Config, ConfigError, load_config
+from .core.dra import DRA_KINDS, in_namespace
+from .core.growth import is_growth_object
 from .discover import command as discover_command
 from .kube import certbootstrap, demo
-from .objects import admission
-from .serving import certs, logs
-from .serving.app import Readiness, create_app
-from .core.cluster import ClusterIndex
-from .core.dra import DRA_KINDS, in_namespace
 from .kube.claims import DEFAULT_BUDGET_SECONDS
 from .kube.clusterview import ApiFeed, own_namespace
-from .core.config import DEFAULT_PORT, ConfigError, Config, load_config
-from .core.growth import is_growth_object
 from .kube.kubeclient import api_client_from
+from .objects import admission
 from .objects.manifests import ManifestError, read_objects
 from .objects.overview import RecentDecisions
+from .serving import certs, logs
+from .serving.app import Readiness, create_app
 from .serving.metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
 from .serving.server import METRICS_BACKLOG, THREADS_PER_WORKER, ServeOptions, WebhookServer, start_metrics_server
 from .serving.topology_page import page_app, write_page

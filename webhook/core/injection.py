@@ -11,9 +11,9 @@ are ours) and the writing side (mutation) use this module; it holds no logic of 
 from __future__ import annotations
 
 import json
-from typing import Any
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from .model import ANNOTATION_PREFIX
 

@@ -14,6 +14,7 @@ from .facts import EXIT_OK, EXIT_USAGE, DiscoveryError
 from .nvml import load_nvml, read_node
 from .publish import NodeApi, publish
 
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)

@@ -277,7 +277,7 @@ class ApiClaims:
                 return
             claims = self._kept()
             for pending in current:
-                hold = self.index.ledger.holds.get(pending.key)
+                hold = self.index.ledger.hold(pending.key)
                 if hold is not None:
                     claims[pending.key] = {
                         "expires": round(hold.expires_at - self.index.ledger.clock() + self.wall(), 3),
@@ -291,7 +291,7 @@ class ApiClaims:
         """The applied claims this ledger still holds and whose time has not run out."""
         now = self.wall()
         return {key: claim for key, claim in self._applied.items()
-                if key in self.index.ledger.holds and claim["expires"] > now}
+                if self.index.ledger.hold(key) is not None and claim["expires"] > now}
 
     def _body(self, claims: dict[str, dict]) -> dict:
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -42,12 +42,12 @@ from kubernetes import client as k8s_client
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
-from .scaleups import ApiScaleUps
-from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
+from ..core import dra
 from ..core.cluster import ClusterIndex, pod_key
 from ..core.config import Config
-from ..core import dra
 from ..core.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND, object_key
+from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
+from .scaleups import ApiScaleUps
 
 log = logging.getLogger(__name__)
 

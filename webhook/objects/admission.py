@@ -22,8 +22,8 @@ import json
 import logging
 import re
 import uuid
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core import injection
@@ -305,8 +305,9 @@ def _repaired(request: _Request, obj: dict, index: "ClusterIndex", config: Confi
     Then this pod alone is pinned to the nearest domain with room (as preferred-domain widens),
     never wider than the workload's max-domain and always inside the user's own constraints."""
     pinned = injection.recorded(obj).required
-    if not pinned or not pinned[0]:
-        return _result(request, "ignored")  # only preferred: the scheduler already goes elsewhere
+    named = [e for e in (pinned[0] if pinned else ()) if e.get("operator") == "In"]
+    if not named:  # only preferred, or only unnamed domains: nothing to read the capacity of by label
+        return _result(request, "ignored")
     if any(e.get("key") in POOL_LABELS for e in pinned[0]):
         return _result(request, "ignored")  # steered to a pool that grows: its nodes are yet to come
     key = injection.reservation_of(obj)
@@ -323,7 +324,7 @@ def _repaired(request: _Request, obj: dict, index: "ClusterIndex", config: Confi
     if wanted.request is None:
         return _result(request, "ignored")
     who = workload.display_name("Pod", obj, request.namespace)
-    deepest = pinned[0][-1]
+    deepest = named[-1]
     domain = f"{deepest['key']}={deepest['values'][0]}"
     if wanted.request.max_domain is not None:
         return _result(request, "ignored", warnings=[

@@ -18,8 +18,8 @@ divided by the pod's own GPUs. Pure: objects in, values out.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ..core.dra import pod_group_of
 from ..core.ledger import reservation_key

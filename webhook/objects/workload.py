@@ -19,22 +19,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core.config import Config
 from ..core.dra import CLIQUE_LABEL, ClaimDemand, PodGroupFacts, pod_group_of
 from ..core.gpus import pod_gpus
-from . import groups
-from . import user_annotations as asked
-from .user_annotations import (GPU_COUNT, LATENCY_SENSITIVE, MAX_DOMAIN, NETWORK_BANDWIDTH, PEER_PREFERRED, PEER_REQUIRED,
-                               PREFERRED_DOMAIN, STRATEGY, InvalidAnnotation, InvalidWorkload)
-from .groups import GROUP_SIZE, InvalidGroup, Membership, membership
-from .kinds import ANY, KINDS, Templates
 from ..core.model import ANNOTATION_PREFIX, PlacementRequest, quoted
 from ..core.placer import on_nodes
 from ..core.resources import pod_requests
+from . import groups
+from . import user_annotations as asked
+from .groups import GROUP_SIZE, InvalidGroup, Membership, membership
+from .kinds import ANY, KINDS, Templates
+from .user_annotations import (GPU_COUNT, LATENCY_SENSITIVE, MAX_DOMAIN, NETWORK_BANDWIDTH, PEER_PREFERRED,
+                               PEER_REQUIRED, PREFERRED_DOMAIN, STRATEGY, InvalidAnnotation, InvalidWorkload)
 
 # The shape of the fields we read or write, as the API types them: the apiserver only sends
 # objects that decode into these, but offline manifests are whatever a file holds. A list holds

@@ -16,10 +16,10 @@ from typing import Any, Callable
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from ..objects import admission
-from ..objects.overview import RecentDecisions
 from ..core.cluster import ClusterIndex
 from ..core.config import HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH, Config
+from ..objects import admission
+from ..objects.overview import RecentDecisions
 from .logs import FIELDS
 from .metrics import Metrics
 

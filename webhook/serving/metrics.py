@@ -17,8 +17,7 @@ import platform
 from typing import Any, Callable, Iterable
 
 from prometheus_client import (CollectorRegistry, Counter, Histogram, PlatformCollector, ProcessCollector,
-                               disable_created_metrics, generate_latest, values)
-from prometheus_client import multiprocess
+                               disable_created_metrics, generate_latest, multiprocess, values)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 

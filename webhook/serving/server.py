@@ -38,8 +38,8 @@ from gunicorn.workers.gthread import TConn, ThreadWorker
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from .certs import ReloadingContext
 from ..core.config import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, TOPOLOGY_JSON_PATH, TOPOLOGY_PATH
+from .certs import ReloadingContext
 from .logs import GunicornLogger
 from .metrics import mark_worker_dead
 

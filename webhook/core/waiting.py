@@ -1,0 +1,241 @@
+"""When nothing fits now: the domain that will fit first (a wait, pinned there or preferred), a node
+pool that can grow to take it, or, when the nodes there are cannot hold it even idle, a wait pinned
+to nothing; and the sentences that say why. Pure."""
+from __future__ import annotations
+
+import heapq
+from typing import Callable, Sequence
+
+from . import walk
+from .config import HOSTNAME_LABEL
+from .filters import expression_matches, node_matches, tolerates
+from .growth import TOPOLOGY_IN_ADVANCE, Pool
+from .model import (EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN,
+                    Decision, DomainRef, NodeRequirement, Outcome, PlacementRequest, Strategy)
+from .topology import Domain, NodeState, TopologyTree
+from .walk import Member
+
+
+def onto_growth(subset: TopologyTree, request: PlacementRequest, pools: Sequence[Pool]) -> Decision | None:
+    """The nodes there are have no room for the request: the first pool (heaviest first) whose
+    new nodes may take its pods and that has room to add them, as a WAIT steered to the pool's
+    labels and kept inside one domain of the topology labels it fixes in advance; None if no
+    pool takes it."""
+    gpus, pods = request.gpus_per_pod, request.pods
+    ceiling = None if request.max_domain is None else _ceiling_label(subset, request.max_domain)
+    for pool in pools:
+        if not pool.takes(request) or (request.max_domain is not None and ceiling not in pool.fixed
+                                       and ceiling not in pool.choices and not (ceiling == HOSTNAME_LABEL and pods == 1)):
+            continue  # a max-domain ceiling is kept only where the pool fixes that level in advance
+        if not pool.room_for(request, 0) and not pool.room_for(request, sum(  # its nodes only when needed
+                subset.nodes[name].fits(gpus) for name in pool.members if name in subset.nodes)):
+            continue
+        pins = _pool_pins(subset, request, pool)
+        inside = ", ".join(f"{r.key}={r.values[0]}" for r in pins[1:])
+        size = f" of {pool.gpus_per_node} GPUs" if pool.gpus_per_node is not None else ""
+        room = f", {pool.room_nodes} more at most" if pool.room_nodes is not None else ""
+        reason = (f"{request.workload} needs {pods} pod(s) x {gpus} GPU(s); the nodes it may use hold "
+                  f"{subset.root.fits(gpus)} such pod(s) now, {subset.root.fits_idle(gpus)} when idle; {pool} can add "
+                  f"nodes{size}{room}: steered to it" + (f", inside {inside}" if inside else ""))
+        return Decision(Outcome.WAIT, request, DomainRef(-1, pool.kind, (pool.identity,)), requirements=pins,
+                        code=GROWS_POOL, reasons=(reason,))
+    return None
+
+
+def _ceiling_label(subset: TopologyTree, max_domain: str) -> str | None:
+    """The node label of a max-domain level (hostname for `node`); None when it names no level."""
+    labels = {lv.name: lv.label for lv in subset.config.levels} | {lv.label: lv.label for lv in subset.config.levels}
+    return (labels | {"node": HOSTNAME_LABEL, HOSTNAME_LABEL: HOSTNAME_LABEL}).get(max_domain.strip())
+
+
+def invalid_domain(index: TopologyTree, subset: TopologyTree, request: PlacementRequest) -> Decision | None:
+    """The denial of a preferred-domain or max-domain that names nothing: invalid input, whatever
+    the capacity."""
+    if request.preferred_domain:
+        found = walk.resolve(index, subset, request.preferred_domain)
+        if isinstance(found, str):
+            return Decision(Outcome.NEVER, request, None, code=UNKNOWN_DOMAIN, reasons=(found,))
+    if request.max_domain is not None and _ceiling_label(subset, request.max_domain) is None:
+        ceiling = walk.max_level(subset, request)
+        return ceiling if isinstance(ceiling, Decision) else None
+    return None
+
+
+def _pool_pins(subset: TopologyTree, request: PlacementRequest, pool: Pool) -> tuple[NodeRequirement, ...]:
+    """The pool's identity, then each topology label it fixes in advance, and for one it leaves
+    open (several zones) the first value the request's own constraints allow: a group stays in
+    one domain. A distributed workload is spread for failure isolation: only its identity."""
+    pins = [NodeRequirement(pool.identity[0], (pool.identity[1],))]
+    if request.strategy is Strategy.DISTRIBUTED and not request.latency_sensitive:
+        return tuple(pins)
+    for key in dict.fromkeys((*TOPOLOGY_IN_ADVANCE, *(lv.label for lv in subset.config.levels))):
+        if key == pool.identity[0]:
+            continue
+        if key in pool.fixed:
+            pins.append(NodeRequirement(key, (pool.fixed[key],)))
+            continue
+        allowed = [v for v in pool.choices.get(key, ()) if _request_allows(request, key, v)]
+        if allowed:
+            pins.append(NodeRequirement(key, (allowed[0],)))
+    return tuple(pins)
+
+
+def _request_allows(request: PlacementRequest, key: str, value: str) -> bool:
+    """Whether the request's own nodeSelector and some required term allow `key=value`."""
+    if request.node_selector.get(key, value) != value:
+        return False
+    return not request.required_node_terms or any(
+        all(expression_matches(e, {key: value}) for e in term.get("matchExpressions") or () if e.get("key") == key)
+        for term in request.required_node_terms)
+
+
+def beyond_the_nodes(index: TopologyTree, subset: TopologyTree, request: PlacementRequest) -> Decision:
+    """The nodes the request may use cannot hold it even when idle. Kubernetes keeps such pods
+    Pending until nodes are added, so this is a WAIT pinned to nothing (a pin on the labels of the
+    nodes there are would keep the new ones out). NEVER when no node could take even one pod by
+    its size (no node type it may use is large enough), when a max-domain ceiling no domain holds,
+    and for every case with `refuse_unplaceable` (a cluster that never grows)."""
+    gpus, pods = request.gpus_per_pod, request.pods
+    shape = f"{pods} pod(s) x {gpus} GPU(s)"
+    if subset.root.fits_idle(1) == 0:
+        refused_code = waiting_code = NO_MATCHING_NODES
+        reason = f"no GPU node is open to {request.workload}: " + exclusions(index, request)
+        too_large = _no_node_holds_one_pod(index, request)
+    else:
+        ceiling = walk.max_level(subset, request)
+        if isinstance(ceiling, Decision):
+            return ceiling
+        refused_code, waiting_code = EXCEEDS_CLUSTER, EXCEEDS_NODES
+        largest = max((n.alloc for n in subset.nodes.values()), default=0)
+        reason = (f"{request.workload} needs {shape}; even with every GPU free the nodes it may use hold "
+                  f"{subset.root.fits_idle(gpus)} such pod(s) (largest node: {largest} GPUs)")
+        too_large = subset.root.fits_idle(gpus) == 0
+    if too_large or subset.config.refuse_unplaceable:
+        why = f"; no node it may use takes a pod of {gpus} GPU(s)" if too_large else ""
+        return Decision(Outcome.NEVER, request, None, code=refused_code, reasons=(reason + why,))
+    reasons = [f"{reason}; it waits for nodes to be added"]
+    reasons.extend(_out_of_service(subset))
+    reasons.extend(_per_level(subset, pods, lambda d: d.fits_idle(gpus), " when idle"))
+    return Decision(Outcome.WAIT, request, None, code=waiting_code, reasons=tuple(reasons))
+
+
+def _no_node_holds_one_pod(index: TopologyTree, request: PlacementRequest) -> bool:
+    """Whether no GPU node of the cluster, whatever its labels and taints, could take one pod by
+    its size: its GPUs, and the other resources it requests. False when the cluster has no GPU
+    node at all: then there is no node type to judge by. The slow path only (a scan)."""
+    gpus = request.gpus_per_pod
+    if index.root.fits_idle(1) == 0:
+        return False
+    if index.root.fits_idle(gpus) == 0:
+        return True
+    return bool(request.resources) and not any(
+        node.alloc >= gpus and all(node.allocatable.get(name, 0) >= amount for name, amount in request.resources)
+        for node in index.nodes.values())
+
+
+def _out_of_service(subset: TopologyTree) -> list[str]:
+    if not subset.out_of_service:
+        return []
+    out = sorted(subset.out_of_service.items())
+    return [f"{len(out)} GPU node(s) out of service for now may return: " + ", ".join(
+        f"{name} ({why})" for name, why in out[:5]) + (", ..." if len(out) > 5 else "")]
+
+
+def _per_level(subset: TopologyTree, pods: int, fitting: Callable[[Domain], int], when: str = "") -> list[str]:
+    """Per level, narrowest first, the three domains where the most pods fit, and how many."""
+    lines = []
+    for level in range(len(subset.levels) - 1, -1, -1):
+        ranked = heapq.nsmallest(3, subset.levels[level].values(), key=lambda d: (-fitting(d), d.path))
+        if ranked:
+            lines.append(f"{subset.config.levels[level].name}: " + ", ".join(
+                f"{d.ref.name} {min(fitting(d), pods)} of {pods} pods fit{when}" for d in ranked))
+    return lines
+
+
+def decide(subset: TopologyTree, request: PlacementRequest, chain: list[Member]) -> Decision:
+    """Name the domain that will fit first: the deepest level with a domain that could ever hold
+    the workload, and in it the domain closest to fitting now; say per level how much fits."""
+    gpus, pods = request.gpus_per_pod, request.pods
+    target: Member | None = None
+    for scope in chain:
+        target = _node_first_to_fit(scope, gpus, pods)
+        if target is not None:
+            break
+        for level in range(len(subset.levels) - 1, scope.ref.level, -1):
+            able = [d for d in walk.at_level(scope, level) if d.fits_idle(gpus) >= pods]
+            if able:
+                target = min(able, key=lambda d: (-d.fits(gpus), -d.freeing, -d.free_gpus, d.path))
+                break
+        if target is not None:
+            break
+        if scope.fits_idle(gpus) >= pods:
+            target = scope
+            break
+    target = target or subset.root
+    freeing = f", {target.freeing} GPU(s) there being freed by terminating pods" if target.freeing else ""
+    reasons = [f"no domain has room for {pods} pod(s) x {gpus} GPU(s) now; {target.label} will fit first "
+               f"({target.fits(gpus)} of {pods} fit now, {target.fits_idle(gpus)} when idle{freeing})"]
+    reasons.extend(_out_of_service(subset))
+    reasons.extend(_per_level(subset, pods, lambda d: d.fits(gpus)))
+    return Decision(Outcome.WAIT, request, target.ref, domains=(target.ref,),
+                    requirements=walk.requirements(subset, target), code=NO_ROOM_NOW, reasons=tuple(reasons))
+
+
+def _node_first_to_fit(scope: Member, gpus: int, pods: int) -> NodeState | None:
+    """The node under `scope` that holds all `pods` once idle and is closest to fitting now: the
+    most pods fitting, then the most GPUs once terminating pods are gone, then the most free GPUs,
+    then the first by rack and name. None if no node could ever hold them.
+
+    Best first, not a scan of every node: a domain's priority, from its freest node and every GPU
+    being freed beneath it, is never worse than that of a node beneath it, so the first node taken
+    off the heap is the answer, and a wait on a full cluster looks at the domains on the way to it."""
+    need = gpus * pods  # a node holds all pods once idle iff alloc >= need: ever[need] > 0 below
+    if not scope.fits_idle(need):
+        return None
+    if isinstance(scope, NodeState):
+        return scope  # a preferred node
+    # Priorities are unique (paths and node names are), so members themselves are never compared.
+    heap: list[tuple[tuple[int, ...], tuple, str, Member]] = [(_node_bound(scope, gpus), scope.path, "", scope)]
+    while heap:
+        member = heapq.heappop(heap)[-1]
+        if isinstance(member, NodeState):
+            return member
+        for child in member.children.values():
+            if not child.fits_idle(need):
+                continue
+            if isinstance(child, Domain):
+                heapq.heappush(heap, (_node_bound(child, gpus), child.path, "", child))
+            else:
+                heapq.heappush(heap, (_wait_key(child.free, child.freeing, gpus), member.path, child.name, child))
+    return None
+
+
+def _node_bound(domain: Domain, gpus: int) -> tuple[int, int, int]:
+    """The best key any node below could have: its freest node's, with all GPUs being freed below."""
+    hist = domain.free_hist
+    top = len(hist) - 1
+    while top and not hist[top]:
+        top -= 1
+    return _wait_key(top, domain.freeing, gpus)
+
+
+def _wait_key(free: int, freeing: int, gpus: int) -> tuple[int, int, int]:
+    """Closest to fitting first: pods fitting now, then once terminating pods are gone, then free GPUs."""
+    return -(free // gpus), -((free + freeing) // gpus), -free
+
+
+def exclusions(index: TopologyTree, request: PlacementRequest) -> str:
+    """Why nodes were left out, counted per cause in a stable order (the slow path only)."""
+    causes: dict[str, int] = {}
+    for node in index.nodes.values():
+        if node.alloc <= 0:
+            cause = "no GPUs"
+        elif any(not tolerates(request.tolerations, t) for t in node.taints):
+            cause = "untolerated taint"
+        elif not node_matches(node, request):
+            cause = "nodeSelector, affinity or network-bandwidth"
+        else:
+            continue
+        causes[cause] = causes.get(cause, 0) + 1
+    counted = "; ".join(f"{cause}: {n}" for cause, n in sorted(causes.items()))
+    return f"{len(index.nodes)} node(s), excluded by {counted or 'nothing'}"
