@@ -93,7 +93,7 @@ def make(key: str, network, pinned: bool) -> Policy:
 
 def one(task) -> tuple:
     trace, load, seed, key, gpus, window, pinned = task
-    settings = replace(simulate.FULL, spec=CLUSTERS[gpus])
+    settings = simulate.QUICK if gpus == simulate.QUICK.spec.gpus else replace(simulate.FULL, spec=CLUSTERS[gpus])
     workload = simulate.workload_for(simulate.Scenario("main", trace, load, seed=seed), settings)
     policy = Observed(make(key, workload.network, pinned))
     began = time.perf_counter()
@@ -185,21 +185,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, help="queued jobs a pass looks at (default: all)")
     parser.add_argument("--unpinned", action="store_true", help="ours decided afresh at every pass")
     parser.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--quick", action="store_true", help="the quick cluster and stream of simulate.py; for tests")
     args = parser.parse_args(argv)
+    gpus = simulate.QUICK.spec.gpus if args.quick else args.gpus
     cells = [(trace, float(load)) for trace, load in (c.split(":") for c in args.cells)]
     window = engine.WINDOW if args.before else args.window
     pinned = not (args.before or args.unpinned)
     keys = [k for k in args.policies if pinned or k != "ours-balanced"]  # unpinned, balanced decides as consolidated
-    tasks = [(t, load, s, k, args.gpus, window, pinned) for t, load in cells for s in args.seeds for k in keys]
+    tasks = [(t, load, s, k, gpus, window, pinned) for t, load in cells for s in args.seeds for k in keys]
     tasks.sort(key=lambda t: "ours" not in t[3])
     began = time.perf_counter()
     results = {}
     with multiprocessing.Pool(args.processes) as pool:
-        for task, found, wall in pool.imap_unordered(one, tasks):
+        for task, found, wall in (pool.imap_unordered(one, tasks) if args.processes > 1 else map(one, tasks)):
             results[task[:4]] = found
             print(f"  {task[0]} {task[1]:g} seed {task[2]} {task[3]}: {wall:.0f} s", file=sys.stderr, flush=True)
     print(f"window {window or 'none (whole queue)'}, ours {'pinned/preferred on a wait' if pinned else 'unpinned'}; "
-          f"{args.gpus} GPUs; {time.perf_counter() - began:.0f} s wall\n")
+          f"{gpus} GPUs; {time.perf_counter() - began:.0f} s wall\n")
     print(render(results, cells, args.seeds, keys))
     return 0
 

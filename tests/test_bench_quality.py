@@ -434,3 +434,27 @@ def test_a_failed_job_holds_back_only_jobs_of_as_many_pods_each_as_large():
     workload = engine.Workload(spec, costmodel.Network(), jobs, 0.0, 1e9, 1, 0.0)
     starts = {r.job.job_id: r.start_s for r in engine.run(workload, policies.most_allocated()).records}
     assert starts["four-pods"] == 2 and starts["one-pod"] == 1000
+
+
+def test_jct_diagnosis_tables_every_policy_and_sees_pins_only_where_they_are_written(capsys):
+    from bench import diagnose_jct
+
+    def tables(*extra):
+        assert diagnose_jct.main(["--quick", "--cells", "helios_all:0.8", "--seeds", "7", "8", "--processes", "1",
+                                  *extra]) == 0
+        rows = [[c.strip() for c in line.strip("| ").split("|")] for line in capsys.readouterr().out.splitlines()
+                if line.startswith("| ")]
+        per_bucket = [r for r in rows if r[0] in diagnose_jct.BUCKETS and len(r) == 10]
+        cluster = {r[0]: r for r in rows if r[0] in diagnose_jct.POLICIES and len(r) == 13}
+        paired = [r for r in rows if r[0] in diagnose_jct.BUCKETS and len(r) == 6]
+        return per_bucket, cluster, paired
+
+    per_bucket, cluster, paired = tables()
+    assert {r[1] for r in per_bucket} == set(diagnose_jct.POLICIES) == set(cluster)
+    into_pin = {key: float(row[11].rstrip("%")) for key, row in cluster.items()}
+    assert into_pin["ours-consolidated"] > 0 and into_pin["kueue"] == into_pin["ours-balanced"] == 0
+    for row in paired:
+        low, high = (float(v.replace(",", "")) for v in row[3].strip("[]").split(", "))  # "[-1,412, +462]"
+        assert row[5] == ("ahead" if high < 0 else "behind" if low > 0 else "level")
+    per_bucket, cluster, _ = tables("--before")
+    assert "ours-balanced" not in {r[1] for r in per_bucket} and all(r[11] == "0.0%" for r in cluster.values())
