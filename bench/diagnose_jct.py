@@ -48,6 +48,7 @@ class Observed(Policy):
         self.inner, self.name = inner, inner.name
         self.opened = self.into_whole_leaf = self.single = 0
         self.starts = self.into_a_pin = 0  # jobs started; ... on a node some other job waits pinned to
+        self.pinned_share = 0.0  # sum over starts of the share of nodes under some other job's pin
         self.ours = [p for p in (inner, getattr(inner, "single", None), getattr(inner, "multi", None))
                      if isinstance(p, Ours)]
 
@@ -62,6 +63,7 @@ class Observed(Policy):
             pinned = {i for ours in self.ours for other, (wait, nodes) in ours.waiting.items()
                       if other != job.job_id and not ours.anywhere_for(wait) for i in nodes}
             self.into_a_pin += any(self.cluster.position[node] in pinned for node, _ in pods)
+            self.pinned_share += len(pinned) / len(self.cluster.nodes)
         if pods is not None and job.pods == 1 and job.gpus < GPUS_PER_NODE:
             cluster = self.cluster
             node = cluster.by_name[pods[0][0]]
@@ -129,6 +131,7 @@ def figures(result: engine.RunResult, observed: Observed, window: int | None) ->
         "opened": observed.opened / max(1, observed.single),
         "whole_leaf": observed.into_whole_leaf / max(1, observed.single),
         "into_pin": observed.into_a_pin / max(1, observed.starts),
+        "pinned_nodes": observed.pinned_share / max(1, observed.starts),
         "unstarted": result.unstarted}
     return out
 
@@ -150,14 +153,15 @@ def render(results: dict, cells, seeds, keys) -> str:
                              f"{mean['leaves']:.2f} |")
         lines += ["", "| policy | queued jobs | 9+ GPU jobs in the first 64 | free GPUs | partly used nodes | "
                       "idle nodes | whole leaves | leaves with a partly used node | FGD | jobs of 1-7 GPUs opening an "
-                      "idle node | ... in a whole leaf | jobs started inside another's pin | unstarted |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                      "idle node | ... in a whole leaf | jobs started inside another's pin | nodes under a pin then | unstarted |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for key in keys:
             c = {f: statistics.fmean(results[trace, load, s, key]["cluster"][f] for s in seeds)
                  for f in results[trace, load, seeds[0], key]["cluster"]}
             lines.append(f"| {key} | {c['queued']:.0f} | {c['head_multi']:.1f} | {c['free']:.0f} | {c['partly']:.1f} | "
                          f"{c['idle']:.1f} | {c['whole_leaves']:.2f} | {c['leaves_partly']:.1f} | {c['fgd']:.3f} | {100 * c['opened']:.1f}% | "
-                         f"{100 * c['whole_leaf']:.1f}% | {100 * c['into_pin']:.1f}% | {c['unstarted']:.0f} |")
+                         f"{100 * c['whole_leaf']:.1f}% | {100 * c['into_pin']:.1f}% | {100 * c['pinned_nodes']:.0f}% | "
+                         f"{c['unstarted']:.0f} |")
         if "kueue" in keys and len(seeds) > 1:
             lines += ["", "Paired against Kueue TAS BestFit on the same streams (bench/protocol.py; mean JCT, s):", "",
                       "| bucket | policy | - Kueue | 95% interval | won | verdict |", "|---|---|---:|---:|---:|---|"]

@@ -445,7 +445,7 @@ def test_jct_diagnosis_tables_every_policy_and_sees_pins_only_where_they_are_wri
         rows = [[c.strip() for c in line.strip("| ").split("|")] for line in capsys.readouterr().out.splitlines()
                 if line.startswith("| ")]
         per_bucket = [r for r in rows if r[0] in diagnose_jct.BUCKETS and len(r) == 10]
-        cluster = {r[0]: r for r in rows if r[0] in diagnose_jct.POLICIES and len(r) == 13}
+        cluster = {r[0]: r for r in rows if r[0] in diagnose_jct.POLICIES and len(r) == 14}
         paired = [r for r in rows if r[0] in diagnose_jct.BUCKETS and len(r) == 6]
         return per_bucket, cluster, paired
 
