@@ -249,9 +249,10 @@ class Ours(Policy):
       first, and the job is not decided again. It starts once that domain holds every pod: our best
       fit inside it (ours asked with it as the preferred domain; for a node, the device plugin's
       GPU choice there). Until then it waits, whatever room opens elsewhere.
-    - Wait, balanced (the default strategy): the pods only prefer that domain (weight 100). Once it
-      holds every pod, as for consolidated. Before that, as soon as the cluster holds them,
-      kube-scheduler places them pod by pod (`kube_scheduler_with_preference`) instead of waiting.
+    - Wait, balanced (the default strategy), and distributed, whose wait the mutation also writes as
+      a preference: the pods only prefer that domain (weight 100). Once it holds every pod, as for
+      consolidated. Before that, as soon as the cluster holds them, kube-scheduler places them pod
+      by pod (`kube_scheduler_with_preference`) instead of waiting.
 
     `pinned=False` decides the job afresh at every pass, as if nothing had been written on a
     wait: how the simulator ran before 25 Nov 2026, kept to reproduce earlier figures."""
