@@ -43,17 +43,17 @@ OPERATOR_OBJECTS = [o for path in sorted((pathlib.Path(__file__).parents[1] / "e
 @st.composite
 def configurations(draw) -> Config:
     shape = draw(st.sampled_from(["list", "hostname-only", "preset", "auto"]))
-    pin = draw(st.booleans())
+    policy = {"pin_when_waiting": draw(st.booleans()), "refuse_unplaceable": draw(st.booleans())}
     if shape == "auto":  # the default: the index picks the preset from the nodes' labels
-        return Config(pin_when_waiting=pin)
+        return Config(**policy)
     if shape == "preset":
-        return Config(levels=PRESETS[draw(st.sampled_from(sorted(PRESETS)))], levels_auto=False, pin_when_waiting=pin)
+        return Config(levels=PRESETS[draw(st.sampled_from(sorted(PRESETS)))], levels_auto=False, **policy)
     if shape == "hostname-only":
-        return Config(levels=levels_from([HOSTNAME_LABEL]), levels_auto=False, pin_when_waiting=pin)
+        return Config(levels=levels_from([HOSTNAME_LABEL]), levels_auto=False, **policy)
     keys = draw(st.lists(st.sampled_from(LEVEL_KEYS), min_size=1, max_size=5, unique=True))
     if draw(st.booleans()):
         keys.append(HOSTNAME_LABEL)
-    return Config(levels=levels_from(keys), levels_auto=False, pin_when_waiting=pin)
+    return Config(levels=levels_from(keys), levels_auto=False, **policy)
 
 
 @st.composite
