@@ -293,17 +293,9 @@ def test_backoff_grows_with_jitter_up_to_the_cap_and_resets():
 
 def test_api_client_from_kubeconfig_reaches_the_server(fake, tmp_path):
     fake.put_node(make_node("n1", LABELS))
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(f"""
-apiVersion: v1
-kind: Config
-clusters: [{{name: fake, cluster: {{server: "{fake.url}"}}}}]
-users: [{{name: me, user: {{token: abc}}}}]
-contexts: [{{name: here, context: {{cluster: fake, user: me}}}}]
-current-context: here
-""")
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", fake)
     from kubernetes.client import CoreV1Api
-    nodes = CoreV1Api(api_client_from(str(kubeconfig))).list_node()
+    nodes = CoreV1Api(api_client_from(kubeconfig)).list_node()
     assert [n.metadata.name for n in nodes.items] == ["n1"]
 
 
