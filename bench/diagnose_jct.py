@@ -56,6 +56,9 @@ class Observed(Policy):
         super().reset(cluster, seed)
         self.inner.reset(cluster, seed)
 
+    def tick(self, now: float) -> None:
+        self.inner.tick(now)
+
     def place(self, job: Job) -> list[PodPlacement] | None:
         pods = self.inner.place(job)
         if pods is not None:
@@ -88,6 +91,9 @@ def make(key: str, network, pinned: bool) -> Policy:
     def ours(strategy: Strategy = Strategy.CONSOLIDATED) -> Policy:
         return Ours(strategy, network, pinned=pinned)
 
+    if key.startswith("ours-consolidated-"):  # a rule of issue 26 switched off
+        return Ours(Strategy.CONSOLIDATED, network, pinned=pinned, label=key[len("ours-consolidated"):],
+                    **simulate.WAIT_ABLATIONS[key[len("ours-consolidated-"):]])
     return {"ours-consolidated": ours, "ours-balanced": lambda: ours(Strategy.BALANCED), "kueue": KueueBestFit,
             "ours-single+kueue-multi": lambda: BySize("ours single, Kueue multi", ours(), KueueBestFit()),
             "kueue-single+ours-multi": lambda: BySize("Kueue single, ours multi", KueueBestFit(), ours())}[key]()
@@ -184,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cells", nargs="+", metavar="TRACE:LOAD", required=True)
     parser.add_argument("--seeds", type=int, nargs="+", required=True)
     parser.add_argument("--gpus", type=int, choices=sorted(CLUSTERS), default=512)
-    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES),
+                        choices=POLICIES + tuple(f"ours-consolidated-{name}" for name in simulate.WAIT_ABLATIONS))
     parser.add_argument("--before", action="store_true", help="window 64 and ours unpinned: the old simulator")
     parser.add_argument("--window", type=int, help="queued jobs a pass looks at (default: all)")
     parser.add_argument("--unpinned", action="store_true", help="ours decided afresh at every pass")

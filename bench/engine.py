@@ -277,6 +277,7 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
                 result.fragmentation.append((sampled, ratio))
             result.states.append(sample_cluster(cluster, sampled, queue))
         now = t
+        policy.tick(now)
         if finish_t <= arrival_t:
             _, _, pods, job = heapq.heappop(finishes)
             releases += 1

@@ -34,6 +34,8 @@ OURS = "ours-consolidated"
 OURS_VARIANTS = (OURS, "ours-balanced")
 BASELINES = ("spread", "best-fit", "random", "kueue")
 BUCKETS = ("9-64", "65+")  # buckets above one node
+SINGLE_NODE = ("1", "2-8")
+JCT = "JCT "  # a row's bucket starts with it when it compares mean job completion time
 # Same zone > spine > leaf > node shape at three sizes; load is relative to the cluster's GPUs.
 CLUSTERS = {512: ClusterSpec(),
             2048: ClusterSpec(zones=2, spines_per_zone=4, leaves_per_spine=4, nodes_per_leaf=8),
@@ -56,9 +58,10 @@ def verdicts(results, cells, seeds, rng: random.Random, variants=(OURS,)) -> lis
     """Rows (trace, load, bucket or 'allocation', baseline, protocol.Paired, ours' variant) for every
     comparison."""
     rows = []
+    ablated = tuple(v for v in variants if v.startswith(f"{OURS}-"))  # also paired with ours: what each rule buys
     for variant in variants:
         for trace, load in cells:
-            for baseline in BASELINES:
+            for baseline in BASELINES + (ablated if variant == OURS else ()):
                 for bucket in BUCKETS:
                     pairs = [(results[trace, load, s, variant].buckets[bucket].allreduce_ms,
                               results[trace, load, s, baseline].buckets[bucket].allreduce_ms)
@@ -67,7 +70,15 @@ def verdicts(results, cells, seeds, rng: random.Random, variants=(OURS,)) -> lis
                     if pairs:
                         rows.append((trace, load, bucket, baseline, protocol.compare(*map(list, zip(*pairs)), rng),
                                      variant))
-                if load > 1:  # below overload, allocation grows with slow placements (jobs run longer)
+                for bucket in (*SINGLE_NODE, *BUCKETS):
+                    pairs = [(results[trace, load, s, variant].buckets[bucket].completion_s,
+                              results[trace, load, s, baseline].buckets[bucket].completion_s)
+                             for s in seeds
+                             if all(bucket in results[trace, load, s, k].buckets for k in (variant, baseline))]
+                    if pairs:
+                        rows.append((trace, load, JCT + bucket, baseline,
+                                     protocol.compare(*map(list, zip(*pairs)), rng), variant))
+                if load > 1 and baseline in BASELINES:  # below overload, allocation grows with slow placements (jobs run longer)
                     ours = [100 * results[trace, load, s, variant].allocation for s in seeds]
                     theirs = [100 * results[trace, load, s, baseline].allocation for s in seeds]
                     rows.append((trace, load, "allocation", baseline,
@@ -82,18 +93,27 @@ def render(rows, seeds, gpus: int, wall_s: float, command: str) -> str:
              f"tuning seed); {wall_s:.0f} s wall. Each row pairs ours (with the strategy in the last column) with "
              "one baseline on the same streams: "
              "mean of ours - theirs, its 95% bootstrap interval, streams ours won, verdict (ahead/behind only "
-             "if the whole interval lies on one side). All-reduce in ms of 1 GB (lower is better); allocation "
-             "in GPU-% points (higher is better), at overload only: below it, a slower placement makes jobs run "
-             "longer and so holds more GPUs.",
+             "if the whole interval lies on one side). Bucket `9-64`, `65+`: all-reduce in ms of 1 GB (lower is "
+             "better); `JCT` and a bucket: mean job completion time, submit to finish, in s (lower is better); "
+             "allocation in GPU-% points (higher is better), at overload only: below it, a slower placement "
+             "makes jobs run longer and so holds more GPUs.",
              ""]
+    def tally(found: list, what: str) -> str:
+        found = [row for row in found if row[3] in BASELINES]
+        kueue = [row[4] for row in found if row[3] == "kueue"]
+        counts = {v: sum(row[4].verdict == v for row in found) for v in ("ahead", "level", "behind")}
+        return (f"{what}: ahead {counts['ahead']}, level {counts['level']}, behind {counts['behind']} of {len(found)} "
+                f"comparisons; against Kueue TAS BestFit ahead in {sum(p.verdict == 'ahead' for p in kueue)} of "
+                f"{len(kueue)}, behind in {sum(p.verdict == 'behind' for p in kueue)}")
+
     for variant in dict.fromkeys(row[5] for row in rows):
-        mine = [row for row in rows if row[5] == variant and row[2] != "allocation"]
-        counts = {v: sum(row[4].verdict == v for row in mine) for v in ("ahead", "level", "behind")}
-        kueue = [row[4] for row in mine if row[3] == "kueue"]
-        lines.append(f"{simulate.STRATEGY_OF[variant]}: buckets above one node ahead {counts['ahead']}, level "
-                     f"{counts['level']}, behind {counts['behind']} of {len(mine)} comparisons; against Kueue TAS "
-                     f"BestFit ahead in {sum(p.verdict == 'ahead' for p in kueue)} of {len(kueue)}, behind in "
-                     f"{sum(p.verdict == 'behind' for p in kueue)}.")
+        mine = [row for row in rows if row[5] == variant]
+        lines.append(f"{simulate.STRATEGY_OF[variant]}: "
+                     + "; ".join([tally([r for r in mine if r[2] in BUCKETS], "all-reduce above one node"),
+                                  tally([r for r in mine if r[2].removeprefix(JCT) in BUCKETS and r[2] != r[2].removeprefix(JCT)],
+                                        "JCT above one node"),
+                                  tally([r for r in mine if r[2].removeprefix(JCT) in SINGLE_NODE
+                                         and r[2] != r[2].removeprefix(JCT)], "JCT on one node")]) + ".")
         lines.append("")
     lines += ["| trace | load | bucket | baseline | ours - theirs | 95% interval | ours won | verdict | ours |",
               "|---|---:|---:|---|---:|---:|---:|---|---|"]
@@ -132,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the quick cluster and stream of simulate.py; for tests")
     parser.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--write", action="store_true", help="put the result into bench/RESULTS.md")
+    parser.add_argument("--ablations", action="store_true",
+                        help="also run consolidated with issue 26's rules switched off (simulate.WAIT_ABLATIONS)")
     args = parser.parse_args(argv)
     settings = simulate.QUICK if args.quick else replace(simulate.FULL, spec=CLUSTERS[args.gpus])
     try:
@@ -147,17 +169,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seeds: {', '.join(map(str, tuned))} are tuning seeds; an evaluation must not use them")
     seeds = args.seeds or fresh_seeds(args.n_seeds)
     print(f"seeds {' '.join(map(str, seeds))} (repeat with --seeds {' '.join(map(str, seeds))})", flush=True)
+    variants = OURS_VARIANTS + (tuple(f"{OURS}-{name}" for name in simulate.WAIT_ABLATIONS) if args.ablations else ())
     tasks = [(simulate.Scenario("main", trace, load, seed=seed), key, settings)
-             for trace, load in cells for seed in seeds for key in (*OURS_VARIANTS, *BASELINES)]
-    tasks.sort(key=lambda t: t[1] not in OURS_VARIANTS)  # our core's runs are the slowest: start them first
+             for trace, load in cells for seed in seeds for key in (*variants, *BASELINES)]
+    tasks.sort(key=lambda t: t[1] not in variants)  # our core's runs are the slowest: start them first
     began = time.perf_counter()
     with multiprocessing.Pool(args.processes) as pool:
         results = {(s.trace, s.load, s.seed, key): summary
                    for s, key, summary in pool.imap_unordered(simulate.run_one, tasks)}
     wall = time.perf_counter() - began
     gpus = settings.spec.gpus
-    section = render(verdicts(results, cells, seeds, random.Random(0), OURS_VARIANTS), seeds, gpus, wall,
-                     f"bench/evaluate.py --gpus {gpus} --seeds {' '.join(map(str, seeds))}")
+    section = render(verdicts(results, cells, seeds, random.Random(0), variants), seeds, gpus, wall,
+                     f"bench/evaluate.py --gpus {gpus} --seeds {' '.join(map(str, seeds))}"
+                     + (" --ablations" if args.ablations else ""))
     print(section)
     if args.write:
         write_into(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"), section, gpus)

@@ -16,12 +16,13 @@ from typing import Callable
 from webhook.core import orderings
 from webhook.core.cluster import ClusterIndex
 from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
+from webhook.core.injection import RESERVATION, WAITING_FOR
 from webhook.core.config import Config
 from webhook.kube.demo import make_pod
 from webhook.core.gpus import format_gpu_set
 from webhook.core.model import Decision, Outcome, PlacementRequest, Strategy
 from webhook.core.placer import place
-from webhook.objects.mutation import pins
+from webhook.objects.mutation import pins, waiting_for
 
 from .costmodel import Network
 from .fabric import GPUS_PER_NODE, SimCluster, SimNode, pick_gpus
@@ -39,6 +40,7 @@ class Policy:
     """`place` answers with one (node, gpu ids) per pod, or None to keep the job queued."""
 
     name = "policy"
+    now = 0.0  # the simulated time (tick)
 
     def reset(self, cluster: SimCluster, seed: int) -> None:
         self.cluster = cluster
@@ -46,6 +48,10 @@ class Policy:
 
     def place(self, job: Job) -> list[PodPlacement] | None:
         raise NotImplementedError
+
+    def tick(self, now: float) -> None:
+        """The simulated time is now `now` (the engine says so before each pass)."""
+        self.now = now
 
     def anywhere(self, job: Job) -> bool:
         """Whether the job may go anywhere in the cluster (its "wait" then means no room for its
@@ -209,6 +215,10 @@ class BySize(Policy):
         self.single.reset(cluster, seed)
         self.multi.reset(cluster, seed)
 
+    def tick(self, now: float) -> None:
+        self.single.tick(now)
+        self.multi.tick(now)
+
     def place(self, job: Job) -> list[PodPlacement] | None:
         return self._for(job).place(job)
 
@@ -229,11 +239,13 @@ class BySize(Policy):
 
 def core_config(network: Network) -> Config:
     """Our default config, with the simulated fabric's oversubscription so the core's own bandwidth
-    estimate describes the same network (decisions do not depend on it)."""
+    estimate describes the same network: placed decisions do not depend on it, but how wide a
+    wait is pinned does (`pin_only_where_locality_pays`). The levels are set, not `auto`: `auto`
+    would take the default preset's oversubscription from the nodes' labels."""
     zone, spine, leaf = Config().levels
     return Config(levels=(dataclasses.replace(zone, oversubscription=network.rho_spine),
                           dataclasses.replace(spine, oversubscription=network.rho_leaf),
-                          dataclasses.replace(leaf, oversubscription=1.0)),
+                          dataclasses.replace(leaf, oversubscription=1.0)), levels_auto=False,
                   cluster_oversubscription=network.rho_zone)
 
 
@@ -254,18 +266,24 @@ class Ours(Policy):
       consolidated. Before that, as soon as the cluster holds them, kube-scheduler places them pod
       by pod (`kube_scheduler_with_preference`) instead of waiting.
 
-    `pinned=False` decides the job afresh at every pass, as if nothing had been written on a
-    wait: how the simulator ran before 25 Nov 2026, kept to reproduce earlier figures."""
+    A pinned wait's pods are given to the index pending, with the `waiting-for` annotation the
+    mutation writes, so protection (`protect_waiting_seconds`) sees them as the webhook's live
+    view would; the index's clock is the simulated time.
 
-    def __init__(self, strategy: Strategy, network: Network, pinned: bool = True) -> None:
+    `pinned=False` decides the job afresh at every pass, as if nothing had been written on a
+    wait: how the simulator ran before 25 Nov 2026, kept to reproduce earlier figures. `settings`
+    replace our default config's (e.g. `protect_waiting_seconds=0` for an ablation)."""
+
+    def __init__(self, strategy: Strategy, network: Network, pinned: bool = True, label: str = "",
+                 **settings: object) -> None:
         self.strategy = strategy
-        self.config = core_config(network)
+        self.config = dataclasses.replace(core_config(network), **settings)  # type: ignore[arg-type]
         self.pinned = pinned
-        self.name = f"ours ({strategy.value})" + ("" if pinned else ", re-decided each pass")
+        self.name = f"ours ({strategy.value})" + ("" if pinned else ", re-decided each pass") + label
 
     def reset(self, cluster: SimCluster, seed: int) -> None:
         super().reset(cluster, seed)
-        self.index = ClusterIndex.from_objects(self.config, cluster.node_objects, [])
+        self.index = ClusterIndex.from_objects(self.config, cluster.node_objects, [], clock=lambda: self.now)
         self.labels = [o["metadata"]["labels"] for o in cluster.node_objects]
         self.waiting: dict[str, tuple[Decision, list[int]]] = {}  # job id -> its wait and the nodes it names
         self.held: set[str] = set()  # ids of the waiting jobs held to their domain (pinned)
@@ -286,12 +304,16 @@ class Ours(Policy):
                 self.waiting[job.job_id] = (decision, self._nodes_of(decision))
                 if not self.anywhere_for(decision):
                     self.held.add(job.job_id)
+                    domain = waiting_for(decision, self.config)
+                    for pod in self._pods(job, [(None, (0,) * job.gpus_per_pod)] * job.pods):
+                        pod["metadata"]["annotations"][WAITING_FOR] = domain
+                        self.index.upsert_pod(pod)
             return None
         return self._assignment(decision)
 
     def _decide(self, job: Job, preferred: str | None) -> Decision:
         decision = place(self.index, PlacementRequest(f"Job sim/{job.job_id}", job.pods, job.gpus_per_pod,
-                                                      self.strategy, preferred_domain=preferred))
+                                                      self.strategy, preferred_domain=preferred), _key(job))
         if decision.outcome is Outcome.NEVER:
             raise NeverFits(decision.reasons[0])
         return decision
@@ -338,10 +360,17 @@ class Ours(Policy):
             self.index.delete_pod(pod)
 
     @staticmethod
-    def _pods(job: Job, pods: list[PodPlacement]) -> list[dict]:
-        return [make_pod(f"{job.job_id}-{i}", node, len(ids), namespace="sim",
-                         annotations={GPU_IDS_ANNOTATION: format_gpu_set(ids)})
+    def _pods(job: Job, pods: list[tuple[str | None, tuple[int, ...]]]) -> list[dict]:
+        """The job's pods, bound to their nodes with their GPU ids, or pending (node None) with
+        the job's reservation key."""
+        return [make_pod(f"{job.job_id}-{i}", node, len(ids), namespace="sim", annotations=(
+                    {GPU_IDS_ANNOTATION: format_gpu_set(ids)} if node else {RESERVATION: _key(job)}))
                 for i, (node, ids) in enumerate(pods)]
+
+
+def _key(job: Job) -> str:
+    """The reservation key the mutation writes on a job's pods."""
+    return f"sim/Job/{job.job_id}"
 
 
 def kube_scheduler_with_preference(cluster: SimCluster, rng: random.Random, job: Job,

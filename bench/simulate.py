@@ -36,8 +36,17 @@ POLICY_KEYS = ("spread", "best-fit", "random", "kueue", "ours-consolidated", "ou
 # Attribution: our decisions for one job shape and Kueue's for the other.
 HYBRID_KEYS = ("ours-single+kueue-multi", "kueue-single+ours-multi")
 # Our variants by the strategy a user asks for (balanced is what a workload without the annotation gets).
+# The two rules of issue 26 switched off, one at a time and together (what ours did before them).
+WAIT_ABLATIONS: dict[str, dict[str, object]] = {
+    "pinned-everywhere": {"pin_only_where_locality_pays": False},
+    "unprotected": {"protect_waiting_seconds": 0.0},
+    "before-26": {"pin_only_where_locality_pays": False, "protect_waiting_seconds": 0.0},
+}
 STRATEGY_OF = {"ours-consolidated": "consolidated", "ours-balanced": "balanced (default)",
-               "ours-distributed": "distributed"}
+               "ours-distributed": "distributed",
+               **{f"ours-consolidated-{name}": f"consolidated, {name}" for name in WAIT_ABLATIONS}}
+
+
 
 
 def make_policy(key: str, network: Network) -> Policy:
@@ -50,6 +59,8 @@ def make_policy(key: str, network: Network) -> Policy:
               "ours-single+kueue-multi": lambda: BySize("ours single-pod, Kueue multi-pod", ours(), KueueBestFit()),
               "kueue-single+ours-multi": lambda: BySize("Kueue single-pod, ours multi-pod", KueueBestFit(), ours())}
     makers.update({f"ours-without-{rule}": (lambda rule=rule: Without(rule, network)) for rule in ABLATIONS})
+    makers.update({f"ours-consolidated-{name}": (lambda name=name, settings=settings: Ours(
+        Strategy.CONSOLIDATED, network, label=f", {name}", **settings)) for name, settings in WAIT_ABLATIONS.items()})
     return makers[key]()
 
 

@@ -194,9 +194,10 @@ def test_a_wait_for_busy_pool_nodes_is_steered_to_the_pool_not_pinned_to_a_leaf(
     nodes = karpenter_nodes()
     busy = [make_pod(f"busy-{n['metadata']['name']}", n["metadata"]["name"], 8) for n in nodes]
     request = PlacementRequest("Job ml/x", 2, 8, Strategy.CONSOLIDATED, tolerations=tuple(GPU_TOLERATION))
-    without = place(ClusterIndex.from_objects(Config(), nodes, busy), request)
+    pin_leaf = Config(pin_only_where_locality_pays=False)  # else the wait is pinned to the leaf's spine
+    without = place(ClusterIndex.from_objects(pin_leaf, nodes, busy), request)
     assert without.code == NO_ROOM_NOW and LEAF in {r.key for r in without.requirements}
-    decision = place(ClusterIndex.from_objects(Config(), [*nodes, NODEPOOL], busy), request)
+    decision = place(ClusterIndex.from_objects(pin_leaf, [*nodes, NODEPOOL], busy), request)
     assert decision.code == GROWS_POOL and LEAF not in {r.key for r in decision.requirements}
 
 

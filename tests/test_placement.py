@@ -159,8 +159,10 @@ def test_nothing_fits_now_names_the_domain_that_fits_first(cluster):
     assert decision.outcome is Outcome.WAIT
     assert decision.scope.level_name == "node"
     decision = place(cluster, request(4))
-    assert decision.outcome is Outcome.WAIT and decision.scope.level_name == "leaf"
+    assert decision.outcome is Outcome.WAIT and "leaf leaf-3 will fit first" in decision.reasons[0]
     assert any(line.startswith("leaf: ") and "of 4 pods fit" in line for line in decision.reasons)
+    # Leaves of one spine cost the same by the default preset's cost model: it waits in the spine.
+    assert decision.scope.level_name == "spine" and decision.scope.name == "spine-1"
 
 
 def test_single_pod_gets_smallest_nvlink_domain_best_fit():

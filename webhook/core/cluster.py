@@ -22,9 +22,10 @@ from .config import HOSTNAME_LABEL, PRESETS, Config, choose_preset, preset_marks
 from .filters import ConstrainedSubsets, NodeFilters
 from .gpus import parse_gpu_set, pod_gpus
 from .growth import GrowthState, Pool, is_growth_object, object_key
-from .injection import GPU_IDS, RESERVATION
+from .injection import GPU_IDS, RESERVATION, WAITING_FOR, parse_domain_path
 from .ledger import ReservationLedger, held_by
 from .model import GPU_RESOURCE, PlacementRequest
+from .protection import Waiter
 from .resources import pod_requests
 from .topology import Domain, NodeState, TopologyTree, parse_node, placement_fields, with_gpus
 from .usage import ResourceUsage
@@ -131,6 +132,7 @@ class ClusterIndex:
         self.usage = ResourceUsage()  # bound pods' requests of every resource but GPUs
         self.holders: dict[str, set[str]] = {}  # reservation key -> bound pods carrying it
         self.pod_reservations: dict[str, str] = {}  # bound pod key -> the reservation key it carries
+        self.waiters: dict[str, Waiter] = {}  # pending pods of pinned waits (protection.py)
         self.dra = dra.DraInventory()
         self.both_sources: set[str] = set()  # nodes with allocatable nvidia.com/gpu and DRA GPUs
         self.growth = GrowthState()  # autoscalers' pools: how the cluster can grow
@@ -418,6 +420,7 @@ class ClusterIndex:
             if through_claims:
                 gpus = 0  # its claim's devices are what it uses: counted once, there
             annotations = (pod.get("metadata") or {}).get("annotations") or {}
+            self._note_waiter(key, None if node_name or phase in _FINISHED_PHASES else annotations, gpus)
             if not node_name or phase in _FINISHED_PHASES:
                 self._forget_pod(key)
                 pending = None if node_name or phase in _FINISHED_PHASES else pending_hold(annotations, spec, gpus)
@@ -461,6 +464,17 @@ class ClusterIndex:
                 namespace = str((pod.get("metadata") or {}).get("namespace") or "")
                 self._recount(self.ledger.confirm(reservation, key, namespace, node_name))
 
+    def _note_waiter(self, key: str, pending: Mapping | None, gpus: int) -> None:
+        """Keep or forget a pod as a waiter: pending (`pending` holds its annotations), asking for
+        GPUs, with our `waiting-for`. It keeps the time it was first seen waiting."""
+        path = parse_domain_path(pending.get(WAITING_FOR)) if pending is not None and gpus > 0 else None
+        if pending is None or path is None:
+            self.waiters.pop(key, None)
+            return
+        seen = self.waiters.get(key)
+        since = seen.since if seen is not None and seen.path == path else self.ledger.clock()
+        self.waiters[key] = Waiter(str(pending.get(RESERVATION) or key), path, gpus, since)
+
     def _mark_terminating(self, node: NodeState, key: str) -> None:
         """A counted pod is being deleted: its GPUs are still taken, and free soon."""
         node.terminating.add(key)
@@ -487,6 +501,7 @@ class ClusterIndex:
         workload: its deletion ends the reservation it may still hold."""
         with self.lock:
             self._forget_pod(pod_key(pod))
+            self.waiters.pop(pod_key(pod), None)
             self._recount(self.ledger.drop_pod(pod_key(pod)))
             meta = pod.get("metadata") or {}
             reservation = str((meta.get("annotations") or {}).get(RESERVATION) or "")
@@ -506,7 +521,7 @@ class ClusterIndex:
 
     def counted_pods(self) -> set[str]:
         """Keys of every pod the index counts (a relist forgets the others)."""
-        return set(self.pod_nodes) | self.usage.pods()
+        return set(self.pod_nodes) | self.usage.pods() | set(self.waiters)
 
     def _forget_gpus(self, key: str) -> None:
         node_name = self.pod_nodes.pop(key, None)

@@ -128,6 +128,13 @@ class Config:
     scheduler_names: tuple[str, ...] = ("topology-aware-scheduler",)  # ours: reset to default_scheduler
     default_scheduler: str = "default-scheduler"
     pin_when_waiting: bool = True  # consolidated workloads wait for locality instead of scattering
+    # ... only where locality is at stake: a wait is pinned to the widest domain the cost model
+    # gives the same bandwidth as the one that fits first, and not at all when that is the whole
+    # cluster (a one-pod job runs alike on any node: it only prefers the node that frees first).
+    pin_only_where_locality_pays: bool = True
+    # For how long a pinned wait keeps new work that has an equally tight place elsewhere off the
+    # GPUs it needs in its domain (oldest waiters first, at most each one's own need). 0: never.
+    protect_waiting_seconds: float = 1800.0
     # Deny a workload the nodes there are cannot hold even when idle (a cluster that never grows).
     # Off: it is admitted to wait for nodes an autoscaler (or a person) adds, with a warning.
     refuse_unplaceable: bool = False
@@ -228,6 +235,7 @@ _SCALARS: Mapping[str, tuple[type, float, float]] = {
     "cluster_oversubscription": (float, 1.0, 1000.0),
     "reservation_ttl_seconds": (float, 1.0, 86400.0),
     "stale_after_seconds": (float, 5.0, 86400.0),
+    "protect_waiting_seconds": (float, 0.0, 86400.0),
     "max_body_bytes": (int, 1024, 3 * 1024 * 1024),
     "preferred_weight": (int, 1, 100),
 }
@@ -372,7 +380,7 @@ def config_from_mapping(data: Mapping[str, Any]) -> Config:
                 raise ConfigError(f"{key}: {_show(value)} is not allowed; allowed: an empty string (none), "
                                   + ", ".join(PROVISIONING_CLASSES))
             values[key] = value
-        elif key in ("pin_when_waiting", "refuse_unplaceable"):
+        elif key in ("pin_when_waiting", "pin_only_where_locality_pays", "refuse_unplaceable"):
             values[key] = _flag(key, value)
     return Config(**values)
 

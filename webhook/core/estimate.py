@@ -27,16 +27,41 @@ def bus_bandwidth(subset: TopologyTree, request: PlacementRequest, assignment: l
         nics = max(1, node.profile.nics_per_node * gpus // max(node.alloc, 1))
         return Interconnect.NODE, min(intra, nics * node.profile.nic_gbs), profile
     common = _common_prefix([n.domain.ref.path for n in nodes])
-    level = len(common) - 1
-    levels = subset.config.levels
-    link = levels[level].link if level >= 0 else "cluster"
+    link, divisor = crossing(subset, len(common) - 1)
     if link == "nvlink":
         return Interconnect.NVLINK, profile.nvlink_gbs, profile
     network = min(min(a.pods * gpus, n.profile.nics_per_node) * n.profile.nic_gbs for a, n in zip(assignment, nodes))
+    return Interconnect(link), min(intra, network / divisor), profile
+
+
+def crossing(subset: TopologyTree, level: int) -> tuple[str, float]:
+    """The link traffic takes between the nodes of one domain of `level` (-1: the cluster) and
+    what divides the nodes' NIC bandwidth there: the oversubscription of that level and every
+    level below it."""
+    levels = subset.config.levels
     divisor = math.prod(lv.oversubscription for lv in levels[max(level, 0):])
     if level < 0:
-        divisor *= subset.config.cluster_oversubscription
-    return Interconnect(link), min(intra, network / divisor), profile
+        return "cluster", divisor * subset.config.cluster_oversubscription
+    return levels[level].link, divisor
+
+
+def spill_costs(subset: TopologyTree, request: PlacementRequest, level: int) -> bool:
+    """Whether the request's estimate would drop if it spanned a domain one level wider than
+    `level` (len(levels): a node). A pod never spans nodes, so one pod loses nothing anywhere;
+    pods leaving one node go from its GPU links to the NICs (unless the nodes share an NVLink
+    fabric, as an NVL72 rack's do); wider still, they lose when the link or the oversubscription
+    changes."""
+    if request.pods == 1:
+        return False
+    if level >= len(subset.config.levels):
+        return crossing(subset, level - 1)[0] != "nvlink"
+    return _speed(subset, level - 1) != _speed(subset, level)
+
+
+def _speed(subset: TopologyTree, level: int) -> tuple[bool, float]:
+    """What sets the bandwidth across a level: NVLink, or the NICs and that divisor."""
+    link, divisor = crossing(subset, level)
+    return link == "nvlink", 1.0 if link == "nvlink" else divisor
 
 
 def _common_prefix(paths: list[tuple]) -> tuple:

@@ -22,7 +22,10 @@ GPU_IDS = ANNOTATION_PREFIX + "gpu-ids"
 RESERVATION = ANNOTATION_PREFIX + "reservation"
 INJECTED = ANNOTATION_PREFIX + "injected"
 WORKLOAD_LABEL = ANNOTATION_PREFIX + "workload"
-OUTPUT_ANNOTATIONS = (PLACEMENT, GPU_IDS, RESERVATION, INJECTED)
+# On the pods of a workload whose wait is pinned: the domain it waits in, as label key=value pairs
+# widest first (its path). The cluster index reads it back to keep new work off what it needs.
+WAITING_FOR = ANNOTATION_PREFIX + "waiting-for"
+OUTPUT_ANNOTATIONS = (PLACEMENT, GPU_IDS, RESERVATION, WAITING_FOR, INJECTED)
 REQUIRED_TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
 PREFERRED = ("affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
 
@@ -53,6 +56,21 @@ class Injection:
             return cls(required, data.get("preferred"), tuple(data.get("spread", ())), env, data.get("label"))
         except (ValueError, TypeError, AttributeError):
             return cls()
+
+
+def format_domain_path(path: tuple[tuple[str, str], ...]) -> str:
+    """A domain's path as WAITING_FOR writes it: `key=value,key=value`, widest first."""
+    return ",".join(f"{key}={value}" for key, value in path)
+
+
+def parse_domain_path(text: object) -> tuple[tuple[str, str], ...] | None:
+    """The path WAITING_FOR names; None when it is not one (a label value holds no `,` or `=`)."""
+    if not isinstance(text, str) or not text:
+        return None
+    pairs = [part.partition("=") for part in text.split(",")]
+    if any(not key or not sep for key, sep, _ in pairs):
+        return None
+    return tuple((key, value) for key, _, value in pairs)
 
 
 def annotations_of(template: Mapping | None) -> Mapping:

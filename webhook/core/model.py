@@ -140,6 +140,9 @@ class Decision:
     bus_bandwidth_gbs: float | None = None  # estimated all-reduce bus bandwidth, GB/s
     profile: str | None = None  # hardware profile the estimate used
     preferred_honoured: bool | None = None  # None when no preferred domain was asked for
+    # A wait only: whether waiting inside `scope` buys bandwidth (the cost model gives less in any
+    # wider domain). False: the job runs as fast on any node, so its wait only prefers `scope`.
+    locality_pays: bool = True
     code: str | None = None  # one of the reason codes above when the outcome is not PLACED
     reasons: tuple[str, ...] = ()  # short sentences for people, most important first
 

@@ -81,7 +81,7 @@ def _consolidated(subset: TopologyTree, request: PlacementRequest, chain: list[M
         target = _tightest_fit(subset, scope, pods, gpus)
         if target is not None and target.ref.level >= narrowest:  # never wider than max-domain
             return _placed(subset, request, target, _split(target, pods, gpus))
-    return waiting.decide(subset, request, chain)
+    return waiting.decide(subset, request, chain, narrowest)
 
 
 def _tightest_fit(subset: TopologyTree, scope: Member, pods: int, gpus: int) -> Member | None:

@@ -1,4 +1,5 @@
-"""Decisions against the shared index: lock, expire, decide, reserve, in that order.
+"""Decisions against the shared index: lock, expire, decide (kept off what older waits need where
+it can be), reserve, in that order.
 
 The placement core decides and writes nothing; this is where a decision meets the state that
 other requests and the watch threads change, so it is the one place that takes the index's lock.
@@ -14,6 +15,7 @@ import threading
 import time
 import zlib
 
+from . import protection
 from .cluster import ClusterIndex
 from .model import GROUP_MISMATCH, Decision, Outcome, PlacementRequest, Strategy
 from .placement import decide
@@ -25,10 +27,29 @@ CONFLICT = "conflict"  # a claim's answer when another replica wrote first
 _GROUP_LOCKS = tuple(threading.Lock() for _ in range(64))
 
 
-def place(index: ClusterIndex, request: PlacementRequest) -> Decision:
-    """Decide without holding anything (dry runs, explanations, benchmarks)."""
+def place(index: ClusterIndex, request: PlacementRequest, key: str | None = None) -> Decision:
+    """Decide without holding anything (dry runs, explanations, benchmarks). `key`: the workload's
+    reservation key, when it has one, so that its own pinned wait is not protected against it."""
     with index.lock:
-        return decide(index.tree, request, _prepared(index, request), index.pools)
+        return _decide(index, request, key)
+
+
+def _decide(index: ClusterIndex, request: PlacementRequest, key: str | None) -> Decision:
+    """The core's decision, kept off the GPUs that older pinned waits need where it can be
+    (protection.py): decided again with them held when the first answer takes them."""
+    decision = decide(index.tree, request, _prepared(index, request), index.pools)
+    seconds = index.config.protect_waiting_seconds
+    if not seconds or not index.waiters or decision.outcome is not Outcome.PLACED:
+        return decision
+    shield = protection.protected(index.tree, index.waiters.values(), index.ledger.clock(), seconds, key)
+    if not shield.taken_by(decision):
+        return decision
+    index.reserve(protection.PROTECTION_KEY, shield.sets)
+    try:
+        second = decide(index.tree, request, _prepared(index, request), index.pools)
+    finally:
+        index.release(protection.PROTECTION_KEY)
+    return protection.chosen(decision, second, shield)
 
 
 def _prepared(index: ClusterIndex, request: PlacementRequest) -> TopologyTree:
@@ -45,9 +66,9 @@ def place_and_reserve(index: ClusterIndex, request: PlacementRequest, key: str |
     with index.lock:
         index.expire_reservations()
         if key is None:
-            return decide(index.tree, request, _prepared(index, request), index.pools)
+            return _decide(index, request, None)
         index.release(key)
-        decision = decide(index.tree, request, _prepared(index, request), index.pools)
+        decision = _decide(index, request, key)
         if decision.outcome is Outcome.PLACED:
             sets: dict[str, list[tuple[int, ...]]] = {}
             for assigned in decision.assignment:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Sequence
 
-from . import walk
+from . import estimate, walk
 from .config import HOSTNAME_LABEL
 from .filters import expression_matches, node_matches, tolerates
 from .growth import TOPOLOGY_IN_ADVANCE, Pool
@@ -152,9 +152,11 @@ def _per_level(subset: TopologyTree, pods: int, fitting: Callable[[Domain], int]
     return lines
 
 
-def decide(subset: TopologyTree, request: PlacementRequest, chain: list[Member]) -> Decision:
+def decide(subset: TopologyTree, request: PlacementRequest, chain: list[Member], narrowest: int = -1) -> Decision:
     """Name the domain that will fit first: the deepest level with a domain that could ever hold
-    the workload, and in it the domain closest to fitting now; say per level how much fits."""
+    the workload, and in it the domain closest to fitting now; say per level how much fits. A
+    consolidated wait is pinned only as wide as locality pays (`pin_only_where_locality_pays`),
+    never wider than max-domain's level `narrowest`."""
     gpus, pods = request.gpus_per_pod, request.pods
     target: Member | None = None
     for scope in chain:
@@ -175,10 +177,38 @@ def decide(subset: TopologyTree, request: PlacementRequest, chain: list[Member])
     freeing = f", {target.freeing} GPU(s) there being freed by terminating pods" if target.freeing else ""
     reasons = [f"no domain has room for {pods} pod(s) x {gpus} GPU(s) now; {target.label} will fit first "
                f"({target.fits(gpus)} of {pods} fit now, {target.fits_idle(gpus)} when idle{freeing})"]
+    locality_pays = True
+    if request.strategy is Strategy.CONSOLIDATED and subset.config.pin_only_where_locality_pays:
+        widest, why = _as_fast_wider(subset, request, target, narrowest)
+        if widest is subset.root:
+            locality_pays = False  # the wait names where it fits first, as a preference
+        else:
+            target = widest
+        if why:
+            reasons.append(why)
     reasons.extend(_out_of_service(subset))
     reasons.extend(_per_level(subset, pods, lambda d: d.fits(gpus)))
-    return Decision(Outcome.WAIT, request, target.ref, domains=(target.ref,),
+    return Decision(Outcome.WAIT, request, target.ref, domains=(target.ref,), locality_pays=locality_pays,
                     requirements=walk.requirements(subset, target), code=NO_ROOM_NOW, reasons=tuple(reasons))
+
+
+def _as_fast_wider(subset: TopologyTree, request: PlacementRequest, target: Member, narrowest: int
+                   ) -> tuple[Member, str]:
+    """The widest domain around `target`, no wider than max-domain (`narrowest`), in which the
+    cost model gives the request the bandwidth it gets inside `target`: waiting for `target`
+    rather than it only delays the job. With the sentence that says so ("" when it is `target`)."""
+    member = target
+    while member.parent is not None and member.parent.ref.level >= narrowest \
+            and not estimate.spill_costs(subset, request, member.ref.level):
+        member = member.parent
+    if member is target:
+        return target, ""
+    if member is subset.root:
+        why = ("one pod runs alike on any node" if request.pods == 1 else
+               "the cost model gives it the same bandwidth anywhere in the cluster")
+        return member, f"{why}: the wait only prefers {target.label}, so it starts wherever room opens first"
+    return member, (f"the cost model gives it the same bandwidth anywhere in {member.label}: "
+                    f"it waits there rather than for {target.label} alone")
 
 
 def _node_first_to_fit(scope: Member, gpus: int, pods: int) -> NodeState | None:

@@ -10,7 +10,7 @@ What goes where:
 - Placed `consolidated` and `distributed` workloads are pinned (required nodeAffinity, the
   expressions added to every existing nodeSelectorTerm because terms are ORed; an empty term `{}`
   matches no node in Kubernetes and is left as it is); so is a waiting `consolidated` one when
-  `pin_when_waiting` is on. Everything else only prefers the domain.
+  `pin_when_waiting` is on and waiting buys it bandwidth. Everything else only prefers the domain.
 - `distributed` adds topologySpreadConstraints on the decision's spread keys, selecting the pods
   by the template label `topology.scheduler/workload`; a (topologyKey, whenUnsatisfiable) pair
   the user already has is left alone (the API rejects duplicates).
@@ -20,7 +20,8 @@ What goes where:
 - Annotations on the template: `placement` (summary), `gpu-ids` (NVLink-aligned host GPU set of a
   single-pod workload, a hint for device plugins and DRA drivers: the container renumbers its
   GPUs from 0, so host indices never go into CUDA_VISIBLE_DEVICES), `reservation` (the key the
-  cluster index confirms once pods are bound), `injected` (the record above).
+  cluster index confirms once pods are bound), `waiting-for` (the domain a pinned wait waits in),
+  `injected` (the record above).
 """
 from __future__ import annotations
 
@@ -32,11 +33,12 @@ from typing import Any, Callable, Mapping
 from ..core.config import HOSTNAME_LABEL, Config
 from ..core.gpus import container_gpus, format_gpu_set
 from ..core.injection import (GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, PREFERRED, REQUIRED_TERMS, RESERVATION,
-                              WORKLOAD_LABEL, Injection, annotations_of, at, recorded)
-from ..core.model import EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, Decision, Outcome, Strategy
+                              WAITING_FOR, WORKLOAD_LABEL, Injection, annotations_of, at, format_domain_path,
+                              recorded)
+from ..core.model import EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, Decision, Outcome, Strategy
 from .workload import pod_templates
 
-__all__ = ["GPU_IDS", "INJECTED", "PLACEMENT", "RESERVATION", "WORKLOAD_LABEL", "Injection"]  # for callers
+__all__ = ["GPU_IDS", "INJECTED", "PLACEMENT", "RESERVATION", "WAITING_FOR", "WORKLOAD_LABEL", "Injection"]  # for callers
 CUDA_DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA numbering = nvidia-smi/NVML numbering
 # Waits that the nodes there are cannot end, only nodes added to the cluster.
 WAITS_FOR_NODES = (EXCEEDS_NODES, NO_MATCHING_NODES)
@@ -49,7 +51,7 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
     outputs: dict[str, str | None] = dict.fromkeys(OUTPUT_ANNOTATIONS)
     if decision is not None:
         outputs.update({PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
-                        RESERVATION: reservation})
+                        RESERVATION: reservation, WAITING_FOR: waiting_for(decision, config)})
     return _rewrite(obj, kind, lambda _, meta, spec, previous: _desired(meta, spec, previous, kind, obj, decision,
                                                                         config), lambda _: outputs, config)
 
@@ -78,14 +80,24 @@ def pins(decision: Decision, config: Config) -> bool:
     """Whether the decision becomes required node affinity rather than a preference: placed
     consolidated and distributed workloads are pinned to their domain (distributed to the scope
     its spread runs in), balanced ones only prefer it; a waiting consolidated one is pinned to
-    where it fits first when `pin_when_waiting` is on. A workload with a max-domain is always
-    pinned: a preference could let the scheduler spill it wider."""
+    where it fits first when `pin_when_waiting` is on, unless it runs as fast anywhere
+    (`Decision.locality_pays`). A workload with a max-domain is always pinned: a preference could
+    let the scheduler spill it wider."""
     strategy = decision.request.strategy
     if decision.request.max_domain is not None:
         return decision.outcome in (Outcome.PLACED, Outcome.WAIT)  # a ceiling only a requirement can keep
     if decision.outcome is Outcome.PLACED:
         return strategy in (Strategy.CONSOLIDATED, Strategy.DISTRIBUTED)
-    return decision.outcome is Outcome.WAIT and strategy is Strategy.CONSOLIDATED and config.pin_when_waiting
+    return (decision.outcome is Outcome.WAIT and strategy is Strategy.CONSOLIDATED and config.pin_when_waiting
+            and decision.locality_pays)
+
+
+def waiting_for(decision: Decision, config: Config) -> str | None:
+    """The WAITING_FOR annotation: the domain a pinned wait for room waits in (not one for nodes
+    to be added), which the cluster index protects for it (core/protection.py)."""
+    if decision.outcome is not Outcome.WAIT or decision.code != NO_ROOM_NOW or decision.scope is None:
+        return None
+    return format_domain_path(decision.scope.path) if decision.scope.path and pins(decision, config) else None
 
 
 def summary(decision: Decision) -> str:

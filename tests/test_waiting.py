@@ -1,0 +1,146 @@
+"""Issue 26: a wait is pinned only where locality pays, and pinned waits are protected.
+
+Cluster: 2 spines x 4 leaves x 4 nodes x 8 H100 (webhook.kube.demo.leaf_spine_nodes), every GPU
+taken except where a test frees some. In the default preset crossing leaves inside a spine costs
+nothing (spine oversubscription 1) and crossing spines does (zone oversubscription 4).
+"""
+import dataclasses
+
+import pytest
+
+from webhook.core.cluster import ClusterIndex
+from webhook.core.config import Config
+from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path
+from webhook.core.model import NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
+from webhook.core.placer import place, place_and_reserve
+from webhook.kube.demo import leaf_spine_nodes, make_pod
+from webhook.objects import mutation
+
+SPINE_1 = (("topology.kubernetes.io/zone", "zone-a"), ("topology.scheduler/spine", "spine-1"))
+WAITER_KEY = "ml/Job/big"
+
+
+def request(pods, gpus=8, strategy=Strategy.CONSOLIDATED, **kw):
+    return PlacementRequest(f"Job test/{pods}x{gpus}", pods, gpus, strategy, **kw)
+
+
+def busy_cluster(clock, free: dict[str, int], config=Config()) -> ClusterIndex:
+    """Every node full but those in `free` (node name -> free GPUs)."""
+    nodes = leaf_spine_nodes()
+    pods = [make_pod(f"busy-{n['metadata']['name']}", n["metadata"]["name"], 8 - free.get(n["metadata"]["name"], 0))
+            for n in nodes if free.get(n["metadata"]["name"], 0) < 8]
+    return ClusterIndex.from_objects(config, nodes, pods, clock)
+
+
+def add_waiter(index: ClusterIndex, path=SPINE_1, pods=2, gpus=8, key=WAITER_KEY) -> list[dict]:
+    """The pending pods of a pinned wait, as the mutation annotates them."""
+    waiting = [make_pod(f"{key.rsplit('/', 1)[-1]}-{i}", None, gpus, "ml", phase="Pending",
+                        annotations={WAITING_FOR: format_domain_path(path), RESERVATION: key}) for i in range(pods)]
+    for pod in waiting:
+        index.upsert_pod(pod)
+    return waiting
+
+
+# -- waiting only where locality pays ---------------------------------------------------------
+
+def test_a_one_pod_wait_only_prefers_the_node_that_frees_first(clock):
+    index = busy_cluster(clock, {"gpu-s1-l2-n3": 4})
+    decision = place(index, request(1))
+    assert (decision.outcome, decision.code, decision.locality_pays) == (Outcome.WAIT, NO_ROOM_NOW, False)
+    assert decision.scope.name == "gpu-s1-l2-n3"  # the node closest to fitting
+    assert any("one pod runs alike on any node" in r for r in decision.reasons)
+    assert not mutation.pins(decision, Config())  # written as a preference for that node
+    assert mutation.waiting_for(decision, Config()) is None
+    pinned = place(busy_cluster(clock, {"gpu-s1-l2-n3": 4}, Config(pin_only_where_locality_pays=False)), request(1))
+    assert pinned.locality_pays and mutation.pins(pinned, Config()) and pinned.scope == decision.scope
+
+
+def test_a_multi_pod_wait_is_pinned_as_wide_as_the_cost_model_allows(clock):
+    decision = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}), request(2))
+    assert decision.outcome is Outcome.WAIT and decision.locality_pays
+    assert decision.scope.level_name == "spine"  # leaves of one spine cost the same; spines do not
+    assert any("same bandwidth anywhere in spine spine-1" in r for r in decision.reasons)
+    assert mutation.waiting_for(decision, Config()) == format_domain_path(SPINE_1)
+    oversubscribed = Config(levels=tuple(dataclasses.replace(lv, oversubscription=2.0) if lv.name == "spine" else lv
+                                         for lv in Config().levels), levels_auto=False)
+    at_leaf = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}, oversubscribed), request(2))
+    assert at_leaf.scope.level_name == "leaf" and at_leaf.scope.name == "leaf-2" and at_leaf.locality_pays
+
+
+def test_max_domain_keeps_a_one_pod_wait_pinned(clock):
+    decision = place(busy_cluster(clock, {"gpu-s1-l2-n3": 4}), request(1, max_domain="leaf"))
+    assert decision.outcome is Outcome.WAIT and decision.scope.level_name in ("node", "leaf")
+    assert mutation.pins(decision, Config())
+
+
+# -- protecting the waiting ---------------------------------------------------------------------
+
+# A best fit for 4 GPUs: leaf-1's node with exactly 4 free, inside the waiter's spine-1; spine-2's
+# node with 5 free is as tight (a node).
+FREE = {"gpu-s1-l1-n1": 4, "gpu-s2-l5-n1": 5}
+
+
+def test_new_work_keeps_off_what_a_pinned_wait_needs_when_as_tight_a_place_has_room(clock):
+    index = busy_cluster(clock, FREE)
+    assert place(index, request(1, 4)).nodes == ("gpu-s1-l1-n1",)  # no waiter: the best fit
+    add_waiter(index)
+    decision = place(index, request(1, 4))
+    assert decision.nodes == ("gpu-s2-l5-n1",)
+    assert any("kept off GPUs set aside for older waiting workloads in spine spine-1" in r for r in decision.reasons)
+    held = place_and_reserve(index, request(1, 4), "ml/Job/small")  # the hold goes where the decision does
+    assert held.nodes == ("gpu-s2-l5-n1",) and index.nodes["gpu-s1-l1-n1"].free == 4
+
+
+def test_protection_never_turns_a_placement_into_a_wait(clock):
+    index = busy_cluster(clock, {"gpu-s1-l1-n1": 4})
+    add_waiter(index)
+    decision = place(index, request(1, 4))
+    assert decision.outcome is Outcome.PLACED and decision.nodes == ("gpu-s1-l1-n1",)
+    assert any("no place as tight had room elsewhere" in r for r in decision.reasons)
+
+
+def test_protection_never_widens_a_placement(clock):
+    # 2 x 4 GPUs: a node of spine-1 holds both; outside it only two nodes of different leaves do.
+    index = busy_cluster(clock, {"gpu-s1-l1-n1": 8, "gpu-s2-l5-n1": 4, "gpu-s2-l6-n1": 4})
+    add_waiter(index)
+    decision = place(index, request(2, 4))
+    assert decision.nodes == ("gpu-s1-l1-n1",)  # the only place as tight is inside the wait's domain
+
+
+def test_protection_lasts_protect_waiting_seconds(clock):
+    index = busy_cluster(clock, FREE, Config(protect_waiting_seconds=600))
+    add_waiter(index)
+    clock.now += 599
+    assert place(index, request(1, 4)).nodes == ("gpu-s2-l5-n1",)
+    clock.now += 2
+    assert place(index, request(1, 4)).nodes == ("gpu-s1-l1-n1",)
+    off = busy_cluster(clock, FREE, Config(protect_waiting_seconds=0))
+    add_waiter(off)
+    assert place(off, request(1, 4)).nodes == ("gpu-s1-l1-n1",)
+
+
+def test_a_workload_is_not_kept_off_its_own_wait_and_a_bound_waiter_is_forgotten(clock):
+    index = busy_cluster(clock, FREE)
+    waiting = add_waiter(index)
+    assert place(index, request(1, 4), WAITER_KEY).nodes == ("gpu-s1-l1-n1",)
+    for pod in waiting:
+        index.upsert_pod({**pod, "spec": {**pod["spec"], "nodeName": "gpu-s1-l2-n1"}})
+    assert not index.waiters
+    assert place(index, request(1, 4)).nodes == ("gpu-s1-l1-n1",)
+
+
+def test_only_the_waiters_need_is_protected_oldest_first(clock):
+    # spine-1 has 4 + 8 free; a wait of 1 pod x 8 (pinned by max-domain) needs 8: the whole node.
+    index = busy_cluster(clock, {**FREE, "gpu-s1-l2-n2": 8})
+    add_waiter(index, pods=1)
+    assert place(index, request(1, 4)).nodes == ("gpu-s1-l1-n1",)  # the 4 free GPUs are beyond its need
+    clock.now += 1
+    add_waiter(index, pods=1, key="ml/Job/later")  # a second wait, newer: its need takes the rest
+    assert place(index, request(1, 4)).nodes == ("gpu-s2-l5-n1",)
+
+
+def test_waits_are_left_as_they_are(clock):
+    index = busy_cluster(clock, {"gpu-s1-l1-n1": 8, "gpu-s2-l5-n1": 4})
+    alone = place(index, request(3))
+    add_waiter(index, pods=3)  # an older wait in spine-1, which is also where this one fits first
+    assert place(index, request(3)) == alone and alone.scope.name == "spine-1"

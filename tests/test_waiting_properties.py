@@ -1,0 +1,80 @@
+"""Issue 26's must-holds on generated clusters, waits and requests: protecting the waiting never
+turns a placement into a wait, never widens it, never takes a waiter's GPUs while an equally
+tight place has room; with both settings off, decisions are what they were without waiters."""
+import os
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from webhook.core import protection
+from webhook.core.cluster import ClusterIndex
+from webhook.core.config import Config
+from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path
+from webhook.core.model import Outcome, PlacementRequest, Strategy
+from webhook.core.placer import place
+from webhook.kube.demo import leaf_spine_nodes, make_pod
+
+EXAMPLES = int(os.environ.get("PROPERTY_EXAMPLES", "300"))
+NOW = 5000.0
+
+
+@st.composite
+def scenarios(draw):
+    nodes = leaf_spine_nodes(spines=draw(st.integers(1, 2)), leaves=draw(st.integers(1, 3)),
+                             nodes=draw(st.integers(1, 3)))
+    names = [n["metadata"]["name"] for n in nodes]
+    busy = [make_pod(f"busy-{name}", name, used) for name in names if (used := draw(st.integers(0, 8)))]
+    # A waiter waits in a spine, a leaf or a node: the path of that domain, read off a node's labels.
+    waiters = []
+    for w in range(draw(st.integers(0, 3))):
+        node = draw(st.sampled_from(nodes))
+        labels = node["metadata"]["labels"]
+        path = (("topology.kubernetes.io/zone", labels["topology.kubernetes.io/zone"]),
+                ("topology.scheduler/spine", labels["topology.scheduler/spine"]),
+                ("topology.scheduler/leaf", labels["topology.scheduler/leaf"]),
+                ("kubernetes.io/hostname", node["metadata"]["name"]))[:draw(st.integers(2, 4))]
+        gpus = draw(st.sampled_from([1, 2, 4, 8]))
+        waiters.extend(make_pod(f"wait{w}-{i}", None, gpus, "ml", phase="Pending", annotations={
+            WAITING_FOR: format_domain_path(path), RESERVATION: f"ml/Job/wait{w}"}) for i in range(draw(st.integers(1, 3))))
+    request = PlacementRequest("Job ml/new", draw(st.integers(1, 3)), draw(st.sampled_from([1, 2, 4, 8])),
+                               draw(st.sampled_from(list(Strategy))))
+    ages = draw(st.lists(st.floats(0, 3000), min_size=len(waiters), max_size=len(waiters)))
+    return nodes, busy, waiters, ages, request, draw(st.sampled_from([600.0, 1800.0]))
+
+
+def index_of(config, nodes, busy, waiters, ages) -> ClusterIndex:
+    clock = [0.0]
+    index = ClusterIndex.from_objects(config, nodes, busy, lambda: clock[0])
+    for pod, age in zip(waiters, ages):
+        clock[0] = NOW - age
+        index.upsert_pod(pod)
+    clock[0] = NOW
+    return index
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_protection_only_moves_a_placement_to_one_as_tight(scenario):
+    nodes, busy, waiters, ages, request, seconds = scenario
+    config = Config(protect_waiting_seconds=seconds)
+    alone = place(index_of(config, nodes, busy, [], []), request)
+    index = index_of(config, nodes, busy, waiters, ages)
+    decision = place(index, request)
+    assert (decision.outcome is Outcome.PLACED) == (alone.outcome is Outcome.PLACED)
+    if decision.outcome is not Outcome.PLACED:
+        assert decision == alone  # waits and denials are left as they are
+        return
+    assert decision.scope.level >= alone.scope.level
+    shield = protection.protected(index.tree, index.waiters.values(), NOW, seconds, None)
+    if request.pods == 1 and shield.taken_by(decision):  # then no node had room for it beside what is set aside
+        assert not any(shield.room.get(name, node.free) >= request.gpus_per_pod for name, node in index.nodes.items())
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_with_both_settings_off_waiters_change_nothing(scenario):
+    nodes, busy, waiters, ages, request, _ = scenario
+    config = Config(protect_waiting_seconds=0, pin_only_where_locality_pays=False)
+    decision = place(index_of(config, nodes, busy, waiters, ages), request)
+    assert decision == place(index_of(config, nodes, busy, [], []), request)
+    assert decision.locality_pays
