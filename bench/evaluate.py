@@ -34,7 +34,7 @@ OURS = "ours-consolidated"
 OURS_VARIANTS = (OURS, "ours-balanced")
 BASELINES = ("spread", "best-fit", "random", "kueue")
 BUCKETS = ("9-64", "65+")  # buckets above one node
-SINGLE_NODE = ("1", "2-8")
+SINGLE_NODE = ("1", "2", "3-4", "5-8")  # report.bucket_of
 JCT = "JCT "  # a row's bucket starts with it when it compares mean job completion time
 # Same zone > spine > leaf > node shape at three sizes; load is relative to the cluster's GPUs.
 CLUSTERS = {512: ClusterSpec(),
