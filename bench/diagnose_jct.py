@@ -87,13 +87,13 @@ class Observed(Policy):
         self.inner.finished(job, pods)
 
 
-def make(key: str, network, pinned: bool) -> Policy:
+def make(key: str, network, comm_fraction: float, pinned: bool) -> Policy:
     def ours(strategy: Strategy = Strategy.CONSOLIDATED) -> Policy:
-        return Ours(strategy, network, pinned=pinned)
+        return Ours(strategy, network, pinned=pinned, communication_share=comm_fraction)
 
     if key.startswith("ours-consolidated-"):  # a rule of issue 26 switched off
         return Ours(Strategy.CONSOLIDATED, network, pinned=pinned, label=key[len("ours-consolidated"):],
-                    **simulate.WAIT_ABLATIONS[key[len("ours-consolidated-"):]])
+                    communication_share=comm_fraction, **simulate.WAIT_ABLATIONS[key[len("ours-consolidated-"):]])
     return {"ours-consolidated": ours, "ours-balanced": lambda: ours(Strategy.BALANCED), "kueue": KueueBestFit,
             "ours-single+kueue-multi": lambda: BySize("ours single, Kueue multi", ours(), KueueBestFit()),
             "kueue-single+ours-multi": lambda: BySize("Kueue single, ours multi", KueueBestFit(), ours())}[key]()
@@ -103,7 +103,7 @@ def one(task) -> tuple:
     trace, load, seed, key, gpus, window, pinned = task
     settings = simulate.QUICK if gpus == simulate.QUICK.spec.gpus else replace(simulate.FULL, spec=CLUSTERS[gpus])
     workload = simulate.workload_for(simulate.Scenario("main", trace, load, seed=seed), settings)
-    policy = Observed(make(key, workload.network, pinned))
+    policy = Observed(make(key, workload.network, workload.comm_fraction, pinned))
     began = time.perf_counter()
     result = engine.run(workload, policy, window=window)
     return task, figures(result, policy, window), time.perf_counter() - began

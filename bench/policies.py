@@ -419,8 +419,8 @@ class Without(Ours):
     """Ours with one rule of ABLATIONS switched off, for the length of each decision (the pool's
     worker processes run other policies between decisions, so nothing stays switched)."""
 
-    def __init__(self, rule: str, network: Network) -> None:
-        super().__init__(Strategy.CONSOLIDATED, network)
+    def __init__(self, rule: str, network: Network, comm_fraction: float) -> None:
+        super().__init__(Strategy.CONSOLIDATED, network, communication_share=comm_fraction)
         self.rule = rule
         self.name = f"ours without {rule}"
 

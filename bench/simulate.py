@@ -49,18 +49,21 @@ STRATEGY_OF = {"ours-consolidated": "consolidated", "ours-balanced": "balanced (
 
 
 
-def make_policy(key: str, network: Network) -> Policy:
-    def ours() -> Policy:
-        return Ours(Strategy.CONSOLIDATED, network)
+def make_policy(key: str, network: Network, comm_fraction: float) -> Policy:
+    """The policy `key`; ours is configured with the simulated fabric and workloads, as an operator
+    configures it with theirs (its communication share is the workloads')."""
+    def ours(strategy: Strategy = Strategy.CONSOLIDATED, label: str = "", **settings: object) -> Policy:
+        return Ours(strategy, network, label=label, communication_share=comm_fraction, **settings)
 
     makers = {"spread": least_allocated, "best-fit": most_allocated, "random": random_fit, "kueue": KueueBestFit,
-              "ours-consolidated": ours, "ours-distributed": lambda: Ours(Strategy.DISTRIBUTED, network),
-              "ours-balanced": lambda: Ours(Strategy.BALANCED, network),
+              "ours-consolidated": ours, "ours-distributed": lambda: ours(Strategy.DISTRIBUTED),
+              "ours-balanced": lambda: ours(Strategy.BALANCED),
               "ours-single+kueue-multi": lambda: BySize("ours single-pod, Kueue multi-pod", ours(), KueueBestFit()),
               "kueue-single+ours-multi": lambda: BySize("Kueue single-pod, ours multi-pod", KueueBestFit(), ours())}
-    makers.update({f"ours-without-{rule}": (lambda rule=rule: Without(rule, network)) for rule in ABLATIONS})
-    makers.update({f"ours-consolidated-{name}": (lambda name=name, settings=settings: Ours(
-        Strategy.CONSOLIDATED, network, label=f", {name}", **settings)) for name, settings in WAIT_ABLATIONS.items()})
+    makers.update({f"ours-without-{rule}": (lambda rule=rule: Without(rule, network, comm_fraction))
+                   for rule in ABLATIONS})
+    makers.update({f"ours-consolidated-{name}": (lambda name=name, settings=settings: ours(
+        Strategy.CONSOLIDATED, f", {name}", **settings)) for name, settings in WAIT_ABLATIONS.items()})
     return makers[key]()
 
 
@@ -135,7 +138,7 @@ def run_one(task: tuple[Scenario, str, Settings]) -> tuple[Scenario, str, report
     scenario, key, settings = task
     workload = workload_for(scenario, settings)
     began = time.perf_counter()
-    result = run(workload, make_policy(key, workload.network))
+    result = run(workload, make_policy(key, workload.network, workload.comm_fraction))
     return scenario, key, report.summarize(result, time.perf_counter() - began)
 
 

@@ -12,6 +12,7 @@ from webhook.core.cluster import ClusterIndex
 from webhook.core.config import Config
 from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path
 from webhook.core.model import NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
+from webhook.core import waiting
 from webhook.core.placer import place, place_and_reserve
 from webhook.kube.demo import leaf_spine_nodes, make_pod
 from webhook.objects import mutation
@@ -63,8 +64,45 @@ def test_a_multi_pod_wait_is_pinned_as_wide_as_the_cost_model_allows(clock):
     assert mutation.waiting_for(decision, Config()) == format_domain_path(SPINE_1)
     oversubscribed = Config(levels=tuple(dataclasses.replace(lv, oversubscription=2.0) if lv.name == "spine" else lv
                                          for lv in Config().levels), levels_auto=False)
-    at_leaf = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}, oversubscribed), request(2))
+    chatty = dataclasses.replace(oversubscribed, communication_share=1.0)
+    at_leaf = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}, chatty), request(2))
     assert at_leaf.scope.level_name == "leaf" and at_leaf.scope.name == "leaf-2" and at_leaf.locality_pays
+
+
+def test_a_wait_spills_a_level_wider_where_the_wait_it_saves_outweighs_the_slower_run(clock):
+    """Leaf-2 holds 1 of 2 pods and 3 of its nodes are taken: the one more it needs frees after
+    H(3) - H(2) = 1/3 run times; spine-1 has 15 taken, 1/15. Spanning leaves halves the bandwidth
+    (spine oversubscription 2; an H100 node's NICs, 0.09 where NVLink caps the leaf's) and stretches
+    a run by the communication share times that: 0.09 < 1/3 - 1/15, and the wait moves to the spine; spanning spines (x4 more) stretches it by 0.6: it stops there.
+    A communication share of 1 keeps it in the leaf (previous test), one of 0 pins it nowhere."""
+    spine_2x = Config(levels=tuple(dataclasses.replace(lv, oversubscription=2.0) if lv.name == "spine" else lv
+                                   for lv in Config().levels), levels_auto=False)
+    decision = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}, spine_2x), request(2))
+    assert decision.outcome is Outcome.WAIT and decision.scope.level_name == "spine" and decision.locality_pays
+    assert decision.scope.name == "spine-1"
+    assert any("leaf leaf-2 is expected to take 0.33 run times, in spine spine-1 0.07, and spanning it "
+               "stretches the run by at most 0.09 (communication share 0.1)" in r for r in decision.reasons)
+    assert mutation.waiting_for(decision, spine_2x) == format_domain_path(SPINE_1)
+    kept = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}, spine_2x), request(2, max_domain="leaf"))
+    assert kept.scope.name == "leaf-2" and kept.locality_pays  # never wider than max-domain
+    silent = dataclasses.replace(spine_2x, communication_share=0.0)
+    anywhere = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}, silent), request(2))
+    assert anywhere.outcome is Outcome.WAIT and not anywhere.locality_pays and not mutation.pins(anywhere, silent)
+    assert anywhere.scope.name == "leaf-2"  # still names where it fits first, as a preference
+
+
+def test_expected_wait_counts_taken_places_terminating_ones_as_free(clock):
+    index = busy_cluster(clock, {})
+    leaf = next(d for d in index.tree.levels[2].values() if d.ref.name == "leaf-2")
+    assert waiting.expected_wait(leaf, 8, 4) == pytest.approx(1 + 1 / 2 + 1 / 3 + 1 / 4)  # the last of 4
+    assert waiting.expected_wait(leaf, 8, 1) == pytest.approx(1 / 4)  # the first of 4
+    assert waiting.expected_wait(leaf, 8, 5) == pytest.approx(1 + 1 / 2 + 1 / 3 + 1 / 4)  # never more than all
+    root = index.tree.root
+    assert waiting.expected_wait(root, 8, 32) == pytest.approx(sum(1 / k for k in range(1, 33)), abs=1e-8)
+    ending = make_pod("busy-gpu-s1-l2-n3", "gpu-s1-l2-n3", 8)
+    ending["metadata"]["deletionTimestamp"] = "2026-11-25T12:00:00Z"
+    index.upsert_pod(ending)  # terminating: its node counts as free
+    assert waiting.expected_wait(leaf, 8, 1) == 0.0 and waiting.expected_wait(leaf, 8, 2) == pytest.approx(1 / 3)
 
 
 def test_max_domain_keeps_a_one_pod_wait_pinned(clock):

@@ -132,6 +132,10 @@ class Config:
     # gives the same bandwidth as the one that fits first, and not at all when that is the whole
     # cluster (a one-pod job runs alike on any node: it only prefers the node that frees first).
     pin_only_where_locality_pays: bool = True
+    # ... and wider still where the wait it saves outweighs the slower run: the share of a
+    # multi-node job's run time spent in collective communication at its tightest placement, which
+    # a lower bandwidth stretches (0: communication costs nothing, so no wait is pinned).
+    communication_share: float = 0.1
     # For how long a pinned wait keeps new work that has an equally tight place elsewhere off the
     # GPUs it needs in its domain (oldest waiters first, at most each one's own need). 0: never.
     protect_waiting_seconds: float = 1800.0
@@ -236,6 +240,7 @@ _SCALARS: Mapping[str, tuple[type, float, float]] = {
     "reservation_ttl_seconds": (float, 1.0, 86400.0),
     "stale_after_seconds": (float, 5.0, 86400.0),
     "protect_waiting_seconds": (float, 0.0, 86400.0),
+    "communication_share": (float, 0.0, 1.0),
     "max_body_bytes": (int, 1024, 3 * 1024 * 1024),
     "preferred_weight": (int, 1, 100),
 }

@@ -45,6 +45,20 @@ def crossing(subset: TopologyTree, level: int) -> tuple[str, float]:
     return levels[level].link, divisor
 
 
+def bandwidth_across(subset: TopologyTree, request: PlacementRequest, level: int, profile: HardwareProfile) -> float:
+    """The bus bandwidth `bus_bandwidth` would give pods of `profile`'s nodes spanning the children
+    of one domain of `level` (-1: the cluster; len(levels): pods on one node, its GPU links):
+    NVLink where the nodes share a fabric, else each node's NICs divided by the oversubscription
+    crossed."""
+    if level >= len(subset.config.levels):
+        return profile.nvlink_gbs
+    link, divisor = crossing(subset, level)
+    if link == "nvlink":
+        return profile.nvlink_gbs
+    nics = min(request.gpus_per_pod, profile.nics_per_node) * profile.nic_gbs
+    return min(profile.nvlink_gbs, nics / divisor)
+
+
 def spill_costs(subset: TopologyTree, request: PlacementRequest, level: int) -> bool:
     """Whether the request's estimate would drop if it spanned a domain one level wider than
     `level` (len(levels): a node). A pod never spans nodes, so one pod loses nothing anywhere;

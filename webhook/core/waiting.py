@@ -4,6 +4,7 @@ to nothing; and the sentences that say why. Pure."""
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Callable, Sequence
 
 from . import estimate, walk
@@ -194,21 +195,75 @@ def decide(subset: TopologyTree, request: PlacementRequest, chain: list[Member],
 
 def _as_fast_wider(subset: TopologyTree, request: PlacementRequest, target: Member, narrowest: int
                    ) -> tuple[Member, str]:
-    """The widest domain around `target`, no wider than max-domain (`narrowest`), in which the
-    cost model gives the request the bandwidth it gets inside `target`: waiting for `target`
-    rather than it only delays the job. With the sentence that says so ("" when it is `target`)."""
-    member = target
-    while member.parent is not None and member.parent.ref.level >= narrowest \
-            and not estimate.spill_costs(subset, request, member.ref.level):
+    """The widest domain around `target`, no wider than max-domain (`narrowest`), worth waiting in
+    rather than `target` alone: one in which the cost model gives the request the bandwidth it gets
+    inside `target` (waiting for `target` only delays it), or, a level at a time, one whose expected
+    wait is shorter than `target`'s by more than the slower run costs (`_worth_spilling`). With the
+    sentence that says so ("" when it is `target`)."""
+    member, weighed = target, ""
+    while member.parent is not None and member.parent.ref.level >= narrowest:
+        if estimate.spill_costs(subset, request, member.ref.level):
+            if isinstance(member, NodeState):
+                break  # pods on one node: nothing on the network comes close to its GPU links
+            why = _worth_spilling(subset, request, target, member, member.parent)
+            if not why:
+                break
+            weighed = why
         member = member.parent
     if member is target:
         return target, ""
     if member is subset.root:
-        why = ("one pod runs alike on any node" if request.pods == 1 else
+        why = ("one pod runs alike on any node" if request.pods == 1 else weighed or
                "the cost model gives it the same bandwidth anywhere in the cluster")
         return member, f"{why}: the wait only prefers {target.label}, so it starts wherever room opens first"
-    return member, (f"the cost model gives it the same bandwidth anywhere in {member.label}: "
-                    f"it waits there rather than for {target.label} alone")
+    return member, weighed or (f"the cost model gives it the same bandwidth anywhere in {member.label}: "
+                               f"it waits there rather than for {target.label} alone")
+
+
+def _worth_spilling(subset: TopologyTree, request: PlacementRequest, target: Member, member: Member,
+                    wider: Domain) -> str:
+    """Why the request should wait in `wider` rather than `member` ("" when it should not): the
+    wait it expects there is shorter by at least what spanning `wider` would stretch its run. Both in
+    run times, the unit the webhook can reason in without knowing any: a run is stretched by
+    `communication_share` times how much lower the bandwidth is than inside `target`."""
+    share = subset.config.communication_share
+    profile = _first_node(target).profile
+    tight = estimate.bandwidth_across(subset, request, target.ref.level, profile)
+    stretch = share * tight * (1 / estimate.bandwidth_across(subset, request, wider.ref.level, profile)
+                               - 1 / estimate.bandwidth_across(subset, request, member.ref.level, profile))
+    here, there = (expected_wait(m, request.gpus_per_pod, request.pods) for m in (member, wider))
+    if here - there < stretch:
+        return ""
+    return (f"waiting for room in {member.label} is expected to take {here:.2f} run times, in {wider.label} "
+            f"{there:.2f}, and spanning it stretches the run by at most {stretch:.2f} (communication "
+            f"share {share:g}): it waits in {wider.label}")
+
+
+def expected_wait(member: Member, gpus: int, pods: int) -> float:
+    """How long until `member` holds `pods` pods of `gpus`, in mean run times. A place for one pod
+    that is taken frees when the work in it ends, and nothing says when: each is taken to end after
+    an exponential time of mean one run, independently (memoryless), so the k-th of n frees after
+    H(n) - H(n-k). Places being freed by terminating pods count as free."""
+    now = member.fits(gpus)
+    ever = member.fits_idle(gpus)
+    soon = min(ever, now + member.freeing // gpus)
+    short, taken = pods - soon, ever - soon
+    if short <= 0:
+        return 0.0
+    return _harmonic(taken) - _harmonic(taken - min(short, taken))
+
+
+def _harmonic(n: int) -> float:
+    """H(n) = 1 + 1/2 + ... + 1/n; the asymptotic series past 16 terms (error below 1e-8)."""
+    if n <= 16:
+        return sum(1 / k for k in range(1, n + 1))
+    return math.log(n) + 0.5772156649015329 + 1 / (2 * n) - 1 / (12 * n * n)
+
+
+def _first_node(member: Member) -> NodeState:
+    while not isinstance(member, NodeState):
+        member = next(iter(member.children.values()))
+    return member
 
 
 def _node_first_to_fit(scope: Member, gpus: int, pods: int) -> NodeState | None:
