@@ -257,14 +257,15 @@ class Ours(Policy):
     - Placed: the pods are bound to the nodes and GPU ids of our assignment. For consolidated that is
       kube-scheduler inside the pinned domain picking our nodes; for balanced it assumes the
       preference is honoured (the domain has room for every pod).
-    - Wait, consolidated: the pods are pinned (required node affinity) to the domain that will fit
-      first, and the job is not decided again. It starts once that domain holds every pod: our best
-      fit inside it (ours asked with it as the preferred domain; for a node, the device plugin's
-      GPU choice there). Until then it waits, whatever room opens elsewhere.
-    - Wait, balanced (the default strategy), and distributed, whose wait the mutation also writes as
-      a preference: the pods only prefer that domain (weight 100). Once it holds every pod, as for
-      consolidated. Before that, as soon as the cluster holds them, kube-scheduler places them pod
-      by pod (`kube_scheduler_with_preference`) instead of waiting.
+    - Wait, pinned (consolidated, and balanced where `pin_only_where_locality_pays` weighed the
+      wait): the pods are pinned (required node affinity) to the domain the wait names, and the job
+      is not decided again. It starts once that domain holds every pod: our best fit inside it
+      (ours asked with it as the preferred domain; for a node, the device plugin's GPU choice
+      there). Until then it waits, whatever room opens elsewhere.
+    - Wait, preferred (a one-pod job's, distributed's, and balanced's when its waits are not
+      weighed), which the mutation writes as a preference: the pods only prefer that domain (weight
+      100). Once it holds every pod, as above. Before that, as soon as the cluster holds them,
+      kube-scheduler places them pod by pod (`kube_scheduler_with_preference`) instead of waiting.
 
     A pinned wait's pods are given to the index pending, with the `waiting-for` annotation the
     mutation writes, so protection (`protect_waiting_seconds`) sees them as the webhook's live
@@ -304,7 +305,8 @@ class Ours(Policy):
                 self.waiting[job.job_id] = (decision, self._nodes_of(decision))
                 if not self.anywhere_for(decision):
                     self.held.add(job.job_id)
-                    domain = waiting_for(decision, self.config)
+                domain = waiting_for(decision, self.config)
+                if domain is not None:
                     for pod in self._pods(job, [(None, (0,) * job.gpus_per_pod)] * job.pods):
                         pod["metadata"]["annotations"][WAITING_FOR] = domain
                         self.index.upsert_pod(pod)

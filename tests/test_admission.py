@@ -340,7 +340,9 @@ def full_index() -> ClusterIndex:
     pytest.param("consolidated", Config(), True, "pinned to", id="consolidated waits for locality"),
     pytest.param("consolidated", Config(pin_when_waiting=False), False, "may start scattered",
                  id="configured to scatter"),
-    pytest.param("balanced", Config(), False, "may start scattered", id="balanced only prefers"),
+    pytest.param("balanced", Config(), True, "pinned to", id="balanced waits where waiting pays"),
+    pytest.param("balanced", Config(pin_only_where_locality_pays=False), False, "may start scattered",
+                 id="balanced only prefers when waits are not weighed"),
 ])
 def test_no_room_now(strategy, config, pinned, fragment):
     obj = workload("Job", replicas=4, annotations={"topology.scheduler/placement-strategy": strategy})

@@ -400,15 +400,18 @@ def ours_on(spec, strategy, pinned=True, **settings):
     return cluster, ours, hold
 
 
-@pytest.mark.parametrize("strategy, pinned", [(Strategy.CONSOLIDATED, True), (Strategy.BALANCED, True),
-                                              (Strategy.CONSOLIDATED, False)])
-def test_a_wait_pins_consolidated_and_only_prefers_balanced(strategy, pinned):
+@pytest.mark.parametrize("strategy, pinned, weighed", [
+    (Strategy.CONSOLIDATED, True, True), (Strategy.BALANCED, True, True), (Strategy.BALANCED, True, False),
+    (Strategy.CONSOLIDATED, False, True)])
+def test_a_wait_pins_where_waiting_pays_and_else_only_prefers(strategy, pinned, weighed):
     """Every node full but one of leaf 0: a 2 x 8 job waits, named to leaf 0. Then leaf 1 empties.
-    Consolidated stays pinned to leaf 0 and waits on; balanced starts at once, one pod on the
-    preferred leaf's free node and one elsewhere (kube-scheduler); decided afresh (the old
-    simulator), it takes leaf 1 whole. Communication is all of the run here, so waiting for leaf 0
-    pays (at 0.1 the wait moves to the spine: the next test)."""
-    cluster, ours, hold = ours_on(SMALL, strategy, pinned, communication_share=1.0)
+    Communication is all of the run here, so waiting for leaf 0 pays (at 0.1 the wait moves to the
+    spine: the next test): consolidated and balanced stay pinned to leaf 0 and wait on. A balanced
+    wait that is not weighed (`pin_only_where_locality_pays` off) only prefers leaf 0 and starts at
+    once, one pod on the preferred leaf's free node and one elsewhere (kube-scheduler); decided
+    afresh (the old simulator), it takes leaf 1 whole."""
+    cluster, ours, hold = ours_on(SMALL, strategy, pinned, communication_share=1.0,
+                                  pin_only_where_locality_pays=weighed)
     leaf0, leaf1 = node_names(cluster, 0, 2), node_names(cluster, 1, 2)
     release = {node: hold(f"fill-{node}", node) for node in [n.name for n in cluster.nodes] if node != leaf0[0]}
     job = traces.Job("big", 0, 10, 2, 8)
@@ -418,7 +421,7 @@ def test_a_wait_pins_consolidated_and_only_prefers_balanced(strategy, pinned):
     placed = ours.place(job)
     if not pinned:
         assert sorted(n for n, _ in placed) == leaf1
-    elif strategy is Strategy.BALANCED:
+    elif not weighed:
         nodes = [n for n, _ in placed]
         assert leaf0[0] in nodes and len(set(nodes)) == 2 and ours.anywhere(job)
     else:
@@ -483,7 +486,7 @@ def test_jct_diagnosis_tables_every_policy_and_sees_pins_only_where_they_are_wri
     per_bucket, cluster, paired = tables()
     assert {r[1] for r in per_bucket} == set(diagnose_jct.POLICIES) == set(cluster)
     into_pin = {key: float(row[11].rstrip("%")) for key, row in cluster.items()}
-    assert into_pin["ours-consolidated"] > 0 and into_pin["kueue"] == into_pin["ours-balanced"] == 0
+    assert into_pin["ours-consolidated"] > 0 and into_pin["ours-balanced"] > 0 and into_pin["kueue"] == 0
     for row in paired:
         verdict = printed_verdict(row[3].replace(",", "").replace(" ", ","))  # "[-1,412, +462]"
         assert verdict is None or row[5] == verdict

@@ -44,17 +44,22 @@ def test_consolidated_without_affinity_gets_one_term():
         "nodeSelectorTerms": [{"matchExpressions": [PIN]}]}}
 
 
-@pytest.mark.parametrize("strategy, outcome, pin_when_waiting, pinned", [
-    pytest.param(Strategy.CONSOLIDATED, Outcome.PLACED, True, True, id="consolidated placed pins"),
-    pytest.param(Strategy.DISTRIBUTED, Outcome.PLACED, True, True, id="distributed placed pins its scope"),
-    pytest.param(Strategy.BALANCED, Outcome.PLACED, True, False, id="balanced placed prefers"),
-    pytest.param(Strategy.CONSOLIDATED, Outcome.WAIT, True, True, id="consolidated waiting pins where it fits first"),
-    pytest.param(Strategy.CONSOLIDATED, Outcome.WAIT, False, False, id="consolidated waiting prefers when configured"),
-    pytest.param(Strategy.BALANCED, Outcome.WAIT, True, False, id="balanced waiting only prefers"),
-    pytest.param(Strategy.DISTRIBUTED, Outcome.WAIT, True, False, id="distributed waiting only prefers"),
+@pytest.mark.parametrize("strategy, outcome, settings, pinned", [
+    pytest.param(Strategy.CONSOLIDATED, Outcome.PLACED, {}, True, id="consolidated placed pins"),
+    pytest.param(Strategy.DISTRIBUTED, Outcome.PLACED, {}, True, id="distributed placed pins its scope"),
+    pytest.param(Strategy.BALANCED, Outcome.PLACED, {}, False, id="balanced placed prefers"),
+    pytest.param(Strategy.CONSOLIDATED, Outcome.WAIT, {}, True, id="consolidated waiting pins where it waits"),
+    pytest.param(Strategy.CONSOLIDATED, Outcome.WAIT, {"pin_when_waiting": False}, False,
+                 id="consolidated waiting prefers when configured"),
+    pytest.param(Strategy.BALANCED, Outcome.WAIT, {}, True, id="balanced waiting pins where waiting pays"),
+    pytest.param(Strategy.BALANCED, Outcome.WAIT, {"pin_only_where_locality_pays": False}, False,
+                 id="balanced waiting only prefers when waits are not weighed"),
+    pytest.param(Strategy.BALANCED, Outcome.WAIT, {"pin_when_waiting": False}, False,
+                 id="balanced waiting prefers when configured"),
+    pytest.param(Strategy.DISTRIBUTED, Outcome.WAIT, {}, False, id="distributed waiting only prefers"),
 ])
-def test_required_or_preferred(strategy, outcome, pin_when_waiting, pinned):
-    config = Config(pin_when_waiting=pin_when_waiting)
+def test_required_or_preferred(strategy, outcome, settings, pinned):
+    config = Config(**settings)
     obj = workload("Job", spec={"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 5, "preference": {"matchExpressions": [USER_TERM]}}]}}})
     out = valid(mutation.mutate(obj, "Job", decision(request(strategy=strategy), outcome), config))

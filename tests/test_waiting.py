@@ -105,6 +105,21 @@ def test_expected_wait_counts_taken_places_terminating_ones_as_free(clock):
     assert waiting.expected_wait(leaf, 8, 1) == 0.0 and waiting.expected_wait(leaf, 8, 2) == pytest.approx(1 / 3)
 
 
+def test_a_balanced_wait_is_pinned_where_waiting_pays_and_else_only_prefers(clock):
+    """The default strategy weighs its wait as consolidated does: a preference on a multi-pod wait
+    lets kube-scheduler scatter the pods over whatever frees first."""
+    index = busy_cluster(clock, {"gpu-s1-l2-n3": 8})
+    balanced = place(index, request(2, strategy=Strategy.BALANCED))
+    consolidated = place(index, request(2))
+    assert (balanced.scope, balanced.locality_pays) == (consolidated.scope, True)
+    assert mutation.pins(balanced, Config()) and mutation.waiting_for(balanced, Config()) == format_domain_path(SPINE_1)
+    one_pod = place(busy_cluster(clock, {"gpu-s1-l2-n3": 4}), request(1, strategy=Strategy.BALANCED))
+    assert not one_pod.locality_pays and not mutation.pins(one_pod, Config())
+    unweighed = Config(pin_only_where_locality_pays=False)
+    before = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}, unweighed), request(2, strategy=Strategy.BALANCED))
+    assert not mutation.pins(before, unweighed) and mutation.waiting_for(before, unweighed) is None
+
+
 def test_max_domain_keeps_a_one_pod_wait_pinned(clock):
     decision = place(busy_cluster(clock, {"gpu-s1-l2-n3": 4}), request(1, max_domain="leaf"))
     assert decision.outcome is Outcome.WAIT and decision.scope.level_name in ("node", "leaf")

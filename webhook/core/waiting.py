@@ -155,9 +155,10 @@ def _per_level(subset: TopologyTree, pods: int, fitting: Callable[[Domain], int]
 
 def decide(subset: TopologyTree, request: PlacementRequest, chain: list[Member], narrowest: int = -1) -> Decision:
     """Name the domain that will fit first: the deepest level with a domain that could ever hold
-    the workload, and in it the domain closest to fitting now; say per level how much fits. A
-    consolidated wait is pinned only as wide as locality pays (`pin_only_where_locality_pays`),
-    never wider than max-domain's level `narrowest`."""
+    the workload, and in it the domain closest to fitting now; say per level how much fits. With
+    `pin_only_where_locality_pays`, a consolidated or balanced wait names the domain worth
+    waiting in (`_worth_waiting_in`), never wider than max-domain's level `narrowest`, and none
+    (`Decision.locality_pays` false) where that is the whole cluster."""
     gpus, pods = request.gpus_per_pod, request.pods
     target: Member | None = None
     for scope in chain:
@@ -179,8 +180,8 @@ def decide(subset: TopologyTree, request: PlacementRequest, chain: list[Member],
     reasons = [f"no domain has room for {pods} pod(s) x {gpus} GPU(s) now; {target.label} will fit first "
                f"({target.fits(gpus)} of {pods} fit now, {target.fits_idle(gpus)} when idle{freeing})"]
     locality_pays = True
-    if request.strategy is Strategy.CONSOLIDATED and subset.config.pin_only_where_locality_pays:
-        widest, why = _as_fast_wider(subset, request, target, narrowest)
+    if request.strategy in (Strategy.CONSOLIDATED, Strategy.BALANCED) and subset.config.pin_only_where_locality_pays:
+        widest, why = _worth_waiting_in(subset, request, target, narrowest)
         if widest is subset.root:
             locality_pays = False  # the wait names where it fits first, as a preference
         else:
@@ -193,50 +194,56 @@ def decide(subset: TopologyTree, request: PlacementRequest, chain: list[Member],
                     requirements=walk.requirements(subset, target), code=NO_ROOM_NOW, reasons=tuple(reasons))
 
 
-def _as_fast_wider(subset: TopologyTree, request: PlacementRequest, target: Member, narrowest: int
+def _worth_waiting_in(subset: TopologyTree, request: PlacementRequest, target: Member, narrowest: int
                    ) -> tuple[Member, str]:
     """The widest domain around `target`, no wider than max-domain (`narrowest`), worth waiting in
     rather than `target` alone: one in which the cost model gives the request the bandwidth it gets
     inside `target` (waiting for `target` only delays it), or, a level at a time, one whose expected
-    wait is shorter than `target`'s by more than the slower run costs (`_worth_spilling`). With the
-    sentence that says so ("" when it is `target`)."""
-    member, weighed = target, ""
+    wait is shorter than `target`'s by at least what the slower run costs (`_worth_spilling`).
+    With the sentences that say so ("" when it is `target` and nothing was weighed)."""
+    member, notes, free = target, [], False
     while member.parent is not None and member.parent.ref.level >= narrowest:
         if estimate.spill_costs(subset, request, member.ref.level):
             if isinstance(member, NodeState):
                 break  # pods on one node: nothing on the network comes close to its GPU links
-            why = _worth_spilling(subset, request, target, member, member.parent)
-            if not why:
+            worth, why = _worth_spilling(subset, request, target, member, member.parent)
+            notes.append(why)
+            free = False
+            if not worth:
                 break
-            weighed = why
+        else:
+            same = f"the cost model gives it the same bandwidth anywhere in {member.parent.label}"
+            if free:
+                notes[-1] = same  # one sentence for a run of levels that cost nothing
+            else:
+                notes.append(same)
+            free = True
         member = member.parent
-    if member is target:
-        return target, ""
     if member is subset.root:
-        why = ("one pod runs alike on any node" if request.pods == 1 else weighed or
-               "the cost model gives it the same bandwidth anywhere in the cluster")
+        why = "one pod runs alike on any node" if request.pods == 1 else "; ".join(notes)
         return member, f"{why}: the wait only prefers {target.label}, so it starts wherever room opens first"
-    return member, weighed or (f"the cost model gives it the same bandwidth anywhere in {member.label}: "
-                               f"it waits there rather than for {target.label} alone")
+    if not notes:
+        return target, ""
+    return member, "; ".join(notes) + f": it waits in {member.label}" + (
+        "" if member is target else f" rather than for {target.label} alone")
 
 
 def _worth_spilling(subset: TopologyTree, request: PlacementRequest, target: Member, member: Member,
-                    wider: Domain) -> str:
-    """Why the request should wait in `wider` rather than `member` ("" when it should not): the
-    wait it expects there is shorter by at least what spanning `wider` would stretch its run. Both in
-    run times, the unit the webhook can reason in without knowing any: a run is stretched by
-    `communication_share` times how much lower the bandwidth is than inside `target`."""
+                    wider: Domain) -> tuple[bool, str]:
+    """Whether the request should wait in `wider` rather than `member`, and the figures that say
+    so: the wait it expects there is shorter by at least what spanning `wider` would stretch its
+    run. Both in run times, the unit the webhook can reason in without knowing any: a run is
+    stretched by `communication_share` times how much lower the bandwidth is than inside `target`."""
     share = subset.config.communication_share
     profile = _first_node(target).profile
     tight = estimate.bandwidth_across(subset, request, target.ref.level, profile)
     stretch = share * tight * (1 / estimate.bandwidth_across(subset, request, wider.ref.level, profile)
                                - 1 / estimate.bandwidth_across(subset, request, member.ref.level, profile))
     here, there = (expected_wait(m, request.gpus_per_pod, request.pods) for m in (member, wider))
-    if here - there < stretch:
-        return ""
-    return (f"waiting for room in {member.label} is expected to take {here:.2f} run times, in {wider.label} "
-            f"{there:.2f}, and spanning it stretches the run by at most {stretch:.2f} (communication "
-            f"share {share:g}): it waits in {wider.label}")
+    worth = here - there >= stretch
+    return worth, (f"waiting for room in {member.label} is expected to take {here:.2f} run times, in "
+                   f"{wider.label} {there:.2f}, and spanning it stretches the run by at most {stretch:.2f} "
+                   f"(communication share {share:g}), so spilling {'pays' if worth else 'does not pay'}")
 
 
 def expected_wait(member: Member, gpus: int, pods: int) -> float:

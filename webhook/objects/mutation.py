@@ -79,17 +79,20 @@ def without_injection(obj: Mapping, kind: str) -> Mapping:
 def pins(decision: Decision, config: Config) -> bool:
     """Whether the decision becomes required node affinity rather than a preference: placed
     consolidated and distributed workloads are pinned to their domain (distributed to the scope
-    its spread runs in), balanced ones only prefer it; a waiting consolidated one is pinned to
-    where it fits first when `pin_when_waiting` is on, unless it runs as fast anywhere
-    (`Decision.locality_pays`). A workload with a max-domain is always pinned: a preference could
-    let the scheduler spill it wider."""
+    its spread runs in), balanced ones only prefer it. A waiting consolidated one is pinned to
+    where it waits when `pin_when_waiting` is on, unless waiting for locality does not pay
+    (`Decision.locality_pays`); so is a balanced one waiting for room where
+    `pin_only_where_locality_pays` weighed its wait (else it only prefers the domain). A workload
+    with a max-domain is always pinned: a preference could let the scheduler spill it wider."""
     strategy = decision.request.strategy
     if decision.request.max_domain is not None:
         return decision.outcome in (Outcome.PLACED, Outcome.WAIT)  # a ceiling only a requirement can keep
     if decision.outcome is Outcome.PLACED:
         return strategy in (Strategy.CONSOLIDATED, Strategy.DISTRIBUTED)
-    return (decision.outcome is Outcome.WAIT and strategy is Strategy.CONSOLIDATED and config.pin_when_waiting
-            and decision.locality_pays)
+    if decision.outcome is not Outcome.WAIT or not config.pin_when_waiting or not decision.locality_pays:
+        return False
+    return strategy is Strategy.CONSOLIDATED or (strategy is Strategy.BALANCED and decision.code == NO_ROOM_NOW
+                                                 and config.pin_only_where_locality_pays)
 
 
 def waiting_for(decision: Decision, config: Config) -> str | None:
