@@ -29,6 +29,15 @@ def valid_137(obj: dict) -> dict:
     return obj
 
 
+def valid_136(obj: dict) -> dict:
+    """Valid for Kubernetes 1.36, the only release serving scheduling.k8s.io/v1alpha2 (1.37 removed it)."""
+    kubernetes_validate.validate(obj, "1.36.0", strict=True)
+    return obj
+
+
+VALID_FOR = {"v1beta1": valid_137, "v1alpha2": valid_136}  # by the scheduling.k8s.io version
+
+
 def leaf_of(index: ClusterIndex, node: str) -> str:
     return index.nodes[node].labels[LEAF]
 
@@ -405,20 +414,20 @@ def test_mutate_takes_a_workloads_claim_template_ahead_of_it_in_the_same_file(tm
 
 # ----- PodGroups ----------------------------------------------------------------------------------------
 
-def pod_group(name: str = "ranks", min_count: int | None = 4, **annotations) -> dict:
+def pod_group(name: str = "ranks", min_count: int | None = 4, version: str = "v1beta1", **annotations) -> dict:
     policy = {"gang": {"minCount": min_count}} if min_count else {"basic": {}}
-    return valid_137({"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
-                      "metadata": {"name": name, "namespace": "ml",
-                                   "annotations": {f"topology.scheduler/{k.replace('_', '-')}": v
-                                                   for k, v in annotations.items()}},
-                      "spec": {"schedulingPolicy": policy}})
+    return VALID_FOR[version]({"apiVersion": f"scheduling.k8s.io/{version}", "kind": "PodGroup",
+                               "metadata": {"name": name, "namespace": "ml",
+                                            "annotations": {f"topology.scheduler/{k.replace('_', '-')}": v
+                                                            for k, v in annotations.items()}},
+                               "spec": {"schedulingPolicy": policy}})
 
 
 def member(rank: int, group: str = "ranks", gpus: int = 8) -> dict:
     pod = gpu_pod_of(gpus, f"{group}-{rank}")
     pod["metadata"]["annotations"] = {"topology.scheduler/placement-strategy": "consolidated"}
     pod["spec"]["schedulingGroup"] = {"podGroupName": group}
-    return valid_137(pod)
+    return valid_136(valid_137(pod))  # the same Pod in both releases
 
 
 @pytest.mark.parametrize("order", [(0, 1, 2, 3), (3, 1, 0, 2), (2, 3, 1, 0)])
@@ -495,6 +504,79 @@ def test_mutate_takes_a_pod_group_ahead_of_its_pods(tmp_path, capsys, dra_cluste
     assert group["spec"]["schedulingConstraints"] == {"topology": [{"key": LEAF}]}
     pins = {str(p["spec"]["affinity"]) for p in pods}
     assert len(pins) == 1 and "leaf-3" in pins.pop()
+
+
+# PodGroups of Kubernetes 1.36 (scheduling.k8s.io/v1alpha2): what we read and write has the same shape
+
+def test_a_v1alpha2_pod_group_sizes_and_places_its_pods_as_a_v1beta1_one_does(dra_cluster):
+    decisions = {}
+    for version in ("v1beta1", "v1alpha2"):
+        index = ClusterIndex.from_objects(Config(), *dra_cluster)
+        index.upsert(pod_group(min_count=4, version=version))
+        results = [review(review_of(member(rank)), index, Config()) for rank in range(4)]
+        assert {r.outcome for r in results} == {"placed"}
+        assert all(r.decision is results[0].decision for r in results)
+        decisions[version] = results[0].decision
+        valid_136(results[0].admitted)
+    assert decisions["v1alpha2"].request.pods == 4
+    assert decisions["v1alpha2"].request == decisions["v1beta1"].request
+    assert decisions["v1alpha2"].nodes == decisions["v1beta1"].nodes
+
+
+@pytest.mark.parametrize("kind", ["PodGroup", "Workload"])
+def test_a_v1alpha2_pod_group_or_workload_asking_a_level_gets_its_label_valid_for_1_36(kind):
+    if kind == "PodGroup":
+        obj = pod_group(version="v1alpha2", max_domain="leaf")
+    else:
+        obj = valid_136({"apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "Workload",
+                         "metadata": {"name": "train", "namespace": "ml",
+                                      "annotations": {"topology.scheduler/max-domain": "leaf"}},
+                         "spec": {"podGroupTemplates": [{"name": "workers",
+                                                         "schedulingPolicy": {"gang": {"minCount": 4}}}]}})
+    result = review(review_of(obj), ClusterIndex.from_objects(Config(), []), Config())
+    assert result.outcome == "constrained"
+    admitted = valid_136(result.admitted)
+    constrained = admitted["spec"] if kind == "PodGroup" else admitted["spec"]["podGroupTemplates"][0]
+    assert constrained["schedulingConstraints"] == {"topology": [{"key": LEAF}]}
+
+
+def test_mutate_reads_a_v1alpha2_pod_group_from_the_pods_file(tmp_path, capsys, dra_cluster):
+    nodes, claims = dra_cluster
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
+    (tmp_path / "pods.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [
+        *claims, pod_group(version="v1alpha2")]}))
+    (tmp_path / "ranks.yaml").write_text(yaml.safe_dump_all([member(rank) for rank in range(4)]))
+    assert main(["mutate", "--nodes", str(tmp_path / "nodes.yaml"), "--pods", str(tmp_path / "pods.yaml"),
+                 "-f", str(tmp_path / "ranks.yaml"), "--explain"]) == 0
+    out, err = capsys.readouterr()
+    assert "is not known" not in err  # sized by the PodGroup's minCount, not placed pod by pod
+    pods = list(yaml.safe_load_all(out))
+    (pin,) = {str(valid_136(p)["spec"]["affinity"]) for p in pods}
+    assert len(pods) == 4 and any(leaf in pin for leaf in FREE_LEAVES)
+
+
+@pytest.mark.parametrize("served, watched", [
+    (("v1alpha2",), "v1alpha2"),  # Kubernetes 1.36
+    (("v1beta1",), "v1beta1"),  # 1.37
+    (("v1beta1", "v1alpha2"), "v1beta1"),  # both: the newest
+])
+def test_the_live_view_reads_pod_groups_from_the_newest_version_served(fake, make_view, served, watched):
+    fake.serve_dra = True
+    fake.pod_group_versions = served
+    fake.put("podgroups", pod_group(min_count=4, version=watched))
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(10)
+    eventually(lambda: view.index.pod_group("ml/ranks") is not None, what="the v1alpha2 PodGroup listed")
+    assert view.index.pod_group("ml/ranks").min_count == 4
+    fake.put("podgroups", pod_group(min_count=2, version=watched))  # minCount is mutable: watched
+    eventually(lambda: view.index.pod_group("ml/ranks").min_count == 2, what="the change watched")
+    (stream,) = [s for s in view.status() if s.kind == "podgroups"]
+    assert stream.last_error is None and stream.objects == 1
+    watches = {path for path, q in fake.requests if path.endswith("/podgroups") and q.get("watch") in ("1", "true")}
+    assert watches == {f"/apis/scheduling.k8s.io/{watched}/podgroups"}
+    fake.delete("podgroups", "ml/ranks")
+    eventually(lambda: view.index.pod_group("ml/ranks") is None, what="the PodGroup forgotten")
 
 
 # ----- alignment the allocator honours: constraints on a template that asks for them -----------------
