@@ -414,13 +414,17 @@ def test_mutate_takes_a_workloads_claim_template_ahead_of_it_in_the_same_file(tm
 
 # ----- PodGroups ----------------------------------------------------------------------------------------
 
-def pod_group(name: str = "ranks", min_count: int | None = 4, version: str = "v1beta1", **annotations) -> dict:
+def pod_group(name: str = "ranks", min_count: int | None = 4, version: str = "v1beta1", claims: tuple = (),
+              made: dict | None = None, **annotations) -> dict:
+    """A PodGroup; `claims`: its resourceClaims entries, `made`: entry name -> the claim made for it."""
     policy = {"gang": {"minCount": min_count}} if min_count else {"basic": {}}
-    return VALID_FOR[version]({"apiVersion": f"scheduling.k8s.io/{version}", "kind": "PodGroup",
-                               "metadata": {"name": name, "namespace": "ml",
-                                            "annotations": {f"topology.scheduler/{k.replace('_', '-')}": v
-                                                            for k, v in annotations.items()}},
-                               "spec": {"schedulingPolicy": policy}})
+    group = {"apiVersion": f"scheduling.k8s.io/{version}", "kind": "PodGroup",
+             "metadata": {"name": name, "namespace": "ml", "annotations": {
+                 f"topology.scheduler/{k.replace('_', '-')}": v for k, v in annotations.items()}},
+             "spec": {"schedulingPolicy": policy, **({"resourceClaims": list(claims)} if claims else {})}}
+    if made:
+        group["status"] = {"resourceClaimStatuses": [{"name": k, "resourceClaimName": v} for k, v in made.items()]}
+    return VALID_FOR[version](group)
 
 
 def member(rank: int, group: str = "ranks", gpus: int = 8) -> dict:
@@ -577,6 +581,74 @@ def test_the_live_view_reads_pod_groups_from_the_newest_version_served(fake, mak
     assert watches == {f"/apis/scheduling.k8s.io/{watched}/podgroups"}
     fake.delete("podgroups", "ml/ranks")
     eventually(lambda: view.index.pod_group("ml/ranks") is None, what="the PodGroup forgotten")
+
+
+# ResourceClaims on PodGroups (KEP-5729): a pod's entry equal to its PodGroup's is the group's one claim
+
+GROUP_CLAIM = {"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}
+
+
+def claiming_member(rank: int, *entries: dict) -> dict:
+    """A rank of PodGroup ml/ranks with no GPUs but through `entries` (the group's claim unless given)."""
+    return valid_137(with_claims(member(rank, gpus=0), *(entries or (GROUP_CLAIM,))))
+
+
+def free_gpus(index: ClusterIndex) -> int:
+    stats = index.stats()
+    return stats.gpus_total - stats.gpus_used - stats.gpus_reserved
+
+
+@pytest.mark.parametrize("version", ["v1beta1", "v1alpha2"])
+def test_four_pods_sharing_their_pod_groups_claim_take_its_8_gpus_once_on_one_node(dra_index, version):
+    dra_index.upsert(pod_group(version=version, claims=(GROUP_CLAIM,)))
+    free = free_gpus(dra_index)
+    results = [review(review_of(claiming_member(rank)), dra_index, Config()) for rank in range(4)]
+    assert {r.outcome for r in results} == {"placed"}
+    decision = results[0].decision
+    assert all(r.decision is decision for r in results)
+    assert decision.request.total_gpus == 8 and len(decision.nodes) == 1  # one claim of 8, not 4 x 8
+    assert free_gpus(dra_index) == free - 8
+    assert ("Pod ml/ranks-0: its 4 pods share claim gpus of PodGroup ml/ranks: placed as its 8 GPUs on one node, "
+            "where all of them run") in results[0].warnings
+
+
+@pytest.mark.parametrize("entry", [
+    {"name": "own", "resourceClaimTemplateName": "eight-gpus"},  # another name
+    {"name": "gpus", "resourceClaimTemplateName": "other-eight"},  # another template
+])
+def test_pods_whose_claim_is_not_their_pod_groups_count_their_gpus_per_pod(dra_index, entry):
+    dra_index.upsert(claim_template("other-eight"))
+    dra_index.upsert(pod_group(claims=(GROUP_CLAIM,)))
+    result = review(review_of(claiming_member(0, entry)), dra_index, Config())
+    assert result.outcome == "placed"
+    assert result.decision.request.pods == 4 and result.decision.request.total_gpus == 32
+
+
+def test_the_claim_made_for_a_pod_group_pins_its_pods_once_allocated(dra_index):
+    dra_index.upsert(claim_template("one", deviceClassName="gpu.nvidia.com", count=1))
+    dra_index.upsert(demo.make_allocated_claim("ranks-gpus-x7k2p", "gpu-s1-l3-n2", ["gpu-0", "gpu-1", "gpu-2", "gpu-3"],
+                                               namespace="ml"))
+    dra_index.upsert(pod_group(claims=(GROUP_CLAIM,), made={"gpus": "ranks-gpus-x7k2p"}))
+    result = review(review_of(claiming_member(0, GROUP_CLAIM, {"name": "own", "resourceClaimTemplateName": "one"})),
+                    dra_index, Config())
+    assert result.outcome == "placed" and result.decision.nodes == ("gpu-s1-l3-n2",)  # where its devices are
+    assert result.decision.request.total_gpus == 4  # its pods' own GPUs; the group's are counted as allocated
+
+
+def test_pods_bound_with_their_pod_groups_allocated_claim_confirm_the_hold_of_its_gpus(dra_index):
+    dra_index.upsert(pod_group(claims=(GROUP_CLAIM,)))
+    result = review(review_of(claiming_member(0)), dra_index, Config())
+    (node,) = result.decision.nodes
+    assert dra_index.nodes[node].held
+    # the claim made for the group, allocated on that node, and its pods bound there
+    made = demo.make_allocated_claim("ranks-gpus-x7k2p", node, [f"gpu-{i}" for i in range(8)], namespace="ml")
+    dra_index.upsert(made)
+    dra_index.upsert(pod_group(claims=(GROUP_CLAIM,), made={"gpus": "ranks-gpus-x7k2p"}))
+    for rank in range(4):
+        pod = claiming_member(rank)
+        pod["metadata"].update(uid=f"uid-ranks-{rank}", annotations=result.admitted["metadata"]["annotations"])
+        dra_index.upsert({**pod, "spec": {**pod["spec"], "nodeName": node}, "status": {"phase": "Running"}})
+    assert dra_index.nodes[node].free == 0 and not dra_index.nodes[node].held  # counted once: by the claim
 
 
 # ----- alignment the allocator honours: constraints on a template that asks for them -----------------

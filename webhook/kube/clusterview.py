@@ -435,7 +435,7 @@ class ApiFeed:
 # ----- Dynamic Resource Allocation and PodGroups ------------------------------------------------------
 
 # The scheduling.k8s.io versions that serve PodGroups, newest first: v1beta1 from Kubernetes 1.37,
-# v1alpha2 in 1.36 only. What we read of them (gang minCount, annotations) is the same in both.
+# v1alpha2 in 1.36 only. What we read of them (gang minCount, annotations, resourceClaims) is the same in both.
 POD_GROUP_VERSIONS = ("v1beta1", "v1alpha2")
 
 
