@@ -29,6 +29,15 @@ def valid_137(obj: dict) -> dict:
     return obj
 
 
+def valid_136(obj: dict) -> dict:
+    """Valid for Kubernetes 1.36, the only release serving scheduling.k8s.io/v1alpha2 (1.37 removed it)."""
+    kubernetes_validate.validate(obj, "1.36.0", strict=True)
+    return obj
+
+
+VALID_FOR = {"v1beta1": valid_137, "v1alpha2": valid_136}  # by the scheduling.k8s.io version
+
+
 def leaf_of(index: ClusterIndex, node: str) -> str:
     return index.nodes[node].labels[LEAF]
 
@@ -405,20 +414,24 @@ def test_mutate_takes_a_workloads_claim_template_ahead_of_it_in_the_same_file(tm
 
 # ----- PodGroups ----------------------------------------------------------------------------------------
 
-def pod_group(name: str = "ranks", min_count: int | None = 4, **annotations) -> dict:
+def pod_group(name: str = "ranks", min_count: int | None = 4, version: str = "v1beta1", claims: tuple = (),
+              made: dict | None = None, **annotations) -> dict:
+    """A PodGroup; `claims`: its resourceClaims entries, `made`: entry name -> the claim made for it."""
     policy = {"gang": {"minCount": min_count}} if min_count else {"basic": {}}
-    return valid_137({"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
-                      "metadata": {"name": name, "namespace": "ml",
-                                   "annotations": {f"topology.scheduler/{k.replace('_', '-')}": v
-                                                   for k, v in annotations.items()}},
-                      "spec": {"schedulingPolicy": policy}})
+    group = {"apiVersion": f"scheduling.k8s.io/{version}", "kind": "PodGroup",
+             "metadata": {"name": name, "namespace": "ml", "annotations": {
+                 f"topology.scheduler/{k.replace('_', '-')}": v for k, v in annotations.items()}},
+             "spec": {"schedulingPolicy": policy, **({"resourceClaims": list(claims)} if claims else {})}}
+    if made:
+        group["status"] = {"resourceClaimStatuses": [{"name": k, "resourceClaimName": v} for k, v in made.items()]}
+    return VALID_FOR[version](group)
 
 
 def member(rank: int, group: str = "ranks", gpus: int = 8) -> dict:
     pod = gpu_pod_of(gpus, f"{group}-{rank}")
     pod["metadata"]["annotations"] = {"topology.scheduler/placement-strategy": "consolidated"}
     pod["spec"]["schedulingGroup"] = {"podGroupName": group}
-    return valid_137(pod)
+    return valid_136(valid_137(pod))  # the same Pod in both releases
 
 
 @pytest.mark.parametrize("order", [(0, 1, 2, 3), (3, 1, 0, 2), (2, 3, 1, 0)])
@@ -495,6 +508,147 @@ def test_mutate_takes_a_pod_group_ahead_of_its_pods(tmp_path, capsys, dra_cluste
     assert group["spec"]["schedulingConstraints"] == {"topology": [{"key": LEAF}]}
     pins = {str(p["spec"]["affinity"]) for p in pods}
     assert len(pins) == 1 and "leaf-3" in pins.pop()
+
+
+# PodGroups of Kubernetes 1.36 (scheduling.k8s.io/v1alpha2): what we read and write has the same shape
+
+def test_a_v1alpha2_pod_group_sizes_and_places_its_pods_as_a_v1beta1_one_does(dra_cluster):
+    decisions = {}
+    for version in ("v1beta1", "v1alpha2"):
+        index = ClusterIndex.from_objects(Config(), *dra_cluster)
+        index.upsert(pod_group(min_count=4, version=version))
+        results = [review(review_of(member(rank)), index, Config()) for rank in range(4)]
+        assert {r.outcome for r in results} == {"placed"}
+        assert all(r.decision is results[0].decision for r in results)
+        decisions[version] = results[0].decision
+        valid_136(results[0].admitted)
+    assert decisions["v1alpha2"].request.pods == 4
+    assert decisions["v1alpha2"].request == decisions["v1beta1"].request
+    assert decisions["v1alpha2"].nodes == decisions["v1beta1"].nodes
+
+
+@pytest.mark.parametrize("kind", ["PodGroup", "Workload"])
+def test_a_v1alpha2_pod_group_or_workload_asking_a_level_gets_its_label_valid_for_1_36(kind):
+    if kind == "PodGroup":
+        obj = pod_group(version="v1alpha2", max_domain="leaf")
+    else:
+        obj = valid_136({"apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "Workload",
+                         "metadata": {"name": "train", "namespace": "ml",
+                                      "annotations": {"topology.scheduler/max-domain": "leaf"}},
+                         "spec": {"podGroupTemplates": [{"name": "workers",
+                                                         "schedulingPolicy": {"gang": {"minCount": 4}}}]}})
+    result = review(review_of(obj), ClusterIndex.from_objects(Config(), []), Config())
+    assert result.outcome == "constrained"
+    admitted = valid_136(result.admitted)
+    constrained = admitted["spec"] if kind == "PodGroup" else admitted["spec"]["podGroupTemplates"][0]
+    assert constrained["schedulingConstraints"] == {"topology": [{"key": LEAF}]}
+
+
+def test_mutate_reads_a_v1alpha2_pod_group_from_the_pods_file(tmp_path, capsys, dra_cluster):
+    nodes, claims = dra_cluster
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
+    (tmp_path / "pods.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [
+        *claims, pod_group(version="v1alpha2")]}))
+    (tmp_path / "ranks.yaml").write_text(yaml.safe_dump_all([member(rank) for rank in range(4)]))
+    assert main(["mutate", "--nodes", str(tmp_path / "nodes.yaml"), "--pods", str(tmp_path / "pods.yaml"),
+                 "-f", str(tmp_path / "ranks.yaml"), "--explain"]) == 0
+    out, err = capsys.readouterr()
+    assert "is not known" not in err  # sized by the PodGroup's minCount, not placed pod by pod
+    pods = list(yaml.safe_load_all(out))
+    (pin,) = {str(valid_136(p)["spec"]["affinity"]) for p in pods}
+    assert len(pods) == 4 and any(leaf in pin for leaf in FREE_LEAVES)
+
+
+@pytest.mark.parametrize("served, watched", [
+    (("v1alpha2",), "v1alpha2"),  # Kubernetes 1.36
+    (("v1beta1",), "v1beta1"),  # 1.37
+    (("v1beta1", "v1alpha2"), "v1beta1"),  # both: the newest
+])
+def test_the_live_view_reads_pod_groups_from_the_newest_version_served(fake, make_view, served, watched):
+    fake.serve_dra = True
+    fake.pod_group_versions = served
+    fake.put("podgroups", pod_group(min_count=4, version=watched))
+    view = make_view(fake)
+    view.start()
+    assert view.wait_synced(10)
+    eventually(lambda: view.index.pod_group("ml/ranks") is not None, what="the v1alpha2 PodGroup listed")
+    assert view.index.pod_group("ml/ranks").min_count == 4
+    fake.put("podgroups", pod_group(min_count=2, version=watched))  # minCount is mutable: watched
+    eventually(lambda: view.index.pod_group("ml/ranks").min_count == 2, what="the change watched")
+    (stream,) = [s for s in view.status() if s.kind == "podgroups"]
+    assert stream.last_error is None and stream.objects == 1
+    watches = {path for path, q in fake.requests if path.endswith("/podgroups") and q.get("watch") in ("1", "true")}
+    assert watches == {f"/apis/scheduling.k8s.io/{watched}/podgroups"}
+    fake.delete("podgroups", "ml/ranks")
+    eventually(lambda: view.index.pod_group("ml/ranks") is None, what="the PodGroup forgotten")
+
+
+# ResourceClaims on PodGroups (KEP-5729): a pod's entry equal to its PodGroup's is the group's one claim
+
+GROUP_CLAIM = {"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}
+
+
+def claiming_member(rank: int, *entries: dict) -> dict:
+    """A rank of PodGroup ml/ranks with no GPUs but through `entries` (the group's claim unless given)."""
+    return valid_137(with_claims(member(rank, gpus=0), *(entries or (GROUP_CLAIM,))))
+
+
+def free_gpus(index: ClusterIndex) -> int:
+    stats = index.stats()
+    return stats.gpus_total - stats.gpus_used - stats.gpus_reserved
+
+
+@pytest.mark.parametrize("version", ["v1beta1", "v1alpha2"])
+def test_four_pods_sharing_their_pod_groups_claim_take_its_8_gpus_once_on_one_node(dra_index, version):
+    dra_index.upsert(pod_group(version=version, claims=(GROUP_CLAIM,)))
+    free = free_gpus(dra_index)
+    results = [review(review_of(claiming_member(rank)), dra_index, Config()) for rank in range(4)]
+    assert {r.outcome for r in results} == {"placed"}
+    decision = results[0].decision
+    assert all(r.decision is decision for r in results)
+    assert decision.request.total_gpus == 8 and len(decision.nodes) == 1  # one claim of 8, not 4 x 8
+    assert free_gpus(dra_index) == free - 8
+    assert ("Pod ml/ranks-0: its 4 pods share claim gpus of PodGroup ml/ranks: placed as its 8 GPUs on one node, "
+            "where all of them run") in results[0].warnings
+
+
+@pytest.mark.parametrize("entry", [
+    {"name": "own", "resourceClaimTemplateName": "eight-gpus"},  # another name
+    {"name": "gpus", "resourceClaimTemplateName": "other-eight"},  # another template
+])
+def test_pods_whose_claim_is_not_their_pod_groups_count_their_gpus_per_pod(dra_index, entry):
+    dra_index.upsert(claim_template("other-eight"))
+    dra_index.upsert(pod_group(claims=(GROUP_CLAIM,)))
+    result = review(review_of(claiming_member(0, entry)), dra_index, Config())
+    assert result.outcome == "placed"
+    assert result.decision.request.pods == 4 and result.decision.request.total_gpus == 32
+
+
+def test_the_claim_made_for_a_pod_group_pins_its_pods_once_allocated(dra_index):
+    dra_index.upsert(claim_template("one", deviceClassName="gpu.nvidia.com", count=1))
+    dra_index.upsert(demo.make_allocated_claim("ranks-gpus-x7k2p", "gpu-s1-l3-n2", ["gpu-0", "gpu-1", "gpu-2", "gpu-3"],
+                                               namespace="ml"))
+    dra_index.upsert(pod_group(claims=(GROUP_CLAIM,), made={"gpus": "ranks-gpus-x7k2p"}))
+    result = review(review_of(claiming_member(0, GROUP_CLAIM, {"name": "own", "resourceClaimTemplateName": "one"})),
+                    dra_index, Config())
+    assert result.outcome == "placed" and result.decision.nodes == ("gpu-s1-l3-n2",)  # where its devices are
+    assert result.decision.request.total_gpus == 4  # its pods' own GPUs; the group's are counted as allocated
+
+
+def test_pods_bound_with_their_pod_groups_allocated_claim_confirm_the_hold_of_its_gpus(dra_index):
+    dra_index.upsert(pod_group(claims=(GROUP_CLAIM,)))
+    result = review(review_of(claiming_member(0)), dra_index, Config())
+    (node,) = result.decision.nodes
+    assert dra_index.nodes[node].held
+    # the claim made for the group, allocated on that node, and its pods bound there
+    made = demo.make_allocated_claim("ranks-gpus-x7k2p", node, [f"gpu-{i}" for i in range(8)], namespace="ml")
+    dra_index.upsert(made)
+    dra_index.upsert(pod_group(claims=(GROUP_CLAIM,), made={"gpus": "ranks-gpus-x7k2p"}))
+    for rank in range(4):
+        pod = claiming_member(rank)
+        pod["metadata"].update(uid=f"uid-ranks-{rank}", annotations=result.admitted["metadata"]["annotations"])
+        dra_index.upsert({**pod, "spec": {**pod["spec"], "nodeName": node}, "status": {"phase": "Running"}})
+    assert dra_index.nodes[node].free == 0 and not dra_index.nodes[node].held  # counted once: by the claim
 
 
 # ----- alignment the allocator honours: constraints on a template that asks for them -----------------

@@ -73,6 +73,9 @@ for _path, _plural in DRA_PATHS.items():
                       "computedomains": "ComputeDomain"}[_plural]
     API_VERSIONS[_plural] = _path.removeprefix("/apis/").rpartition("/")[0]
 CLUSTER_SCOPED |= {"resourceslices", "deviceclasses"}
+# PodGroups are served at the scheduling.k8s.io versions in `pod_group_versions`: v1beta1 (Kubernetes
+# 1.37) unless told otherwise; ("v1alpha2",) stands for 1.36.
+POD_GROUPS = re.compile(r"/apis/scheduling\.k8s\.io/([^/]+)/podgroups")
 LEASES = re.compile(r"/apis/coordination\.k8s\.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?")
 SECRETS = re.compile(r"/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?")
 PODTEMPLATES = re.compile(r"/api/v1/namespaces/([^/]+)/podtemplates(?:/([^/]+))?")
@@ -107,6 +110,14 @@ def _named(path: str) -> tuple[str, str | None, str | None] | None:
     return ("mutatingwebhookconfigurations", None, match.group(1)) if match else None
 
 
+def _dra_kind(path: str, pod_group_versions: tuple[str, ...]) -> str | None:
+    """The DRA kind a collection path lists (PodGroups only at the versions served), else None."""
+    pod_groups = POD_GROUPS.fullmatch(path)
+    if pod_groups is not None:
+        return "podgroups" if pod_groups.group(1) in pod_group_versions else None
+    return DRA_PATHS.get(path)
+
+
 def _status(code: int, reason: str, message: str) -> dict:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code}
@@ -130,6 +141,7 @@ class FakeApiServer:
         self.writes: list[tuple[str, str, int]] = []  # (method, path, HTTP status) of every write answered
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every request answered
         self.serve_dra = False  # serve DRA_PATHS (else 404: an API this cluster does not serve)
+        self.pod_group_versions: tuple[str, ...] = ("v1beta1",)  # where PodGroups are served, with serve_dra
         self._cond = threading.Condition()
         self._rv = 1
         self._compacted_rv = 0
@@ -403,8 +415,8 @@ class _Handler(BaseHTTPRequestHandler):
             kind, namespace, name = named
         elif url.path in COLLECTIONS and (COLLECTIONS[url.path] != "nodepools" or fake.serve_nodepools):
             kind, namespace, name = COLLECTIONS[url.path], None, None
-        elif fake.serve_dra and url.path in DRA_PATHS:
-            kind, namespace, name = DRA_PATHS[url.path], None, None
+        elif fake.serve_dra and (dra_kind := _dra_kind(url.path, fake.pod_group_versions)) is not None:
+            kind, namespace, name = dra_kind, None, None
             if kind in fake.forbidden:
                 self._send_json(403, json.dumps(fake._forbidden("GET", kind, None, None)).encode())
                 return

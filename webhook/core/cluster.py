@@ -337,7 +337,7 @@ class ClusterIndex:
         if not spec.get("resourceClaims"):
             return False
         demand = dra.claims_demand(namespace, spec, self.dra)
-        return bool(demand.per_pod or demand.whole_node)
+        return bool(demand.per_pod or demand.whole_node or demand.shared or demand.group_shared or demand.pinned)
 
     def claims_demand(self, namespace: str, spec: Mapping) -> dra.ClaimDemand:
         """What a pod spec's resourceClaims ask of GPUs, from the templates and claims known now."""

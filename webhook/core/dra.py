@@ -23,7 +23,8 @@ a GPU DeviceClass (one that maps `nvidia.com/gpu` or selects the driver's `type 
 devices; NVIDIA's `gpu.nvidia.com` when no DeviceClass of that name is known) asks for GPUs:
 `exactly.count` (default 1), `allocationMode: All` every GPU of one node, `firstAvailable` its
 first choice (the scheduler tries it first). CEL selectors are not evaluated: a selector narrows
-which GPUs, never how many.
+which GPUs, never how many. A pod's entry equal to one of its PodGroup's `resourceClaims` (KEP-5729)
+is the one claim made for the whole group, so its GPUs are shared by the group's pods.
 
 ComputeDomains (NVIDIA's multi-node NVLink, GB200 NVL72): a ComputeDomain names the
 ResourceClaimTemplate of its IMEX channel, which its controller creates; pods that claim from it
@@ -242,18 +243,38 @@ def covered_by_claim(pod: Mapping) -> bool:
 
 # ----- PodGroups ----------------------------------------------------------------------------------
 
+# A `resourceClaims` entry of a Pod or PodGroup: (name, resourceClaimName, resourceClaimTemplateName),
+# "" where unset. A pod's entry equal to one of its PodGroup's is that group's claim (KEP-5729).
+ClaimEntry = tuple[str, str, str]
+
+
+def claim_entry(entry: Mapping) -> ClaimEntry:
+    return (str(entry.get("name") or ""), str(entry.get("resourceClaimName") or ""),
+            str(entry.get("resourceClaimTemplateName") or ""))
+
+
 @dataclass(frozen=True)
 class PodGroupFacts:
     min_count: int | None  # the gang's minCount; None for a basic (non-gang) policy
     annotations: Mapping[str, str]  # its annotations, which its pods' placement reads under their own
+    claims: frozenset[ClaimEntry] = frozenset()  # its spec.resourceClaims, shared by the pods that name them
+    made: Mapping[str, str] = field(default_factory=dict)  # entry name -> the claim made from its template
+
+
+_NO_GROUP = PodGroupFacts(None, {})  # a pod in no PodGroup (or one not seen): it shares no group claim
 
 
 def parse_pod_group(obj: Mapping) -> PodGroupFacts:
-    gang = _mapping(_mapping(_mapping(obj.get("spec")).get("schedulingPolicy")).get("gang"))
+    spec = _mapping(obj.get("spec"))
+    gang = _mapping(_mapping(spec.get("schedulingPolicy")).get("gang"))
     count = gang.get("minCount")
     annotations = {str(k): str(v) for k, v in _mapping(_mapping(obj.get("metadata")).get("annotations")).items()}
+    claims = frozenset(claim_entry(entry) for entry in map(_mapping, _list(spec.get("resourceClaims"))))
+    made = {str(status["name"]): str(status["resourceClaimName"])
+            for status in map(_mapping, _list(_mapping(obj.get("status")).get("resourceClaimStatuses")))
+            if status.get("name") and status.get("resourceClaimName")}
     return PodGroupFacts(count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None,
-                         annotations)
+                         annotations, claims, made)
 
 
 def pod_group_of(pod_spec: Mapping) -> str | None:
@@ -401,6 +422,8 @@ class ClaimDemand:
     per_pod: int = 0  # from templates: every pod gets its own claim
     whole_node: bool = False  # a request for every GPU of one node (allocationMode All)
     shared: tuple[tuple[str, int], ...] = ()  # (claim, GPUs) of named claims not yet allocated
+    # (which, GPUs) of its PodGroup's claims from templates (KEP-5729), one per PodGroup, not made yet
+    group_shared: tuple[tuple[str, int], ...] = ()
     pinned: tuple[str, ...] = ()  # nodes of named claims already allocated (their pods go there)
     unknown: tuple[str, ...] = ()  # "ResourceClaimTemplate ml/x": not known, so its GPUs are not
     channel: str | None = None  # the ComputeDomain channel template (namespace/name) its pods share
@@ -412,10 +435,19 @@ def _gpus(requests: Iterable[DeviceRequest], inventory: DraInventory) -> tuple[i
 
 
 def claims_demand(namespace: str, pod_spec: Mapping, inventory: DraInventory) -> ClaimDemand:
-    """What the pod's `spec.resourceClaims` ask of GPUs, from the templates and claims known now."""
-    per_pod, whole, shared, pinned, unknown, channel = 0, False, [], [], [], None
+    """What the pod's `spec.resourceClaims` ask of GPUs, from the templates and claims known now.
+    An entry equal to one of its PodGroup's (KEP-5729) is the group's one claim: from a template,
+    its GPUs are shared by the group's pods; once the PodGroup names the claim made for it, that
+    claim is read as a named one."""
+    per_pod, whole, shared, group_shared, pinned, unknown, channel = 0, False, [], [], [], [], None
+    group_name = pod_group_of(pod_spec)
+    group = inventory.pod_groups.get(f"{namespace}/{group_name}", _NO_GROUP) if group_name else _NO_GROUP
     for entry in map(_mapping, _list(pod_spec.get("resourceClaims"))):
         template, claim = entry.get("resourceClaimTemplateName"), entry.get("resourceClaimName")
+        of_group = bool(template) and claim_entry(entry) in group.claims
+        made = group.made.get(str(entry.get("name"))) if of_group else None
+        if made and f"{namespace}/{made}" in inventory.claims:
+            template, claim, of_group = None, made, False
         if template:
             key = f"{namespace}/{template}"
             facts = inventory.template(key)
@@ -424,7 +456,11 @@ def claims_demand(namespace: str, pod_spec: Mapping, inventory: DraInventory) ->
                 continue
             channel = key if facts.channel else channel
             gpus, all_of_node = _gpus(facts.requests, inventory)
-            per_pod, whole = per_pod + gpus, whole or all_of_node
+            if not of_group:
+                per_pod += gpus
+            elif gpus or all_of_node:
+                group_shared.append((f"claim {entry.get('name')} of PodGroup {namespace}/{group_name}", gpus))
+            whole = whole or all_of_node
         elif claim:
             key = f"{namespace}/{claim}"
             claim_facts = inventory.claims.get(key)
@@ -438,4 +474,5 @@ def claims_demand(namespace: str, pod_spec: Mapping, inventory: DraInventory) ->
             elif gpus or all_of_node:
                 shared.append((key, gpus))
                 whole = whole or all_of_node
-    return ClaimDemand(per_pod, whole, tuple(shared), tuple(dict.fromkeys(pinned)), tuple(unknown), channel)
+    return ClaimDemand(per_pod, whole, tuple(shared), tuple(group_shared), tuple(dict.fromkeys(pinned)),
+                       tuple(unknown), channel)

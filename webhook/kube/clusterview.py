@@ -434,6 +434,43 @@ class ApiFeed:
 
 # ----- Dynamic Resource Allocation and PodGroups ------------------------------------------------------
 
+# The scheduling.k8s.io versions that serve PodGroups, newest first: v1beta1 from Kubernetes 1.37,
+# v1alpha2 in 1.36 only. What we read of them (gang minCount, annotations, resourceClaims) is the same in both.
+POD_GROUP_VERSIONS = ("v1beta1", "v1alpha2")
+
+
+class _FirstServed:
+    """The list call of a kind that one of several API versions serves: each list (its first page)
+    asks the versions in order until one is served (a 404 means not served), so a cluster
+    upgraded in place moves on at its next relist; the list's further pages and the watch after
+    it ask the version that list found. Not served by any: the last 404, as for any optional kind."""
+
+    def __init__(self, calls: tuple[Callable, ...]) -> None:
+        self.calls = calls
+        self.served = 0  # index in `calls` of the version the last list found
+
+    def __call__(self, **kwargs: object) -> object:
+        if kwargs.get("watch") or kwargs.get("_continue"):
+            return self.calls[self.served](**kwargs)
+        for at, call in enumerate(self.calls[:-1]):
+            try:
+                response = call(**kwargs)
+            except ApiException as err:
+                if err.status != NOT_FOUND:
+                    raise
+                continue
+            self.served = at
+            return response
+        self.served = len(self.calls) - 1
+        return self.calls[-1](**kwargs)
+
+
+def _pod_group_lists(api: k8s_client.ApiClient) -> _FirstServed:
+    custom = k8s_client.CustomObjectsApi(api)
+    return _FirstServed(tuple(functools.partial(custom.list_cluster_custom_object, dra.SCHEDULING_GROUP, version,
+                                                "podgroups") for version in POD_GROUP_VERSIONS))
+
+
 # (stream name, the kind, the API's list-for-all-namespaces call) per kind the inventory reads
 # (core/dra.py); NVIDIA's ComputeDomains name their channel templates before these exist
 DRA_LISTS = (
@@ -443,7 +480,7 @@ DRA_LISTS = (
      lambda api: k8s_client.ResourceV1Api(api).list_resource_claim_for_all_namespaces),
     ("resourceclaimtemplates", "ResourceClaimTemplate",
      lambda api: k8s_client.ResourceV1Api(api).list_resource_claim_template_for_all_namespaces),
-    ("podgroups", "PodGroup", lambda api: k8s_client.SchedulingV1beta1Api(api).list_pod_group_for_all_namespaces),
+    ("podgroups", "PodGroup", _pod_group_lists),
     ("computedomains", "ComputeDomain", lambda api: functools.partial(
         k8s_client.CustomObjectsApi(api).list_cluster_custom_object, "resource.nvidia.com", "v1beta1", "computedomains")),
 )

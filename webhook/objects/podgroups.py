@@ -1,5 +1,6 @@
-"""PodGroups and Workloads (`scheduling.k8s.io/v1beta1`, kube-scheduler's gang and topology-aware
-workload scheduling) at their CREATE: the level a `topology.scheduler/max-domain` (or a peer's
+"""PodGroups and Workloads (`scheduling.k8s.io/v1beta1`, and `v1alpha2` of Kubernetes 1.36, whose
+topology constraint has the same shape; kube-scheduler's gang and topology-aware workload
+scheduling) at their CREATE: the level a `topology.scheduler/max-domain` (or a peer's
 required-topology) annotation asks for becomes their topology constraint.
 
 A PodGroup is created before its pods, so at its CREATE no pod says where the group goes; only

@@ -213,6 +213,8 @@ def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = N
             else ClaimDemand()
 
     template, per_pod, running, count_field = _pods(kind, obj, who, lambda spec: demand_of(spec).per_pod)
+    if pod_group is not None and pod_group.min_count is not None:
+        running = pod_group.min_count  # a gang's pods run at once, sharing its claims
     spec = template["spec"]
     demand = demand_of(spec)
     if demand.unknown:
@@ -230,7 +232,7 @@ def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = N
     if group is None and kind == "Pod" and demand.shared and not own_gpus:
         group = groups.claim_membership(namespace, demand.shared[0][0])  # pods naming it share one decision
     if group is not None and pod_group is not None and pod_group.min_count is not None:
-        group = dataclasses.replace(group, size=pod_group.min_count)  # the gang's size wins
+        group = dataclasses.replace(group, size=running)  # the gang's size wins; 1 when placed as the set it shares
     if group is not None:
         group, pods, gpus_per_pod, warnings = _group_size(who, group, per_pod, annotations.get(GPU_COUNT))
     else:
@@ -260,19 +262,20 @@ def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = N
 
 
 def _with_shared_claims(who: str, per_pod: int, running: int, demand: ClaimDemand) -> tuple[int, int, list[str]]:
-    """(GPUs per pod, pods, warnings) with the GPUs of named claims not yet allocated: one set of
-    GPUs on one node however many pods name it, counted once. A workload whose pods have no GPUs
-    of their own is placed as that one set: its pods all run on the node it goes to."""
-    shared = sum(gpus for _, gpus in demand.shared)
+    """(GPUs per pod, pods, warnings) with the GPUs of claims its pods share: named claims not yet
+    allocated, and its PodGroup's claims from templates. Each is one set of GPUs on one node
+    however many pods name it, counted once. A workload whose pods have no GPUs of their own is
+    placed as that one set: its pods all run on the node it goes to."""
+    shared = sum(gpus for _, gpus in demand.shared + demand.group_shared)
     if not shared:
         return per_pod, running, []
     if running <= 1:
         return per_pod + shared, running, []
-    names = ", ".join(name for name, _ in demand.shared)
+    names = ", ".join([f"ResourceClaim {name}" for name, _ in demand.shared] + [w for w, _ in demand.group_shared])
     if not per_pod:
-        return shared, 1, [f"{who}: its {running} pods share ResourceClaim {names}: placed as its {shared} GPUs "
+        return shared, 1, [f"{who}: its {running} pods share {names}: placed as its {shared} GPUs "
                            "on one node, where all of them run"]
-    return per_pod, running, [f"{who}: its {running} pods share ResourceClaim {names} ({shared} GPUs, allocated "
+    return per_pod, running, [f"{who}: its {running} pods share {names} ({shared} GPUs, allocated "
                               "once wherever the first pod is scheduled); those GPUs are not placed"]
 
 
