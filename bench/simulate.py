@@ -36,11 +36,14 @@ POLICY_KEYS = ("spread", "best-fit", "random", "kueue", "ours-consolidated", "ou
 # Attribution: our decisions for one job shape and Kueue's for the other.
 HYBRID_KEYS = ("ours-single+kueue-multi", "kueue-single+ours-multi")
 # Our variants by the strategy a user asks for (balanced is what a workload without the annotation gets).
-# The two rules of issue 26 switched off, one at a time and together (what ours did before them).
+# The two rules of issue 26 switched off, one at a time and together (what ours did before them),
+# and the wait weighed with the largest communication share.
 WAIT_ABLATIONS: dict[str, dict[str, object]] = {
     "pinned-everywhere": {"pin_only_where_locality_pays": False},
     "unprotected": {"protect_waiting_seconds": 0.0},
     "before-26": {"pin_only_where_locality_pays": False, "protect_waiting_seconds": 0.0},
+    # a user who says every second of a run is communication: waits stay narrow unless they save a run or more
+    "communication-share-1": {"communication_share": 1.0},
 }
 STRATEGY_OF = {"ours-consolidated": "consolidated", "ours-balanced": "balanced (default)",
                "ours-distributed": "distributed",
