@@ -93,7 +93,7 @@ def make(key: str, network, comm_fraction: float, pinned: bool) -> Policy:
 
     if key.startswith("ours-consolidated-"):  # a rule of issue 26 switched off
         return Ours(Strategy.CONSOLIDATED, network, pinned=pinned, label=key[len("ours-consolidated"):],
-                    communication_share=comm_fraction, **simulate.WAIT_ABLATIONS[key[len("ours-consolidated-"):]])
+                    **{"communication_share": comm_fraction, **simulate.WAIT_ABLATIONS[key[len("ours-consolidated-"):]]})
     return {"ours-consolidated": ours, "ours-balanced": lambda: ours(Strategy.BALANCED), "kueue": KueueBestFit,
             "ours-single+kueue-multi": lambda: BySize("ours single, Kueue multi", ours(), KueueBestFit()),
             "kueue-single+ours-multi": lambda: BySize("Kueue single, ours multi", KueueBestFit(), ours())}[key]()

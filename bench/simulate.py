@@ -56,7 +56,7 @@ def make_policy(key: str, network: Network, comm_fraction: float) -> Policy:
     """The policy `key`; ours is configured with the simulated fabric and workloads, as an operator
     configures it with theirs (its communication share is the workloads')."""
     def ours(strategy: Strategy = Strategy.CONSOLIDATED, label: str = "", **settings: object) -> Policy:
-        return Ours(strategy, network, label=label, communication_share=comm_fraction, **settings)
+        return Ours(strategy, network, label=label, **{"communication_share": comm_fraction, **settings})
 
     makers = {"spread": least_allocated, "best-fit": most_allocated, "random": random_fit, "kueue": KueueBestFit,
               "ours-consolidated": ours, "ours-distributed": lambda: ours(Strategy.DISTRIBUTED),
