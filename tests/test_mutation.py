@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -73,6 +74,16 @@ def test_required_or_preferred(strategy, outcome, settings, pinned):
         assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity
         assert preferred[1] == {"weight": Config().preferred_weight, "preference": {"matchExpressions": [PIN]}}
     assert preferred[0]["weight"] == 5  # the user's preference stays first and unchanged
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param({"code": "GrowsPool"}, id="a wait for nodes a pool adds"),
+    pytest.param({"locality_pays": False}, id="a wait where locality does not pay"),
+])
+def test_a_balanced_wait_stays_a_preference_unless_it_waits_for_room_where_waiting_pays(change):
+    waiting = dataclasses.replace(decision(request(strategy=Strategy.BALANCED), Outcome.WAIT), **change)
+    assert mutation.pins(dataclasses.replace(waiting, code="NoRoomNow", locality_pays=True), CONFIG)
+    assert not mutation.pins(waiting, CONFIG) and mutation.waiting_for(waiting, CONFIG) is None
 
 
 def test_the_preference_weight_is_a_setting():

@@ -5,17 +5,21 @@ taken except where a test frees some. In the default preset crossing leaves insi
 nothing (spine oversubscription 1) and crossing spines does (zone oversubscription 4).
 """
 import dataclasses
+import math
 
 import pytest
 
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import Config
+from webhook.core.config import HOSTNAME_LABEL, Config, levels_from
 from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path
 from webhook.core.model import NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
 from webhook.core import waiting
 from webhook.core.placer import place, place_and_reserve
 from webhook.kube.demo import leaf_spine_nodes, make_pod
 from webhook.objects import mutation
+from webhook.objects.workload import read
+
+from tests.fixtures.builders import workload
 
 SPINE_1 = (("topology.kubernetes.io/zone", "zone-a"), ("topology.scheduler/spine", "spine-1"))
 WAITER_KEY = "ml/Job/big"
@@ -60,7 +64,7 @@ def test_a_multi_pod_wait_is_pinned_as_wide_as_the_cost_model_allows(clock):
     decision = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}), request(2))
     assert decision.outcome is Outcome.WAIT and decision.locality_pays
     assert decision.scope.level_name == "spine"  # leaves of one spine cost the same; spines do not
-    assert any("same bandwidth anywhere in spine spine-1" in r for r in decision.reasons)
+    assert any("no less bandwidth anywhere in spine spine-1 than in leaf leaf-2" in r for r in decision.reasons)
     assert mutation.waiting_for(decision, Config()) == format_domain_path(SPINE_1)
     oversubscribed = Config(levels=tuple(dataclasses.replace(lv, oversubscription=2.0) if lv.name == "spine" else lv
                                          for lv in Config().levels), levels_auto=False)
@@ -96,9 +100,11 @@ def test_expected_wait_counts_taken_places_terminating_ones_as_free(clock):
     leaf = next(d for d in index.tree.levels[2].values() if d.ref.name == "leaf-2")
     assert waiting.expected_wait(leaf, 8, 4) == pytest.approx(1 + 1 / 2 + 1 / 3 + 1 / 4)  # the last of 4
     assert waiting.expected_wait(leaf, 8, 1) == pytest.approx(1 / 4)  # the first of 4
-    assert waiting.expected_wait(leaf, 8, 5) == pytest.approx(1 + 1 / 2 + 1 / 3 + 1 / 4)  # never more than all
+    assert waiting.expected_wait(leaf, 8, 5) == math.inf  # 4 nodes never hold 5 pods of 8
     root = index.tree.root
-    assert waiting.expected_wait(root, 8, 32) == pytest.approx(sum(1 / k for k in range(1, 33)), abs=1e-8)
+    for pods in (15, 17, 31, 32):  # past 16 places (H(17), H(32)) the harmonic numbers come from their series
+        assert waiting.expected_wait(root, 8, pods) == pytest.approx(
+            sum(1 / k for k in range(33 - pods, 33)), abs=1e-9)
     ending = make_pod("busy-gpu-s1-l2-n3", "gpu-s1-l2-n3", 8)
     ending["metadata"]["deletionTimestamp"] = "2026-11-25T12:00:00Z"
     index.upsert_pod(ending)  # terminating: its node counts as free
@@ -118,6 +124,47 @@ def test_a_balanced_wait_is_pinned_where_waiting_pays_and_else_only_prefers(cloc
     unweighed = Config(pin_only_where_locality_pays=False)
     before = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}, unweighed), request(2, strategy=Strategy.BALANCED))
     assert not mutation.pins(before, unweighed) and mutation.waiting_for(before, unweighed) is None
+
+
+def test_pods_that_fit_one_node_wait_wider_where_its_nics_are_all_they_would_share(clock):
+    """2 pods x 4 GPUs fit node n3 once idle (4 free now), but ranks in different pods talk over
+    the node's NICs, as they would across its leaf: waiting for the node alone only delays them.
+    The wait widens to spine-1 (leaves cost nothing more there), not past it (the zone's x4
+    oversubscription stretches a run by 0.3 for a wait 1/31 - 1/63 shorter); at a communication
+    share of 0 it is not pinned at all."""
+    index = busy_cluster(clock, {"gpu-s1-l2-n3": 4})
+    decision = place(index, request(2, gpus=4))
+    assert decision.outcome is Outcome.WAIT and decision.scope.name == "spine-1" and decision.locality_pays
+    assert any("so spilling pays" in r and "so spilling does not pay: it waits in spine spine-1" in r
+               for r in decision.reasons), decision.reasons
+    silent = Config(communication_share=0.0)
+    anywhere = place(busy_cluster(clock, {"gpu-s1-l2-n3": 4}, silent), request(2, gpus=4))
+    assert not anywhere.locality_pays and not mutation.pins(anywhere, silent)
+
+
+def test_a_wait_the_whole_cluster_names_says_so_and_is_not_pinned(clock):
+    """Without topology levels (hostname only), a job no node holds waits for the whole cluster."""
+    only_hosts = Config(levels=levels_from([HOSTNAME_LABEL]), levels_auto=False)
+    decision = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}, only_hosts), request(2))
+    assert decision.outcome is Outcome.WAIT and not decision.locality_pays and not mutation.pins(decision, only_hosts)
+    assert all(r and not r.startswith(":") for r in decision.reasons)
+
+
+@pytest.mark.parametrize("kind, annotations, may_pin", [
+    ("Job", {}, True),
+    ("Job", {"topology.scheduler/preferred-domain": "leaf-2"}, False),  # the user asked for a preference
+    ("Job", {"kueue.x-k8s.io/podset-preferred-topology": "topology.scheduler/leaf"}, False),
+    ("Deployment", {}, False),  # its template keeps what we write: a pin would outlive the wait
+    ("CronJob", {}, False),
+])
+def test_a_balanced_wait_is_pinned_only_for_work_that_ends_and_no_preference_of_the_users(clock, kind, annotations,
+                                                                                        may_pin):
+    obj = workload(kind, replicas=2, annotations={"topology.scheduler/gpu-count": "16", **annotations})
+    request_ = read(kind, obj, "ml").request
+    assert request_.strategy is Strategy.BALANCED and request_.may_pin_wait is may_pin
+    assert read("Pod", workload("Pod"), "ml").request.may_pin_wait  # a pod's work ends
+    decision = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}), dataclasses.replace(request_, preferred_domain=None))
+    assert decision.outcome is Outcome.WAIT and mutation.pins(decision, Config()) is may_pin
 
 
 def test_max_domain_keeps_a_one_pod_wait_pinned(clock):

@@ -7,7 +7,7 @@ import math
 
 from .config import HardwareProfile
 from .model import Interconnect, NodeAssignment, PlacementRequest
-from .topology import TopologyTree
+from .topology import NodeState, TopologyTree
 
 
 def bus_bandwidth(subset: TopologyTree, request: PlacementRequest, assignment: list[NodeAssignment]
@@ -23,15 +23,19 @@ def bus_bandwidth(subset: TopologyTree, request: PlacementRequest, assignment: l
         return assignment[0].interconnect, intra, profile
     gpus = request.gpus_per_pod
     if len(assignment) == 1:
-        node = nodes[0]
-        nics = max(1, node.profile.nics_per_node * gpus // max(node.alloc, 1))
-        return Interconnect.NODE, min(intra, nics * node.profile.nic_gbs), profile
+        return Interconnect.NODE, min(intra, _nics_of_one_node(nodes[0], gpus)), profile
     common = _common_prefix([n.domain.ref.path for n in nodes])
     link, divisor = crossing(subset, len(common) - 1)
     if link == "nvlink":
         return Interconnect.NVLINK, profile.nvlink_gbs, profile
     network = min(min(a.pods * gpus, n.profile.nics_per_node) * n.profile.nic_gbs for a, n in zip(assignment, nodes))
     return Interconnect(link), min(intra, network / divisor), profile
+
+
+def _nics_of_one_node(node: NodeState, gpus_per_pod: int) -> float:
+    """What the pods of one job on one node reach each other through: ranks in different pods share
+    no NVLink (NCCL needs one host and /dev/shm), so the NICs, each pod its share of them."""
+    return max(1, node.profile.nics_per_node * gpus_per_pod // max(node.alloc, 1)) * node.profile.nic_gbs
 
 
 def crossing(subset: TopologyTree, level: int) -> tuple[str, float]:
@@ -45,13 +49,14 @@ def crossing(subset: TopologyTree, level: int) -> tuple[str, float]:
     return levels[level].link, divisor
 
 
-def bandwidth_across(subset: TopologyTree, request: PlacementRequest, level: int, profile: HardwareProfile) -> float:
-    """The bus bandwidth `bus_bandwidth` would give pods of `profile`'s nodes spanning the children
-    of one domain of `level` (-1: the cluster; len(levels): pods on one node, its GPU links):
-    NVLink where the nodes share a fabric, else each node's NICs divided by the oversubscription
-    crossed."""
+def bandwidth_across(subset: TopologyTree, request: PlacementRequest, level: int, node: NodeState) -> float:
+    """The bus bandwidth `bus_bandwidth` would give the request's pods on nodes like `node`
+    spanning the children of one domain of `level` (-1: the cluster; len(levels): several pods on
+    that one node, which talk over its NICs, their share of them): NVLink where the nodes share a
+    fabric, else each node's NICs divided by the oversubscription crossed."""
+    profile = node.profile
     if level >= len(subset.config.levels):
-        return profile.nvlink_gbs
+        return min(profile.nvlink_gbs, _nics_of_one_node(node, request.gpus_per_pod))
     link, divisor = crossing(subset, level)
     if link == "nvlink":
         return profile.nvlink_gbs

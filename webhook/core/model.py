@@ -76,6 +76,10 @@ class PlacementRequest:
     # What each pod takes of the node's other resources, sorted (name, amount): cpu in
     # millicores, memory in bytes, pods 1... (resources.py). Empty: GPUs only.
     resources: tuple[tuple[str, int], ...] = ()
+    # Whether a balanced wait may be pinned where waiting pays: not when the user asked only for a
+    # preference (preferred-domain, a peer's preferred topology), nor for a workload that keeps its
+    # pod template for good (a Deployment, StatefulSet, CronJob...), where the pin would outlive the wait.
+    may_pin_wait: bool = True
 
     @property
     def total_gpus(self) -> int:

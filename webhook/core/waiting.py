@@ -180,7 +180,9 @@ def decide(subset: TopologyTree, request: PlacementRequest, chain: list[Member],
     reasons = [f"no domain has room for {pods} pod(s) x {gpus} GPU(s) now; {target.label} will fit first "
                f"({target.fits(gpus)} of {pods} fit now, {target.fits_idle(gpus)} when idle{freeing})"]
     locality_pays = True
-    if request.strategy in (Strategy.CONSOLIDATED, Strategy.BALANCED) and subset.config.pin_only_where_locality_pays:
+    weighed = request.strategy is Strategy.CONSOLIDATED or (request.strategy is Strategy.BALANCED
+                                                            and request.may_pin_wait)
+    if weighed and subset.config.pin_only_where_locality_pays:
         widest, why = _worth_waiting_in(subset, request, target, narrowest)
         if widest is subset.root:
             locality_pays = False  # the wait names where it fits first, as a preference
@@ -195,35 +197,34 @@ def decide(subset: TopologyTree, request: PlacementRequest, chain: list[Member],
 
 
 def _worth_waiting_in(subset: TopologyTree, request: PlacementRequest, target: Member, narrowest: int
-                   ) -> tuple[Member, str]:
+                      ) -> tuple[Member, str]:
     """The widest domain around `target`, no wider than max-domain (`narrowest`), worth waiting in
-    rather than `target` alone: one in which the cost model gives the request the bandwidth it gets
-    inside `target` (waiting for `target` only delays it), or, a level at a time, one whose expected
-    wait is shorter than `target`'s by at least what the slower run costs (`_worth_spilling`).
-    With the sentences that say so ("" when it is `target` and nothing was weighed)."""
-    member, notes, free = target, [], False
+    rather than `target` alone, a level at a time: one in which the cost model gives the request
+    no less bandwidth (waiting for the narrower one would only delay it), or one whose expected
+    wait is shorter by at least what the slower run costs (`_worth_spilling`). Greedy: it stops at
+    the first level that does not pay. With the sentences that say so ("" when nothing was
+    weighed and it is `target`)."""
+    member, notes, start = target, [], None  # start: where the run of levels that cost nothing began
     while member.parent is not None and member.parent.ref.level >= narrowest:
         if estimate.spill_costs(subset, request, member.ref.level):
-            if isinstance(member, NodeState):
-                break  # pods on one node: nothing on the network comes close to its GPU links
             worth, why = _worth_spilling(subset, request, target, member, member.parent)
             notes.append(why)
-            free = False
+            start = None
             if not worth:
                 break
         else:
-            same = f"the cost model gives it the same bandwidth anywhere in {member.parent.label}"
-            if free:
+            start = start or member
+            same = f"the cost model gives it no less bandwidth anywhere in {member.parent.label} than in {start.label}"
+            if start is not member:
                 notes[-1] = same  # one sentence for a run of levels that cost nothing
             else:
                 notes.append(same)
-            free = True
         member = member.parent
+    if not notes:
+        return target, ""
     if member is subset.root:
         why = "one pod runs alike on any node" if request.pods == 1 else "; ".join(notes)
         return member, f"{why}: the wait only prefers {target.label}, so it starts wherever room opens first"
-    if not notes:
-        return target, ""
     return member, "; ".join(notes) + f": it waits in {member.label}" + (
         "" if member is target else f" rather than for {target.label} alone")
 
@@ -233,12 +234,13 @@ def _worth_spilling(subset: TopologyTree, request: PlacementRequest, target: Mem
     """Whether the request should wait in `wider` rather than `member`, and the figures that say
     so: the wait it expects there is shorter by at least what spanning `wider` would stretch its
     run. Both in run times, the unit the webhook can reason in without knowing any: a run is
-    stretched by `communication_share` times how much lower the bandwidth is than inside `target`."""
+    stretched by `communication_share` times how much lower the bandwidth is than inside `target`.
+    The nodes are taken to be like one of `target`'s (the first by name at every level)."""
     share = subset.config.communication_share
-    profile = _first_node(target).profile
-    tight = estimate.bandwidth_across(subset, request, target.ref.level, profile)
-    stretch = share * tight * (1 / estimate.bandwidth_across(subset, request, wider.ref.level, profile)
-                               - 1 / estimate.bandwidth_across(subset, request, member.ref.level, profile))
+    node = _first_node(target)
+    tight = estimate.bandwidth_across(subset, request, target.ref.level, node)
+    stretch = share * tight * (1 / estimate.bandwidth_across(subset, request, wider.ref.level, node)
+                               - 1 / estimate.bandwidth_across(subset, request, member.ref.level, node))
     here, there = (expected_wait(m, request.gpus_per_pod, request.pods) for m in (member, wider))
     worth = here - there >= stretch
     return worth, (f"waiting for room in {member.label} is expected to take {here:.2f} run times, in "
@@ -247,29 +249,32 @@ def _worth_spilling(subset: TopologyTree, request: PlacementRequest, target: Mem
 
 
 def expected_wait(member: Member, gpus: int, pods: int) -> float:
-    """How long until `member` holds `pods` pods of `gpus`, in mean run times. A place for one pod
-    that is taken frees when the work in it ends, and nothing says when: each is taken to end after
-    an exponential time of mean one run, independently (memoryless), so the k-th of n frees after
-    H(n) - H(n-k). Places being freed by terminating pods count as free."""
+    """How long until `member` holds `pods` pods of `gpus`, in mean run times (infinite when it
+    never can). A place for one pod that is taken frees when the work in it ends, and nothing says
+    when: each is taken to end after an exponential time of mean one run, independently
+    (memoryless), so the k-th of n frees after H(n) - H(n-k). Places being freed by terminating
+    pods count as free; places on nodes out of service count as taken (they may return)."""
     now = member.fits(gpus)
     ever = member.fits_idle(gpus)
+    if ever < pods:
+        return math.inf
     soon = min(ever, now + member.freeing // gpus)
     short, taken = pods - soon, ever - soon
     if short <= 0:
         return 0.0
-    return _harmonic(taken) - _harmonic(taken - min(short, taken))
+    return _harmonic(taken) - _harmonic(taken - short)
 
 
 def _harmonic(n: int) -> float:
-    """H(n) = 1 + 1/2 + ... + 1/n; the asymptotic series past 16 terms (error below 1e-8)."""
+    """H(n) = 1 + 1/2 + ... + 1/n; the asymptotic series past 16 terms (error below 1e-9)."""
     if n <= 16:
         return sum(1 / k for k in range(1, n + 1))
-    return math.log(n) + 0.5772156649015329 + 1 / (2 * n) - 1 / (12 * n * n)
+    return math.log(n) + 0.5772156649015329 + 1 / (2 * n) - 1 / (12 * n ** 2) + 1 / (120 * n ** 4)
 
 
 def _first_node(member: Member) -> NodeState:
     while not isinstance(member, NodeState):
-        member = next(iter(member.children.values()))
+        member = member.children[min(member.children)]
     return member
 
 

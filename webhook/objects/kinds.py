@@ -38,6 +38,13 @@ class WorkloadKind:
     # false): placed then, on that UPDATE, and not before. None: the kind cannot be suspended.
     suspend: tuple[str, ...] | None = None
 
+    @property
+    def keeps_its_template(self) -> bool:
+        """Runs for good from one template (a Deployment, a CronJob...), which keeps what we wrote at
+        its creation: the kinds placed on UPDATE too. A Pod's or Job's work ends, and with it what
+        was written for it."""
+        return "UPDATE" in self.operations
+
 
 _TEMPLATE = ("template",)
 _REPLICAS = ("replicas",)

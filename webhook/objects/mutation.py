@@ -82,7 +82,8 @@ def pins(decision: Decision, config: Config) -> bool:
     its spread runs in), balanced ones only prefer it. A waiting consolidated one is pinned to
     where it waits when `pin_when_waiting` is on, unless waiting for locality does not pay
     (`Decision.locality_pays`); so is a balanced one waiting for room where
-    `pin_only_where_locality_pays` weighed its wait (else it only prefers the domain). A workload
+    `pin_only_where_locality_pays` weighed its wait and the request allows it (no preference of the
+    user's, a workload whose work ends: `PlacementRequest.may_pin_wait`); else it only prefers. A workload
     with a max-domain is always pinned: a preference could let the scheduler spill it wider."""
     strategy = decision.request.strategy
     if decision.request.max_domain is not None:
@@ -92,6 +93,7 @@ def pins(decision: Decision, config: Config) -> bool:
     if decision.outcome is not Outcome.WAIT or not config.pin_when_waiting or not decision.locality_pays:
         return False
     return strategy is Strategy.CONSOLIDATED or (strategy is Strategy.BALANCED and decision.code == NO_ROOM_NOW
+                                                 and decision.request.may_pin_wait
                                                  and config.pin_only_where_locality_pays)
 
 

@@ -255,6 +255,8 @@ def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = N
         required_node_terms=_required_terms(who, spec),
         tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, Mapping)),
         resources=tuple(sorted(pod_requests(spec).items())),
+        may_pin_wait=(not KINDS[kind].keeps_its_template and PREFERRED_DOMAIN not in annotations
+                      and not any(key in annotations for key in PEER_PREFERRED)),
     )
     if demand.pinned:  # an allocated claim's devices are on its node: its pods can run nowhere else
         request = on_nodes(request, list(demand.pinned))
