@@ -205,9 +205,11 @@ def _worth_waiting_in(subset: TopologyTree, request: PlacementRequest, target: M
     the first level that does not pay. With the sentences that say so ("" when nothing was
     weighed and it is `target`)."""
     member, notes, start = target, [], None  # start: where the run of levels that cost nothing began
+    node = _first_node(target)  # the nodes are taken to be like it
+    tight = estimate.bandwidth_across(subset, request, target.ref.level, node)
     while member.parent is not None and member.parent.ref.level >= narrowest:
         if estimate.spill_costs(subset, request, member.ref.level):
-            worth, why = _worth_spilling(subset, request, target, member, member.parent)
+            worth, why = _worth_spilling(subset, request, (node, tight), member, member.parent)
             notes.append(why)
             start = None
             if not worth:
@@ -229,16 +231,15 @@ def _worth_waiting_in(subset: TopologyTree, request: PlacementRequest, target: M
         "" if member is target else f" rather than for {target.label} alone")
 
 
-def _worth_spilling(subset: TopologyTree, request: PlacementRequest, target: Member, member: Member,
-                    wider: Domain) -> tuple[bool, str]:
+def _worth_spilling(subset: TopologyTree, request: PlacementRequest, inside_target: tuple[NodeState, float],
+                    member: Member, wider: Domain) -> tuple[bool, str]:
     """Whether the request should wait in `wider` rather than `member`, and the figures that say
     so: the wait it expects there is shorter by at least what spanning `wider` would stretch its
     run. Both in run times, the unit the webhook can reason in without knowing any: a run is
-    stretched by `communication_share` times how much lower the bandwidth is than inside `target`.
-    The nodes are taken to be like one of `target`'s (the first by name at every level)."""
+    stretched by `communication_share` times how much lower the bandwidth is than the bandwidth
+    `tight` inside the target, on nodes like `node` (`inside_target`: the first by name at every level)."""
     share = subset.config.communication_share
-    node = _first_node(target)
-    tight = estimate.bandwidth_across(subset, request, target.ref.level, node)
+    node, tight = inside_target
     stretch = share * tight * (1 / estimate.bandwidth_across(subset, request, wider.ref.level, node)
                                - 1 / estimate.bandwidth_across(subset, request, member.ref.level, node))
     here, there = (expected_wait(m, request.gpus_per_pod, request.pods) for m in (member, wider))
