@@ -6,7 +6,7 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from webhook.core import protection
+from webhook.core import protection, walk
 from webhook.core.cluster import ClusterIndex
 from webhook.core.config import Config
 from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path
@@ -65,7 +65,7 @@ def test_protection_only_moves_a_placement_to_one_as_tight(scenario):
         assert decision == alone  # waits and denials are left as they are
         return
     assert decision.scope.level >= alone.scope.level
-    shield = protection.protected(index.tree, index.waiters.values(), NOW, seconds, None)
+    shield = protection.protected(index.tree, protection.needs(index.waiters.values(), NOW, seconds, None))
     if request.pods == 1 and shield.taken_by(decision):  # then no node had room for it beside what is set aside
         assert not any(shield.room.get(name, node.free) >= request.gpus_per_pod for name, node in index.nodes.items())
 
@@ -78,3 +78,39 @@ def test_with_both_settings_off_waiters_change_nothing(scenario):
     decision = place(index_of(config, nodes, busy, waiters, ages), request)
     assert decision == place(index_of(config, nodes, busy, [], []), request)
     assert decision.locality_pays
+
+
+def most_free_first_by_sorting(tree, waiters, now, seconds):
+    """What protection sets aside, written the plain way: per waiting workload and domain, oldest
+    first, every node of the domain with GPUs not yet set aside, sorted by those GPUs (most first)
+    and name, taken from until the need is met."""
+    needs = {}
+    for waiter in waiters:
+        if now - waiter.since <= seconds:
+            entry = needs.setdefault((waiter.key, waiter.path), [waiter.since, 0])
+            entry[0], entry[1] = min(entry[0], waiter.since), entry[1] + waiter.gpus
+    left, taken = {}, {}
+    for (_, path), (_, need) in sorted(needs.items(), key=lambda item: (item[1][0], item[0])):
+        member = walk.lookup(tree, path)
+        nodes = sorted((n for n in walk.nodes_under(member) if left.get(n.name, n.free) > 0),
+                       key=lambda n: (-left.get(n.name, n.free), n.name))
+        for node in nodes:
+            if need <= 0:
+                break
+            take = min(left.get(node.name, node.free), need)
+            taken.setdefault(node.name, []).append(take)
+            left[node.name], need = left.get(node.name, node.free) - take, need - take
+    return taken, {name: left[name] for name in taken}
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_protection_reads_the_free_capacity_index_as_a_sort_of_every_node_would(scenario):
+    """Protection skips the domains the free capacity index says are full instead of reading every
+    node; overlapping waits (a node, its leaf, its spine) must still be served the same GPUs."""
+    nodes, busy, waiters, ages, _, seconds = scenario
+    index = index_of(Config(protect_waiting_seconds=seconds), nodes, busy, waiters, ages)
+    shield = protection.protected(index.tree, protection.needs(index.waiters.values(), NOW, seconds, None))
+    taken, room = most_free_first_by_sorting(index.tree, index.waiters.values(), NOW, seconds)
+    assert {name: [len(ids) for ids in sets] for name, sets in shield.sets.items()} == taken
+    assert dict(shield.room) == room

@@ -227,7 +227,7 @@ def _spread(subset: TopologyTree, scope: Member, pods: int, gpus: int, depth: in
         groups = [leaf for _, _, leaf in roomiest]
     else:
         groups = [scope]
-    queues = [sorted((n for n in walk.nodes_under(g) if n.free >= gpus), key=lambda n: (n.free, n.name)) for g in groups]
+    queues = [sorted(walk.nodes_fitting(g, gpus), key=lambda n: (n.free, n.name)) for g in groups]
     used: dict[str, int] = {}
     taken = [0] * len(groups)
     for _ in range(pods):
@@ -239,7 +239,7 @@ def _spread(subset: TopologyTree, scope: Member, pods: int, gpus: int, depth: in
         taken[i] += 1
     left = pods - sum(used.values())
     while left:  # fewer open nodes than pods: stack onto the nodes with the most room left
-        nodes = [n for n in walk.nodes_under(scope) if n.free >= gpus * (used.get(n.name, 0) + 1)]
+        nodes = [n for n in walk.nodes_fitting(scope, gpus) if n.free >= gpus * (used.get(n.name, 0) + 1)]
         node = max(nodes, key=lambda n: (n.free - gpus * used.get(n.name, 0), n.name))
         used[node.name] = used.get(node.name, 0) + 1
         left -= 1

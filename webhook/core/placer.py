@@ -41,7 +41,10 @@ def _decide(index: ClusterIndex, request: PlacementRequest, key: str | None) -> 
     seconds = index.config.protect_waiting_seconds
     if not seconds or not index.waiters or decision.outcome is not Outcome.PLACED:
         return decision
-    shield = protection.protected(index.tree, index.waiters.values(), index.ledger.clock(), seconds, key)
+    needed = protection.needs(index.waiters.values(), index.ledger.clock(), seconds, key)
+    if not protection.reaches(index.tree, needed, decision):
+        return decision
+    shield = protection.protected(index.tree, needed)
     if not shield.taken_by(decision):
         return decision
     index.reserve(protection.PROTECTION_KEY, shield.sets)

@@ -58,28 +58,42 @@ class Protected:
             a.node in self.room and a.pods * gpus > self.room[a.node] for a in decision.assignment)
 
 
-def protected(tree: TopologyTree, waiters: Iterable[Waiter], now: float, seconds: float,
-              exclude: str | None) -> Protected:
-    """The GPUs to keep new work off: per waiting workload and domain still inside its time
-    (`seconds` since its first pod was seen waiting), oldest first and never the workload `exclude`
-    itself, the free GPUs of its domain up to its need, from the nodes with the most free first."""
-    needs: dict[tuple[str, tuple], list[float]] = {}  # (key, path) -> [since, GPUs]
+def needs(waiters: Iterable[Waiter], now: float, seconds: float, exclude: str | None) -> list[tuple[tuple, int]]:
+    """(domain path, GPUs) per waiting workload and domain still inside its time (`seconds` since
+    its first pod was seen waiting), oldest first, never the workload `exclude` itself."""
+    found: dict[tuple[str, tuple], list[float]] = {}  # (key, path) -> [since, GPUs]
     for waiter in waiters:
         if waiter.key == exclude or now - waiter.since > seconds:
             continue
-        entry = needs.setdefault((waiter.key, waiter.path), [waiter.since, 0])
+        entry = found.setdefault((waiter.key, waiter.path), [waiter.since, 0])
         entry[0] = min(entry[0], waiter.since)
         entry[1] += waiter.gpus
+    return [(path, int(gpus)) for (_, path), (_, gpus) in sorted(found.items(), key=lambda item: (item[1][0], item[0]))]
+
+
+def reaches(tree: TopologyTree, needed: list[tuple[tuple, int]], decision: Decision) -> bool:
+    """Whether a placement uses a node in some domain a waiter needs: only then can it take GPUs
+    set aside, so only then are they worked out (most placements under load are elsewhere)."""
+    paths = {path for path, _ in needed}
+    for assigned in decision.assignment:
+        path = tree.nodes[assigned.node].path
+        if any(path[:depth] in paths for depth in range(len(path) + 1)):
+            return True
+    return False
+
+
+def protected(tree: TopologyTree, needed: list[tuple[tuple, int]]) -> Protected:
+    """The GPUs to keep new work off: for each of `needed` (`needs`) in turn, the free GPUs of its
+    domain up to its need, from the nodes with the most free first."""
     sets: dict[str, list[tuple[int, ...]]] = {}
     left: dict[str, int] = {}  # node -> free GPUs not yet set aside
     domains = []
-    for (_, path), (_, need) in sorted(needs.items(), key=lambda item: (item[1][0], item[0])):
+    for path, need in needed:
         member = walk.lookup(tree, path)
         if member is None:
             continue  # its domain is gone: nothing to keep
-        nodes = sorted((n for n in walk.nodes_under(member) if left.get(n.name, n.free) > 0),
+        nodes = sorted((n for n in walk.nodes_fitting(member, 1) if left.get(n.name, n.free) > 0),
                        key=lambda n: (-left.get(n.name, n.free), n.name))
-        need = int(need)
         if nodes and need > 0:
             domains.append(member.label)
         for node in nodes:

@@ -109,6 +109,18 @@ def nodes_under(member: Member) -> Iterator[NodeState]:
         yield from nodes_under(child)
 
 
+def nodes_fitting(member: Member, gpus: int) -> Iterator[NodeState]:
+    """The nodes under `member` with room for a pod of `gpus` GPUs, skipping every domain that has
+    none: under load most of a large domain is full, and its free capacity index says so."""
+    if not member.children:
+        if member.fits(gpus):
+            yield as_node(member)
+        return
+    for child in member.children.values():
+        if child.fits(gpus):
+            yield from nodes_fitting(child, gpus)
+
+
 def requirements(subset: TopologyTree, scope: Member, used: Iterable[NodeState] = ()) -> tuple[NodeRequirement, ...]:
     """Node affinity that says exactly what was decided: `scope`'s labels, and, for the nodes a
     decision uses, `In` over the lowest-level domains they are in (their racks, or the nodes
