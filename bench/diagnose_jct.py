@@ -77,8 +77,8 @@ class Observed(Policy):
                     self.into_whole_leaf += 1
         return pods
 
-    def anywhere(self, job: Job) -> bool:
-        return self.inner.anywhere(job)
+    def held_to(self, job: Job) -> frozenset[str] | None:
+        return self.inner.held_to(job)
 
     def started(self, job: Job, pods: list[PodPlacement]) -> None:
         self.inner.started(job, pods)

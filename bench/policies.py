@@ -53,10 +53,11 @@ class Policy:
         """The simulated time is now `now` (the engine says so before each pass)."""
         self.now = now
 
-    def anywhere(self, job: Job) -> bool:
-        """Whether the job may go anywhere in the cluster (its "wait" then means no room for its
-        size anywhere), rather than being held to one domain."""
-        return True
+    def held_to(self, job: Job) -> frozenset[str] | None:
+        """The nodes a job that had to wait is held to, where only GPUs freed on them can let it
+        start; None when it may go anywhere in the cluster (its "wait" then means no room for its
+        size anywhere)."""
+        return None
 
     def started(self, job: Job, pods: list[PodPlacement]) -> None:
         """The simulator bound the pods (policies that keep their own view update it here)."""
@@ -222,8 +223,8 @@ class BySize(Policy):
     def place(self, job: Job) -> list[PodPlacement] | None:
         return self._for(job).place(job)
 
-    def anywhere(self, job: Job) -> bool:
-        return self._for(job).anywhere(job)
+    def held_to(self, job: Job) -> frozenset[str] | None:
+        return self._for(job).held_to(job)
 
     def _for(self, job: Job) -> Policy:
         return self.single if job.pods == 1 else self.multi
@@ -287,10 +288,10 @@ class Ours(Policy):
         self.index = ClusterIndex.from_objects(self.config, cluster.node_objects, [], clock=lambda: self.now)
         self.labels = [o["metadata"]["labels"] for o in cluster.node_objects]
         self.waiting: dict[str, tuple[Decision, list[int]]] = {}  # job id -> its wait and the nodes it names
-        self.held: set[str] = set()  # ids of the waiting jobs held to their domain (pinned)
+        self.held: dict[str, frozenset[str]] = {}  # waiting jobs held to their domain (pinned) -> its nodes
 
-    def anywhere(self, job: Job) -> bool:
-        return job.job_id not in self.held
+    def held_to(self, job: Job) -> frozenset[str] | None:
+        return self.held.get(job.job_id)
 
     def anywhere_for(self, wait: Decision) -> bool:
         """Whether a job told `wait` may still go anywhere (only prefers the domain it names)."""
@@ -302,9 +303,10 @@ class Ours(Policy):
         decision = self._decide(job, None)
         if decision.outcome is Outcome.WAIT:
             if self.pinned and decision.scope is not None and decision.requirements:
-                self.waiting[job.job_id] = (decision, self._nodes_of(decision))
+                nodes = self._nodes_of(decision)
+                self.waiting[job.job_id] = (decision, nodes)
                 if not self.anywhere_for(decision):
-                    self.held.add(job.job_id)
+                    self.held[job.job_id] = frozenset(self.cluster.nodes[i].name for i in nodes)
                 domain = waiting_for(decision, self.config)
                 if domain is not None:
                     for pod in self._pods(job, [(None, (0,) * job.gpus_per_pod)] * job.pods):
@@ -353,7 +355,7 @@ class Ours(Policy):
 
     def started(self, job: Job, pods: list[PodPlacement]) -> None:
         self.waiting.pop(job.job_id, None)
-        self.held.discard(job.job_id)
+        self.held.pop(job.job_id, None)
         for pod in self._pods(job, pods):
             self.index.upsert_pod(pod)
 

@@ -423,9 +423,9 @@ def test_a_wait_pins_where_waiting_pays_and_else_only_prefers(strategy, pinned, 
         assert sorted(n for n, _ in placed) == leaf1
     elif not weighed:
         nodes = [n for n, _ in placed]
-        assert leaf0[0] in nodes and len(set(nodes)) == 2 and ours.anywhere(job)
+        assert leaf0[0] in nodes and len(set(nodes)) == 2 and ours.held_to(job) is None
     else:
-        assert placed is None and not ours.anywhere(job)
+        assert placed is None and ours.held_to(job) is not None
         release[leaf0[1]]()
         assert sorted(n for n, _ in ours.place(job)) == leaf0
 
@@ -438,7 +438,7 @@ def test_a_consolidated_wait_moves_to_the_spine_where_the_wait_it_saves_outweigh
     leaf0, leaf1 = node_names(cluster, 0, 2), node_names(cluster, 1, 2)
     release = {node: hold(f"fill-{node}", node) for node in [n.name for n in cluster.nodes] if node != leaf0[0]}
     job = traces.Job("big", 0, 10, 2, 8)
-    assert ours.place(job) is None and not ours.anywhere(job)
+    assert ours.place(job) is None and ours.held_to(job) is not None
     wait = ours.waiting["big"][0]
     assert wait.scope.level_name == "spine" and any("it waits in spine" in r for r in wait.reasons)
     release[node_names(cluster, 2, 2)[0]]()  # room in spine 1: not where it waits
