@@ -65,7 +65,7 @@ def test_protection_only_moves_a_placement_to_one_as_tight(scenario):
         assert decision == alone  # waits and denials are left as they are
         return
     assert decision.scope.level >= alone.scope.level
-    shield = protection.protected(index.tree, protection.needs(index.waiters.values(), NOW, seconds, None))
+    shield = protection.protected(index.tree, protection.needs(index.waiters, NOW, seconds, None))
     if request.pods == 1 and shield.taken_by(decision):  # then no node had room for it beside what is set aside
         assert not any(shield.room.get(name, node.free) >= request.gpus_per_pod for name, node in index.nodes.items())
 
@@ -110,7 +110,7 @@ def test_protection_reads_the_free_capacity_index_as_a_sort_of_every_node_would(
     node; overlapping waits (a node, its leaf, its spine) must still be served the same GPUs."""
     nodes, busy, waiters, ages, _, seconds = scenario
     index = index_of(Config(protect_waiting_seconds=seconds), nodes, busy, waiters, ages)
-    shield = protection.protected(index.tree, protection.needs(index.waiters.values(), NOW, seconds, None))
-    taken, room = most_free_first_by_sorting(index.tree, index.waiters.values(), NOW, seconds)
+    shield = protection.protected(index.tree, protection.needs(index.waiters, NOW, seconds, None))
+    taken, room = most_free_first_by_sorting(index.tree, index.waiters.pods.values(), NOW, seconds)
     assert {name: [len(ids) for ids in sets] for name, sets in shield.sets.items()} == taken
     assert dict(shield.room) == room

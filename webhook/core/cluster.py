@@ -25,7 +25,7 @@ from .growth import GrowthState, Pool, is_growth_object, object_key
 from .injection import GPU_IDS, RESERVATION, WAITING_FOR, parse_domain_path
 from .ledger import ReservationLedger, held_by
 from .model import GPU_RESOURCE, PlacementRequest
-from .protection import Waiter
+from .protection import Waiter, Waiting
 from .resources import pod_requests
 from .topology import Domain, NodeState, TopologyTree, parse_node, placement_fields, with_gpus
 from .usage import ResourceUsage
@@ -132,7 +132,7 @@ class ClusterIndex:
         self.usage = ResourceUsage()  # bound pods' requests of every resource but GPUs
         self.holders: dict[str, set[str]] = {}  # reservation key -> bound pods carrying it
         self.pod_reservations: dict[str, str] = {}  # bound pod key -> the reservation key it carries
-        self.waiters: dict[str, Waiter] = {}  # pending pods of pinned waits (protection.py)
+        self.waiters = Waiting()  # pending pods of pinned waits (protection.py)
         self.dra = dra.DraInventory()
         self.both_sources: set[str] = set()  # nodes with allocatable nvidia.com/gpu and DRA GPUs
         self.growth = GrowthState()  # autoscalers' pools: how the cluster can grow
@@ -469,11 +469,11 @@ class ClusterIndex:
         GPUs, with our `waiting-for`. It keeps the time it was first seen waiting."""
         path = parse_domain_path(pending.get(WAITING_FOR)) if pending is not None and gpus > 0 else None
         if pending is None or path is None:
-            self.waiters.pop(key, None)
+            self.waiters.forget(key)
             return
         seen = self.waiters.get(key)
         since = seen.since if seen is not None and seen.path == path else self.ledger.clock()
-        self.waiters[key] = Waiter(str(pending.get(RESERVATION) or key), path, gpus, since)
+        self.waiters.put(key, Waiter(str(pending.get(RESERVATION) or key), path, gpus, since))
 
     def _mark_terminating(self, node: NodeState, key: str) -> None:
         """A counted pod is being deleted: its GPUs are still taken, and free soon."""
@@ -501,7 +501,7 @@ class ClusterIndex:
         workload: its deletion ends the reservation it may still hold."""
         with self.lock:
             self._forget_pod(pod_key(pod))
-            self.waiters.pop(pod_key(pod), None)
+            self.waiters.forget(pod_key(pod))
             self._recount(self.ledger.drop_pod(pod_key(pod)))
             meta = pod.get("metadata") or {}
             reservation = str((meta.get("annotations") or {}).get(RESERVATION) or "")
@@ -521,7 +521,7 @@ class ClusterIndex:
 
     def counted_pods(self) -> set[str]:
         """Keys of every pod the index counts (a relist forgets the others)."""
-        return set(self.pod_nodes) | self.usage.pods() | set(self.waiters)
+        return set(self.pod_nodes) | self.usage.pods() | set(self.waiters.pods)
 
     def _forget_gpus(self, key: str) -> None:
         node_name = self.pod_nodes.pop(key, None)

@@ -41,7 +41,7 @@ def _decide(index: ClusterIndex, request: PlacementRequest, key: str | None) -> 
     seconds = index.config.protect_waiting_seconds
     if not seconds or not index.waiters or decision.outcome is not Outcome.PLACED:
         return decision
-    needed = protection.needs(index.waiters.values(), index.ledger.clock(), seconds, key)
+    needed = protection.needs(index.waiters, index.ledger.clock(), seconds, key)
     if not protection.reaches(index.tree, needed, decision):
         return decision
     shield = protection.protected(index.tree, needed)

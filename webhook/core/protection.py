@@ -58,17 +58,67 @@ class Protected:
             a.node in self.room and a.pods * gpus > self.room[a.node] for a in decision.assignment)
 
 
-def needs(waiters: Iterable[Waiter], now: float, seconds: float, exclude: str | None) -> list[tuple[tuple, int]]:
-    """(domain path, GPUs) per waiting workload and domain still inside its time (`seconds` since
-    its first pod was seen waiting), oldest first, never the workload `exclude` itself."""
-    found: dict[tuple[str, tuple], list[float]] = {}  # (key, path) -> [since, GPUs]
-    for waiter in waiters:
-        if waiter.key == exclude or now - waiter.since > seconds:
-            continue
-        entry = found.setdefault((waiter.key, waiter.path), [waiter.since, 0])
-        entry[0] = min(entry[0], waiter.since)
-        entry[1] += waiter.gpus
-    return [(path, int(gpus)) for (_, path), (_, gpus) in sorted(found.items(), key=lambda item: (item[1][0], item[0]))]
+class _Group:
+    """The waiting pods of one workload in one domain: earliest and latest time seen, GPUs."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, Waiter] = {}
+        self.first = self.last = 0.0
+        self.gpus = 0
+
+    def recount(self) -> None:
+        times = [waiter.since for waiter in self.pods.values()]
+        self.first, self.last = min(times), max(times)
+        self.gpus = sum(waiter.gpus for waiter in self.pods.values())
+
+
+class Waiting:
+    """The pending pods of pinned waits by pod key, also grouped by workload and domain, so that
+    `needs` takes a step per waiting workload rather than per pod (a 256-GPU job waits with 32)."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, Waiter] = {}
+        self.groups: dict[tuple[str, tuple], _Group] = {}
+
+    def __len__(self) -> int:
+        return len(self.pods)
+
+    def get(self, pod: str) -> Waiter | None:
+        return self.pods.get(pod)
+
+    def put(self, pod: str, waiter: Waiter) -> None:
+        self.forget(pod)
+        self.pods[pod] = waiter
+        group = self.groups.setdefault((waiter.key, waiter.path), _Group())
+        group.pods[pod] = waiter
+        group.recount()
+
+    def forget(self, pod: str) -> None:
+        waiter = self.pods.pop(pod, None)
+        if waiter is None:
+            return
+        group = self.groups[waiter.key, waiter.path]
+        del group.pods[pod]
+        if group.pods:
+            group.recount()
+        else:
+            del self.groups[waiter.key, waiter.path]
+
+
+def needs(waiting: Waiting, now: float, seconds: float, exclude: str | None) -> list[tuple[tuple, int]]:
+    """(domain path, GPUs) per waiting workload and domain, counting its pods still inside their
+    time (`seconds` since each was first seen waiting), oldest first by its earliest such pod, never
+    the workload `exclude` itself."""
+    found: list[tuple[float, tuple[str, tuple], int]] = []
+    for (key, path), group in waiting.groups.items():
+        if key == exclude or now - group.last > seconds:
+            continue  # every pod past its time
+        if now - group.first <= seconds:
+            found.append((group.first, (key, path), group.gpus))
+        else:
+            inside = [waiter for waiter in group.pods.values() if now - waiter.since <= seconds]
+            found.append((min(w.since for w in inside), (key, path), sum(w.gpus for w in inside)))
+    return [(path, gpus) for _, (_, path), gpus in sorted(found)]
 
 
 def reaches(tree: TopologyTree, needed: list[tuple[tuple, int]], decision: Decision) -> bool:
@@ -87,12 +137,15 @@ def protected(tree: TopologyTree, needed: list[tuple[tuple, int]]) -> Protected:
     domain up to its need, from the nodes with the most free first."""
     sets: dict[str, list[tuple[int, ...]]] = {}
     left: dict[str, int] = {}  # node -> free GPUs not yet set aside
+    with_free: dict[tuple, list[NodeState]] = {}  # domain path -> its nodes with free GPUs (many wait in one)
     domains = []
     for path, need in needed:
         member = walk.lookup(tree, path)
         if member is None:
             continue  # its domain is gone: nothing to keep
-        nodes = sorted((n for n in walk.nodes_fitting(member, 1) if left.get(n.name, n.free) > 0),
+        if path not in with_free:
+            with_free[path] = list(walk.nodes_fitting(member, 1))
+        nodes = sorted((n for n in with_free[path] if left.get(n.name, n.free) > 0),
                        key=lambda n: (-left.get(n.name, n.free), n.name))
         if nodes and need > 0:
             domains.append(member.label)
