@@ -23,15 +23,17 @@ submit order and starts every job the policy places now. What it stands for:
   places filled with multi-node jobs that wait long (more of them under a policy that keeps them
   waiting) and starved the small jobs behind them. Kept only to reproduce earlier figures.
 
-Two shortcuts keep a pass cheap, neither changing what starts: a job that had to wait is not asked
-again until some job has ended, and once a job of p pods of g GPUs that could go anywhere (the
-policy says `anywhere`) failed, jobs of p or more pods of g or more GPUs are skipped until something
-is freed: every policy's fit is monotone in free GPUs, pod count and pod size. (Before 25 Nov 2026
-the skip went by total GPUs, which is the same for the sampled streams, whose jobs are one pod or
-pods of 8, but not for a replayed trace's worker shapes.) A job held to one domain (ours
-consolidated, waiting inside its pin) failing says nothing of the others. The queue is kept per
-shape as well, so that a pass walks a merge of the shapes still uncovered instead of every queued
-job (TIMING).
+Three shortcuts keep a pass cheap, none changing what starts. A job that had to wait is not asked
+again until some job has ended. Once a job of p pods of g GPUs that could go anywhere (the policy
+holds it to no nodes: `held_to` is None) failed, jobs of p or more pods of g or more GPUs are skipped
+until something is freed: every policy's fit is monotone in free GPUs, pod count and pod size.
+(Before 25 Nov 2026 the skip went by total GPUs, which is the same for the sampled streams, whose
+jobs are one pod or pods of 8, but not for a replayed trace's worker shapes.) A job held to some
+nodes (ours, waiting inside its pin) failing says nothing of the others; it is set aside until GPUs
+are freed on those nodes, as kube-scheduler's queueing hints move an unschedulable pod back only
+on an event that may make it fit. The queue is kept per shape, so that a pass walks a merge of the
+shapes still uncovered instead of every queued job (an 8,192-GPU Kueue run at acme_seren load 1.2
+took 230 s before and 11.5 s after, with the same starts, on the 2-vCPU VM).
 """
 from __future__ import annotations
 

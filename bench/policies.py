@@ -20,7 +20,7 @@ from webhook.core.injection import RESERVATION, WAITING_FOR
 from webhook.core.config import Config
 from webhook.kube.demo import make_pod
 from webhook.core.gpus import format_gpu_set
-from webhook.core.model import Decision, Outcome, PlacementRequest, Strategy
+from webhook.core.model import Decision, NodeRequirement, Outcome, PlacementRequest, Strategy
 from webhook.core.placer import place
 from webhook.objects.mutation import pins, waiting_for
 
@@ -287,6 +287,7 @@ class Ours(Policy):
         super().reset(cluster, seed)
         self.index = ClusterIndex.from_objects(self.config, cluster.node_objects, [], clock=lambda: self.now)
         self.labels = [o["metadata"]["labels"] for o in cluster.node_objects]
+        self.admitted: dict[tuple[NodeRequirement, ...], list[int]] = {}  # node affinity -> positions of its nodes
         self.waiting: dict[str, tuple[Decision, list[int]]] = {}  # job id -> its wait and the nodes it names
         self.held: dict[str, frozenset[str]] = {}  # waiting jobs held to their domain (pinned) -> its nodes
 
@@ -327,10 +328,13 @@ class Ours(Policy):
         return [(a.node, ids) for a in decision.assignment for ids in a.gpu_ids]
 
     def _nodes_of(self, decision: Decision) -> list[int]:
-        """Positions of the nodes the wait's node affinity admits."""
-        return [i for i, labels in enumerate(self.labels)
-                if all(labels.get(r.key) in r.values if r.values else r.key not in labels
-                       for r in decision.requirements)]
+        """Positions of the nodes the wait's node affinity admits (the simulated nodes never change,
+        and many waits name the same domain)."""
+        if decision.requirements not in self.admitted:
+            self.admitted[decision.requirements] = [
+                i for i, labels in enumerate(self.labels)
+                if all(labels.get(r.key) in r.values if r.values else r.key not in labels for r in decision.requirements)]
+        return self.admitted[decision.requirements]
 
     def _after_wait(self, job: Job, wait: Decision, nodes: list[int]) -> list[PodPlacement] | None:
         cluster, gpus = self.cluster, job.gpus_per_pod

@@ -381,8 +381,10 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
         "- **Queue (identical for all):** FIFO with backfill, no reservation, gang placement (all pods of a job or "
         "none). Each arrival and completion triggers one pass over the whole queue in submit order, as "
         "kube-scheduler retries its pending pods and Kueue's BestEffortFIFO its workloads (bench/engine.py); after a "
-        "job of k GPUs that may go anywhere fails, jobs of k or more GPUs are skipped for the rest of the pass. "
-        "(Before 25 Nov 2026 a pass looked at the first 64 queued jobs only.)",
+        "job of k GPUs that may go anywhere fails, jobs of k or more GPUs are skipped for the rest of the pass, and a "
+        "job held to some nodes (ours' pinned wait) is tried again only once GPUs are freed on them, as kube-scheduler's "
+        "queueing hints do; neither changes what starts. (Before 25 Nov 2026 a pass looked at the first 64 queued jobs "
+        "only.)",
         "- **Policies:** *spread* = kube-scheduler NodeResourcesFit LeastAllocated scored on nvidia.com/gpu, pods one "
         "at a time, random among equal scores (as selectHost does); *best-fit* = MostAllocated, same otherwise; "
         "*random* = any node with room; *Kueue TAS BestFit* = KEP-2724's findTopologyAssignment, default profile: "

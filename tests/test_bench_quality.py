@@ -210,6 +210,49 @@ def test_queue_backfills_small_jobs_and_rejects_what_never_fits():
     assert result.rejected == 1
 
 
+class HeldToItsNode(policies.Policy):
+    """Job "pinned" is held to node 1 and so is job "first" (which starts there); every other job
+    goes on node 0. Each goes where it must once its GPUs are free there; counts the asks."""
+
+    def reset(self, cluster, seed):
+        super().reset(cluster, seed)
+        self.asked = {}
+
+    def place(self, job):
+        self.asked[job.job_id] = self.asked.get(job.job_id, 0) + 1
+        node = node_names(self.cluster, 0, 2)[job.job_id in ("first", "pinned")]
+        free = sorted(self.cluster.by_name[node].free)
+        return [(node, tuple(free[:job.gpus]))] if len(free) >= job.gpus else None
+
+    def held_to(self, job):
+        return frozenset(node_names(self.cluster, 0, 2)[1:]) if job.job_id == "pinned" else None
+
+
+def test_a_job_held_to_a_node_is_asked_again_only_once_gpus_free_there():
+    spec = fabric.ClusterSpec(zones=1, spines_per_zone=1, leaves_per_spine=1, nodes_per_leaf=2)
+    jobs = (traces.Job("first", 0, 50, 1, 8), traces.Job("pinned", 1, 10, 1, 8),
+            *(traces.Job(f"churn-{i}", 2 + i, 5, 1, 8) for i in range(4)))  # node 0 frees and refills
+    policy = HeldToItsNode()
+    result = engine.run(engine.Workload(spec, costmodel.Network(), jobs, 0.0, 1e9, 1, 0.0), policy)
+    assert {r.job.job_id: r.start_s for r in result.records}["pinned"] == 50
+    assert policy.asked["pinned"] == 2  # on arrival, and once node 1 freed; not at node 0's releases
+
+
+def test_the_queue_gives_back_a_job_set_aside_in_its_place_and_skips_covered_shapes():
+    queue = engine.JobQueue()
+    for position, (pods, gpus) in enumerate([(1, 8), (2, 8), (1, 4), (2, 8), (1, 1)]):
+        queue.add(position, traces.Job(f"j{position}", position, 10, pods, gpus))
+    queue.set_aside(1, frozenset({"n1", "n2"}))
+    assert [p for p, _ in queue.in_order([])] == [0, 2, 3, 4]
+    queue.freed(["n0"])  # not where it is held
+    assert [p for p, _ in queue.in_order([])] == [0, 2, 3, 4]
+    queue.freed(["n2"])
+    assert [p for p, _ in queue.in_order([])] == [0, 1, 2, 3, 4]
+    assert [p for p, _ in queue.in_order([(1, 4)])] == [4]  # one pod of 4 GPUs found no room: only 1-GPU pods are asked
+    queue.remove(0)
+    assert len(queue.jobs) == 4 and [p for p, _ in queue.in_order([(2, 8)])] == [2, 4]
+
+
 class AcrossLeaves(policies.Policy):
     """Puts a 2-pod job on the first node of each of the first two leaves."""
 
@@ -287,6 +330,22 @@ def test_evaluation_pairs_ours_with_every_baseline_on_the_seeds_it_prints(capsys
         assert low <= float(row[4]) <= high and row[6].endswith("/2")
         verdict = printed_verdict(row[5], higher_is_better=row[2] == "allocation")
         assert verdict is None or row[7].strip("*") == verdict
+
+
+def test_an_evaluation_goes_on_from_the_runs_kept_by_the_same_code(capsys, tmp_path, monkeypatch):
+    argv = ["--quick", "--cells", "helios_all:1.2", "--seeds", "7", "--processes", "1", "--resume", str(tmp_path)]
+    assert evaluate.main(argv) == 0
+    first = capsys.readouterr().out
+    assert "0 runs read back" in first and len(list(tmp_path.glob("*.pickle"))) == 6  # two of ours, four baselines
+    (next(tmp_path.glob("*-kueue-*.pickle"))).unlink()
+    assert evaluate.main(argv) == 0
+    second = capsys.readouterr().out
+    assert "5 runs read back" in second and "1 to run" in second
+    table = [line for line in first.splitlines() if line.startswith("| helios_all")]
+    assert table and table == [line for line in second.splitlines() if line.startswith("| helios_all")]
+    monkeypatch.setattr(evaluate, "code_digest", lambda: "changed")  # other code: nothing is read back
+    assert evaluate.main(argv) == 0
+    assert "0 runs read back" in capsys.readouterr().out
 
 
 def test_evaluation_draws_fresh_seeds_that_were_not_tuned_on():
