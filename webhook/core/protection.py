@@ -19,6 +19,7 @@ Pure: it reads the tree and the waiters and returns GPU sets; the placer holds t
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -137,25 +138,36 @@ def protected(tree: TopologyTree, needed: list[tuple[tuple, int]]) -> Protected:
     domain up to its need, from the nodes with the most free first."""
     sets: dict[str, list[tuple[int, ...]]] = {}
     left: dict[str, int] = {}  # node -> free GPUs not yet set aside
-    with_free: dict[tuple, list[NodeState]] = {}  # domain path -> its nodes with free GPUs (many wait in one)
+    # Domain path -> a heap of its nodes with GPUs not yet set aside, (-those GPUs, name, node): a
+    # waiter takes only the few nodes it needs from it, and many waiters share a zone's or spine's.
+    # An entry that an overlapping waiter's take made stale is put back in its place when popped.
+    queues: dict[tuple, list[tuple[int, str, NodeState]]] = {}
     domains = []
     for path, need in needed:
         member = walk.lookup(tree, path)
         if member is None:
             continue  # its domain is gone: nothing to keep
-        if path not in with_free:
-            with_free[path] = list(walk.nodes_fitting(member, 1))
-        nodes = sorted((n for n in with_free[path] if left.get(n.name, n.free) > 0),
-                       key=lambda n: (-left.get(n.name, n.free), n.name))
-        if nodes and need > 0:
-            domains.append(member.label)
-        for node in nodes:
-            if need <= 0:
-                break
-            take = min(left.get(node.name, node.free), need)
-            sets.setdefault(node.name, []).append(_free_ids(node, sets.get(node.name, ()), take))
-            left[node.name] = left.get(node.name, node.free) - take
-            need -= take
+        queue = queues.get(path)
+        if queue is None:
+            queue = queues[path] = [(-left.get(n.name, n.free), n.name, n) for n in walk.nodes_fitting(member, 1)
+                                    if left.get(n.name, n.free) > 0]
+            heapq.heapify(queue)
+        first = True
+        while need > 0 and queue:
+            key, name, node = heapq.heappop(queue)
+            room = left.get(name, node.free)
+            if room != -key:
+                if room > 0:
+                    heapq.heappush(queue, (-room, name, node))
+                continue
+            if first:
+                domains.append(member.label)
+                first = False
+            take = min(room, need)
+            sets.setdefault(name, []).append(_free_ids(node, sets.get(name, ()), take))
+            left[name], need = room - take, need - take
+            if room > take:
+                heapq.heappush(queue, (take - room, name, node))
     return Protected(sets, {name: left[name] for name in sets}, tuple(domains))
 
 

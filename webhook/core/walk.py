@@ -109,16 +109,22 @@ def nodes_under(member: Member) -> Iterator[NodeState]:
         yield from nodes_under(child)
 
 
-def nodes_fitting(member: Member, gpus: int) -> Iterator[NodeState]:
-    """The nodes under `member` with room for a pod of `gpus` GPUs, skipping every domain that has
-    none: under load most of a large domain is full, and its free capacity index says so."""
+def nodes_fitting(member: Member, gpus: int) -> list[NodeState]:
+    """The nodes under `member` with room for a pod of `gpus` GPUs, in no set order, skipping every
+    domain that has none: under load most of a large domain is full, and its free capacity index
+    says so. (A loop, not nested generators: this runs over a zone's nodes on every protected decision.)"""
     if not member.children:
-        if member.fits(gpus):
-            yield as_node(member)
-        return
-    for child in member.children.values():
-        if child.fits(gpus):
-            yield from nodes_fitting(child, gpus)
+        return [as_node(member)] if member.fits(gpus) else []
+    found: list[NodeState] = []
+    domains = [member]
+    while domains:
+        for child in domains.pop().children.values():
+            if child.fits(gpus):
+                if child.children:
+                    domains.append(child)
+                else:
+                    found.append(as_node(child))
+    return found
 
 
 def requirements(subset: TopologyTree, scope: Member, used: Iterable[NodeState] = ()) -> tuple[NodeRequirement, ...]:
