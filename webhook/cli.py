@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import yaml
 
 from . import __version__
-from .core.cluster import ClusterIndex
+from .core.cluster import ClusterIndex, out_of_the_collectors_way
 from .core.config import DEFAULT_PORT, Config, ConfigError, load_config
 from .core.dra import DRA_KINDS, in_namespace
 from .core.growth import is_growth_object
@@ -235,6 +235,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             index, readiness = feed.index, feed.readiness
         else:
             index, readiness = file_index(config, cluster)
+            out_of_the_collectors_way()  # the live feed does so after each full list
             say_levels(index, log.warning)
         app = create_app(config, index, readiness, metrics, decisions)
         start_metrics_server(metrics_listener, metrics.registry, app,

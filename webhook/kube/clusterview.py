@@ -43,7 +43,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 from ..core import dra
-from ..core.cluster import ClusterIndex, pod_key
+from ..core.cluster import ClusterIndex, out_of_the_collectors_way, pod_key
 from ..core.config import Config
 from ..core.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND, object_key
 from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
@@ -382,6 +382,7 @@ class ApiFeed:
         stream.synced = True
         stream.last_error = None
         self._progress(stream)
+        out_of_the_collectors_way()  # a full list rebuilt much of the index: it stays for good
         log.info("%s: listed %d at resourceVersion %s", stream.kind, len(seen), resource_version)
         if stream.kind == "resourceslices":
             for warning in self.index.inventory_warnings():
