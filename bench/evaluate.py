@@ -56,8 +56,8 @@ def code_digest() -> str:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     paths = [os.path.join(folder, name) for folder, _, files in os.walk(os.path.join(root, "webhook"))
              for name in files if name.endswith(".py")]
-    paths += [module.__file__ for module in list(sys.modules.values())
-              if (module.__name__ or "").startswith("bench.") and getattr(module, "__file__", None)]
+    paths += [str(module.__file__) for module in list(sys.modules.values())
+              if module.__name__.startswith("bench.") and getattr(module, "__file__", None)]
     digest = hashlib.sha256()
     for path in sorted(set(paths)):
         digest.update(os.path.relpath(path, root).encode() + b"\0")
