@@ -55,6 +55,16 @@ def naive_place(nodes: list[tuple[str, tuple[str, ...], int]], pods: int, gpus: 
     return None
 
 
+def decision_times(index: ClusterIndex, requests: list[PlacementRequest], repeat: int) -> list[float]:
+    """Seconds each of `repeat` decisions took, going round `requests`."""
+    times = []
+    for i in range(repeat):
+        began = time.perf_counter()
+        place(index, requests[i % len(requests)])
+        times.append(time.perf_counter() - began)
+    return times
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -90,19 +100,11 @@ def run(size: int, repeat: int) -> dict[str, float]:
     t0 = time.perf_counter()
     place(index, zone_pinned)
     first_constrained = time.perf_counter() - t0
-    constrained = []
-    for _ in range(repeat // 3):
-        t0 = time.perf_counter()
-        place(index, zone_pinned)
-        constrained.append(time.perf_counter() - t0)
+    constrained = decision_times(index, [zone_pinned], repeat // 3)
     # Distributed over the whole cluster: 16 pods, one per node, round-robin over the roomiest leaves.
     spread = PlacementRequest("bench", 16, 8, Strategy.DISTRIBUTED)
     place(index, spread)  # its first sorts the roomiest order
-    distributed = []
-    for _ in range(repeat // 3):
-        t0 = time.perf_counter()
-        place(index, spread)
-        distributed.append(time.perf_counter() - t0)
+    distributed = decision_times(index, [spread], repeat // 3)
     # A kubelet status update changes nothing placement reads: the next constrained decision
     # must cost what a cached one does (the subset is neither dropped nor rebuilt).
     after_update, node_updates = [], []
@@ -127,12 +129,8 @@ def run(size: int, repeat: int) -> dict[str, float]:
     for name, node in index.nodes.items():
         if node.free:
             index.upsert_pod(make_pod(f"fill-{name}", name, node.free))
-    waits = []
-    for i in range(repeat):
-        pods_, gpus = WAIT_SHAPES[i % len(WAIT_SHAPES)]
-        t0 = time.perf_counter()
-        place(index, PlacementRequest("bench", pods_, gpus, Strategy.CONSOLIDATED))
-        waits.append(time.perf_counter() - t0)
+    waits = decision_times(index, [PlacementRequest("bench", pods_, gpus, Strategy.CONSOLIDATED)
+                                   for pods_, gpus in WAIT_SHAPES], repeat)
     return {"nodes": size, "build_s": build, "p50_ms": percentile(ours, .5) * 1e3, "p99_ms": percentile(ours, .99) * 1e3,
             "naive_p50_ms": percentile(naive, .5) * 1e3, "naive_p99_ms": percentile(naive, .99) * 1e3,
             "speedup_p50": statistics.median(naive) / statistics.median(ours), "event_us": per_event * 1e6,

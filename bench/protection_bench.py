@@ -8,8 +8,8 @@ third idle, the rest partly used). Each waiting workload is 2-32 pending pods of
 a pinned wait; the index sees them as the live view would. Every placed decision whose nodes lie
 in a domain something waits in then works out the GPUs set aside and, where it takes some, decides
 again with them held (webhook/core/protection.py). placement_bench has no waiters: this is the
-part of the decision path it does not time. Compare trees by running this file with PYTHONPATH
-set to each.
+part of the decision path it does not time. Compare trees by running each tree's own copy of this
+file (it imports the tree it sits in).
 """
 from __future__ import annotations
 
@@ -19,17 +19,15 @@ import platform
 import random
 import statistics
 import sys
-import time
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.placement_bench import LEVELS, SHAPES, cluster, percentile  # noqa: E402
+from bench.placement_bench import LEVELS, SHAPES, cluster, decision_times, percentile  # noqa: E402
 from webhook.core.cluster import ClusterIndex, out_of_the_collectors_way  # noqa: E402
 from webhook.core.config import Config  # noqa: E402
 from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path  # noqa: E402
 from webhook.core.model import PlacementRequest, Strategy  # noqa: E402
-from webhook.core.placer import place  # noqa: E402
 from webhook.kube.demo import make_pod  # noqa: E402
 
 
@@ -51,14 +49,9 @@ def run(size: int, workloads: int, repeat: int) -> tuple[int, float, float]:
     waiting = waiting_pods(nodes, workloads)
     index = ClusterIndex.from_objects(Config(), nodes, bound + waiting)
     out_of_the_collectors_way()  # as `serve` does once the index is built
-    for pods, gpus in SHAPES:  # the first decision per pod size sorts each level once (bestfit.py)
-        place(index, PlacementRequest("bench", pods, gpus, Strategy.CONSOLIDATED))
-    times = []
-    for i in range(repeat):
-        pods, gpus = SHAPES[i % len(SHAPES)]
-        began = time.perf_counter()
-        place(index, PlacementRequest("bench", pods, gpus, Strategy.CONSOLIDATED))
-        times.append(time.perf_counter() - began)
+    requests = [PlacementRequest("bench", pods, gpus, Strategy.CONSOLIDATED) for pods, gpus in SHAPES]
+    decision_times(index, requests, len(requests))  # the first decision per pod size sorts each level once (bestfit.py)
+    times = decision_times(index, requests, repeat)
     return len(waiting), 1e3 * statistics.median(times), 1e3 * percentile(times, 0.99)
 
 
