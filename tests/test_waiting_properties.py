@@ -83,7 +83,7 @@ def test_with_both_settings_off_waiters_change_nothing(scenario):
 def most_free_first_by_sorting(tree, waiters, now, seconds):
     """What protection sets aside, written the plain way: per waiting workload and domain, oldest
     first, every node of the domain with GPUs not yet set aside, sorted by those GPUs (most first)
-    and name, taken from until the need is met."""
+    and path (the tree's order), taken from until the need is met."""
     needs = {}
     for waiter in waiters:
         if now - waiter.since <= seconds:
@@ -93,7 +93,7 @@ def most_free_first_by_sorting(tree, waiters, now, seconds):
     for (_, path), (_, need) in sorted(needs.items(), key=lambda item: (item[1][0], item[0])):
         member = walk.lookup(tree, path)
         nodes = sorted((n for n in walk.nodes_under(member) if left.get(n.name, n.free) > 0),
-                       key=lambda n: (-left.get(n.name, n.free), n.name))
+                       key=lambda n: (-left.get(n.name, n.free), n.path))
         for node in nodes:
             if need <= 0:
                 break
@@ -106,11 +106,17 @@ def most_free_first_by_sorting(tree, waiters, now, seconds):
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_protection_reads_the_free_capacity_index_as_a_sort_of_every_node_would(scenario):
-    """Protection skips the domains the free capacity index says are full instead of reading every
-    node; overlapping waits (a node, its leaf, its spine) must still be served the same GPUs."""
+    """Protection searches the tree best first, opening only the domains whose free capacity index
+    says they may hold the next node due, instead of sorting every node; overlapping waits (a node,
+    its leaf, its spine) must still be served the same GPUs, and the GPUs held for them are free."""
     nodes, busy, waiters, ages, _, seconds = scenario
     index = index_of(Config(protect_waiting_seconds=seconds), nodes, busy, waiters, ages)
     shield = protection.protected(index.tree, protection.needs(index.waiters, NOW, seconds, None))
     taken, room = most_free_first_by_sorting(index.tree, index.waiters.pods.values(), NOW, seconds)
-    assert {name: [len(ids) for ids in sets] for name, sets in shield.sets.items()} == taken
+    assert shield.takes == taken
     assert dict(shield.room) == room
+    for name, sets in shield.gpu_sets(index.tree).items():
+        node = index.nodes[name]
+        ids = [i for ids in sets for i in ids]
+        assert [len(ids) for ids in sets] == taken[name]
+        assert len(set(ids)) == len(ids) and not set(ids) & node.taken_ids and all(0 <= i < node.alloc for i in ids)

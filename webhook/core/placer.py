@@ -47,7 +47,7 @@ def _decide(index: ClusterIndex, request: PlacementRequest, key: str | None) -> 
     shield = protection.protected(index.tree, needed)
     if not shield.taken_by(decision):
         return decision
-    index.reserve(protection.PROTECTION_KEY, shield.sets)
+    index.reserve(protection.PROTECTION_KEY, shield.gpu_sets(index.tree))
     try:
         second = decide(index.tree, request, _prepared(index, request), index.pools)
     finally:

@@ -21,11 +21,12 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Mapping
 
 from . import walk
 from .model import Decision, Outcome
-from .topology import NodeState, TopologyTree
+from .topology import Domain, TopologyTree
+from .walk import Member
 
 # The ledger key the protected sets are held under, only while the placer decides again. No
 # workload has it: a reservation key is namespace/Kind/name and a namespace has no spaces.
@@ -44,10 +45,10 @@ class Waiter:
 
 @dataclass(frozen=True)
 class Protected:
-    """GPU sets set aside per node, the free GPUs left beside them there, and the domains of the
-    waiters they are for, oldest first."""
+    """GPU counts set aside per node (one per waiter served there), the free GPUs left beside them
+    there, and the domains of the waiters they are for, oldest first."""
 
-    sets: Mapping[str, list[tuple[int, ...]]]
+    takes: Mapping[str, list[int]]
     room: Mapping[str, int]
     domains: tuple[str, ...]
 
@@ -57,6 +58,17 @@ class Protected:
         gpus = decision.request.gpus_per_pod
         return decision.outcome is Outcome.PLACED and any(
             a.node in self.room and a.pods * gpus > self.room[a.node] for a in decision.assignment)
+
+    def gpu_sets(self, tree: TopologyTree) -> dict[str, list[tuple[int, ...]]]:
+        """Free GPU indices for each count, to hold while deciding again: worked out only then,
+        since most decisions take nothing set aside."""
+        sets: dict[str, list[tuple[int, ...]]] = {}
+        for name, counts in self.takes.items():
+            node = tree.nodes[name]
+            taken = node.taken_ids
+            free = [i for i in range(node.alloc) if i not in taken]
+            sets[name] = [tuple(free[sum(counts[:k]):sum(counts[:k + 1])]) for k in range(len(counts))]
+        return sets
 
 
 class _Group:
@@ -136,45 +148,57 @@ def reaches(tree: TopologyTree, needed: list[tuple[tuple, int]], decision: Decis
 
 def protected(tree: TopologyTree, needed: list[tuple[tuple, int]]) -> Protected:
     """The GPUs to keep new work off: for each of `needed` (`needs`) in turn, the free GPUs of its
-    domain up to its need, from the nodes with the most free first."""
-    sets: dict[str, list[tuple[int, ...]]] = {}
+    domain up to its need, from the nodes with the most free first (ties in the tree's order: by
+    domain path, then node name)."""
+    takes: dict[str, list[int]] = {}
     left: dict[str, int] = {}  # node -> free GPUs not yet set aside
-    # Domain path -> a heap of its nodes with GPUs not yet set aside, (-those GPUs, name, node): a
-    # waiter takes only the few nodes it needs from it, and many waiters share a zone's or spine's.
-    # An entry that an overlapping waiter's take made stale is put back in its place when popped.
-    queues: dict[tuple, list[tuple[int, str, NodeState]]] = {}
+    # Domain path -> a best-first search of its subtree: a heap of (-most free GPUs, path, member).
+    # A domain's entry bounds every node below it (its free capacity index gives the most free on
+    # any one node) and sorts before them on a tie, so it is opened before any of them could be
+    # due: a waiter opens only the domains holding the few nodes it takes, while a sort of every
+    # node in a zone per decision was most of a protected decision's time. An entry that an
+    # overlapping waiter's take made stale is put back in its place when popped. Many waiters
+    # share a zone's or spine's search.
+    searches: dict[tuple, list[tuple[int, tuple, Member]]] = {}
     domains = []
     for path, need in needed:
         member = walk.lookup(tree, path)
         if member is None:
             continue  # its domain is gone: nothing to keep
-        queue = queues.get(path)
-        if queue is None:
-            queue = queues[path] = [(-left.get(n.name, n.free), n.name, n) for n in walk.nodes_fitting(member, 1)
-                                    if left.get(n.name, n.free) > 0]
-            heapq.heapify(queue)
+        search = searches.get(path)
+        if search is None:
+            search = searches[path] = []
+            _push(search, member, left)
         first = True
-        while need > 0 and queue:
-            key, name, node = heapq.heappop(queue)
-            room = left.get(name, node.free)
+        while need > 0 and search:
+            key, _, popped = heapq.heappop(search)
+            if popped.children:
+                for child in popped.children.values():
+                    _push(search, child, left)
+                continue
+            node = walk.as_node(popped)
+            room = left.get(node.name, node.free)
             if room != -key:
-                if room > 0:
-                    heapq.heappush(queue, (-room, name, node))
+                _push(search, node, left)
                 continue
             if first:
                 domains.append(member.label)
                 first = False
             take = min(room, need)
-            sets.setdefault(name, []).append(_free_ids(node, sets.get(name, ()), take))
-            left[name], need = room - take, need - take
-            if room > take:
-                heapq.heappush(queue, (take - room, name, node))
-    return Protected(sets, {name: left[name] for name in sets}, tuple(domains))
+            takes.setdefault(node.name, []).append(take)
+            left[node.name], need = room - take, need - take
+            _push(search, node, left)
+    return Protected(takes, {name: left[name] for name in takes}, tuple(domains))
 
 
-def _free_ids(node: NodeState, already: Iterable[tuple[int, ...]], count: int) -> tuple[int, ...]:
-    taken = node.taken_ids.union(*already)
-    return tuple(i for i in range(node.alloc) if i not in taken)[:count]
+def _push(search: list[tuple[int, tuple, Member]], member: Member, left: Mapping[str, int]) -> None:
+    """Add a member with GPUs not yet set aside below it to a search; a full one is never due."""
+    if isinstance(member, Domain):
+        most = max((g for g, count in enumerate(member.free_hist) if count), default=0)
+    else:
+        most = left.get(member.name, member.free)
+    if most > 0:
+        heapq.heappush(search, (-most, member.path, member))
 
 
 def chosen(first: Decision, second: Decision, shield: Protected) -> Decision:

@@ -112,7 +112,7 @@ def nodes_under(member: Member) -> Iterator[NodeState]:
 def nodes_fitting(member: Member, gpus: int) -> list[NodeState]:
     """The nodes under `member` with room for a pod of `gpus` GPUs, in no set order, skipping every
     domain that has none: under load most of a large domain is full, and its free capacity index
-    says so. (A loop, not nested generators: this runs over a zone's nodes on every protected decision.)"""
+    says so. (A loop, not nested generators: a decision may run it over a zone's nodes.)"""
     if not member.children:
         return [as_node(member)] if member.fits(gpus) else []
     found: list[NodeState] = []
