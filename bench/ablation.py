@@ -23,7 +23,7 @@ from dataclasses import replace
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import evaluate, protocol, simulate  # noqa: E402
+from bench import evaluate, protocol, report, simulate  # noqa: E402
 from bench.fabric import HARDWARE  # noqa: E402
 from bench.policies import ABLATIONS  # noqa: E402
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{args.hardware} --seeds {' '.join(map(str, seeds))}")
     print(section)
     if args.write:
-        evaluate.write_into(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"), section,
+        report.write_into(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"), section,
                             f"{MARK} {settings.spec.gpus} {args.hardware}")
     return 0
 

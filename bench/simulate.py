@@ -243,10 +243,17 @@ def main(argv: list[str] | None = None) -> int:
     text = report.render(results, POLICY_KEYS, context, ANALYSIS)
     if out_dir:
         os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
-        with open(os.path.join(out_dir, "RESULTS.md"), "w", encoding="utf-8") as handle:
+        path = os.path.join(out_dir, "RESULTS.md")
+        kept = []
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as handle:
+                kept = report.generated_sections(handle.read())  # the evaluations' verdicts are not this run's
+        with open(path, "w", encoding="utf-8") as handle:
             handle.write(text)
+        for label, section in reversed(kept):  # each goes in after the title: reversed keeps their order
+            report.write_into(path, section, label)
         report.plot(results, POLICY_KEYS, os.path.join(out_dir, "plots"))
-        print(f"wrote {os.path.join(out_dir, 'RESULTS.md')} and plots/ in {wall:.0f} s")
+        print(f"wrote {path} (keeping {len(kept)} evaluation section(s)) and plots/ in {wall:.0f} s")
     else:
         print(text)
     return 0

@@ -5,7 +5,7 @@ import pytest
 
 from webhook.core import orderings
 
-from bench import ablation, costmodel, engine, evaluate, fabric, policies, simulate, traces
+from bench import ablation, costmodel, engine, evaluate, fabric, policies, report, simulate, traces
 from webhook.core.model import PlacementRequest, Strategy
 from webhook.core.placer import place
 
@@ -551,3 +551,19 @@ def test_jct_diagnosis_tables_every_policy_and_sees_pins_only_where_they_are_wri
         assert verdict is None or row[5] == verdict
     per_bucket, cluster, _ = tables("--before")
     assert "ours-balanced" not in {r[1] for r in per_bucket} and all(r[11] == "0.0%" for r in cluster.values())
+
+
+def test_a_full_rewrite_keeps_the_evaluations_sections(tmp_path, capsys, monkeypatch):
+    """simulate.py rewrites RESULTS.md from its own runs; the sections evaluate.py and ablation.py
+    wrote there are other runs' verdicts and must survive it, in their order."""
+    monkeypatch.setattr(report, "plot", lambda *args: None)  # matplotlib is the bench extra, not the tests'
+    page = tmp_path / "RESULTS.md"
+    page.write_text("# old title\n\nold tables\n")
+    report.write_into(str(page), "eight thousand\n", 8192)
+    report.write_into(str(page), "five hundred\n", 512)  # goes in after the title: above 8192's
+    assert simulate.main(["--quick", "--processes", "1", "--out", str(tmp_path)]) == 0
+    text = page.read_text()
+    assert "old tables" not in text and "## Verdict on the tuning seeds (in-sample)" in text
+    assert report.generated_sections(text) == [("512", "five hundred\n"), ("8192", "eight thousand\n")]
+    report.write_into(str(page), "five hundred again\n", 512)
+    assert report.generated_sections(page.read_text()) == [("512", "five hundred again\n"), ("8192", "eight thousand\n")]
