@@ -22,9 +22,12 @@ NOW = 5000.0
 def scenarios(draw):
     nodes = leaf_spine_nodes(spines=draw(st.integers(1, 2)), leaves=draw(st.integers(1, 3)),
                              nodes=draw(st.integers(1, 3)))
+    # Names in an order of their own, not the tree's: ties among equally free nodes go by path.
+    for node, k in zip(nodes, draw(st.permutations(range(len(nodes))))):
+        node["metadata"]["name"] = node["metadata"]["labels"]["kubernetes.io/hostname"] = f"gpu-{k:02d}"
     names = [n["metadata"]["name"] for n in nodes]
     busy = [make_pod(f"busy-{name}", name, used) for name in names if (used := draw(st.integers(0, 8)))]
-    # A waiter waits in a spine, a leaf or a node: the path of that domain, read off a node's labels.
+    # A waiter waits in a zone, a spine, a leaf or a node: the path of that domain, read off a node's labels.
     waiters = []
     for w in range(draw(st.integers(0, 3))):
         node = draw(st.sampled_from(nodes))
@@ -32,7 +35,7 @@ def scenarios(draw):
         path = (("topology.kubernetes.io/zone", labels["topology.kubernetes.io/zone"]),
                 ("topology.scheduler/spine", labels["topology.scheduler/spine"]),
                 ("topology.scheduler/leaf", labels["topology.scheduler/leaf"]),
-                ("kubernetes.io/hostname", node["metadata"]["name"]))[:draw(st.integers(2, 4))]
+                ("kubernetes.io/hostname", node["metadata"]["name"]))[:draw(st.integers(1, 4))]
         gpus = draw(st.sampled_from([1, 2, 4, 8]))
         waiters.extend(make_pod(f"wait{w}-{i}", None, gpus, "ml", phase="Pending", annotations={
             WAITING_FOR: format_domain_path(path), RESERVATION: f"ml/Job/wait{w}"}) for i in range(draw(st.integers(1, 3))))
