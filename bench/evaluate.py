@@ -188,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="put the result into bench/RESULTS.md")
     parser.add_argument("--resume", metavar="DIR",
                         help="keep each finished run in DIR and read back those the same code already made")
-    parser.add_argument("--ablations", action="store_true",
-                        help="also run consolidated with issue 26's rules switched off (simulate.WAIT_ABLATIONS)")
+    parser.add_argument("--ablations", nargs="*", metavar="NAME", choices=sorted(simulate.WAIT_ABLATIONS),
+                        help="also run consolidated with issue 26's rules switched off: these of "
+                             "simulate.WAIT_ABLATIONS, every one when none is named")
     args = parser.parse_args(argv)
     settings = simulate.QUICK if args.quick else replace(simulate.FULL, spec=CLUSTERS[args.gpus])
     try:
@@ -205,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seeds: {', '.join(map(str, tuned))} are tuning seeds; an evaluation must not use them")
     seeds = args.seeds or fresh_seeds(args.n_seeds)
     print(f"seeds {' '.join(map(str, seeds))} (repeat with --seeds {' '.join(map(str, seeds))})", flush=True)
-    variants = OURS_VARIANTS + (tuple(f"{OURS}-{name}" for name in simulate.WAIT_ABLATIONS) if args.ablations else ())
+    ablations = () if args.ablations is None else tuple(args.ablations or simulate.WAIT_ABLATIONS)
+    variants = OURS_VARIANTS + tuple(f"{OURS}-{name}" for name in ablations)
     tasks = [(simulate.Scenario("main", trace, load, seed=seed), key, settings)
              for trace, load in cells for seed in seeds for key in (*variants, *BASELINES)]
     tasks.sort(key=lambda t: t[1] not in variants)  # our core's runs are the slowest: start them first
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     gpus = settings.spec.gpus
     section = render(verdicts(results, cells, seeds, random.Random(0), variants), seeds, gpus, wall,
                      f"bench/evaluate.py --gpus {gpus} --seeds {' '.join(map(str, seeds))}"
-                     + (" --ablations" if args.ablations else ""), resumed)
+                     + (f" --ablations {' '.join(ablations)}" if ablations else ""), resumed)
     print(section)
     if args.write:
         report.write_into(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"), section, gpus)

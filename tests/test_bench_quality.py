@@ -567,3 +567,13 @@ def test_a_full_rewrite_keeps_the_evaluations_sections(tmp_path, capsys, monkeyp
     assert report.generated_sections(text) == [("512", "five hundred\n"), ("8192", "eight thousand\n")]
     report.write_into(str(page), "five hundred again\n", 512)
     assert report.generated_sections(page.read_text()) == [("512", "five hundred again\n"), ("8192", "eight thousand\n")]
+
+
+def test_evaluation_runs_only_the_ablations_it_is_given(capsys):
+    assert evaluate.main(["--quick", "--cells", "helios_all:1.2", "--seeds", "7", "--processes", "1",
+                          "--ablations", "unprotected"]) == 0
+    out = capsys.readouterr().out
+    strategies = {line.rstrip(" |").rsplit("| ", 1)[1] for line in out.splitlines() if line.startswith("| helios_all")}
+    assert strategies >= {"consolidated", "balanced (default)", simulate.STRATEGY_OF["ours-consolidated-unprotected"]}
+    assert simulate.STRATEGY_OF["ours-consolidated-before-26"] not in strategies
+    assert "--ablations unprotected" in out
