@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -67,7 +68,8 @@ class Protected:
             node = tree.nodes[name]
             taken = node.taken_ids
             free = [i for i in range(node.alloc) if i not in taken]
-            sets[name] = [tuple(free[sum(counts[:k]):sum(counts[:k + 1])]) for k in range(len(counts))]
+            ends = list(itertools.accumulate(counts))
+            sets[name] = [tuple(free[end - count:end]) for count, end in zip(counts, ends)]
         return sets
 
 
@@ -194,7 +196,7 @@ def protected(tree: TopologyTree, needed: list[tuple[tuple, int]]) -> Protected:
 def _push(search: list[tuple[int, tuple, Member]], member: Member, left: Mapping[str, int]) -> None:
     """Add a member with GPUs not yet set aside below it to a search; a full one is never due."""
     if isinstance(member, Domain):
-        most = max((g for g, count in enumerate(member.free_hist) if count), default=0)
+        most = member.most_free
     else:
         most = left.get(member.name, member.free)
     if most > 0:

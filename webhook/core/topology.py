@@ -80,6 +80,15 @@ class Domain:
         return count < len(self.free_hist) and self.free_hist[count] > 0
 
     @property
+    def most_free(self) -> int:
+        """Free GPUs of the freest node below (0 when every node is full)."""
+        hist = self.free_hist
+        top = len(hist) - 1
+        while top and not hist[top]:
+            top -= 1
+        return top
+
+    @property
     def path(self) -> tuple[tuple[str, str], ...]:
         return self.ref.path
 

@@ -310,11 +310,7 @@ def _node_first_to_fit(scope: Member, gpus: int, pods: int) -> NodeState | None:
 
 def _node_bound(domain: Domain, gpus: int) -> tuple[int, int, int]:
     """The best key any node below could have: its freest node's, with all GPUs being freed below."""
-    hist = domain.free_hist
-    top = len(hist) - 1
-    while top and not hist[top]:
-        top -= 1
-    return _wait_key(top, domain.freeing, gpus)
+    return _wait_key(domain.most_free, domain.freeing, gpus)
 
 
 def _wait_key(free: int, freeing: int, gpus: int) -> tuple[int, int, int]:

@@ -191,7 +191,7 @@ class _Reader:
         extra = self.extra.get(id(domain), {"held": 0, "out": 0, "out_total": 0})
         total = domain.alloc_gpus + extra["out_total"]
         used = total - domain.free_gpus - extra["held"] - extra["out"]
-        largest_pod = max((b for b in range(len(domain.free_hist)) if domain.free_hist[b]), default=0)
+        largest_pod = domain.most_free
         block = {
             "level": domain.ref.level_name, "name": domain.ref.name,
             "nodes": domain.nodes,
