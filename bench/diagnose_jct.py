@@ -80,6 +80,9 @@ class Observed(Policy):
     def held_to(self, job: Job) -> frozenset[str] | None:
         return self.inner.held_to(job)
 
+    def redecided(self, job: Job) -> bool:
+        return self.inner.redecided(job)
+
     def started(self, job: Job, pods: list[PodPlacement]) -> None:
         self.inner.started(job, pods)
 

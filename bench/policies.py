@@ -21,7 +21,7 @@ from webhook.core.config import Config
 from webhook.kube.demo import make_pod
 from webhook.core.gpus import format_gpu_set
 from webhook.core.model import Decision, NodeRequirement, Outcome, PlacementRequest, Strategy
-from webhook.core.placer import place
+from webhook.core.placer import place, place_gated
 from webhook.objects.mutation import pins, waiting_for
 
 from .costmodel import Network
@@ -58,6 +58,11 @@ class Policy:
         start; None when it may go anywhere in the cluster (its "wait" then means no room for its
         size anywhere)."""
         return None
+
+    def redecided(self, job: Job) -> bool:
+        """Whether a job that had to wait, held to no nodes (`held_to` None), is still not free to
+        go anywhere: decided again at every release, its wait says nothing of other jobs."""
+        return False
 
     def started(self, job: Job, pods: list[PodPlacement]) -> None:
         """The simulator bound the pods (policies that keep their own view update it here)."""
@@ -226,6 +231,9 @@ class BySize(Policy):
     def held_to(self, job: Job) -> frozenset[str] | None:
         return self._for(job).held_to(job)
 
+    def redecided(self, job: Job) -> bool:
+        return self._for(job).redecided(job)
+
     def _for(self, job: Job) -> Policy:
         return self.single if job.pods == 1 else self.multi
 
@@ -268,9 +276,13 @@ class Ours(Policy):
       100). Once it holds every pod, as above. Before that, as soon as the cluster holds them,
       kube-scheduler places them pod by pod (`kube_scheduler_with_preference`) instead of waiting.
 
-    A pinned wait's pods are given to the index pending, with the `waiting-for` annotation the
-    mutation writes, so protection (`protect_waiting_seconds`) sees them as the webhook's live
-    view would; the index's clock is the simulated time.
+    - Wait, gated (`gate_waits`: what would be pinned is held by a scheduling gate instead): the
+      releaser decides the job again at every release, oldest first (the engine's pass), and
+      starts it in its domain or in one no wider as soon as one holds it (placer.place_gated).
+
+    A pinned or gated wait's pods are given to the index pending, with the `waiting-for`
+    annotation the mutation writes, so protection (`protect_waiting_seconds`) sees them as the
+    webhook's live view would; the index's clock is the simulated time.
 
     `pinned=False` decides the job afresh at every pass, as if nothing had been written on a
     wait: how the simulator ran before 25 Nov 2026, kept to reproduce earlier figures. `settings`
@@ -290,9 +302,13 @@ class Ours(Policy):
         self.admitted: dict[tuple[NodeRequirement, ...], list[int]] = {}  # node affinity -> positions of its nodes
         self.waiting: dict[str, tuple[Decision, list[int]]] = {}  # job id -> its wait and the nodes it names
         self.held: dict[str, frozenset[str]] = {}  # waiting jobs held to their domain (pinned) -> its nodes
+        self.gated: set[str] = set()  # waiting jobs held by a scheduling gate
 
     def held_to(self, job: Job) -> frozenset[str] | None:
         return self.held.get(job.job_id)
+
+    def redecided(self, job: Job) -> bool:
+        return job.job_id in self.gated
 
     def anywhere_for(self, wait: Decision) -> bool:
         """Whether a job told `wait` may still go anywhere (only prefers the domain it names)."""
@@ -306,7 +322,11 @@ class Ours(Policy):
             if self.pinned and decision.scope is not None and decision.requirements:
                 nodes = self._nodes_of(decision)
                 self.waiting[job.job_id] = (decision, nodes)
-                if not self.anywhere_for(decision):
+                if self.anywhere_for(decision):
+                    pass
+                elif self.config.gate_waits:
+                    self.gated.add(job.job_id)
+                else:
                     self.held[job.job_id] = frozenset(self.cluster.nodes[i].name for i in nodes)
                 domain = waiting_for(decision, self.config)
                 if domain is not None:
@@ -338,6 +358,11 @@ class Ours(Policy):
 
     def _after_wait(self, job: Job, wait: Decision, nodes: list[int]) -> list[PodPlacement] | None:
         cluster, gpus = self.cluster, job.gpus_per_pod
+        if job.job_id in self.gated:
+            assert wait.scope is not None
+            request = PlacementRequest(f"Job sim/{job.job_id}", job.pods, gpus, self.strategy)
+            decision = place_gated(self.index, request, wait.scope, _key(job))
+            return None if decision is None else self._assignment(decision)
         if sum(cluster.free_count[i] // gpus for i in nodes) >= job.pods:  # the named domain holds it now
             if len(nodes) == 1:  # pinned to a node: the device plugin picks the GPUs there
                 node, taken = cluster.nodes[nodes[0]], set()
@@ -360,6 +385,7 @@ class Ours(Policy):
     def started(self, job: Job, pods: list[PodPlacement]) -> None:
         self.waiting.pop(job.job_id, None)
         self.held.pop(job.job_id, None)
+        self.gated.discard(job.job_id)
         for pod in self._pods(job, pods):
             self.index.upsert_pod(pod)
 

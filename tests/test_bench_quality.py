@@ -489,6 +489,21 @@ def test_a_wait_pins_where_waiting_pays_and_else_only_prefers(strategy, pinned, 
         assert sorted(n for n, _ in ours.place(job)) == leaf0
 
 
+def test_a_gated_wait_starts_in_an_equal_domain_that_frees_first_and_never_wider():
+    """As above (waiting for leaf 0 pays), with the wait held by a gate: held to no nodes, yet
+    decided again rather than free to go anywhere (`redecided`). A node freeing in another leaf
+    (only a wider span) leaves it waiting; leaf 1 emptying starts it there, whole."""
+    cluster, ours, hold = ours_on(SMALL, Strategy.CONSOLIDATED, communication_share=1.0, gate_waits=True)
+    leaf0, leaf1 = node_names(cluster, 0, 2), node_names(cluster, 1, 2)
+    release = {node: hold(f"fill-{node}", node) for node in [n.name for n in cluster.nodes] if node != leaf0[0]}
+    job = traces.Job("big", 0, 10, 2, 8)
+    assert ours.place(job) is None and ours.held_to(job) is None and ours.redecided(job)
+    release[leaf1[0]]()
+    assert ours.place(job) is None  # leaf 0's free node and leaf 1's: a span of two leaves
+    release[leaf1[1]]()
+    assert sorted(n for n, _ in ours.place(job)) == leaf1
+
+
 def test_a_consolidated_wait_moves_to_the_spine_where_the_wait_it_saves_outweighs_the_slower_run():
     """As above, at a communication share of 0.1: leaf 0's taken node frees after one run (H(1)),
     the first of spine 0's three taken nodes after a third, and spanning leaves (x2) costs about

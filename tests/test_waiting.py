@@ -14,7 +14,7 @@ from webhook.core.config import HOSTNAME_LABEL, Config, levels_from
 from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path
 from webhook.core.model import NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
 from webhook.core import waiting
-from webhook.core.placer import place, place_and_reserve
+from webhook.core.placer import place, place_and_reserve, place_gated
 from webhook.kube.demo import leaf_spine_nodes, make_pod
 from webhook.objects import mutation
 from webhook.objects.workload import read
@@ -244,3 +244,34 @@ def test_waits_are_left_as_they_are(clock):
     alone = place(index, request(3))
     add_waiter(index, pods=3)  # an older wait in spine-1, which is also where this one fits first
     assert place(index, request(3)) == alone and alone.scope.name == "spine-1"
+
+
+# -- a gated wait, decided again at a release ---------------------------------------------------
+
+@pytest.mark.parametrize("free, started_in", [
+    pytest.param({"gpu-s1-l2-n3": 8, "gpu-s1-l4-n1": 8}, "spine-1", id="its own domain holds it"),
+    pytest.param({"gpu-s1-l2-n3": 8, "gpu-s2-l5-n1": 8, "gpu-s2-l5-n2": 8}, "leaf-5", id="a narrower one elsewhere"),
+    pytest.param({"gpu-s1-l2-n3": 8, "gpu-s2-l5-n1": 8}, None, id="only across spines: wider, it waits"),
+])
+def test_a_gated_wait_starts_in_its_domain_or_one_no_wider(clock, free, started_in):
+    """A 2-pod wait weighed to spine-1 (one node free there); later, at a release, it starts where a
+    domain of spine level or narrower holds it, and nowhere wider (place_gated)."""
+    wait = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}), request(2))
+    assert wait.outcome is Outcome.WAIT and wait.scope.path == SPINE_1
+    started = place_gated(busy_cluster(clock, free), request(2), wait.scope, WAITER_KEY)
+    if started_in is None:
+        assert started is None
+        assert place(busy_cluster(clock, free), request(2)).scope.level_name == "zone"  # it would fit, wider
+    else:
+        assert started.outcome is Outcome.PLACED and started.scope.name == started_in
+        assert any("behind its scheduling gate" in r for r in started.reasons)
+
+
+def test_a_gated_wait_is_not_kept_off_its_own_domain_by_its_protection(clock):
+    """Its own pending pods protect its domain against others, never against itself."""
+    index = busy_cluster(clock, {"gpu-s1-l2-n3": 8, "gpu-s1-l4-n1": 8})
+    add_waiter(index)
+    wait = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}), request(2))
+    started = place_gated(index, request(2), wait.scope, WAITER_KEY)
+    assert started is not None and set(started.nodes) == {"gpu-s1-l2-n3", "gpu-s1-l4-n1"}
+    assert place(index, request(2), "ml/Job/other").outcome is Outcome.PLACED  # never a wait for others either

@@ -17,7 +17,7 @@ import zlib
 
 from . import protection
 from .cluster import ClusterIndex
-from .model import GROUP_MISMATCH, Decision, Outcome, PlacementRequest, Strategy
+from .model import GROUP_MISMATCH, Decision, DomainRef, Outcome, PlacementRequest, Strategy
 from .placement import decide
 from .topology import TopologyTree
 
@@ -32,6 +32,28 @@ def place(index: ClusterIndex, request: PlacementRequest, key: str | None = None
     reservation key, when it has one, so that its own pinned wait is not protected against it."""
     with index.lock:
         return _decide(index, request, key)
+
+
+def place_gated(index: ClusterIndex, request: PlacementRequest, waiting: DomainRef, key: str | None) -> Decision | None:
+    """A wait held back by its scheduling gate, decided again (at a release, oldest first): placed
+    in the domain it waits in when that holds it now (as its preferred domain), else wherever the
+    core places it now if that is no wider than the domain waited in; None while neither holds it.
+    Nothing is held.
+
+    Why no wider: the wait was weighed at that level (`pin_only_where_locality_pays`), so room that
+    opens in an equal domain is as good and starts it now, which a pin could not; a wider span would
+    run slower than the wait was judged worth."""
+    label, value = waiting.path[-1] if waiting.path else ("", "")
+    decision = place(index, dataclasses.replace(request, preferred_domain=f"{label}={value}"), key) if value else None
+    if decision is not None and decision.outcome is not Outcome.PLACED:
+        return None  # no room anywhere
+    if decision is None or decision.scope is None or decision.scope.path[:len(waiting.path)] != waiting.path:
+        decision = place(index, request, key)
+    if decision.outcome is not Outcome.PLACED or decision.scope is None or decision.scope.level < waiting.level:
+        return None
+    return dataclasses.replace(decision, reasons=(
+        *decision.reasons, f"it waited for {waiting} behind its scheduling gate and starts in {decision.scope}, "
+        "no wider"))
 
 
 def _decide(index: ClusterIndex, request: PlacementRequest, key: str | None) -> Decision:
