@@ -276,7 +276,7 @@ class Ours(Policy):
       100). Once it holds every pod, as above. Before that, as soon as the cluster holds them,
       kube-scheduler places them pod by pod (`kube_scheduler_with_preference`) instead of waiting.
 
-    - Wait, gated (`gate_waits`: what would be pinned is held by a scheduling gate instead): the
+    - Wait, gated (`gated`: what would be pinned is held by a scheduling gate instead): the
       releaser decides the job again at every release, oldest first (the engine's pass), and
       starts it in its domain or in one no wider as soon as one holds it (placer.place_gated).
 
@@ -286,11 +286,14 @@ class Ours(Policy):
 
     `pinned=False` decides the job afresh at every pass, as if nothing had been written on a
     wait: how the simulator ran before 25 Nov 2026, kept to reproduce earlier figures. `settings`
-    replace our default config's (e.g. `protect_waiting_seconds=0` for an ablation)."""
+    replace our default config's (e.g. `protect_waiting_seconds=0` for an ablation). `gated` is
+    not a setting of the webhook yet: it writes the pin until the releaser that lifts the gates
+    ships (issue 26)."""
 
     def __init__(self, strategy: Strategy, network: Network, pinned: bool = True, label: str = "",
-                 **settings: object) -> None:
+                 gated: bool = False, **settings: object) -> None:
         self.strategy = strategy
+        self.gated_waits = gated
         self.config = dataclasses.replace(core_config(network), **settings)  # type: ignore[arg-type]
         self.pinned = pinned
         self.name = f"ours ({strategy.value})" + ("" if pinned else ", re-decided each pass") + label
@@ -324,7 +327,7 @@ class Ours(Policy):
                 self.waiting[job.job_id] = (decision, nodes)
                 if self.anywhere_for(decision):
                     pass
-                elif self.config.gate_waits:
+                elif self.gated_waits:
                     self.gated.add(job.job_id)
                 else:
                     self.held[job.job_id] = frozenset(self.cluster.nodes[i].name for i in nodes)

@@ -139,11 +139,6 @@ class Config:
     # For how long a pinned wait keeps new work that has an equally tight place elsewhere off the
     # GPUs it needs in its domain (oldest waiters first, at most each one's own need). 0: never.
     protect_waiting_seconds: float = 1800.0
-    # A pinned wait for room held by a scheduling gate instead of a pin: decided again at every
-    # release, oldest first, it starts in its domain or one no wider as soon as one holds it
-    # (placer.place_gated). Not a setting of the config file yet: the webhook writes the pin until
-    # the releaser that lifts the gates ships (issue 26); the simulator evaluates it (bench/).
-    gate_waits: bool = False
     # Deny a workload the nodes there are cannot hold even when idle (a cluster that never grows).
     # Off: it is admitted to wait for nodes an autoscaler (or a person) adds, with a warning.
     refuse_unplaceable: bool = False
