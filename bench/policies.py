@@ -293,7 +293,7 @@ class Ours(Policy):
     def __init__(self, strategy: Strategy, network: Network, pinned: bool = True, label: str = "",
                  gated: bool = False, **settings: object) -> None:
         self.strategy = strategy
-        self.gated_waits = gated
+        self.gate_waits = gated
         self.config = dataclasses.replace(core_config(network), **settings)  # type: ignore[arg-type]
         self.pinned = pinned
         self.name = f"ours ({strategy.value})" + ("" if pinned else ", re-decided each pass") + label
@@ -325,11 +325,9 @@ class Ours(Policy):
             if self.pinned and decision.scope is not None and decision.requirements:
                 nodes = self._nodes_of(decision)
                 self.waiting[job.job_id] = (decision, nodes)
-                if self.anywhere_for(decision):
-                    pass
-                elif self.gated_waits:
+                if self.gate_waits and not self.anywhere_for(decision):
                     self.gated.add(job.job_id)
-                else:
+                elif not self.anywhere_for(decision):
                     self.held[job.job_id] = frozenset(self.cluster.nodes[i].name for i in nodes)
                 domain = waiting_for(decision, self.config)
                 if domain is not None:
@@ -339,9 +337,12 @@ class Ours(Policy):
             return None
         return self._assignment(decision)
 
+    def _request(self, job: Job, preferred: str | None = None) -> PlacementRequest:
+        return PlacementRequest(f"Job sim/{job.job_id}", job.pods, job.gpus_per_pod, self.strategy,
+                                preferred_domain=preferred)
+
     def _decide(self, job: Job, preferred: str | None) -> Decision:
-        decision = place(self.index, PlacementRequest(f"Job sim/{job.job_id}", job.pods, job.gpus_per_pod,
-                                                      self.strategy, preferred_domain=preferred), _key(job))
+        decision = place(self.index, self._request(job, preferred), _key(job))
         if decision.outcome is Outcome.NEVER:
             raise NeverFits(decision.reasons[0])
         return decision
@@ -363,8 +364,7 @@ class Ours(Policy):
         cluster, gpus = self.cluster, job.gpus_per_pod
         if job.job_id in self.gated:
             assert wait.scope is not None
-            request = PlacementRequest(f"Job sim/{job.job_id}", job.pods, gpus, self.strategy)
-            decision = place_gated(self.index, request, wait.scope, _key(job))
+            decision = place_gated(self.index, self._request(job), wait.scope, _key(job))
             return None if decision is None else self._assignment(decision)
         if sum(cluster.free_count[i] // gpus for i in nodes) >= job.pods:  # the named domain holds it now
             if len(nodes) == 1:  # pinned to a node: the device plugin picks the GPUs there
