@@ -31,7 +31,7 @@ until something is freed: every policy's fit is monotone in free GPUs, pod count
 jobs are one pod or pods of 8, but not for a replayed trace's worker shapes.) A job held to some
 nodes (ours, waiting inside its pin) failing says nothing of the others; it is set aside until GPUs
 are freed on those nodes, as kube-scheduler's queueing hints move an unschedulable pod back only
-on an event that may make it fit. A job held by a scheduling gate (ours with `gated`) is held
+on an event that may make it fit. A job held by a scheduling gate (ours with `gate_waits`) is held
 to no nodes yet may not go anywhere (`redecided`): it is asked again after every release, and its
 failing says nothing of the others either. The queue is kept per shape, so that a pass walks a merge of the
 shapes still uncovered instead of every queued job (an 8,192-GPU Kueue run at acme_seren load 1.2

@@ -22,7 +22,7 @@ from webhook.kube.demo import make_pod
 from webhook.core.gpus import format_gpu_set
 from webhook.core.model import Decision, NodeRequirement, Outcome, PlacementRequest, Strategy
 from webhook.core.placer import place, place_gated
-from webhook.objects.mutation import pins, waiting_for
+from webhook.objects.mutation import gates, pins, waiting_for
 
 from .costmodel import Network
 from .fabric import GPUS_PER_NODE, SimCluster, SimNode, pick_gpus
@@ -276,9 +276,10 @@ class Ours(Policy):
       100). Once it holds every pod, as above. Before that, as soon as the cluster holds them,
       kube-scheduler places them pod by pod (`kube_scheduler_with_preference`) instead of waiting.
 
-    - Wait, gated (`gated`: what would be pinned is held by a scheduling gate instead): the
-      releaser decides the job again at every release, oldest first (the engine's pass), and
-      starts it in its domain or in one no wider as soon as one holds it (placer.place_gated).
+    - Wait, gated (`gate_waits`: what would be pinned is held by a scheduling gate instead,
+      mutation.gates): the releaser decides the job again at every release, oldest first (the
+      engine's pass), and starts it in its domain or in one no wider as soon as one holds it
+      (placer.place_gated).
 
     A pinned or gated wait's pods are given to the index pending, with the `waiting-for`
     annotation the mutation writes, so protection (`protect_waiting_seconds`) sees them as the
@@ -286,14 +287,11 @@ class Ours(Policy):
 
     `pinned=False` decides the job afresh at every pass, as if nothing had been written on a
     wait: how the simulator ran before 25 Nov 2026, kept to reproduce earlier figures. `settings`
-    replace our default config's (e.g. `protect_waiting_seconds=0` for an ablation). `gated` is
-    not a setting of the webhook yet: it writes the pin until the releaser that lifts the gates
-    ships (issue 26)."""
+    replace our default config's (e.g. `protect_waiting_seconds=0` for an ablation, `gate_waits=True`)."""
 
     def __init__(self, strategy: Strategy, network: Network, pinned: bool = True, label: str = "",
-                 gated: bool = False, **settings: object) -> None:
+                 **settings: object) -> None:
         self.strategy = strategy
-        self.gate_waits = gated
         self.config = dataclasses.replace(core_config(network), **settings)  # type: ignore[arg-type]
         self.pinned = pinned
         self.name = f"ours ({strategy.value})" + ("" if pinned else ", re-decided each pass") + label
@@ -325,7 +323,7 @@ class Ours(Policy):
             if self.pinned and decision.scope is not None and decision.requirements:
                 nodes = self._nodes_of(decision)
                 self.waiting[job.job_id] = (decision, nodes)
-                if self.gate_waits and not self.anywhere_for(decision):
+                if gates(decision, self.config):
                     self.gated.add(job.job_id)
                 elif not self.anywhere_for(decision):
                     self.held[job.job_id] = frozenset(self.cluster.nodes[i].name for i in nodes)

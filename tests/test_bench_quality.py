@@ -445,10 +445,10 @@ def test_a_small_job_behind_many_waiting_big_ones_starts_when_it_fits():
     assert {r.job.job_id: r.start_s for r in windowed}["small"] > 1000
 
 
-def ours_on(spec, strategy, pinned=True, gated=False, **settings):
+def ours_on(spec, strategy, pinned=True, **settings):
     """Ours on an idle cluster of `spec`, and a way to bind and free whole nodes under it."""
     cluster = fabric.SimCluster(spec)
-    ours = policies.Ours(strategy, costmodel.Network(), pinned=pinned, gated=gated, **settings)
+    ours = policies.Ours(strategy, costmodel.Network(), pinned=pinned, **settings)
     ours.reset(cluster, 1)
 
     def hold(name, node):
@@ -493,7 +493,7 @@ def test_a_gated_wait_starts_in_an_equal_domain_that_frees_first_and_never_wider
     """As above (waiting for leaf 0 pays), with the wait held by a gate: held to no nodes, yet
     decided again rather than free to go anywhere (`redecided`). A node freeing in another leaf
     (only a wider span) leaves it waiting; leaf 1 emptying starts it there, whole."""
-    cluster, ours, hold = ours_on(SMALL, Strategy.CONSOLIDATED, communication_share=1.0, gated=True)
+    cluster, ours, hold = ours_on(SMALL, Strategy.CONSOLIDATED, communication_share=1.0, gate_waits=True)
     leaf0, leaf1 = node_names(cluster, 0, 2), node_names(cluster, 1, 2)
     release = {node: hold(f"fill-{node}", node) for node in [n.name for n in cluster.nodes] if node != leaf0[0]}
     job = traces.Job("big", 0, 10, 2, 8)

@@ -139,6 +139,11 @@ class Config:
     # For how long a pinned wait keeps new work that has an equally tight place elsewhere off the
     # GPUs it needs in its domain (oldest waiters first, at most each one's own need). 0: never.
     protect_waiting_seconds: float = 1800.0
+    # A pinned wait for room is held by a scheduling gate instead of a pin: the releaser in every
+    # replica decides it again whenever room opens, oldest first, and starts it in its domain or one
+    # no wider as soon as one holds it (placer.place_gated), where a pin waits for its one domain.
+    # Gated pods never trigger an autoscaler, so waits for nodes to be added are never gated.
+    gate_waits: bool = False
     # Deny a workload the nodes there are cannot hold even when idle (a cluster that never grows).
     # Off: it is admitted to wait for nodes an autoscaler (or a person) adds, with a warning.
     refuse_unplaceable: bool = False
@@ -385,7 +390,7 @@ def config_from_mapping(data: Mapping[str, Any]) -> Config:
                 raise ConfigError(f"{key}: {_show(value)} is not allowed; allowed: an empty string (none), "
                                   + ", ".join(PROVISIONING_CLASSES))
             values[key] = value
-        elif key in ("pin_when_waiting", "pin_only_where_locality_pays", "refuse_unplaceable"):
+        elif key in ("pin_when_waiting", "pin_only_where_locality_pays", "gate_waits", "refuse_unplaceable"):
             values[key] = _flag(key, value)
     return Config(**values)
 

@@ -11,6 +11,11 @@ What goes where:
   expressions added to every existing nodeSelectorTerm because terms are ORed; an empty term `{}`
   matches no node in Kubernetes and is left as it is); so is a waiting `consolidated` one when
   `pin_when_waiting` is on and waiting buys it bandwidth. Everything else only prefers the domain.
+- With `gate_waits`, a pinned wait for room in a workload whose work ends is held by our
+  scheduling gate instead of the pin, with the request it was decided as (`gated-request`): the
+  releaser (webhook/kube/releaser.py) decides it again when room opens and `released` writes
+  the pin it chose then and lifts the gate. Waits for nodes to be added are never gated: a gated
+  pod never triggers an autoscaler.
 - `distributed` adds topologySpreadConstraints on the decision's spread keys, selecting the pods
   by the template label `topology.scheduler/workload`; a (topologyKey, whenUnsatisfiable) pair
   the user already has is left alone (the API rejects duplicates).
@@ -20,11 +25,12 @@ What goes where:
 - Annotations on the template: `placement` (summary), `gpu-ids` (NVLink-aligned host GPU set of a
   single-pod workload, a hint for device plugins and DRA drivers: the container renumbers its
   GPUs from 0, so host indices never go into CUDA_VISIBLE_DEVICES), `reservation` (the key the
-  cluster index confirms once pods are bound), `waiting-for` (the domain a pinned wait waits in),
-  `injected` (the record above).
+  cluster index confirms once pods are bound), `waiting-for` (the domain a pinned or gated wait
+  waits in), `gated-request`, `injected` (the record above).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -32,9 +38,9 @@ from typing import Any, Callable, Mapping
 
 from ..core.config import HOSTNAME_LABEL, Config
 from ..core.gpus import container_gpus, format_gpu_set
-from ..core.injection import (GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, PREFERRED, REQUIRED_TERMS, RESERVATION,
-                              WAITING_FOR, WORKLOAD_LABEL, Injection, annotations_of, at, format_domain_path,
-                              recorded)
+from ..core.injection import (GATE, GATED_REQUEST, GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, PREFERRED,
+                              REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL, Injection, annotations_of, at,
+                              dumps_request, format_domain_path, recorded)
 from ..core.model import EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, Decision, Outcome, Strategy
 from .workload import pod_templates
 
@@ -51,9 +57,24 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
     outputs: dict[str, str | None] = dict.fromkeys(OUTPUT_ANNOTATIONS)
     if decision is not None:
         outputs.update({PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
-                        RESERVATION: reservation, WAITING_FOR: waiting_for(decision, config)})
+                        RESERVATION: reservation, WAITING_FOR: waiting_for(decision, config),
+                        GATED_REQUEST: dumps_request(decision.request) if gates(decision, config) else None})
     return _rewrite(obj, kind, lambda _, meta, spec, previous: _desired(meta, spec, previous, kind, obj, decision,
                                                                         config), lambda _: outputs, config)
+
+
+def released(pod: Mapping, decision: Decision) -> dict:
+    """A gated pod (see `gates`) let go where `decision` places it: the decision's domain added as
+    required node affinity, its GPU ids and summary written, our gate removed. Nothing else
+    changes: a pod's containers are fixed at creation, and while it is gated the API allows only
+    narrowing its node affinity (KEP-3838), so the pin is required even for a balanced wait."""
+    def desired(_: str, meta: dict, spec: dict, previous: Injection) -> Injection:
+        expressions = tuple(r.expression for r in decision.requirements)
+        return dataclasses.replace(previous, required=(expressions,) if expressions else (), gated=False)
+
+    outputs = {PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
+               WAITING_FOR: None, GATED_REQUEST: None}
+    return _rewrite(pod, "Pod", desired, lambda _: outputs, None)
 
 
 def carry_over(old: Mapping, new: Mapping, kind: str, config: Config) -> dict:
@@ -97,6 +118,15 @@ def pins(decision: Decision, config: Config) -> bool:
                                                  and config.pin_only_where_locality_pays)
 
 
+def gates(decision: Decision, config: Config) -> bool:
+    """Whether a pinned wait is held by our scheduling gate instead (`gate_waits`): a wait for
+    room, in a workload whose work ends (`PlacementRequest.may_pin_wait`: a Deployment's template
+    would gate its pods for good) that names its domain."""
+    return (config.gate_waits and decision.outcome is Outcome.WAIT and decision.code == NO_ROOM_NOW
+            and decision.scope is not None and bool(decision.scope.path) and decision.request.may_pin_wait
+            and pins(decision, config))
+
+
 def waiting_for(decision: Decision, config: Config) -> str | None:
     """The WAITING_FOR annotation: the domain a pinned wait for room waits in (not one for nodes
     to be added), which the cluster index protects for it (core/protection.py)."""
@@ -137,7 +167,10 @@ def warnings(decision: Decision, config: Config) -> tuple[str, ...]:
         out.append(reason if reason.startswith(who) else f"{who}: {reason}")
     elif decision.outcome is Outcome.WAIT:
         where = str(decision.scope) if decision.scope else "the domain that fits first"
-        if pins(decision, config):
+        if gates(decision, config):
+            out.append(f"{who}: no room now for {request.total_gpus} GPUs in one domain; held by scheduling gate "
+                       f"{GATE} until {where} or a domain no wider has room, then pinned there")
+        elif pins(decision, config):
             out.append(f"{who}: no room now for {request.total_gpus} GPUs in one domain; pinned to {where}, "
                        "so it waits for locality instead of scattering")
         else:
@@ -171,9 +204,10 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
     expressions = tuple(r.expression for r in decision.requirements)
     required: tuple[tuple[dict, ...], ...] = ()
     preferred = None
-    if expressions and pins(decision, config):
+    gated = gates(decision, config)  # then neither: the releaser writes the pin where it starts it
+    if expressions and not gated and pins(decision, config):
         required = (expressions,)  # the same expressions for every term: _apply_required spreads them
-    elif expressions:
+    elif expressions and not gated:
         preferred = {"weight": config.preferred_weight, "preference": {"matchExpressions": list(expressions)}}
     label = None
     spread: tuple[dict, ...] = ()
@@ -195,7 +229,7 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
     profile.update(CUDA_DEVICE_ORDER)
     profile = dict(sorted(profile.items()))  # the record keeps names sorted: so does the container
     env = {c["name"]: profile for c in _gpu_containers(spec)}
-    return Injection(required, preferred, spread, env, label)
+    return Injection(required, preferred, spread, env, label, gated)
 
 
 def _gpu_containers(spec: Mapping) -> list[dict]:
@@ -219,6 +253,7 @@ def _apply(meta: dict, spec: dict, previous: Injection, desired: Injection) -> I
     spread, spread_owned = _reconcile(spec.get("topologySpreadConstraints") or [], list(previous.spread),
                                       list(desired.spread), _spread_identity)
     _put(spec, ("topologySpreadConstraints",), spread)
+    gated = _apply_gate(spec, previous.gated, desired.gated)
     env = {}
     for container in _containers(spec):
         name = str(container["name"])  # workload.check_shape: every container is named
@@ -228,7 +263,21 @@ def _apply(meta: dict, spec: dict, previous: Injection, desired: Injection) -> I
         _put(container, ("env",), items)
         if owned:
             env[name] = {e["name"]: e["value"] for e in owned}
-    return Injection(required, preferred_owned[0] if preferred_owned else None, tuple(spread_owned), env, label)
+    return Injection(required, preferred_owned[0] if preferred_owned else None, tuple(spread_owned), env, label,
+                     gated)
+
+
+def _apply_gate(spec: dict, previous: bool, desired: bool) -> bool:
+    """Our entry in spec.schedulingGates, added or removed in place; returns whether we own it
+    now. An entry of that name we did not add (the record says so) is never ours to remove."""
+    gates = list(spec.get("schedulingGates") or [])
+    present = any(isinstance(g, dict) and g.get("name") == GATE for g in gates)
+    if present and previous and not desired:
+        gates = [g for g in gates if not (isinstance(g, dict) and g.get("name") == GATE)]
+    elif desired and not present:
+        gates.append({"name": GATE})
+    _put(spec, ("schedulingGates",), gates)
+    return desired and (previous or not present)
 
 
 def _apply_required(spec: dict, previous: tuple[tuple[dict, ...], ...],
