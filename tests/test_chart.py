@@ -626,6 +626,17 @@ def test_webhook_may_only_read_nodes_pods_gpu_devices_claims_pod_groups_and_comp
     assert one("defaults", "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == FULLNAME
 
 
+def test_pods_may_be_patched_only_when_waits_are_gated():
+    manifests = chart().render({"config": {"scheduler_names": ["topology-aware-scheduler"], "gate_waits": True}},
+                               name=RELEASE, namespace=NAMESPACE)
+    (role,) = [obj for path, text in manifests.items() if path.endswith(".yaml") for obj in yaml.safe_load_all(text)
+               if obj and obj["kind"] == "ClusterRole" and obj["metadata"]["name"] == FULLNAME]
+    assert role["rules"][:2] == [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]},
+                                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+    assert not any("patch" in rule["verbs"] for rule in rules_of("defaults", FULLNAME))
+    assert "gate_waits: true" in next(text for path, text in manifests.items() if path.endswith("configmap.yaml"))
+
+
 def test_webhook_writes_only_leases_in_the_release_namespace():
     role = one("defaults", "Role", f"{FULLNAME}-claims")
     assert role["metadata"]["namespace"] == NAMESPACE

@@ -229,7 +229,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if live:
             feed = ApiFeed(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
                            claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc,
-                           on_scale_up=metrics.scale_up)
+                           on_scale_up=metrics.scale_up, on_release=metrics.gated_release)
             feed.start()
             metrics.watch_feed(feed.age)
             index, readiness = feed.index, feed.readiness

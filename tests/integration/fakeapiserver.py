@@ -20,7 +20,10 @@ create, delete), the way the real server does, so the real `kubernetes` client c
   an update whose `metadata.resourceVersion` is not the stored one is 409 `Conflict`; a missing
   name is 404 `NotFound`. Secrets are written the same way.
 - JSON patches (`application/json-patch+json`): a failing `test` operation or a path that does
-  not exist is 422 `Invalid`, as the apiserver answers; other patch types are 415.
+  not exist is 422 `Invalid`, as the apiserver answers; other patch types are 415. A pod's spec
+  changes only as the apiserver lets it (KEP-3838): while it has scheduling gates, gates may be
+  removed, nodeSelector entries added and expressions added to its required node affinity's
+  terms (or terms set where it had none); anything else is 422 `Invalid`.
 - `forbidden`: resources ("secrets", "mutatingwebhookconfigurations") whose every request is 403
   `Forbidden` with the apiserver's RBAC wording, as for a service account without the Role.
 
@@ -79,6 +82,7 @@ POD_GROUPS = re.compile(r"/apis/scheduling\.k8s\.io/([^/]+)/podgroups")
 LEASES = re.compile(r"/apis/coordination\.k8s\.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?")
 SECRETS = re.compile(r"/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?")
 PODTEMPLATES = re.compile(r"/api/v1/namespaces/([^/]+)/podtemplates(?:/([^/]+))?")
+PODS = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)")  # JSON patches only: pods are put by tests
 PROVISIONING_REQUESTS = re.compile(r"/apis/autoscaling\.x-k8s\.io/v1/namespaces/([^/]+)/provisioningrequests(?:/([^/]+))?")
 DELETABLE = {"leases", "podtemplates", "provisioningrequests"}
 WEBHOOK_CONFIGURATIONS = re.compile(r"/apis/admissionregistration\.k8s\.io/v1/mutatingwebhookconfigurations/([^/]+)")
@@ -100,9 +104,10 @@ def _resource(kind: str) -> str:
 
 
 def _named(path: str) -> tuple[str, str | None, str | None] | None:
-    """(kind, namespace, name) of a Lease, Secret or MutatingWebhookConfiguration path, else None."""
+    """(kind, namespace, name) of a Lease, Secret, PodTemplate, ProvisioningRequest, Pod or
+    MutatingWebhookConfiguration path, else None."""
     for kind, pattern in (("leases", LEASES), ("secrets", SECRETS), ("podtemplates", PODTEMPLATES),
-                          ("provisioningrequests", PROVISIONING_REQUESTS)):
+                          ("provisioningrequests", PROVISIONING_REQUESTS), ("pods", PODS)):
         match = pattern.fullmatch(path)
         if match:
             return kind, match.group(1), match.group(2)
@@ -116,6 +121,37 @@ def _dra_kind(path: str, pod_group_versions: tuple[str, ...]) -> str | None:
     if pod_groups is not None:
         return "podgroups" if pod_groups.group(1) in pod_group_versions else None
     return DRA_PATHS.get(path)
+
+
+def _pod_spec_change(old: dict, new: dict) -> str | None:
+    """Why the apiserver refuses this change of a pod's spec (scheduling directives mutable only
+    while gated, and only narrower), or None."""
+    directives = ("schedulingGates", "nodeSelector", "affinity")
+    if {k: v for k, v in old.items() if k not in directives} != {k: v for k, v in new.items() if k not in directives}:
+        return "pod updates may not change fields other than scheduling directives of a gated pod"
+    if all(old.get(k) == new.get(k) for k in directives):
+        return None
+    old_gates, new_gates = old.get("schedulingGates") or [], new.get("schedulingGates") or []
+    if not old_gates:
+        return "only a pod with scheduling gates may change its scheduling directives"
+    if any(gate not in old_gates for gate in new_gates):
+        return "scheduling gates may only be removed"
+    if not (old.get("nodeSelector") or {}).items() <= (new.get("nodeSelector") or {}).items():
+        return "nodeSelector entries may only be added"
+    old_affinity, new_affinity = old.get("affinity") or {}, new.get("affinity") or {}
+    required = ("nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
+    old_terms = ((old_affinity.get(required[0]) or {}).get(required[1]) or {}).get("nodeSelectorTerms") or []
+    new_terms = ((new_affinity.get(required[0]) or {}).get(required[1]) or {}).get("nodeSelectorTerms") or []
+    if old_terms and (len(new_terms) != len(old_terms) or any(
+            (n.get(field) or [])[:len(o.get(field) or [])] != (o.get(field) or [])
+            for o, n in zip(old_terms, new_terms) for field in ("matchExpressions", "matchFields"))):
+        return "node affinity terms may only gain requirements"
+    rest = {k: v for k, v in (old_affinity.get("nodeAffinity") or {}).items() if k != required[1]}
+    if rest != {k: v for k, v in (new_affinity.get("nodeAffinity") or {}).items() if k != required[1]} or (
+            {k: v for k, v in old_affinity.items() if k != "nodeAffinity"}
+            != {k: v for k, v in new_affinity.items() if k != "nodeAffinity"}):
+        return "only the required node affinity of a gated pod may change"
+    return None
 
 
 def _status(code: int, reason: str, message: str) -> dict:
@@ -254,6 +290,9 @@ class FakeApiServer:
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as err:
                 return 422, _status(422, "Invalid", str(err))
             patched["metadata"]["uid"] = stored[0]["metadata"]["uid"]
+            problem = _pod_spec_change(stored[0].get("spec") or {}, patched.get("spec") or {}) if kind == "pods" else None
+            if problem:
+                return 422, _status(422, "Invalid", f'Pod "{key}" is invalid: spec: Forbidden: {problem}')
             self.put(kind, patched)
             return 200, self.get(kind, key)
 
@@ -468,7 +507,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 kind, namespace, name = named
                 code, answer = fake._patch(kind, name if namespace is None else f"{namespace}/{name}", json.loads(body))
-        elif not named or named[0] == "mutatingwebhookconfigurations" or (method == "POST") == bool(named[2]) \
+        elif not named or named[0] in ("mutatingwebhookconfigurations", "pods") or (method == "POST") == bool(named[2]) \
                 or (method == "DELETE" and named[0] not in DELETABLE) \
                 or (named[0] == "provisioningrequests" and not fake.serve_provisioning_requests):
             self._send_json(404, json.dumps(_status(404, "NotFound", f"{self.path} not found")).encode())

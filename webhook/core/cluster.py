@@ -22,6 +22,7 @@ from . import dra
 from .config import HOSTNAME_LABEL, PRESETS, Config, choose_preset, preset_marks
 from .filters import ConstrainedSubsets, NodeFilters
 from .gpus import parse_gpu_set, pod_gpus
+from .gating import GatedGroup, GatedPods
 from .growth import GrowthState, Pool, is_growth_object, object_key
 from .injection import GPU_IDS, RESERVATION, WAITING_FOR, parse_domain_path
 from .ledger import ReservationLedger, held_by
@@ -145,6 +146,9 @@ class ClusterIndex:
         self.holders: dict[str, set[str]] = {}  # reservation key -> bound pods carrying it
         self.pod_reservations: dict[str, str] = {}  # bound pod key -> the reservation key it carries
         self.waiters = Waiting()  # pending pods of pinned waits (protection.py)
+        self.gated = GatedPods()  # pending pods held by our scheduling gate (gating.py)
+        # Counts changes of free GPUs, nodes and gated pods: the releaser passes only after one.
+        self.changes = 0
         self.dra = dra.DraInventory()
         self.both_sources: set[str] = set()  # nodes with allocatable nvidia.com/gpu and DRA GPUs
         self.growth = GrowthState()  # autoscalers' pools: how the cluster can grow
@@ -212,6 +216,7 @@ class ClusterIndex:
         after = node.compute_free()
         if after != before:
             self.tree.shift_free(node, before, after)
+            self.changes += 1
         self.filters.note_headroom(node.name)
         self.subsets.recount(node.name)
 
@@ -246,6 +251,7 @@ class ClusterIndex:
         self.filters.note_headroom(fresh.name)
         self.subsets.node_changed(fresh)
         self._mark_presets(fresh.name, preset_marks(fresh.labels))
+        self.changes += 1
 
     def delete_node(self, name: str) -> None:
         with self.lock:
@@ -433,6 +439,8 @@ class ClusterIndex:
                 gpus = 0  # its claim's devices are what it uses: counted once, there
             annotations = (pod.get("metadata") or {}).get("annotations") or {}
             self._note_waiter(key, None if node_name or phase in _FINISHED_PHASES else annotations, gpus)
+            if self.gated.note(key, None if node_name or phase in _FINISHED_PHASES else pod, self.ledger.clock()):
+                self.changes += 1
             if not node_name or phase in _FINISHED_PHASES:
                 self._forget_pod(key)
                 pending = None if node_name or phase in _FINISHED_PHASES else pending_hold(annotations, spec, gpus)
@@ -514,6 +522,7 @@ class ClusterIndex:
         with self.lock:
             self._forget_pod(pod_key(pod))
             self.waiters.forget(pod_key(pod))
+            self.gated.forget(pod_key(pod))
             self._recount(self.ledger.drop_pod(pod_key(pod)))
             meta = pod.get("metadata") or {}
             reservation = str((meta.get("annotations") or {}).get(RESERVATION) or "")
@@ -533,7 +542,12 @@ class ClusterIndex:
 
     def counted_pods(self) -> set[str]:
         """Keys of every pod the index counts (a relist forgets the others)."""
-        return set(self.pod_nodes) | self.usage.pods() | set(self.waiters.pods)
+        return set(self.pod_nodes) | self.usage.pods() | set(self.waiters.pods) | set(self.gated.pods)
+
+    def gated_groups(self) -> list[GatedGroup]:
+        """Workloads held by our gate whose pods all exist, oldest first (gating.py)."""
+        with self.lock:
+            return self.gated.ready({key: len(pods) for key, pods in self.holders.items()})
 
     def _forget_gpus(self, key: str) -> None:
         node_name = self.pod_nodes.pop(key, None)

@@ -14,9 +14,11 @@ import dataclasses
 import threading
 import time
 import zlib
+from typing import Callable
 
 from . import protection
 from .cluster import ClusterIndex
+from .gating import GatedGroup
 from .model import GROUP_MISMATCH, Decision, DomainRef, Outcome, PlacementRequest, Strategy
 from .placement import decide
 from .topology import TopologyTree
@@ -88,13 +90,22 @@ def place_and_reserve(index: ClusterIndex, request: PlacementRequest, key: str |
     """Decide and hold the chosen GPUs under `key`, atomically. The workload's own earlier hold is
     dropped first, so placing it again (reinvocation, retries) never counts it twice; without a
     key (dry runs) nothing is held."""
+    if key is None:
+        with index.lock:
+            index.expire_reservations()
+            return _decide(index, request, None)
+    decision = _held(index, key, lambda: _decide(index, request, key))
+    assert decision is not None  # _decide always decides
+    return decision
+
+
+def _held(index: ClusterIndex, key: str, decide: Callable[[], Decision | None]) -> Decision | None:
+    """`decide()` with the index locked and `key`'s own hold dropped, and a placement held under it."""
     with index.lock:
         index.expire_reservations()
-        if key is None:
-            return _decide(index, request, None)
         index.release(key)
-        decision = _decide(index, request, key)
-        if decision.outcome is Outcome.PLACED:
+        decision = decide()
+        if decision is not None and decision.outcome is Outcome.PLACED:
             sets: dict[str, list[tuple[int, ...]]] = {}
             for assigned in decision.assignment:
                 sets.setdefault(assigned.node, []).extend(assigned.gpu_ids)
@@ -106,21 +117,44 @@ def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None
     """`place_and_reserve`, and the hold claimed for every replica when they share claims: at
     most one write when nobody else wrote meanwhile, a new decision for every 409. Returns the
     decision and the warnings to give (a decision made alone)."""
-    claims = index.claims
-    if claims is None or key is None:
+    if index.claims is None or key is None:
         return place_and_reserve(index, request, key), []
+    decision, alone = _shared(index, key, request.workload, lambda: place_and_reserve(index, request, key))
+    assert decision is not None
+    return decision, alone
+
+
+def start_gated(index: ClusterIndex, group: GatedGroup) -> tuple[Decision | None, list[str]]:
+    """`place_gated` for a workload our gate holds, held under its key and claimed for every
+    replica as `place_shared` does: what the releaser starts it with. (None, []) while it waits."""
+    levels = index.config.levels
+    depth = len(group.path) - 1  # a path names every level from the widest down to its own
+    waiting = DomainRef(depth, levels[depth].name if depth < len(levels) else "node", group.path)
+    key = group.reservation
+    return _shared(index, key, group.request.workload,
+                   lambda: _held(index, key, lambda: place_gated(index, group.request, waiting, key)))
+
+
+def _shared(index: ClusterIndex, key: str, who: str, decide: Callable[[], Decision | None]
+            ) -> tuple[Decision | None, list[str]]:
+    """Decide and claim the placement for every replica (when they share claims), deciding again
+    after each 409 within the claims' time budget; a placement claimed by nobody comes back with
+    the warning that it was made alone."""
+    claims = index.claims
+    if claims is None:
+        return decide(), []
     deadline = time.monotonic() + claims.budget_seconds
     while True:
         with index.lock:
-            decision = place_and_reserve(index, request, key)
+            decision = decide()
             basis = claims.basis()
-        if decision.outcome is not Outcome.PLACED:
+        if decision is None or decision.outcome is not Outcome.PLACED:
             return decision, []
         problem = claims.claim(key, basis, deadline)
         if problem is None:
             return decision, []
         if problem != CONFLICT or time.monotonic() >= deadline:
-            return decision, [claims.alone(request.workload, problem)]
+            return decision, [claims.alone(who, problem)]
 
 
 def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserve: bool

@@ -48,6 +48,7 @@ from ..core.config import Config
 from ..core.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND, object_key
 from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
 from .scaleups import ApiScaleUps
+from .releaser import Releaser
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ LIST_PAGE_SIZE = 500  # as client-go's reflector: big lists arrive in pages, not
 CONNECT_TIMEOUT_SECONDS = 10.0
 READ_GRACE_SECONDS = 15.0  # how long past a watch's own timeout the socket may stay silent
 EXPIRE_INTERVAL_SECONDS = 5.0
+RELEASE_INTERVAL_SECONDS = 1.0  # a pass decides only the gated workloads whose pods all exist
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -180,7 +182,9 @@ class ApiFeed:
                  expire_interval_seconds: float = EXPIRE_INTERVAL_SECONDS, claims_namespace: str | None = None,
                  claims_budget_seconds: float = DEFAULT_BUDGET_SECONDS,
                  on_alone: Callable[[], None] = lambda: None,
-                 on_scale_up: Callable[[str], None] = lambda _: None) -> None:
+                 on_scale_up: Callable[[str], None] = lambda _: None,
+                 on_release: Callable[[str], None] = lambda _: None,
+                 release_interval_seconds: float = RELEASE_INTERVAL_SECONDS) -> None:
         self.config = config
         self.clock = clock
         self.index = ClusterIndex(config, clock=clock)
@@ -215,6 +219,9 @@ class ApiFeed:
                 "leases", leases, lambda lease: (lease.get("metadata") or {}).get("name", ""), claims.apply,
                 claims.deleted, claims.names, claims.forget),)
         self._streams += dra_streams(api_client, index)
+        # Gated waits are started by a pass after the cluster changed, at most once an interval.
+        self.releaser = Releaser.over_api(index, api_client, on_release) if config.gate_waits else None
+        self.release_interval_seconds = release_interval_seconds
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._levels_said: str | None = None
@@ -242,6 +249,8 @@ class ApiFeed:
         self._threads = [threading.Thread(target=self._run, args=(stream,), name=f"clusterview-{stream.kind}",
                                           daemon=True) for stream in self._streams]
         self._threads.append(threading.Thread(target=self._expire_loop, name="clusterview-expire", daemon=True))
+        if self.releaser is not None:
+            self._threads.append(threading.Thread(target=self._release_loop, name="clusterview-release", daemon=True))
         for thread in self._threads:
             thread.start()
 
@@ -431,6 +440,16 @@ class ApiFeed:
     def _expire_loop(self) -> None:
         while not self._stop.wait(self.expire_interval_seconds):
             self.index.expire_reservations()
+
+    def _release_loop(self) -> None:
+        """Start gated waits once the view is whole: before that, the room a pass sees may be taken."""
+        assert self.releaser is not None
+        while not self._stop.wait(self.release_interval_seconds):
+            if all(s.synced for s in self._streams):
+                try:
+                    self.releaser.run_once()
+                except Exception:  # noqa: BLE001 - the next pass tries again; the webhook keeps serving
+                    log.exception("the releaser's pass failed")
 
 
 # ----- Dynamic Resource Allocation and PodGroups ------------------------------------------------------

@@ -36,6 +36,7 @@ BUILD_INFO = "topology_webhook_build_info"
 REJECTED = "topology_admission_rejected_requests_total"
 VIEW_AGE = "topology_cluster_view_age_seconds"
 SCALE_UPS = "topology_provisioning_requests_total"
+GATED_RELEASES = "topology_gated_releases_total"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Admission handling takes about a millisecond; the apiserver gives up after 10 s by default.
@@ -105,6 +106,8 @@ class Metrics:
                                      "through the API within the claims budget", registry=own)
         self.scale_ups = Counter(SCALE_UPS, "ProvisioningRequests for groups that wait for nodes, by result "
                                  "(created, exists, not-served, failed, deleted)", ["result"], registry=own)
+        self.gated_releases = Counter(GATED_RELEASES, "Workloads held by our scheduling gate, by result of a release "
+                                      "(released, released-by-another-replica, failed)", ["result"], registry=own)
         self.rejected = Counter(REJECTED, "Requests answered 4xx, by reason (not an AdmissionReview, too large...)",
                                 ["reason"], registry=own)
         self.registry = own or CollectorRegistry(auto_describe=True)
@@ -150,6 +153,10 @@ class Metrics:
     def scale_up(self, result: str) -> None:
         """One ProvisioningRequest created, found there, refused or deleted (webhook/kube/scaleups.py)."""
         self.scale_ups.labels(result).inc()
+
+    def gated_release(self, result: str) -> None:
+        """A gated workload started, or one of its pods' patches failed (webhook/kube/releaser.py)."""
+        self.gated_releases.labels(result).inc()
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition and its content type."""

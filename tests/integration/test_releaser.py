@@ -1,0 +1,144 @@
+"""The releaser against the fake apiserver, through the real client: gated waits start when room
+opens in their domain or one no wider, each pod patched once, as the apiserver lets a gated pod
+change (tests/integration/fakeapiserver.py refuses any other change of its spec).
+"""
+from __future__ import annotations
+
+import base64
+import json
+
+import jsonpatch
+
+from conftest import LEAF, eventually
+from tests.fixtures.builders import workload
+from webhook.core.config import Config
+from webhook.core.injection import GATE, GATED_REQUEST, PLACEMENT, WAITING_FOR
+from webhook.kube.demo import make_node, make_pod
+from webhook.objects import admission
+from webhook.objects.workload import pod_template
+
+GATED = Config(gate_waits=True)
+ZONE, SPINE = "topology.kubernetes.io/zone", "topology.scheduler/spine"
+
+
+def cluster(fake, zones=1, spines=2, nodes=2):
+    """Zones of spines of one leaf each, every node full: one 8-GPU pod on each. A 2-node job
+    waits in the spine that fits first (the cost model gives it the same bandwidth there as in
+    one leaf) and never across zones (that stretches its run more than the wait it saves)."""
+    for z in range(zones):
+        for s in range(spines):
+            for n in range(nodes):
+                name = f"gpu-z{z}-s{s}-n{n}"
+                fake.put_node(make_node(name, {ZONE: f"zone-{z}", SPINE: f"spine-{z}-{s}", LEAF: f"leaf-{z}-{s}"}))
+                fake.put_pod(make_pod(f"busy-{name}", name, 8))
+
+
+def gated_job(view, name="train", pods=2):
+    """A 2x8-GPU consolidated Job admitted while nothing is free, and the pods its controller makes."""
+    job = workload("Job", name=name, replicas=pods, annotations={"topology.scheduler/placement-strategy": "consolidated"})
+    result = admission.review(admission.make_review(job), view.index, view.config)
+    assert result.outcome == "waiting", result.outcome
+    patch = json.loads(base64.b64decode(result.review["response"]["patch"]))
+    template = pod_template("Job", jsonpatch.apply_patch(job, patch))
+    assert {"name": GATE} in template["spec"]["schedulingGates"]
+    return [{"apiVersion": "v1", "kind": "Pod",
+             "metadata": {**json.loads(json.dumps(template["metadata"])), "name": f"{name}-{i}", "namespace": "ml",
+                          "uid": f"uid-{name}-{i}"},
+             "spec": json.loads(json.dumps(template["spec"])), "status": {"phase": "Pending"}} for i in range(pods)]
+
+
+def stored(fake, name):
+    return fake.get("pods", f"ml/{name}")
+
+
+def released(fake, name):
+    pod = stored(fake, name)
+    return pod if not pod["spec"].get("schedulingGates") else None
+
+
+def leaf_pinned(pod):
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    return {value for term in terms for e in term["matchExpressions"] if e["key"] == LEAF for value in e["values"]}
+
+
+def test_a_gated_job_starts_in_an_equal_domain_that_frees_first(fake, make_view):
+    cluster(fake, zones=2, spines=1)
+    results = []
+    view = make_view(fake, GATED, on_release=results.append, release_interval_seconds=0.05)
+    view.start()
+    assert view.wait_synced(15)
+    pods = gated_job(view)
+    waited = pods[0]["metadata"]["annotations"][WAITING_FOR]
+    for pod in pods:
+        fake.put_pod(pod)
+    eventually(lambda: len(view.index.gated) == 2, what="both pods seen gated")
+    assert waited.endswith("spine=spine-0-0")  # the first of equal spines fits first
+    fake.delete("pods", "default/busy-gpu-z1-s0-n0")
+    fake.delete("pods", "default/busy-gpu-z1-s0-n1")
+    first, second = (eventually(lambda: released(fake, pod["metadata"]["name"]), what="released") for pod in pods)
+    assert leaf_pinned(first) == leaf_pinned(second) == {"leaf-1-0"}  # not the spine it waited in: this one freed first
+    annotations = first["metadata"]["annotations"]
+    assert WAITING_FOR not in annotations and GATED_REQUEST not in annotations
+    assert "behind its scheduling gate" not in annotations[PLACEMENT]  # the summary says where, not why
+    assert results == ["released"]
+    eventually(lambda: len(view.index.gated) == 0, what="the index no longer counts them gated")
+
+
+def test_a_gated_job_waits_while_only_a_wider_span_has_room(fake, make_view):
+    cluster(fake, zones=2, spines=1)
+    view = make_view(fake, GATED, release_interval_seconds=0.05)
+    view.start()
+    assert view.wait_synced(15)
+    pods = gated_job(view)
+    for pod in pods:
+        fake.put_pod(pod)
+    eventually(lambda: len(view.index.gated) == 2, what="both pods seen gated")
+    fake.delete("pods", "default/busy-gpu-z0-s0-n0")  # one node free in each zone: only both would hold it
+    fake.delete("pods", "default/busy-gpu-z1-s0-n0")
+    eventually(lambda: view.index.stats().gpus_used == 16, what="the frees seen")
+    changes = view.index.changes
+    eventually(lambda: view.releaser.seen_changes == changes, what="a pass after the frees")
+    assert all(stored(fake, pod["metadata"]["name"])["spec"]["schedulingGates"] == [{"name": GATE}] for pod in pods)
+
+
+def test_two_replicas_release_a_workload_once(fake, make_view):
+    cluster(fake)
+    results = []
+    views = [make_view(fake, GATED, on_release=results.append, release_interval_seconds=0.01) for _ in range(2)]
+    for view in views:
+        view.start()
+        assert view.wait_synced(15)
+    pods = gated_job(views[0])
+    for pod in pods:
+        fake.put_pod(pod)
+    for view in views:
+        eventually(lambda: len(view.index.gated) == 2, what="both pods seen gated by both replicas")
+    for spine in range(2):
+        for node in range(2):
+            fake.delete("pods", f"default/busy-gpu-z0-s{spine}-n{node}")
+    first, second = (eventually(lambda: released(fake, pod["metadata"]["name"]), what="released") for pod in pods)
+    assert leaf_pinned(first) == leaf_pinned(second)
+    eventually(lambda: all(len(view.index.gated) == 0 for view in views), what="both replicas see them released")
+    assert results.count("released") == 1 and "failed" not in results, results
+
+
+def test_the_fake_apiserver_refuses_what_the_apiserver_refuses_on_a_gated_pod(fake, make_view):
+    """The releaser's patches pass only because they are what the API allows: widening or
+    replacing a gated pod's pin, or touching its containers, is refused."""
+    cluster(fake)
+    view = make_view(fake, GATED)
+    view.start()
+    assert view.wait_synced(15)
+    pod = gated_job(view)[0]
+    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": LEAF, "operator": "In", "values": ["leaf-0-0"]}]}]}}}
+    fake.put_pod(pod)
+    path = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/0/matchExpressions"
+    for operations in ([{"op": "replace", "path": path + "/0/values", "value": ["leaf-0-1"]}],
+                       [{"op": "add", "path": "/spec/containers/0/env", "value": [{"name": "A", "value": "1"}]}],
+                       [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": "x"}}]):
+        assert fake._patch("pods", "ml/train-0", operations)[0] == 422, operations
+    narrower = {"key": "kubernetes.io/hostname", "operator": "In", "values": ["gpu-z0-s0-n0"]}
+    assert fake._patch("pods", "ml/train-0", [{"op": "add", "path": path + "/-", "value": narrower},
+                                             {"op": "remove", "path": "/spec/schedulingGates/0"}])[0] == 200
+    assert fake._patch("pods", "ml/train-0", [{"op": "add", "path": path + "/-", "value": narrower}])[0] == 422
