@@ -101,3 +101,50 @@ def test_a_request_survives_its_annotation_and_a_foreign_one_reads_as_none():
     assert injection.loads_request(injection.dumps_request(asked)) == asked
     for foreign in ("", "[]", "{}", '{"pods": 2}', "not json", None):
         assert injection.loads_request(foreign) is None
+
+
+# -- which gated workloads the releaser decides (core/gating.py) -------------------------------
+
+def pod_named(name, **changes):
+    pod = gated_pod()
+    pod["metadata"]["name"] = name
+    pod["metadata"]["annotations"].update(changes)
+    return pod
+
+
+def test_a_gated_workload_is_ready_once_all_its_pods_exist_and_a_replacement_starts_alone():
+    from webhook.core.gating import GatedPods
+    pods = GatedPods()
+    assert pods.note("a/train-1", pod_named("train-1"), now=5.0)
+    assert pods.ready({}) == []  # 1 of its 2 pods: its controller is still making them
+    assert not pods.note("a/train-1", pod_named("train-1"), now=9.0)  # seen before: keeps its time
+    pods.note("a/train-0", pod_named("train-0"), now=7.0)
+    (group,) = pods.ready({})
+    assert [p.name for p in group.pods] == ["train-0", "train-1"] and group.request.pods == 2
+    assert min(p.since for p in group.pods) == 5.0
+    pods.forget("a/train-0")
+    (alone,) = pods.ready({"ml/Job/train": 1})  # its sibling runs: the replacement is decided alone
+    assert alone.request.pods == 1 and [p.name for p in alone.pods] == ["train-1"]
+
+
+def test_pods_not_held_by_our_gate_or_unreadable_are_not_kept():
+    from webhook.core.gating import GatedPods, gated
+    pod = gated_pod()
+    assert gated(pod) is not None
+    lifted = deep(pod)
+    lifted["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
+    unreadable = deep(pod)
+    unreadable["metadata"]["annotations"][injection.GATED_REQUEST] = "{}"
+    pods = GatedPods()
+    for key, other in (("a", lifted), ("b", unreadable)):
+        assert gated(other) is None and not pods.note(key, other, now=0.0)
+    assert len(pods) == 0
+
+
+def test_groups_are_decided_oldest_first():
+    from webhook.core.gating import GatedPods
+    pods = GatedPods()
+    for key, reservation, now in (("p1", "ml/Job/late", 9.0), ("p2", "ml/Job/early", 1.0)):
+        for index in range(2):
+            pods.note(f"{key}-{index}", pod_named(f"{key}-{index}", **{injection.RESERVATION: reservation}), now)
+    assert [g.reservation for g in pods.ready({})] == ["ml/Job/early", "ml/Job/late"]
