@@ -62,7 +62,8 @@ class Releaser:
         self.seen_changes = changes
         started = 0
         groups = self.index.gated_groups()
-        self.patched &= {group.reservation for group in groups}
+        with self.index.lock:  # forgotten only once none of its pods is seen gated, not when its group is not whole
+            self.patched &= set(self.index.gated.by_reservation)
         for group in groups:
             if group.reservation in self.patched:
                 continue
