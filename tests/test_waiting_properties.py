@@ -2,6 +2,7 @@
 turns a placement into a wait, never widens it, never takes a waiter's GPUs while an equally
 tight place has room; with both settings off, decisions are what they were without waiters."""
 import os
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -11,7 +12,8 @@ from webhook.core.cluster import ClusterIndex
 from webhook.core.config import Config
 from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path
 from webhook.core.model import Outcome, PlacementRequest, Strategy
-from webhook.core.placer import place
+from webhook.core import placer
+from webhook.core.placer import place, place_gated
 from webhook.kube.demo import leaf_spine_nodes, make_pod
 
 EXAMPLES = int(os.environ.get("PROPERTY_EXAMPLES", "300"))
@@ -123,3 +125,25 @@ def test_protection_reads_the_free_capacity_index_as_a_sort_of_every_node_would(
         ids = [i for ids in sets for i in ids]
         assert [len(ids) for ids in sets] == taken[name]
         assert len(set(ids)) == len(ids) and not set(ids) & node.taken_ids and all(0 <= i < node.alloc for i in ids)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.data())
+def test_a_gated_wait_is_set_aside_only_where_no_placement_no_wider_exists(scenario, data):
+    """place_gated answers None without deciding when no domain of the wait's level holds the
+    workload (the releaser's common case, decided for hundreds of gated workloads at every pass).
+    That shortcut must never hide a placement: whatever the core would place, with the waited-in
+    domain preferred or not, no wider than the wait, the shortcut lets through."""
+    nodes, busy, waiters, ages, request, seconds = scenario
+    index = index_of(Config(protect_waiting_seconds=seconds), nodes, busy, waiters, ages)
+    node = data.draw(st.sampled_from(sorted(index.nodes)))
+    path = index.nodes[node].path[:data.draw(st.integers(1, len(index.nodes[node].path)))]
+    level = len(path) - 1
+    subset = index.restricted_to(request)
+    domain = f"{path[-1][0]}={path[-1][1]}"
+    for decision in (place(index, request, "ml/Job/new"),
+                     place(index, replace(request, preferred_domain=domain), "ml/Job/new")):
+        if decision.outcome is Outcome.PLACED and decision.scope is not None and decision.scope.level >= level:
+            assert placer._holds_no_wider(subset, request, level)
+    assert (place_gated(index, request, walk.lookup(index.tree, path).ref, "ml/Job/new") is None
+            or placer._holds_no_wider(subset, request, level))

@@ -80,6 +80,7 @@ def test_a_gated_job_starts_in_an_equal_domain_that_frees_first(fake, make_view)
     annotations = first["metadata"]["annotations"]
     assert WAITING_FOR not in annotations and GATED_REQUEST not in annotations
     assert "behind its scheduling gate" not in annotations[PLACEMENT]  # the summary says where, not why
+    eventually(lambda: results, what="the release counted")  # counted once its last patch is answered
     assert results == ["released"]
     eventually(lambda: len(view.index.gated) == 0, what="the index no longer counts them gated")
 

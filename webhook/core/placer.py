@@ -22,6 +22,7 @@ from .gating import GatedGroup
 from .model import GROUP_MISMATCH, Decision, DomainRef, Outcome, PlacementRequest, Strategy
 from .placement import decide
 from .topology import TopologyTree
+from .walk import Member
 
 CONFLICT = "conflict"  # a claim's answer when another replica wrote first
 # One group's members decide one at a time (the first decides, the others join), without holding
@@ -45,6 +46,9 @@ def place_gated(index: ClusterIndex, request: PlacementRequest, waiting: DomainR
     Why no wider: the wait was weighed at that level (`pin_only_where_locality_pays`), so room that
     opens in an equal domain is as good and starts it now, which a pin could not; a wider span would
     run slower than the wait was judged worth."""
+    with index.lock:
+        if not _holds_no_wider(index.restricted_to(request), request, waiting.level):
+            return None  # the common answer while it waits, without deciding (and explaining) a wait
     label, value = waiting.path[-1] if waiting.path else ("", "")
     decision = place(index, dataclasses.replace(request, preferred_domain=f"{label}={value}"), key) if value else None
     if decision is not None and decision.outcome is not Outcome.PLACED:
@@ -56,6 +60,21 @@ def place_gated(index: ClusterIndex, request: PlacementRequest, waiting: DomainR
     return dataclasses.replace(decision, reasons=(
         *decision.reasons, f"it waited for {waiting} behind its scheduling gate and starts in {decision.scope}, "
         "no wider"))
+
+
+def _holds_no_wider(subset: TopologyTree, request: PlacementRequest, level: int) -> bool:
+    """Whether some domain of `level` (a node, at the node level) or narrower holds every pod of
+    the request whole now: what any placement no wider than a wait at `level` needs. Walks down
+    only through domains that hold them, as every domain around one that does holds them too."""
+    pods, gpus = request.pods, request.gpus_per_pod
+    frontier: list[Member] = [subset.root]
+    while frontier:
+        member = frontier.pop()
+        if member.fits(gpus) >= pods:
+            if member.ref.level >= level:
+                return True
+            frontier.extend(member.children.values())
+    return False
 
 
 def _decide(index: ClusterIndex, request: PlacementRequest, key: str | None) -> Decision:
