@@ -336,22 +336,28 @@ def full_index() -> ClusterIndex:
     return ClusterIndex.from_objects(CONFIG, nodes, pods)
 
 
-@pytest.mark.parametrize("strategy, config, pinned, fragment", [
-    pytest.param("consolidated", Config(), True, "pinned to", id="consolidated waits for locality"),
-    pytest.param("consolidated", Config(pin_when_waiting=False), False, "may start scattered",
+PINNED = Config(gate_waits=False)
+
+
+@pytest.mark.parametrize("strategy, config, held, fragment", [
+    pytest.param("consolidated", Config(), "gated", "held by scheduling gate", id="consolidated waits behind its gate"),
+    pytest.param("consolidated", PINNED, "pinned", "pinned to", id="consolidated waits for locality, pinned"),
+    pytest.param("consolidated", Config(pin_when_waiting=False), "preferred", "may start scattered",
                  id="configured to scatter"),
-    pytest.param("balanced", Config(), True, "pinned to", id="balanced waits where waiting pays"),
-    pytest.param("balanced", Config(pin_only_where_locality_pays=False), False, "may start scattered",
+    pytest.param("balanced", PINNED, "pinned", "pinned to", id="balanced waits where waiting pays"),
+    pytest.param("balanced", Config(pin_only_where_locality_pays=False), "preferred", "may start scattered",
                  id="balanced only prefers when waits are not weighed"),
 ])
-def test_no_room_now(strategy, config, pinned, fragment):
+def test_no_room_now(strategy, config, held, fragment):
     obj = workload("Job", replicas=4, annotations={"topology.scheduler/placement-strategy": strategy})
     result = run(obj, full_index(), config)
     assert result.outcome == "waiting"
     assert any(fragment in w for w in result.warnings)
-    affinity = template_of(valid(patched(obj, result)))["spec"]["affinity"]["nodeAffinity"]
-    assert ("requiredDuringSchedulingIgnoredDuringExecution" in affinity) is pinned
-    assert ("preferredDuringSchedulingIgnoredDuringExecution" in affinity) is not pinned
+    spec = template_of(valid(patched(obj, result)))["spec"]
+    affinity = spec.get("affinity", {}).get("nodeAffinity", {})
+    assert ("requiredDuringSchedulingIgnoredDuringExecution" in affinity) is (held == "pinned")
+    assert ("preferredDuringSchedulingIgnoredDuringExecution" in affinity) is (held == "preferred")
+    assert ("schedulingGates" in spec) is (held == "gated")
 
 
 def test_several_pods_on_one_node_get_a_warning(index):

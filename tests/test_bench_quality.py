@@ -469,7 +469,7 @@ def test_a_wait_pins_where_waiting_pays_and_else_only_prefers(strategy, pinned, 
     wait that is not weighed (`pin_only_where_locality_pays` off) only prefers leaf 0 and starts at
     once, one pod on the preferred leaf's free node and one elsewhere (kube-scheduler); decided
     afresh (the old simulator), it takes leaf 1 whole."""
-    cluster, ours, hold = ours_on(SMALL, strategy, pinned, communication_share=1.0,
+    cluster, ours, hold = ours_on(SMALL, strategy, pinned, communication_share=1.0, gate_waits=False,
                                   pin_only_where_locality_pays=weighed)
     leaf0, leaf1 = node_names(cluster, 0, 2), node_names(cluster, 1, 2)
     release = {node: hold(f"fill-{node}", node) for node in [n.name for n in cluster.nodes] if node != leaf0[0]}
@@ -508,7 +508,7 @@ def test_a_consolidated_wait_moves_to_the_spine_where_the_wait_it_saves_outweigh
     """As above, at a communication share of 0.1: leaf 0's taken node frees after one run (H(1)),
     the first of spine 0's three taken nodes after a third, and spanning leaves (x2) costs about
     0.1: the wait is pinned to spine 0, and starts when leaf 1 empties, whole in leaf 1."""
-    cluster, ours, hold = ours_on(SMALL, Strategy.CONSOLIDATED, communication_share=0.1)
+    cluster, ours, hold = ours_on(SMALL, Strategy.CONSOLIDATED, communication_share=0.1, gate_waits=False)
     leaf0, leaf1 = node_names(cluster, 0, 2), node_names(cluster, 1, 2)
     release = {node: hold(f"fill-{node}", node) for node in [n.name for n in cluster.nodes] if node != leaf0[0]}
     job = traces.Job("big", 0, 10, 2, 8)

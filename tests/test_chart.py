@@ -613,10 +613,11 @@ def rules_of(case: str, role_name: str) -> list[dict]:
     return one(case, "ClusterRole", role_name)["rules"]
 
 
-def test_webhook_may_only_read_nodes_pods_gpu_devices_claims_pod_groups_and_compute_domains():
+def test_webhook_reads_nodes_pods_gpu_devices_claims_pod_groups_and_compute_domains_and_patches_only_pods():
     read = ["get", "list", "watch"]
     assert rules_of("defaults", FULLNAME) == [
         {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": read},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},  # gate_waits (on by default): the releaser
         {"apiGroups": ["resource.k8s.io"],
          "resources": ["resourceslices", "resourceclaims", "resourceclaimtemplates", "deviceclasses"], "verbs": read},
         {"apiGroups": ["scheduling.k8s.io"], "resources": ["podgroups"], "verbs": read},
@@ -627,14 +628,13 @@ def test_webhook_may_only_read_nodes_pods_gpu_devices_claims_pod_groups_and_comp
 
 
 def test_pods_may_be_patched_only_when_waits_are_gated():
-    manifests = chart().render({"config": {"scheduler_names": ["topology-aware-scheduler"], "gate_waits": True}},
+    manifests = chart().render({"config": {"scheduler_names": ["topology-aware-scheduler"], "gate_waits": False}},
                                name=RELEASE, namespace=NAMESPACE)
     (role,) = [obj for path, text in manifests.items() if path.endswith(".yaml") for obj in yaml.safe_load_all(text)
                if obj and obj["kind"] == "ClusterRole" and obj["metadata"]["name"] == FULLNAME]
-    assert role["rules"][:2] == [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]},
-                                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
-    assert not any("patch" in rule["verbs"] for rule in rules_of("defaults", FULLNAME))
-    assert "gate_waits: true" in next(text for path, text in manifests.items() if path.endswith("configmap.yaml"))
+    assert not any("patch" in rule["verbs"] for rule in role["rules"])
+    assert role["rules"][0] == {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}
+    assert "gate_waits: false" in next(text for path, text in manifests.items() if path.endswith("configmap.yaml"))
 
 
 def test_webhook_writes_only_leases_in_the_release_namespace():

@@ -43,7 +43,7 @@ def test_a_pinned_wait_for_room_is_gated_instead_of_pinned():
 
 
 @pytest.mark.parametrize("wait, config", [
-    pytest.param(waiting(), Config(), id="gate_waits off: pinned as before"),
+    pytest.param(waiting(), Config(gate_waits=False), id="gate_waits off: pinned as before"),
     pytest.param(waiting(code="GrowsPool"), GATED, id="a wait for a pool to grow: gates never trigger autoscalers"),
     pytest.param(waiting(code="ExceedsNodes"), GATED, id="a wait for nodes to be added"),
     pytest.param(waiting(request=dataclasses.replace(request(pods=2), may_pin_wait=False)), GATED,

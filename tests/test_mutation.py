@@ -49,10 +49,11 @@ def test_consolidated_without_affinity_gets_one_term():
     pytest.param(Strategy.CONSOLIDATED, Outcome.PLACED, {}, True, id="consolidated placed pins"),
     pytest.param(Strategy.DISTRIBUTED, Outcome.PLACED, {}, True, id="distributed placed pins its scope"),
     pytest.param(Strategy.BALANCED, Outcome.PLACED, {}, False, id="balanced placed prefers"),
-    pytest.param(Strategy.CONSOLIDATED, Outcome.WAIT, {}, True, id="consolidated waiting pins where it waits"),
+    pytest.param(Strategy.CONSOLIDATED, Outcome.WAIT, {"gate_waits": False}, True,
+                 id="consolidated waiting pins where it waits"),
     pytest.param(Strategy.CONSOLIDATED, Outcome.WAIT, {"pin_when_waiting": False}, False,
                  id="consolidated waiting prefers when configured"),
-    pytest.param(Strategy.BALANCED, Outcome.WAIT, {}, True, id="balanced waiting pins where waiting pays"),
+    pytest.param(Strategy.BALANCED, Outcome.WAIT, {"gate_waits": False}, True, id="balanced waiting pins where waiting pays"),
     pytest.param(Strategy.BALANCED, Outcome.WAIT, {"pin_only_where_locality_pays": False}, False,
                  id="balanced waiting only prefers when waits are not weighed"),
     pytest.param(Strategy.BALANCED, Outcome.WAIT, {"pin_when_waiting": False}, False,
@@ -94,7 +95,8 @@ def test_the_preference_weight_is_a_setting():
 
 def test_waiting_warnings_say_what_happens():
     waiting = decision(request(strategy=Strategy.CONSOLIDATED), Outcome.WAIT)
-    assert "pinned to leaf leaf-3" in mutation.warnings(waiting, CONFIG)[0]
+    assert "held by scheduling gate topology.scheduler/placement until leaf leaf-3" in mutation.warnings(waiting, CONFIG)[0]
+    assert "pinned to leaf leaf-3" in mutation.warnings(waiting, dataclasses.replace(CONFIG, gate_waits=False))[0]
     assert "may start scattered" in mutation.warnings(waiting, Config(pin_when_waiting=False))[0]
 
 

@@ -12,6 +12,7 @@ from webhook.kube import demo
 from webhook.objects.admission import review
 from webhook.cli import file_index
 from webhook.core.config import Config
+from webhook.core.injection import GATE, WAITING_FOR
 
 
 @pytest.fixture
@@ -118,7 +119,14 @@ def test_max_domain_leaf_waits_rather_than_spanning_leaves(demo_index):
             == "placed"
     capped = placed_job({"topology.scheduler/max-domain": "leaf"}, demo_index, 4, "capped")
     assert capped.outcome == "waiting"
-    assert len(leaves_allowed(capped.admitted["spec"]["template"])) == 1  # pinned to the leaf that fits first
+    template = capped.admitted["spec"]["template"]
+    # held by the gate until a leaf holds it (the releaser pins it there), waiting for the leaf that fits first
+    assert template["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert capped.decision.scope.level_name == "leaf"
+    assert template["metadata"]["annotations"][WAITING_FOR].endswith(f"={capped.decision.scope.name}")
+    pinned = review(review_of(workload("Job", name="capped", replicas=4, template_annotations={
+        "topology.scheduler/max-domain": "leaf"})), demo_index, Config(gate_waits=False))
+    assert len(leaves_allowed(pinned.admitted["spec"]["template"])) == 1  # without the gate: pinned to that leaf
     spanning = placed_job({"topology.scheduler/placement-strategy": "consolidated"}, demo_index, 4, "spanning")
     assert spanning.outcome == "placed" and len(spanning.decision.domains) > 1  # without the cap: across leaves
 

@@ -143,7 +143,7 @@ class Config:
     # replica decides it again whenever room opens, oldest first, and starts it in its domain or one
     # no wider as soon as one holds it (placer.place_gated), where a pin waits for its one domain.
     # Gated pods never trigger an autoscaler, so waits for nodes to be added are never gated.
-    gate_waits: bool = False
+    gate_waits: bool = True
     # Deny a workload the nodes there are cannot hold even when idle (a cluster that never grows).
     # Off: it is admitted to wait for nodes an autoscaler (or a person) adds, with a warning.
     refuse_unplaceable: bool = False
