@@ -1,6 +1,7 @@
 """Waits held by a scheduling gate (`gate_waits`): what the mutation writes on a wait, and what
 `released` writes when the releaser lets it go."""
 import dataclasses
+import json
 
 import pytest
 
@@ -105,16 +106,27 @@ def test_a_request_survives_its_annotation_and_a_foreign_one_reads_as_none():
 
 # -- which gated workloads the releaser decides (core/gating.py) -------------------------------
 
+KEY = GATED.seal_key
+
+
+def sealed(pod):
+    """The pod with its record sealed as the webhook seals it (for records a test writes itself)."""
+    meta = pod["metadata"]["annotations"]
+    meta[injection.GATE_SEAL] = injection.seal_gate(KEY, meta[injection.RESERVATION], meta[injection.GATED_REQUEST],
+                                                    meta[injection.WAITING_FOR])
+    return pod
+
+
 def pod_named(name, **changes):
     pod = gated_pod()
     pod["metadata"]["name"] = name
     pod["metadata"]["annotations"].update(changes)
-    return pod
+    return sealed(pod)
 
 
 def test_a_gated_workload_is_ready_once_all_its_pods_exist_and_a_replacement_starts_alone():
     from webhook.core.gating import GatedPods
-    pods = GatedPods()
+    pods = GatedPods(KEY)
     assert pods.note("a/train-1", pod_named("train-1"), now=5.0)
     assert pods.ready({}) == []  # 1 of its 2 pods: its controller is still making them
     assert not pods.note("a/train-1", pod_named("train-1"), now=9.0)  # seen before: keeps its time
@@ -130,21 +142,84 @@ def test_a_gated_workload_is_ready_once_all_its_pods_exist_and_a_replacement_sta
 def test_pods_not_held_by_our_gate_or_unreadable_are_not_kept():
     from webhook.core.gating import GatedPods, gated
     pod = gated_pod()
-    assert gated(pod) is not None
+    assert isinstance(gated(pod, KEY), injection.GateRecord)
     lifted = deep(pod)
     lifted["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
     unreadable = deep(pod)
     unreadable["metadata"]["annotations"][injection.GATED_REQUEST] = "{}"
-    pods = GatedPods()
-    for key, other in (("a", lifted), ("b", unreadable)):
-        assert gated(other) is None and not pods.note(key, other, now=0.0)
-    assert len(pods) == 0
+    pods = GatedPods(KEY)
+    assert gated(lifted, KEY) is None and not pods.note("a", lifted, now=0.0)
+    assert "does not match" in gated(unreadable, KEY) and not pods.note("b", unreadable, now=0.0)
+    assert len(pods) == 0 and list(pods.refused) == ["b"]  # kept apart, to be reported
 
 
 def test_groups_are_decided_oldest_first():
     from webhook.core.gating import GatedPods
-    pods = GatedPods()
+    pods = GatedPods(KEY)
     for key, reservation, now in (("p1", "ml/Job/late", 9.0), ("p2", "ml/Job/early", 1.0)):
         for index in range(2):
             pods.note(f"{key}-{index}", pod_named(f"{key}-{index}", **{injection.RESERVATION: reservation}), now)
     assert [g.reservation for g in pods.ready({})] == ["ml/Job/early", "ml/Job/late"]
+
+
+# -- what a release decides from is only what we sealed ------------------------------------------
+
+@pytest.mark.parametrize("field, value", [
+    (injection.GATED_REQUEST, '{"pods": 0}'),
+    (injection.GATED_REQUEST, None),  # filled in below with a request of 0 pods, sealed
+    (injection.WAITING_FOR, "topology.scheduler/leaf=leaf-0"),
+    (injection.RESERVATION, "ml/Job/other"),
+    (injection.GATE_SEAL, "forged"),
+])
+def test_an_edited_record_is_refused_and_never_decided(field, value):
+    from webhook.core.gating import GatedPods
+    pod = gated_pod()
+    if value is None:  # a request the core cannot decide fails even under a valid seal
+        text = pod["metadata"]["annotations"][injection.GATED_REQUEST].replace('"pods":2', '"pods":0')
+        pod["metadata"]["annotations"][injection.GATED_REQUEST] = text
+        sealed(pod)
+    else:
+        pod["metadata"]["annotations"][field] = value
+    pods = GatedPods(KEY)
+    assert not pods.note("ml/train-0", pod, now=0.0)
+    assert pods.ready({}) == [] and "ml/train-0" in pods.refused
+    assert GatedPods(b"another key").note("x", gated_pod(), now=0.0) is False  # a key we do not hold: refused
+
+
+@pytest.mark.parametrize("change", [
+    {"pods": "2"}, {"pods": -1}, {"pods": 0}, {"gpus_per_pod": 2.5}, {"gpus_per_pod": True},
+    {"required_node_terms": [{"matchExpressions": "x"}]}, {"required_node_terms": ["term"]},
+    {"required_node_terms": [{"matchExpressions": [{"key": 1, "operator": "In"}]}]}, {"strategy": "fastest"},
+])
+def test_requests_that_cannot_be_decided_read_as_none(change):
+    data = json.loads(injection.dumps_request(request(pods=2)))
+    assert injection.loads_request(json.dumps(data)) is not None
+    assert injection.loads_request(json.dumps({**data, **change})) is None
+
+
+def test_a_record_names_only_its_own_namespace():
+    pod = gated_pod()
+    pod["metadata"]["namespace"] = "team-a"  # copied, seal and all, from namespace ml
+    assert "outside namespace team-a" in injection.gate_record(pod["metadata"]["annotations"], "team-a", KEY)
+
+
+def test_a_gated_workload_follows_its_owners_size():
+    from webhook.core.gating import GatedPods
+    pods = GatedPods(KEY)
+    for i in range(3):  # a Job decided for 2 pods, scaled to 3 while gated
+        pods.note(f"ml/train-{i}", pod_named(f"train-{i}"), now=float(i))
+    assert list(pods.unsure({})) == ["ml/Job/train"]
+    assert [len(g.pods) for g in pods.ready({})] == [2]  # without its owner's word, the request says
+    (group,) = pods.ready({}, sizes={"ml/Job/train": 3})
+    assert group.request.pods == 3 and len(group.pods) == 3 and group.hold == "ml/Job/train"
+    for i in (1, 2):  # scaled down to 1: the pods left over go
+        pods.forget(f"ml/train-{i}")
+    assert pods.ready({}) == []  # 1 of 2: as if its controller were still making them
+    (group,) = pods.ready({}, sizes={"ml/Job/train": 1})
+    assert group.request.pods == 1 and [p.name for p in group.pods] == ["train-0"]
+    # released, then scaled up again: the new pod joins under a hold of its own, and the one
+    # released is not decided again
+    pods.note("ml/train-5", pod_named("train-5"), now=9.0)
+    (group,) = pods.ready({}, started={"ml/train-0"}, sizes={"ml/Job/train": 2})
+    assert [p.name for p in group.pods] == ["train-5"] and group.request.pods == 1
+    assert group.hold == "ml/Job/train+train-5"

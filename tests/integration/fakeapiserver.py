@@ -5,7 +5,8 @@ Leases in a namespace (list, watch, get, create, update, delete), Secrets in a n
 create, update) and admissionregistration.k8s.io/v1 MutatingWebhookConfigurations (get, JSON
 patch); with `serve_nodepools`, karpenter.sh/v1 NodePools (list, watch); PodTemplates and, with
 `serve_provisioning_requests`, autoscaling.x-k8s.io/v1 ProvisioningRequests in a namespace (get,
-create, delete), the way the real server does, so the real `kubernetes` client can be pointed at it with
+create, delete), and TokenReviews and SubjectAccessReviews (create, answered from `tokens` and
+`grants`), the way the real server does, so the real `kubernetes` client can be pointed at it with
 `Configuration(host=server.url)`:
 
 - lists: `{"kind": "NodeList", "metadata": {"resourceVersion": RV, "continue": ...}, "items": [...]}`
@@ -55,10 +56,12 @@ import jsonpatch
 
 KINDS = {"nodes": "Node", "pods": "Pod", "leases": "Lease", "secrets": "Secret",
          "mutatingwebhookconfigurations": "MutatingWebhookConfiguration", "nodepools": "NodePool",
-         "podtemplates": "PodTemplate", "provisioningrequests": "ProvisioningRequest"}
+         "podtemplates": "PodTemplate", "provisioningrequests": "ProvisioningRequest", "jobs": "Job",
+         "events": "Event"}
 API_VERSIONS = {"nodes": "v1", "pods": "v1", "leases": "coordination.k8s.io/v1", "secrets": "v1",
                 "mutatingwebhookconfigurations": "admissionregistration.k8s.io/v1", "nodepools": "karpenter.sh/v1",
-                "podtemplates": "v1", "provisioningrequests": "autoscaling.x-k8s.io/v1"}
+                "podtemplates": "v1", "provisioningrequests": "autoscaling.x-k8s.io/v1", "jobs": "batch/v1",
+                "events": "v1"}
 CLUSTER_SCOPED = {"nodes", "mutatingwebhookconfigurations", "nodepools"}
 # Lists and watches of whole collections: the core ones, and Karpenter's NodePools when `serve_nodepools`.
 COLLECTIONS = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods", "/apis/karpenter.sh/v1/nodepools": "nodepools"}
@@ -82,9 +85,12 @@ POD_GROUPS = re.compile(r"/apis/scheduling\.k8s\.io/([^/]+)/podgroups")
 LEASES = re.compile(r"/apis/coordination\.k8s\.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?")
 SECRETS = re.compile(r"/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?")
 PODTEMPLATES = re.compile(r"/api/v1/namespaces/([^/]+)/podtemplates(?:/([^/]+))?")
+JOBS = re.compile(r"/apis/batch/v1/namespaces/([^/]+)/jobs/([^/]+)")  # read by name: Jobs are put by tests
+EVENTS = re.compile(r"/api/v1/namespaces/([^/]+)/events(?:/([^/]+))?")  # created (generateName)
 PODS = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)")  # JSON patches only: pods are put by tests
 PROVISIONING_REQUESTS = re.compile(r"/apis/autoscaling\.x-k8s\.io/v1/namespaces/([^/]+)/provisioningrequests(?:/([^/]+))?")
 DELETABLE = {"leases", "podtemplates", "provisioningrequests"}
+REVIEWS = {"/apis/authentication.k8s.io/v1/tokenreviews", "/apis/authorization.k8s.io/v1/subjectaccessreviews"}
 WEBHOOK_CONFIGURATIONS = re.compile(r"/apis/admissionregistration\.k8s\.io/v1/mutatingwebhookconfigurations/([^/]+)")
 
 
@@ -107,7 +113,8 @@ def _named(path: str) -> tuple[str, str | None, str | None] | None:
     """(kind, namespace, name) of a Lease, Secret, PodTemplate, ProvisioningRequest, Pod or
     MutatingWebhookConfiguration path, else None."""
     for kind, pattern in (("leases", LEASES), ("secrets", SECRETS), ("podtemplates", PODTEMPLATES),
-                          ("provisioningrequests", PROVISIONING_REQUESTS), ("pods", PODS)):
+                          ("provisioningrequests", PROVISIONING_REQUESTS), ("pods", PODS), ("jobs", JOBS),
+                          ("events", EVENTS)):
         match = pattern.fullmatch(path)
         if match:
             return kind, match.group(1), match.group(2)
@@ -178,6 +185,12 @@ class FakeApiServer:
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every request answered
         self.serve_dra = False  # serve DRA_PATHS (else 404: an API this cluster does not serve)
         self.pod_group_versions: tuple[str, ...] = ("v1beta1",)  # where PodGroups are served, with serve_dra
+        # TokenReviews and SubjectAccessReviews (POST) are answered from these: a token's user
+        # ({"username", "uid", "groups"}), and what a user or group may do: (subject, verb, a
+        # non-resource path, or "pods/NAMESPACE" with "pods/*" for every namespace).
+        self.tokens: dict[str, dict] = {}
+        self.grants: set[tuple[str, str, str]] = set()
+        self.reviews: list[dict] = []  # every review asked, oldest first
         self._cond = threading.Condition()
         self._rv = 1
         self._compacted_rv = 0
@@ -257,7 +270,10 @@ class FakeApiServer:
     def _write(self, method: str, kind: str, namespace: str, name: str | None, body: dict) -> tuple[int, dict]:
         """One create (POST), update (PUT) or delete as the apiserver answers it: (HTTP status, object or Status)."""
         with self._cond:
-            key = f"{namespace}/{name or (body.get('metadata') or {}).get('name')}"
+            meta = body.setdefault("metadata", {})
+            if method == "POST" and not meta.get("name") and meta.get("generateName"):
+                meta["name"] = f"{meta['generateName']}{self._rv:x}"
+            key = f"{namespace}/{name or meta.get('name')}"
             stored = self._objects[kind].get(key)
             body.setdefault("metadata", {})["namespace"] = namespace
             if method == "POST":
@@ -479,7 +495,37 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(*answer)
 
     def do_POST(self) -> None:  # noqa: N802
+        if urlsplit(self.path).path in REVIEWS:
+            self._review()
+            return
         self._write("POST")
+
+    def _review(self) -> None:
+        """A TokenReview or SubjectAccessReview, answered with its status filled in as the apiserver does."""
+        fake = self.server.fake
+        review = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        if fake.answer_status:
+            self._send_json(fake.answer_status, json.dumps(_status(fake.answer_status, "InternalError",
+                                                                   f"injected HTTP {fake.answer_status}")).encode())
+            return
+        fake.reviews.append(review)
+        spec = review.get("spec") or {}
+        if review.get("kind") == "TokenReview":
+            user = fake.tokens.get(spec.get("token", ""))
+            review["status"] = {"authenticated": True, "user": user} if user else {
+                "authenticated": False, "error": "invalid bearer token"}
+        else:
+            attributes = spec.get("nonResourceAttributes")
+            if attributes:
+                target = attributes.get("path", "")
+            else:
+                attributes = spec.get("resourceAttributes") or {}
+                target = f"{attributes.get('resource')}/{attributes.get('namespace')}"
+            subjects = [spec.get("user", "")] + list(spec.get("groups") or [])
+            wildcard = target.rpartition("/")[0] + "/*" if not target.startswith("/") else target
+            review["status"] = {"allowed": any((subject, attributes.get("verb"), wanted) in fake.grants
+                                               for subject in subjects for wanted in (target, wildcard))}
+        self._send_json(201, json.dumps(review).encode())
 
     def do_PUT(self) -> None:  # noqa: N802
         self._write("PUT")
@@ -507,7 +553,8 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 kind, namespace, name = named
                 code, answer = fake._patch(kind, name if namespace is None else f"{namespace}/{name}", json.loads(body))
-        elif not named or named[0] in ("mutatingwebhookconfigurations", "pods") or (method == "POST") == bool(named[2]) \
+        elif not named or named[0] in ("mutatingwebhookconfigurations", "pods", "jobs") \
+                or (method == "POST") == bool(named[2]) \
                 or (method == "DELETE" and named[0] not in DELETABLE) \
                 or (named[0] == "provisioningrequests" and not fake.serve_provisioning_requests):
             self._send_json(404, json.dumps(_status(404, "NotFound", f"{self.path} not found")).encode())

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import jsonpatch
+import pytest
 
 from conftest import LEAF, eventually
 from tests.fixtures.builders import workload
@@ -143,3 +145,128 @@ def test_the_fake_apiserver_refuses_what_the_apiserver_refuses_on_a_gated_pod(fa
     assert fake._patch("pods", "ml/train-0", [{"op": "add", "path": path + "/-", "value": narrower},
                                              {"op": "remove", "path": "/spec/schedulingGates/0"}])[0] == 200
     assert fake._patch("pods", "ml/train-0", [{"op": "add", "path": path + "/-", "value": narrower}])[0] == 422
+
+
+# -- the gate path under a hostile tenant, scaling and replicas (issue 37) ---------------------------
+
+def test_one_edited_gated_pod_stops_no_other_release_and_is_reported(fake, make_view):
+    cluster(fake, zones=1, spines=2)
+    results = []
+    view = make_view(fake, GATED, on_release=results.append, release_interval_seconds=0.05)
+    view.start()
+    assert view.wait_synced(15)
+    victim = gated_job(view, "victim")
+    for name, request in (("zero", '{"pods": 0}'), ("text", '"two"'), ("negative", None)):
+        pod = gated_job(view, name)[0]
+        annotations = pod["metadata"]["annotations"]
+        if request is None:  # a request of its own, consistent but with negative GPUs
+            request = annotations[GATED_REQUEST].replace('"gpus_per_pod":8', '"gpus_per_pod":-8')
+        annotations[GATED_REQUEST] = request  # the pod's owner edits it: pod UPDATEs never pass the webhook
+        fake.put_pod(pod)
+    for pod in victim:
+        fake.put_pod(pod)
+    eventually(lambda: len(view.index.gated) == 2 and len(view.index.gated.refused) == 3, what="all seen")
+    for spine in range(2):
+        for node in range(2):
+            fake.delete("pods", f"default/busy-gpu-z0-s{spine}-n{node}")
+    for pod in victim:
+        eventually(lambda: released(fake, pod["metadata"]["name"]), what="the other workload released")
+    for name in ("zero-0", "text-0", "negative-0"):
+        assert stored(fake, name)["spec"]["schedulingGates"] == [{"name": GATE}]
+    eventually(lambda: results.count("refused") == 3, what="each refused pod counted once")
+    events = [e for e in fake._objects["events"].values()]
+    named = sorted(e[0]["involvedObject"]["name"] for e in events if e[0]["reason"] == "GateRecordRefused")
+    assert named == ["negative-0", "text-0", "zero-0"]
+
+
+def test_a_pod_of_another_namespace_neither_takes_nor_steers_a_gated_workload(fake, make_view):
+    cluster(fake, zones=1, spines=2)
+    view = make_view(fake, GATED, release_interval_seconds=0.05)
+    view.start()
+    assert view.wait_synced(15)
+    victim = gated_job(view, "victim")
+    thief = gated_job(view, "aaa")[0]  # sorts before the victim's pods
+    thief["metadata"]["namespace"] = "team-a"
+    for form in ("copied", "own-request"):
+        pod = json.loads(json.dumps(thief))
+        pod["metadata"].update(name=f"thief-{form}", uid=f"uid-thief-{form}")
+        annotations = pod["metadata"]["annotations"]
+        annotations["topology.scheduler/reservation"] = "ml/Job/victim"
+        if form == "copied":  # the victim's record, seal and all
+            annotations.update({k: v for k, v in victim[0]["metadata"]["annotations"].items()
+                                if k.startswith("topology.scheduler/")})
+        fake.put_pod(pod)
+    for pod in victim:
+        fake.put_pod(pod)
+    eventually(lambda: len(view.index.gated) == 2 and len(view.index.gated.refused) == 2, what="all seen")
+    assert not view.index.ledger.hold("ml/Job/victim")
+    for spine in range(2):
+        for node in range(2):
+            fake.delete("pods", f"default/busy-gpu-z0-s{spine}-n{node}")
+    first, second = (eventually(lambda: released(fake, pod["metadata"]["name"]), what="released") for pod in victim)
+    assert "2 pod(s) x 8" in first["metadata"]["annotations"][PLACEMENT]  # decided from its own request
+    assert leaf_pinned(first) == leaf_pinned(second)
+    for form in ("copied", "own-request"):
+        assert fake.get("pods", f"team-a/thief-{form}")["spec"]["schedulingGates"] == [{"name": GATE}]
+
+
+def owned(pods, job):
+    for pod in pods:
+        pod["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"],
+                                               "uid": job["metadata"]["uid"], "controller": True}]
+    return pods
+
+
+@pytest.mark.parametrize("before, after", [(2, 3), (2, 1)])
+def test_a_job_scaled_while_gated_is_released_at_its_new_size(fake, make_view, before, after):
+    cluster(fake, zones=1, spines=2)
+    view = make_view(fake, GATED, release_interval_seconds=0.05)
+    view.start()
+    assert view.wait_synced(15)
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": "ml", "uid": "job-uid"},
+           "spec": {"parallelism": after, "completions": after}, "status": {}}
+    fake.put("jobs", job)
+    pods = owned(gated_job(view, pods=before), job)
+    if after > before:
+        extra = json.loads(json.dumps(pods[-1]))
+        extra["metadata"].update(name="train-9", uid="uid-train-9")
+        pods.append(extra)  # the Job controller's new pod, from the same (gated) template
+    for pod in pods[:after]:
+        fake.put_pod(pod)
+    eventually(lambda: len(view.index.gated) == after, what="the pods seen gated")
+    for spine in range(2):
+        for node in range(2):
+            fake.delete("pods", f"default/busy-gpu-z0-s{spine}-n{node}")
+    for pod in pods[:after]:
+        eventually(lambda: released(fake, pod["metadata"]["name"]), what=f"all {after} released")
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_replicas_sharing_claims_release_no_more_than_the_room(fake, make_view, replicas):
+    cluster(fake, zones=1, spines=4, nodes=2)
+    results = []
+    views = [make_view(fake, GATED, claims_namespace="topology-system", on_release=results.append,
+                       release_interval_seconds=0.01) for _ in range(replicas)]
+    for view in views:
+        view.start()
+        assert view.wait_synced(15)
+    jobs = [gated_job(views[0], f"job-{i:02}") for i in range(12)]
+    for pods in jobs:
+        for pod in pods:
+            fake.put_pod(pod)
+    for view in views:
+        eventually(lambda: len(view.index.gated) == 24, what="every pod seen gated by every replica")
+    for spine in range(2):  # room for 2 jobs of 2x8: 4 nodes, in 2 leaves
+        for node in range(2):
+            fake.delete("pods", f"default/busy-gpu-z0-s{spine}-n{node}")
+    eventually(lambda: results.count("released") >= 2, what="the room filled")
+    time.sleep(1.0)  # further passes of every replica: none may release more
+    out = [stored(fake, pod["metadata"]["name"]) for pods in jobs for pod in pods]
+    free = {f"leaf-0-{s}" for s in range(2)}
+    started = [pod for pod in out if not pod["spec"].get("schedulingGates")]
+    assert len(started) == 4, [p["metadata"]["name"] for p in started]
+    per_leaf = {}
+    for pod in started:
+        (leaf,) = leaf_pinned(pod)
+        per_leaf[leaf] = per_leaf.get(leaf, 0) + 1
+    assert set(per_leaf) <= free and all(count <= 2 for count in per_leaf.values()), per_leaf

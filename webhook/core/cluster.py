@@ -16,16 +16,16 @@ import gc
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Protocol, Sequence
 
 from . import dra
 from .config import HOSTNAME_LABEL, PRESETS, Config, choose_preset, preset_marks
 from .filters import ConstrainedSubsets, NodeFilters
 from .gpus import parse_gpu_set, pod_gpus
-from .gating import GatedGroup, GatedPods
+from .gating import GatedGroup, GatedPod, GatedPods
 from .growth import GrowthState, Pool, is_growth_object, object_key
 from .injection import GPU_IDS, RESERVATION, WAITING_FOR, parse_domain_path
-from .ledger import ReservationLedger, held_by
+from .ledger import ReservationLedger, held_by, in_namespace
 from .model import GPU_RESOURCE, PlacementRequest
 from .protection import Waiter, Waiting
 from .resources import pod_requests
@@ -146,7 +146,7 @@ class ClusterIndex:
         self.holders: dict[str, set[str]] = {}  # reservation key -> bound pods carrying it
         self.pod_reservations: dict[str, str] = {}  # bound pod key -> the reservation key it carries
         self.waiters = Waiting()  # pending pods of pinned waits (protection.py)
-        self.gated = GatedPods()  # pending pods held by our scheduling gate (gating.py)
+        self.gated = GatedPods(config.seal_key)  # pending pods held by our scheduling gate (gating.py)
         # Counts changes of free GPUs, nodes and gated pods: the releaser passes only after one.
         self.changes = 0
         self.dra = dra.DraInventory()
@@ -473,7 +473,9 @@ class ClusterIndex:
             reservation = annotations.get(RESERVATION)
             if reservation:
                 self.pod_reservations[key] = str(reservation)
-                self.holders.setdefault(str(reservation), set()).add(key)
+                if in_namespace(str(reservation), str((pod.get("metadata") or {}).get("namespace") or "")):
+                    # a key is its own namespace's: a pod elsewhere never counts as another's running pod
+                    self.holders.setdefault(str(reservation), set()).add(key)
             if node is None:
                 self.orphan_pods.setdefault(node_name, {})[key] = (gpus, ())
                 return
@@ -542,22 +544,29 @@ class ClusterIndex:
 
     def counted_pods(self) -> set[str]:
         """Keys of every pod the index counts (a relist forgets the others)."""
-        return set(self.pod_nodes) | self.usage.pods() | set(self.waiters.pods) | set(self.gated.pods)
+        return (set(self.pod_nodes) | self.usage.pods() | set(self.waiters.pods) | set(self.gated.pods)
+                | set(self.gated.refused))
 
-    def gated_groups(self) -> list[GatedGroup]:
+    def gated_groups(self, started: Collection[str] = (), sizes: Mapping[str, int] | None = None) -> list[GatedGroup]:
         """Workloads held by our gate whose pods all exist, oldest first (gating.py)."""
         with self.lock:
-            return self.gated.ready({key: len(pods) for key, pods in self.holders.items()})
+            return self.gated.ready({key: len(pods) for key, pods in self.holders.items()}, started, sizes)
+
+    def gated_unsure(self) -> dict[str, GatedPod]:
+        """Gated workloads whose pods exist in another number than their request says (gating.py)."""
+        with self.lock:
+            return self.gated.unsure({key: len(pods) for key, pods in self.holders.items()})
 
     def _forget_gpus(self, key: str) -> None:
         node_name = self.pod_nodes.pop(key, None)
         if node_name is None:
             return
         reservation = self.pod_reservations.pop(key, None)
-        if reservation is not None:
-            self.holders[reservation].discard(key)
-            if not self.holders[reservation]:
-                del self.holders[reservation]
+        holders = self.holders.get(reservation or "")
+        if holders is not None:
+            holders.discard(key)
+            if not holders:
+                del self.holders[str(reservation)]
         node = self.tree.nodes.get(node_name)
         if node is not None:
             if key in node.terminating:

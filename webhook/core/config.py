@@ -7,6 +7,7 @@ function that opens a file.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -116,6 +117,9 @@ DEFAULT_NCCL_PROFILES: Mapping[str, Mapping[str, str]] = {
 }
 
 
+PROCESS_SEAL_KEY = os.urandom(32)
+
+
 @dataclass(frozen=True)
 class Config:
     # The default preset's levels until the nodes are read: with `levels: auto` (the default) the
@@ -156,6 +160,10 @@ class Config:
     reservation_ttl_seconds: float = 300.0
     max_body_bytes: int = 3 * 1024 * 1024  # the apiserver's own request limit
     stale_after_seconds: float = 120.0
+    # The key that seals what a gated wait is released from (injection.seal_gate): not a setting of
+    # the file, but `serve --gate-key-file` (the chart's Secret), shared by every replica. Without
+    # one, a key of this process: enough for one process (the demo, `mutate`, tests).
+    seal_key: bytes = field(default=PROCESS_SEAL_KEY, repr=False, compare=False)
 
     def profile_for(self, product: str) -> HardwareProfile:
         for profile in self.profiles:

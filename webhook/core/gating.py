@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Collection, Mapping
 
-from .injection import GATE, GATED_REQUEST, RESERVATION, WAITING_FOR, loads_request, parse_domain_path
+from .injection import GATE, GateRecord, gate_record
 from .model import PlacementRequest
 
 
@@ -46,30 +46,42 @@ class GatedGroup:
     request: PlacementRequest  # for the gated pods only, when some of its pods already run
     path: tuple[tuple[str, str], ...]
     pods: tuple[GatedPod, ...]
+    # The key its release is held and claimed under: the workload's own, or, for pods that join a
+    # workload part of which started already (a replacement, a scale-up), one of their own, so
+    # that the hold of the part that started is not dropped.
+    hold: str
 
 
-def gated(pod: Mapping) -> tuple[str, PlacementRequest, tuple[tuple[str, str], ...]] | None:
-    """(reservation, request, waited domain) of a pod our gate holds; None for any other pod,
-    or one whose annotations do not say all three (the releaser cannot decide it: it stays gated,
-    and is listed by `kubectl get pods` as SchedulingGated)."""
+def holds_our_gate(pod: Mapping) -> bool:
     gates = (pod.get("spec") or {}).get("schedulingGates") or ()
-    if not any(isinstance(g, Mapping) and g.get("name") == GATE for g in gates):
+    return isinstance(gates, list) and any(isinstance(g, Mapping) and g.get("name") == GATE for g in gates)
+
+
+def gated(pod: Mapping, key: bytes) -> GateRecord | str | None:
+    """The sealed record of a pod our gate holds; why it is not believed (the releaser cannot
+    decide it: it stays gated, listed by `kubectl get pods` as SchedulingGated, and is reported);
+    None for any other pod."""
+    if not holds_our_gate(pod):
         return None
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    request = loads_request(annotations.get(GATED_REQUEST))
-    path = parse_domain_path(annotations.get(WAITING_FOR))
-    reservation = annotations.get(RESERVATION)
-    if request is None or not path or not reservation or not (pod.get("metadata") or {}).get("name"):
-        return None
-    return str(reservation), request, path
+    meta = pod.get("metadata") or {}
+    if not isinstance(meta, Mapping) or not meta.get("name"):
+        return "it has no name"
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, Mapping):
+        return "its annotations are not a map"
+    return gate_record(annotations, str(meta.get("namespace") or ""), key)
 
 
 class GatedPods:
     """The gated pods the index has seen, by pod key and by workload."""
 
-    def __init__(self) -> None:
+    def __init__(self, seal_key: bytes) -> None:
+        self.seal_key = seal_key
         self.pods: dict[str, GatedPod] = {}
         self.by_reservation: dict[str, dict[str, GatedPod]] = {}
+        # Pods our gate holds whose record is not believed: key -> (the pod, why). Never decided;
+        # the releaser reports each once.
+        self.refused: dict[str, tuple[Mapping, str]] = {}
 
     def __len__(self) -> int:
         return len(self.pods)
@@ -77,11 +89,15 @@ class GatedPods:
     def note(self, key: str, pod: Mapping | None, now: float) -> bool:
         """Keep `pod` if our gate holds it (it keeps when it was first seen), else forget it.
         Returns whether it is a gated pod not seen before (its workload may be whole now)."""
-        found = gated(pod) if pod is not None else None
-        if found is None or pod is None:
+        found = gated(pod, self.seal_key) if pod is not None else None
+        if isinstance(found, str) and pod is not None:
+            self.forget(key)
+            self.refused[key] = (pod, found)
+            return False
+        if not isinstance(found, GateRecord) or pod is None:
             self.forget(key)
             return False
-        reservation, request, path = found
+        reservation, request, path = found.reservation, found.request, found.path
         seen = self.pods.get(key)
         since = seen.since if seen is not None and seen.reservation == reservation else now
         self.forget(key)
@@ -91,6 +107,7 @@ class GatedPods:
         return seen is None
 
     def forget(self, key: str) -> None:
+        self.refused.pop(key, None)
         entry = self.pods.pop(key, None)
         if entry is None:
             return
@@ -99,19 +116,33 @@ class GatedPods:
         if not group:
             del self.by_reservation[entry.reservation]
 
-    def ready(self, running: Mapping[str, int]) -> list[GatedGroup]:
-        """Workloads whose pods all exist, oldest first: `running` counts each reservation's bound
-        pods. One whose gated pods disagree on the request or domain (two objects under one key)
+    def unsure(self, running: Mapping[str, int]) -> dict[str, GatedPod]:
+        """Workloads whose pods exist in another number than their request says (scaled while
+        gated, or not all made yet), with one of their pods: their owner says how many it wants."""
+        return {reservation: next(iter(members.values())) for reservation, members in self.by_reservation.items()
+                if len(members) + running.get(reservation, 0) != next(iter(members.values())).request.pods}
+
+    def ready(self, running: Mapping[str, int], started: Collection[str] = (),
+              sizes: Mapping[str, int] | None = None) -> list[GatedGroup]:
+        """Workloads whose pods all exist, oldest first. `running` counts each reservation's bound
+        pods; `started`, pods released already (not bound yet: not decided again); `sizes`, how
+        many pods a workload's owner wants now, where it differs from the request (else the request
+        says). One whose gated pods disagree on the request or domain (two objects under one key)
         is decided as its first pod says."""
         groups = []
         for reservation, members in self.by_reservation.items():
-            pods = sorted(members.values(), key=lambda p: p.name)
+            pods = sorted((p for key, p in members.items() if key not in started), key=lambda p: p.name)
+            if not pods:
+                continue
             first = pods[0]
-            bound = running.get(reservation, 0)
-            if len(pods) + bound < first.request.pods:
-                continue  # its controller has not made every pod yet
-            request = first.request if not bound else dataclasses.replace(first.request, pods=len(pods))
-            pods = pods[:request.pods]  # never more than the request decided for
-            groups.append(GatedGroup(reservation, request, first.path, tuple(pods)))
+            going = running.get(reservation, 0) + len(members) - len(pods)
+            size = (sizes or {}).get(reservation, first.request.pods)
+            wanted = min(len(pods), size - going)
+            if wanted <= 0 or len(pods) + going < size:
+                continue  # its controller has not made every pod yet, or removes the ones left over
+            request = first.request if wanted == first.request.pods else dataclasses.replace(first.request, pods=wanted)
+            pods = pods[:wanted]  # never more than its owner wants
+            hold = reservation if not going else f"{reservation}+{pods[0].name}"
+            groups.append(GatedGroup(reservation, request, first.path, tuple(pods), hold))
         groups.sort(key=lambda g: (min(p.since for p in g.pods), g.reservation))
         return groups

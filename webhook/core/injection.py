@@ -10,7 +10,10 @@ are ours) and the writing side (mutation) use this module; it holds no logic of 
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
+import hashlib
+import hmac
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,7 +33,12 @@ WAITING_FOR = ANNOTATION_PREFIX + "waiting-for"
 # the releaser decides again when room opens (the workload's own annotations are not on its pods).
 GATED_REQUEST = ANNOTATION_PREFIX + "gated-request"
 GATE = ANNOTATION_PREFIX + "placement"  # the name of our entry in spec.schedulingGates
-OUTPUT_ANNOTATIONS = (PLACEMENT, GPU_IDS, RESERVATION, WAITING_FOR, GATED_REQUEST, INJECTED)
+# The seal over what a release decides from (seal_gate): a pod's owner may edit its annotations,
+# and only what we sealed is believed.
+GATE_SEAL = ANNOTATION_PREFIX + "gate-seal"
+OUTPUT_ANNOTATIONS = (PLACEMENT, GPU_IDS, RESERVATION, WAITING_FOR, GATED_REQUEST, GATE_SEAL, INJECTED)
+# What a sealed request may say at most: far above any cluster, far below what would cost us.
+_MOST_PODS, _MOST_GPUS_PER_POD, _MOST_TERMS = 100_000, 1024, 64
 REQUIRED_TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
 PREFERRED = ("affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
 
@@ -74,19 +82,85 @@ def dumps_request(request: PlacementRequest) -> str:
 
 def loads_request(text: object) -> PlacementRequest | None:
     """The request GATED_REQUEST holds; None when it holds none (written by someone else, or by
-    another version of ours with other fields)."""
+    another version of ours with other fields) or one the core could not decide (no pods, a
+    count that is not a whole number, node terms that are not terms)."""
     try:
         data = json.loads(text) if isinstance(text, str) else None
         if not isinstance(data, dict):
             return None
-        return PlacementRequest(**{
+        request = PlacementRequest(**{
             **data, "strategy": Strategy(data["strategy"]),
-            "node_selector": dict(data["node_selector"]),
+            "node_selector": {str(k): str(v) for k, v in dict(data["node_selector"]).items()},
             "required_node_terms": tuple(data["required_node_terms"]),
             "tolerations": tuple(data["tolerations"]),
             "resources": tuple((str(name), int(amount)) for name, amount in data["resources"])})
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
+    return request if _decidable(request) else None
+
+
+def _decidable(request: PlacementRequest) -> bool:
+    counts = (request.pods, request.gpus_per_pod)
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in counts):
+        return False
+    if not (1 <= request.pods <= _MOST_PODS and 0 <= request.gpus_per_pod <= _MOST_GPUS_PER_POD):
+        return False
+    texts = (request.workload, request.preferred_domain or "", request.max_domain or "")
+    if not all(isinstance(t, str) for t in texts) or not isinstance(request.latency_sensitive, bool):
+        return False
+    if request.min_bandwidth_gbps is not None and (isinstance(request.min_bandwidth_gbps, bool) or not isinstance(
+            request.min_bandwidth_gbps, (int, float))):
+        return False
+    terms = request.required_node_terms
+    return len(terms) <= _MOST_TERMS and all(_node_term(t) for t in terms) and all(
+        isinstance(t, Mapping) for t in request.tolerations) and all(n >= 0 for _, n in request.resources)
+
+
+def _node_term(term: object) -> bool:
+    """A nodeSelectorTerm: lists of {key, operator, values} requirements."""
+    if not isinstance(term, Mapping):
+        return False
+    for part in ("matchExpressions", "matchFields"):
+        expressions = term.get(part) or []
+        if not isinstance(expressions, list) or not all(
+                isinstance(e, Mapping) and isinstance(e.get("key"), str) and isinstance(e.get("operator"), str)
+                and isinstance(e.get("values") or [], list) for e in expressions):
+            return False
+    return True
+
+
+def seal_gate(key: bytes, reservation: str, request_text: str, waiting_text: str) -> str:
+    """GATE_SEAL's value: a MAC, under a key only the webhook reads, over what a release decides
+    from. The reservation key names the workload's namespace (namespace/Kind/name), so a record
+    sealed for one namespace never verifies on a pod of another."""
+    message = "\0".join(("gate-seal/v1", reservation, request_text, waiting_text)).encode()
+    return base64.urlsafe_b64encode(hmac.new(key, message, hashlib.sha256).digest()).decode().rstrip("=")
+
+
+@dataclass(frozen=True)
+class GateRecord:
+    """What a gated pod's annotations say its release decides from, sealed by us."""
+
+    reservation: str
+    request: PlacementRequest
+    path: tuple[tuple[str, str], ...]
+
+
+def gate_record(annotations: Mapping, namespace: str, key: bytes) -> GateRecord | str:
+    """The sealed record on a gated pod of `namespace`, or why it is not believed."""
+    reservation, request_text = annotations.get(RESERVATION), annotations.get(GATED_REQUEST)
+    waiting_text, seal = annotations.get(WAITING_FOR), annotations.get(GATE_SEAL)
+    if not all(isinstance(v, str) and v for v in (reservation, request_text, waiting_text, seal)):
+        return f"it lacks one of {RESERVATION}, {GATED_REQUEST}, {WAITING_FOR}, {GATE_SEAL}"
+    assert isinstance(reservation, str) and isinstance(request_text, str) and isinstance(waiting_text, str)
+    if not reservation.startswith(f"{namespace}/"):
+        return f"its {RESERVATION} {reservation[:120]!r} names a workload outside namespace {namespace}"
+    if not hmac.compare_digest(str(seal), seal_gate(key, reservation, request_text, waiting_text)):
+        return f"its {GATE_SEAL} does not match what it says (edited after the webhook wrote it, or not written by it)"
+    request, path = loads_request(request_text), parse_domain_path(waiting_text)
+    if request is None or not path:
+        return f"its {GATED_REQUEST} or {WAITING_FOR} cannot be decided"
+    return GateRecord(reservation, request, path)
 
 
 def format_domain_path(path: tuple[tuple[str, str], ...]) -> str:

@@ -145,13 +145,22 @@ def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None
 
 def start_gated(index: ClusterIndex, group: GatedGroup) -> tuple[Decision | None, list[str]]:
     """`place_gated` for a workload our gate holds, held under its key and claimed for every
-    replica as `place_shared` does: what the releaser starts it with. (None, []) while it waits."""
+    replica as `place_shared` does: what the releaser starts it with. (None, []) while it waits,
+    and when a hold under its key is another's: another replica claimed its release first (the
+    claims brought it, or the read after a lost compare-and-swap did), and it is not decided twice."""
     levels = index.config.levels
     depth = len(group.path) - 1  # a path names every level from the widest down to its own
     waiting = DomainRef(depth, levels[depth].name if depth < len(levels) else "node", group.path)
-    key = group.reservation
-    return _shared(index, key, group.request.workload,
-                   lambda: _held(index, key, lambda: place_gated(index, group.request, waiting, key)))
+    key = group.hold
+    ours: list[object] = [None]  # the hold this call made, if any: deciding again after a 409 replaces it
+
+    def decide() -> Decision | None:
+        if index.ledger.hold(key) not in (None, ours[0]):
+            return None
+        decision = _held(index, key, lambda: place_gated(index, group.request, waiting, group.reservation))
+        ours[0] = index.ledger.hold(key)
+        return decision
+    return _shared(index, key, group.request.workload, decide)
 
 
 def _shared(index: ClusterIndex, key: str, who: str, decide: Callable[[], Decision | None]

@@ -1,97 +1,206 @@
 """The releaser: starts the waits our scheduling gate holds (`gate_waits`) as soon as room opens.
 
 Every replica runs one, on the pods its live view sees. A pass, after the cluster changed, takes the
-gated workloads whose pods all exist, oldest first, decides each again (placer.start_gated: its
-domain, else one no wider) and holds and claims the placement as an admission would. Then it
-patches each pod, in name order, with what `mutation.released` writes (the pin, the GPU ids, the
-gate removed), behind a JSON-patch `test` that the pod's gates are still the ones it saw: when two
-replicas release one workload, the second's first patch fails that test (HTTP 422), and it drops
-its own hold and leaves the rest to the first. This is Kueue's TopologyUngater's pattern; the API
-lets a gated pod's node affinity only narrow (KEP-3838, Kubernetes 1.30+).
+gated workloads whose pods all exist (as many as their owner wants now: a Job scaled while gated
+is followed), oldest first, decides each again (placer.start_gated: its domain, else one no wider)
+and holds and claims the placement through the replicas' shared claims (compare-and-swap) before
+any pod is patched: a replica that loses that race reads the claims again and finds the
+workload held, so it is never released twice nor onto room another release took. Then it patches
+each pod, in name order, with what `mutation.released` writes (the pin, the GPU ids, the gate
+removed), behind a JSON-patch `test` that the pod's gates are still the ones it saw; should that
+test fail (someone else lifted the gate), the pass drops its hold and ends, and the next one starts
+from what is held then. This is Kueue's TopologyUngater's pattern; the API lets a gated pod's node
+affinity only narrow (KEP-3838, Kubernetes 1.30+).
+
+What a release decides from is only what we sealed (injection.seal_gate): a pod whose record does
+not verify stays gated, is counted ("refused") and named in a warning Event; a workload whose
+decision fails is counted ("error") and the pass goes on with the next.
 """
 from __future__ import annotations
 
+import datetime
+import json
 import logging
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from ..core.cluster import ClusterIndex
 from ..core.gating import GatedGroup
+from ..core.injection import GATE
 from ..core.model import Decision
-from ..core.placer import start_gated
+from ..core.placer import release_shared, start_gated
 from ..objects import mutation
 from ..objects.patch import make_patch
 
 log = logging.getLogger(__name__)
 JSON_PATCH = "application/json-patch+json"
 # Results counted by `on_release`: a workload started; one another replica started first; a pod
-# whose patch failed otherwise (it stays gated: the next pass that finds room tries again).
-RELEASED, TAKEN, FAILED = "released", "released-by-another-replica", "failed"
+# whose patch failed otherwise (it stays gated: the next pass that finds room tries again); a
+# gated pod whose record is not ours (never decided); a workload whose decision raised.
+RELEASED, TAKEN, FAILED, REFUSED, ERROR = "released", "released-by-another-replica", "failed", "refused", "error"
+# Where a gated workload's owner says how many pods it wants, by the owner's kind.
+OwnerSize = Callable[[str, Mapping], "int | None"]
 
 
 class Releaser:
     """Lifts our gates for one cluster index through the API (`patch_pod`: the core API's)."""
 
     def __init__(self, index: ClusterIndex, patch_pod: Callable[[str, str, list[dict]], None],
-                 on_release: Callable[[str], None] = lambda _: None) -> None:
+                 on_release: Callable[[str], None] = lambda _: None,
+                 owner_size: OwnerSize = lambda _namespace, _owner: None,
+                 warn: Callable[[Mapping, str], None] = lambda _pod, _why: None) -> None:
         self.index = index
         self.patch_pod = patch_pod
         self.on_release = on_release
+        self.owner_size = owner_size  # (namespace, controller ownerReference) -> pods it wants; None: unknown
+        self.warn = warn  # a warning Event on a pod whose record is refused
         self.seen_changes: int | None = None  # the index's `changes` at the last pass
-        # Workloads this releaser patched, until the live view sees their pods no longer gated:
-        # deciding them again before that would take their hold for a second, stale, release.
+        # Pods this releaser patched, until the live view sees them no longer gated: deciding them
+        # again before that would take a second, stale, hold.
         self.patched: set[str] = set()
+        self.reported: set[str] = set()  # refused pods already counted and named
 
     @classmethod
     def over_api(cls, index: ClusterIndex, api_client: k8s_client.ApiClient,
                  on_release: Callable[[str], None] = lambda _: None) -> "Releaser":
-        core = k8s_client.CoreV1Api(api_client)
+        # Raw JSON both ways (dict bodies, _preload_content=False), which the client's hints do not describe.
+        core: Any = k8s_client.CoreV1Api(api_client)
+        batch: Any = k8s_client.BatchV1Api(api_client)
 
         def patch_pod(namespace: str, name: str, operations: list[dict]) -> None:
             core.patch_namespaced_pod(name, namespace, operations, _content_type=JSON_PATCH, _preload_content=False)
-        return cls(index, patch_pod, on_release)
+
+        def owner_size(namespace: str, owner: Mapping) -> int | None:
+            if owner.get("kind") != "Job" or str(owner.get("apiVersion")) != "batch/v1":
+                return None
+            try:
+                response = batch.read_namespaced_job(str(owner.get("name")), namespace, _preload_content=False)
+            except ApiException as err:
+                return 0 if err.status == 404 else None  # a deleted Job wants none
+            job = json.loads(response.data)
+            if (job.get("metadata") or {}).get("uid") != owner.get("uid"):
+                return 0  # another Job of that name: the owner is gone
+            return job_pods_wanted(job)
+
+        def warn(pod: Mapping, why: str) -> None:
+            meta = pod.get("metadata") or {}
+            namespace = str(meta.get("namespace") or "default")
+            now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            event = {"apiVersion": "v1", "kind": "Event",
+                     "metadata": {"generateName": f"{meta.get('name')}.", "namespace": namespace},
+                     "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace,
+                                        "name": meta.get("name"), "uid": meta.get("uid")},
+                     "reason": "GateRecordRefused", "type": "Warning", "count": 1,
+                     "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "topology-webhook"},
+                     "message": f"topology-webhook will not release this pod from its scheduling gate: {why}. "
+                                f"Remove the gate {GATE} by hand, or delete the pod"[:1024]}
+            try:
+                core.create_namespaced_event(namespace, event, _preload_content=False)
+            except Exception as err:  # noqa: BLE001 - an event is best effort; the metric and the log stay
+                log.warning("could not record an event on pod %s/%s: %s", namespace, meta.get("name"), err)
+        return cls(index, patch_pod, on_release, owner_size, warn)
 
     def run_once(self) -> int:
         """One pass, if the cluster changed since the last one; returns how many workloads it started."""
         with self.index.lock:
             changes = self.index.changes
+            self.patched &= set(self.index.gated.pods)  # forgotten once seen no longer gated
+            refused = dict(self.index.gated.refused)
         if changes == self.seen_changes:
             return 0
         self.seen_changes = changes
+        self._report(refused)
         started = 0
-        groups = self.index.gated_groups()
-        with self.index.lock:  # forgotten only once none of its pods is seen gated, not when its group is not whole
-            self.patched &= set(self.index.gated.by_reservation)
-        for group in groups:
-            if group.reservation in self.patched:
-                continue
-            decision, alone = start_gated(self.index, group)
-            for warning in alone:
-                log.warning("%s", warning)
-            if decision is not None and self._patch(group, decision):
-                self.patched.add(group.reservation)
+        for group in self.index.gated_groups(set(self.patched), self._sizes()):
+            try:
+                decision, alone = start_gated(self.index, group)
+                for warning in alone:
+                    log.warning("%s", warning)
+                if decision is None:
+                    continue
+                if not self._patch(group, decision):
+                    self.seen_changes = None  # pass again soon, from what is held then
+                    return started
                 started += 1
+            except Exception:  # noqa: BLE001 - one workload's failure never stops the others' release
+                log.exception("deciding the release of %s failed; it stays gated", group.reservation)
+                self.on_release(ERROR)
         return started
 
+    def _report(self, refused: Mapping[str, tuple[Mapping, str]]) -> None:
+        """Count and name each refused gated pod once (while it is seen)."""
+        self.reported &= set(refused)
+        for key, (pod, why) in refused.items():
+            if key in self.reported:
+                continue
+            self.reported.add(key)
+            log.warning("gated pod %s is not released: %s", key, why)
+            self.on_release(REFUSED)
+            self.warn(pod, why)
+
+    def _sizes(self) -> dict[str, int]:
+        """How many pods each gated workload's owner wants, where its pods disagree with its request."""
+        sizes = {}
+        for reservation, pod in self.index.gated_unsure().items():
+            owner = controller_of(pod.pod)
+            if owner is None:
+                continue
+            try:
+                size = self.owner_size(pod.namespace, owner)
+            except Exception as err:  # noqa: BLE001 - unknown: the request says, as before
+                log.warning("could not read the owner of %s: %s", reservation, err)
+                size = None
+            if size is not None:
+                sizes[reservation] = size
+        return sizes
+
     def _patch(self, group: GatedGroup, decision: Decision) -> bool:
-        """Patch the group's pods; False when another replica released them first."""
+        """Patch the group's pods; False when someone else lifted the first one's gate first (the
+        hold is dropped and its claim withdrawn: the pass ends, and the next decides afresh)."""
         for position, gated in enumerate(group.pods):
             operations = [_still_gated(gated.pod), *make_patch(gated.pod, mutation.released(gated.pod, decision))]
             try:
                 self.patch_pod(gated.namespace, gated.name, operations)
             except ApiException as err:
                 if err.status == 422 and position == 0:
-                    self.index.release(group.reservation)  # the other replica holds and claimed it
+                    release_shared(self.index, group.hold)
                     self.on_release(TAKEN)
                     return False
                 log.warning("could not release pod %s/%s of %s from its scheduling gate (HTTP %s): it stays gated "
                             "until a later pass", gated.namespace, gated.name, group.request.workload, err.status)
                 self.on_release(FAILED)
+                continue
+            self.patched.add(gated.key)
         log.info("released %s from its scheduling gate: %s", group.request.workload, decision.reasons[-1])
         self.on_release(RELEASED)
         return True
+
+
+def controller_of(pod: Mapping) -> Mapping | None:
+    """The pod's controller ownerReference (its Job, say), if it has one."""
+    for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
+        if isinstance(owner, Mapping) and owner.get("controller") is True:
+            return owner
+    return None
+
+
+def job_pods_wanted(job: Mapping) -> int:
+    """How many pods a Job runs at once now: its parallelism, no more than the completions left;
+    none while suspended or finished."""
+    spec, status = job.get("spec") or {}, job.get("status") or {}
+    if spec.get("suspend") is True:
+        return 0
+    for condition in status.get("conditions") or ():
+        if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
+            return 0
+    parallelism = spec.get("parallelism")
+    wanted = 1 if parallelism is None else int(parallelism)
+    completions = spec.get("completions")
+    if completions is not None:
+        wanted = min(wanted, int(completions) - int(status.get("succeeded") or 0))
+    return max(0, wanted)
 
 
 def _still_gated(pod: Mapping) -> dict:

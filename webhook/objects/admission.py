@@ -202,9 +202,11 @@ def _admit(request: _Request, index: "ClusterIndex", config: Config,
     if workload.made_for_group(kind, obj):
         return _result(request, "ignored")  # an operator's StatefulSet: its pods are placed as group members
     if (request.operation == "CREATE" and _placed(kind, obj)
-            and injection.reservation_of(workload.pod_template(kind, obj)) == _reservation_key(request, obj)):
+            and injection.reservation_of(workload.pod_template(kind, obj)) == _reservation_key(request, obj)
+            and _sealed_if_gated(workload.pod_template(kind, obj), request.namespace, config)):
         # Our own output, whole and for this very object (reinvocation): placing it again could only
-        # move it. A copy of another object's output carries that object's key and is placed afresh.
+        # move it. A copy of another object's output carries that object's key and is placed afresh,
+        # and so is a gated one whose seal is not ours (`mutate`'s output, or edited).
         return _result(request, "ignored")
     who = workload.display_name(kind, obj, request.namespace)
     ready, why = readiness
@@ -402,6 +404,13 @@ def _placed_by_owner(kind: str, obj: Mapping) -> bool:
 
 def _placed(kind: str, obj: Mapping) -> bool:
     return injection.already_placed(workload.pod_template(kind, obj))
+
+
+def _sealed_if_gated(template: Mapping | None, namespace: str, config: Config) -> bool:
+    """A template our gate holds carries a record sealed with this webhook's key."""
+    if not injection.recorded(template).gated:
+        return True
+    return not isinstance(injection.gate_record(injection.annotations_of(template), namespace, config.seal_key), str)
 
 
 def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str:

@@ -38,9 +38,9 @@ from typing import Any, Callable, Mapping
 
 from ..core.config import HOSTNAME_LABEL, Config
 from ..core.gpus import container_gpus, format_gpu_set
-from ..core.injection import (GATE, GATED_REQUEST, GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, PREFERRED,
+from ..core.injection import (GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, PREFERRED,
                               REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL, Injection, annotations_of, at,
-                              dumps_request, format_domain_path, recorded)
+                              dumps_request, format_domain_path, recorded, seal_gate)
 from ..core.model import EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, Decision, Outcome, Strategy
 from .workload import pod_templates
 
@@ -56,9 +56,12 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
     removes what we added before and only resets our scheduler name."""
     outputs: dict[str, str | None] = dict.fromkeys(OUTPUT_ANNOTATIONS)
     if decision is not None:
+        waiting = waiting_for(decision, config)
+        request = dumps_request(decision.request) if gates(decision, config) else None
         outputs.update({PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
-                        RESERVATION: reservation, WAITING_FOR: waiting_for(decision, config),
-                        GATED_REQUEST: dumps_request(decision.request) if gates(decision, config) else None})
+                        RESERVATION: reservation, WAITING_FOR: waiting, GATED_REQUEST: request,
+                        GATE_SEAL: seal_gate(config.seal_key, reservation, request, waiting)
+                        if request and reservation and waiting else None})
     return _rewrite(obj, kind, lambda _, meta, spec, previous: _desired(meta, spec, previous, kind, obj, decision,
                                                                         config), lambda _: outputs, config)
 
@@ -73,7 +76,7 @@ def released(pod: Mapping, decision: Decision) -> dict:
         return dataclasses.replace(previous, required=(expressions,) if expressions else (), gated=False)
 
     outputs = {PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
-               WAITING_FOR: None, GATED_REQUEST: None}
+               WAITING_FOR: None, GATED_REQUEST: None, GATE_SEAL: None}
     return _rewrite(pod, "Pod", desired, lambda _: outputs, None)
 
 
