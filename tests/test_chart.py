@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store
 
 from webhook.core.config import (
-    DEFAULT_NCCL_PROFILES, DEFAULT_PORT, HEALTHZ_PATH, LINK_CLASSES, METRICS_PATH, MUTATE_PATH, PRESETS,
+    DEFAULT_NCCL_PROFILES, DEFAULT_PORT, FILE_KEYS, HEALTHZ_PATH, LINK_CLASSES, METRICS_PATH, MUTATE_PATH, PRESETS,
     READYZ_PATH, Config, HardwareProfile, config_from_mapping,
 )
 
@@ -52,9 +52,19 @@ VALUE_SETS = {
     "one-replica": {"replicas": 1},
     "three-replicas-hard-anti-affinity": {"replicas": 3, "podAntiAffinity": "hard"},
     "fail-closed": {"webhook": {"failurePolicy": "Fail"}},
-    "no-match-conditions": {"webhook": {"matchConditions": {"enabled": False}}},
+    # What a cluster before 1.30 can run: no matchConditions, no gated waits.
+    "no-match-conditions": {"webhook": {"matchConditions": {"enabled": False}}, "config": {"gate_waits": False}},
     "no-release-on-delete": {"webhook": {"releaseOnDelete": False}},
     "operators": {"webhook": {"operators": ["jobset.x-k8s.io", "kubeflow.org", "ray.io"]}},
+    # The metrics port open (a cluster that fronts it itself), scraped over plain HTTP.
+    "metrics-open": {"metrics": {"secure": False}, "serviceMonitor": {"enabled": True}, "crdCheck": False},
+    # Readers bound to the chart's reader roles; the CA for Prometheus from the values.
+    "metrics-readers": {"metrics": {"readers": [{"kind": "ServiceAccount", "name": "prometheus-k8s",
+                                                 "namespace": "monitoring"}],
+                                    "topologyReaders": [{"kind": "Group", "name": "platform-team"}]},
+                        "serviceMonitor": {"enabled": True}, "crdCheck": False,
+                        "tls": {"mode": "existingSecret", "existingSecret": {
+                            "name": "corp-webhook-tls", "caBundle": OWN_CA_BUNDLE}}},
     # The keys platform teams expect of a chart, all set at once.
     "platform-team": {
         "nameOverride": "gpu-placer", "fullnameOverride": "gpu-placement", "commonLabels": {"team": "ml-platform"},
@@ -182,8 +192,10 @@ def test_wrong_values_fail_at_install_naming_the_key_and_what_is_allowed(values,
 def test_schema_knows_exactly_the_server_settings():
     """values.schema.json and webhook.core.config cannot drift: same settings, presets and classes."""
     config_schema = chart().schema["properties"]["config"]
-    # levels_auto is no key of its own: `levels: auto` sets it.
-    assert set(config_schema["properties"]) == set(Config.__dataclass_fields__) - {"levels_auto"}
+    # Every key a settings file may hold; levels_auto (set by `levels: auto`) and seal_key (from
+    # --gate-key-secret) are Config fields that no file holds.
+    assert set(config_schema["properties"]) == FILE_KEYS == set(Config.__dataclass_fields__) - {"levels_auto",
+                                                                                                 "seal_key"}
     levels = config_schema["properties"]["levels"]["oneOf"]
     assert set(levels[0]["enum"]) == set(PRESETS) | {"auto"}
     assert set(levels[1]["items"]["oneOf"][1]["properties"]["link"]["enum"]) == set(LINK_CLASSES)
@@ -230,11 +242,57 @@ def test_webhook_service_name_port_and_path_reach_the_server(case):
     assert container["readinessProbe"]["httpGet"] == {"scheme": "HTTPS", "port": "https", "path": READYZ_PATH}
 
 
-def test_service_monitor_scrapes_the_metrics_port_over_plain_http():
-    (endpoint,) = one("everything-on", "ServiceMonitor")["spec"]["endpoints"]
-    assert (endpoint["port"], endpoint["scheme"], endpoint["path"]) == ("metrics", "http", METRICS_PATH)
-    assert "tlsConfig" not in endpoint  # metrics left the TLS port (issue 14): a NetworkPolicy can tell them apart
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+@pytest.mark.parametrize("case, ca", [
+    ("everything-on", {"secret": {"name": f"{FULLNAME}-self-managed-tls", "key": "ca.crt"}}),
+    ("metrics-readers", {"configMap": {"name": f"{FULLNAME}-metrics-ca", "key": "ca.crt"}}),
+])
+def test_service_monitor_scrapes_over_https_with_prometheus_token_checking_our_certificate(case, ca):
+    (endpoint,) = one(case, "ServiceMonitor")["spec"]["endpoints"]
+    # On the metrics port, apart from the TLS port the apiserver calls (issue 14); HTTPS with a
+    # token the webhook checks (issue 41).
+    assert (endpoint["port"], endpoint["scheme"], endpoint["path"]) == ("metrics", "https", METRICS_PATH)
+    assert endpoint["bearerTokenFile"] == SERVICE_ACCOUNT_TOKEN
+    assert endpoint["tlsConfig"] == {"serverName": f"{FULLNAME}.{NAMESPACE}.svc", "ca": ca}
+    assert f"{FULLNAME}.{NAMESPACE}.svc" in SERVICE_DNS_NAMES  # the serving certificate names it
+    if "configMap" in ca:
+        config_map = one(case, "ConfigMap", f"{FULLNAME}-metrics-ca")
+        assert config_map["data"]["ca.crt"] == base64.b64decode(OWN_CA_BUNDLE).decode()
     assert not objects("defaults", "ServiceMonitor")
+
+
+def test_service_monitor_takes_your_tls_config_and_scrapes_plain_http_when_the_port_is_open():
+    manifests = chart().render({"serviceMonitor": {"enabled": True, "tlsConfig": {"insecureSkipVerify": True}},
+                                "crdCheck": False}, name=RELEASE, namespace=NAMESPACE)
+    (monitor,) = [obj for path, text in manifests.items() if path.endswith("servicemonitor.yaml")
+                  for obj in yaml.safe_load_all(text) if obj]
+    assert monitor["spec"]["endpoints"][0]["tlsConfig"] == {"insecureSkipVerify": True}
+    (endpoint,) = one("metrics-open", "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "http" and "tlsConfig" not in endpoint and "bearerTokenFile" not in endpoint
+    assert "--no-metrics-secure" in webhook_container("metrics-open")["args"]
+    assert "--no-metrics-secure" not in webhook_container("defaults")["args"]  # a live `serve` is secure by default
+
+
+def test_the_webhook_may_ask_who_reads_its_metrics_port_and_readers_get_roles_of_their_own():
+    assert rules_of("defaults", f"{FULLNAME}-metrics-auth") == [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+        {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}]
+    binding = one("defaults", "ClusterRoleBinding", f"{FULLNAME}-metrics-auth")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    assert rules_of("defaults", f"{FULLNAME}-metrics-reader") == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert rules_of("defaults", f"{FULLNAME}-topology-reader") == [
+        {"nonResourceURLs": ["/topology", "/topology.json"], "verbs": ["get"]}]
+    bound = {obj["metadata"]["name"] for obj in objects("defaults", "ClusterRoleBinding")}
+    assert f"{FULLNAME}-metrics-reader" not in bound and f"{FULLNAME}-topology-reader" not in bound
+    readers = one("metrics-readers", "ClusterRoleBinding", f"{FULLNAME}-metrics-reader")
+    assert readers["subjects"] == [{"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}]
+    platform = one("metrics-readers", "ClusterRoleBinding", f"{FULLNAME}-topology-reader")
+    assert platform["roleRef"]["name"] == f"{FULLNAME}-topology-reader"
+    assert platform["subjects"] == [{"kind": "Group", "name": "platform-team", "apiGroup": "rbac.authorization.k8s.io"}]
+    assert not [obj for obj in rendered("metrics-open") if "metrics-" in obj["metadata"]["name"]
+                or obj["metadata"]["name"].endswith("topology-reader")]
 
 
 def mounted_file(case: str, flag: str) -> tuple[dict, dict, str]:
@@ -559,7 +617,14 @@ def test_network_policy_admits_only_the_webhook_and_metrics_ports():
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     webhook, metrics = policy["spec"]["ingress"]
     assert webhook == {"ports": [{"port": "https", "protocol": "TCP"}]}  # the apiserver is no pod: any source
-    assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [{"namespaceSelector": {}}]}
+    # The metrics port: the release's own namespace and namespaces labelled for monitoring, not every one.
+    assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}},
+        {"namespaceSelector": {"matchLabels": {"topology.scheduler/monitoring": "true"}}}]}
+    closed = chart().render({"networkPolicy": {"metricsFrom": []}}, name=RELEASE, namespace=NAMESPACE)
+    (closed_policy,) = [obj for path, text in closed.items() if path.endswith("networkpolicy.yaml")
+                        for obj in yaml.safe_load_all(text) if obj]
+    assert closed_policy["spec"]["ingress"] == [webhook]  # empty: no source, never every source
     narrowed = chart().render({"networkPolicy": {"webhookFrom": [{"ipBlock": {"cidr": "10.0.0.0/28"}}]}},
                               name=RELEASE, namespace=NAMESPACE)
     text = "".join(narrowed.values())
@@ -574,7 +639,9 @@ def test_helm_test_asks_a_webhook_pod_whether_it_is_ready_through_the_service():
     (container,) = pod["spec"]["containers"]
     assert container["image"] == webhook_container("defaults")["image"]
     service = one("defaults", "Service")["metadata"]["name"]
-    assert f"http://{service}.{NAMESPACE}.svc:9090{READYZ_PATH}" in container["command"][-1]
+    assert f"https://{service}.{NAMESPACE}.svc:9090{READYZ_PATH}" in container["command"][-1]
+    (open_pod,) = [obj for obj in rendered("metrics-open") if obj["kind"] == "Pod"]
+    assert f"http://{service}.{NAMESPACE}.svc:9090{READYZ_PATH}" in open_pod["spec"]["containers"][0]["command"][-1]
 
 
 def test_an_image_digest_pins_the_image_by_digest():
@@ -618,6 +685,8 @@ def test_webhook_reads_nodes_pods_gpu_devices_claims_pod_groups_and_compute_doma
     assert rules_of("defaults", FULLNAME) == [
         {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": read},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},  # gate_waits (on by default): the releaser
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]},  # ... reads a gated Job's size
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},  # ... names a pod it refuses
         {"apiGroups": ["resource.k8s.io"],
          "resources": ["resourceslices", "resourceclaims", "resourceclaimtemplates", "deviceclasses"], "verbs": read},
         {"apiGroups": ["scheduling.k8s.io"], "resources": ["podgroups"], "verbs": read},
@@ -759,3 +828,36 @@ def test_the_chart_readme_lists_every_value_as_values_yaml_says():
     assert (CHART_DIR / "README.md").read_text() == generator.render(), "run: python .ci/chart_readme.py"
     listed = {line.split("`")[1] for line in generator.render().splitlines() if line.startswith("| `")}
     assert set(yaml.safe_load((CHART_DIR / "values.yaml").read_text())) <= listed
+
+
+# --- gated waits: the key's RBAC, the policy bounding the releaser, the uninstall hook (issue 37) ------
+
+@pytest.mark.parametrize("kube_version, refused", [("v1.29.0", True), ("v1.30.0", False)])
+def test_gated_waits_on_a_cluster_older_than_1_30_are_refused_with_the_fix(capfd, kube_version, refused):
+    helm_python.lint(CHART_DIR, {"webhook": {"matchConditions": {"enabled": False}}}, namespace=NAMESPACE,
+                     kube_version=kube_version)
+    message = f"config.gate_waits=true needs Kubernetes 1.30 or newer, this cluster is {kube_version}; " \
+              "set config.gate_waits=false"
+    assert (message in capfd.readouterr().err) is refused
+
+
+def test_the_releasers_policy_and_the_uninstall_hook_are_rendered_by_default_and_only_with_gate_waits():
+    policy = one("defaults", "ValidatingAdmissionPolicy")
+    account = f"system:serviceaccount:{NAMESPACE}:{FULLNAME}"
+    assert policy["spec"]["matchConditions"][0]["expression"] == f"request.userInfo.username == '{account}'"
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]}]
+    binding = one("defaults", "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    hook = one("defaults", "Job")
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    pod = hook["spec"]["template"]["spec"]
+    assert pod["containers"][0]["args"] == ["ungate", "--all"] and pod["serviceAccountName"] == FULLNAME
+    assert arg_after(webhook_container("defaults"), "--gate-key-secret") == f"{NAMESPACE}/{FULLNAME}-gate-key"
+    key_role = one("defaults", "Role", f"{FULLNAME}-gate-key")
+    assert {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{FULLNAME}-gate-key"],
+            "verbs": ["get"]} in key_role["rules"]
+    assert not objects("defaults", "Secret")  # the webhook makes the key: every render stays identical
+    for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "Job"):
+        assert not objects("no-match-conditions", kind)
+    assert "--gate-key-secret" not in webhook_container("no-match-conditions")["args"]

@@ -201,6 +201,7 @@ def test_certs_refuses_a_service_name_that_is_not_a_dns_label(tmp_path, capsys):
     (["--kubeconfig", "kubeconfig", "--nodes", "nodes.yaml"], "give one or the other"),
     (["--kubeconfig", "missing.yaml"], "kubeconfig missing.yaml"),
     (["--kubeconfig", "kubeconfig", "--workers", "2"], "a second would book the same GPUs again"),
+    (["--metrics-secure"], "--metrics-secure has the cluster check each reader's token: it needs the live cluster"),
 ])
 def test_serve_refuses_bad_arguments_before_starting(capsys, tmp_path, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)

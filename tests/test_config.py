@@ -1,3 +1,5 @@
+import dataclasses
+import json
 import pathlib
 
 import pytest
@@ -5,7 +7,8 @@ import yaml
 
 from webhook.cli import main
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import PRESETS, Config, ConfigError, config_from_mapping, levels_from, load_config
+from webhook.core.config import (DEFAULT_PROFILES, PRESETS, Config, ConfigError, config_from_mapping, levels_from,
+                                  load_config)
 from webhook.kube.demo import make_node, make_pod
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
@@ -231,3 +234,100 @@ def test_the_live_view_chooses_the_levels_from_the_nodes_it_watches(fake, make_v
         assert view.wait_synced(10)
     assert view.index.preset == "aws" and view.index.config.levels == PRESETS["aws"]
     assert any("levels: auto chose the aws preset" in r.getMessage() for r in caplog.records)
+
+
+# ----- hardening: every key read, safe patterns, plain environment values, YAML 1.2 booleans -----
+
+HARDENED = [
+    ("levels_auto: 42\n", "unknown setting(s) levels_auto (levels_auto follows from levels: auto); allowed: "),
+    ("levels_auto: false\n", "unknown setting(s) levels_auto"),
+    ("profiles: [{name: x, match: '(a+)+$', nvlink_gbs: 1, pcie_gbs: 1, nic_gbs: 1, nics_per_node: 1}]\n",
+     "profiles[0].match: '(a+)+$' is not allowed (a repeat inside a repeat: searching it could take exponential "
+     "time); allowed: a regular expression of at most 256 characters with no backreference"),
+    ("profiles: [{name: x, match: 'H100', nvlink_gbs: 1, pcie_gbs: 1, nic_gbs: 1, nics_per_node: 1},\n"
+     "           {name: y, match: '(ab|a)*c', nvlink_gbs: 1, pcie_gbs: 1, nic_gbs: 1, nics_per_node: 1}]\n",
+     "profiles[1].match: '(ab|a)*c' is not allowed (an alternation inside a repeat"),
+    ('nccl_profiles: {leaf: {NCCL_CROSS_NIC: "1\\nLD_PRELOAD=/x.so"}}\n',
+     "nccl_profiles.leaf.NCCL_CROSS_NIC: '1\\nLD_PRELOAD=/x.so' is not allowed; allowed: a string or number without "
+     "control characters"),
+    ("pin_when_waiting: yes\n", "pin_when_waiting: 'yes' is not allowed; allowed: true, false (YAML 1.1's "
+     "yes/no/on/off are not booleans here)"),
+    ("refuse_unplaceable: Off\n", "refuse_unplaceable: 'Off' is not allowed; allowed: true, false (YAML 1.1's"),
+    ("gate_waits: NO\n", "gate_waits: 'NO' is not allowed; allowed: true, false (YAML 1.1's"),
+    ("pin_only_where_locality_pays: n\n", "pin_only_where_locality_pays: 'n' is not allowed; allowed: true, false "
+     "(YAML 1.1's"),
+]
+
+
+@pytest.mark.parametrize("text, fragment", HARDENED)
+@pytest.mark.parametrize("command", ["serve", "mutate"])
+def test_settings_the_file_never_meant_are_refused_with_one_line_naming_the_key(
+        tmp_path, capsys, monkeypatch, command, text, fragment):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    (tmp_path / "config.yaml").write_text(text)
+    (tmp_path / "job.yaml").write_text("{}")
+    # serve: a --bind it refuses right after the settings, so settings that pass never start a server
+    argv = {"serve": ["serve", "--bind", "no-port"],
+            "mutate": ["mutate", "-f", "job.yaml", "--nodes", str(FIXTURES / "demo-nodes.yaml")]}[command]
+    code = main([*argv, "--config", "config.yaml"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    message = json.loads(err)["message"] if command == "serve" else err  # serve logs JSON lines
+    assert fragment in message, err
+
+
+@pytest.mark.parametrize("pattern, problem", [
+    ("(a+)+$", "a repeat inside a repeat"),
+    ("(a*)*b", "a repeat inside a repeat"),
+    ("(a?){30}a{30}", "a repeat inside a repeat"),
+    ("(x+x+)+y", "a repeat inside a repeat"),
+    ("(?:H100.*)+", "a repeat inside a repeat"),
+    ("(a|aa)+$", "an alternation inside a repeat"),
+    (r"(H100)\1", "a backreference"),
+    (r"(?P<g>H)(?P=g)", "a backreference"),
+    ("(a)?(?(1)b|c)", "a backreference"),
+    ("a?" * 5 + "b", "5 repeats of variable length"),
+    ("H" * 257, "257 characters"),
+])
+def test_profile_patterns_that_can_backtrack_without_end_are_refused_and_the_defaults_pass(pattern, problem):
+    profile = {"name": "x", "nvlink_gbs": 1, "pcie_gbs": 1, "nic_gbs": 1, "nics_per_node": 1}
+    with pytest.raises(ConfigError) as refused:
+        config_from_mapping({"profiles": [{**profile, "match": "H100"}, {**profile, "match": pattern}]})
+    message = str(refused.value)
+    assert message.startswith("profiles[1].match: ") and f"is not allowed ({problem}:" in message, message
+    assert "; allowed: a regular expression of at most 256 characters" in message
+    # what a profile may well say passes: the built-in ones, alternatives as a class, fixed repeats
+    defaults = [dataclasses.asdict(p) for p in DEFAULT_PROFILES]
+    assert config_from_mapping({"profiles": defaults}).profiles[:-1] == DEFAULT_PROFILES
+    for fine in (r"^NVIDIA-(H100|H200)(-SXM\d)?-\d+GB", "(a|b)+", "(ab{2})+c", "GB[23]00|B[23]00", ""):
+        config_from_mapping({"profiles": [{**profile, "match": fine}]})
+
+
+def test_a_product_name_is_searched_as_far_as_a_label_value_goes():
+    assert Config().profile_for("-" * 63 + "H100").name == "generic-pcie"  # past 63 characters: never a label value
+    assert Config().profile_for("-" * 59 + "H100").name == "h100-sxm"
+
+
+@pytest.mark.parametrize("value", ["a\nb", "tab\there", "\x00", "del\x7f", "cr\r"])
+def test_nccl_values_with_control_characters_are_refused_naming_the_variable(value):
+    with pytest.raises(ConfigError, match=r"^nccl_profiles\.spine\.NCCL_SOCKET_IFNAME: .* is not allowed; allowed: "
+                                          r"a string or number without control characters"):
+        config_from_mapping({"nccl_profiles": {"spine": {"NCCL_SOCKET_IFNAME": value}}})
+
+
+def test_settings_yaml_has_only_true_and_false_as_booleans_and_every_reader_uses_it(tmp_path, caplog):
+    from webhook.cli import reread
+    from webhook.core.config import read_settings
+    assert read_settings("a: yes\nb: On\nc: off\nd: Y\ne: true\nf: FALSE\ng: True\n") == {
+        "a": "yes", "b": "On", "c": "off", "d": "Y", "e": True, "f": False, "g": True}
+    path = tmp_path / "c.yaml"
+    path.write_text("pin_when_waiting: false\n")
+    previous = load_config(str(path))
+    path.write_text("pin_when_waiting: on\n")  # a SIGHUP after this edit keeps the settings in use
+    with caplog.at_level("ERROR", logger="webhook.cli"):
+        assert reread(str(path), previous) is previous
+    assert "pin_when_waiting: 'on' is not allowed; allowed: true, false (YAML 1.1's" in caplog.text
+    path.write_text("pin_when_waiting: TRUE\n")
+    assert reread(str(path), previous).pin_when_waiting is True

@@ -308,6 +308,46 @@ def test_a_claim_template_not_known_at_admission_is_admitted_unchanged_with_a_wa
                                "placement (create the template before the workload)",)
 
 
+def with_count(template: dict, count: object, first_available: bool = False) -> dict:
+    """The template with its one request's count set to `count` (which the API may refuse)."""
+    request = template["spec"]["spec"]["devices"]["requests"][0]
+    (request["firstAvailable"][0] if first_available else request["exactly"])["count"] = count
+    return template
+
+
+@pytest.mark.parametrize("count", ["eight", "8", 0, -1, 2.5, True])
+def test_a_template_whose_count_is_not_a_whole_number_from_1_denies_its_workload_naming_the_field(dra_index, count):
+    dra_index.upsert(with_count(claim_template("t"), count))
+    result = review(review_of(gpu_claim_job(template="t")), dra_index, Config())
+    assert result.outcome == "denied" and not result.patch
+    assert result.review["response"]["status"]["message"] == (
+        f"Job ml/train: asks for devices through ResourceClaimTemplate ml/t, whose "
+        f"spec.spec.devices.requests[0].exactly.count {count!r} is not allowed; allowed: a whole number >= 1")
+
+
+def test_a_first_available_count_that_is_not_a_number_denies_naming_its_path(dra_index):
+    template = claim_template("t", firstAvailable=[{"name": "four", "deviceClassName": "gpu.nvidia.com", "count": 4}])
+    dra_index.upsert(with_count(template, "four", first_available=True))
+    result = review(review_of(gpu_claim_job(pods=2, template="t")), dra_index, Config())
+    assert result.outcome == "denied"
+    assert "ResourceClaimTemplate ml/t, whose spec.spec.devices.requests[0].firstAvailable[0].count 'four' is not " \
+        "allowed; allowed: a whole number >= 1" in result.review["response"]["status"]["message"]
+
+
+def test_mutate_denies_a_workload_whose_template_in_the_same_file_has_a_count_that_is_not_a_number(
+        tmp_path, capsys, dra_cluster):
+    nodes, claims = dra_cluster
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
+    template = with_count(claim_template(), "eight")
+    job = gpu_claim_job(placement_strategy="consolidated")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump_all([template, job]))
+    assert main(["mutate", "--nodes", str(tmp_path / "nodes.yaml"), "-f", str(tmp_path / "job.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "Error: Job ml/train denied: asks for devices through ResourceClaimTemplate ml/eight-gpus, whose "
+        "spec.spec.devices.requests[0].exactly.count 'eight' is not allowed; allowed: a whole number >= 1"], err
+
+
 @pytest.mark.parametrize("request_of, per_pod", [
     (dict(deviceClassName="gpu.nvidia.com", allocationMode="All"), 8),  # every GPU of one node
     (dict(deviceClassName="gpu.nvidia.com"), 1),  # count defaults to 1

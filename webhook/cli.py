@@ -6,6 +6,7 @@ Other modules add subcommands with one `register(subparsers)` call in `build_par
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -21,11 +22,13 @@ import yaml
 from . import __version__
 from .core.cluster import ClusterIndex, out_of_the_collectors_way
 from .core.config import DEFAULT_PORT, Config, ConfigError, load_config
-from .core.dra import DRA_KINDS, in_namespace
+from .core.dra import DRA_KINDS, RESOURCE_SLICE_MAX_DEVICES, in_namespace
 from .core.growth import is_growth_object
 from .discover import command as discover_command
-from .kube import certbootstrap, demo
+from .kube import certbootstrap, demo, ungate
+from .kube.access import cluster_access
 from .kube.claims import DEFAULT_BUDGET_SECONDS
+from .kube.gatekey import ensure_gate_key
 from .kube.clusterview import ApiFeed, own_namespace
 from .kube.kubeclient import api_client_from
 from .objects import admission
@@ -48,6 +51,38 @@ class UsageError(ValueError):
     """A bad flag value or input file: printed as one line, exit 2."""
 
 
+# What the input files may hold (docs/reference/cli.md#input-limits): larger files are refused before they
+# are parsed, and no object is larger than the apiserver would store.
+MiB = 1024 * 1024
+CLUSTER_FILE_MAX_BYTES = 64 * MiB  # --nodes, --pods: a cluster of thousands of nodes and their pods
+MANIFEST_FILE_MAX_BYTES = 16 * MiB  # each -f file (or stdin)
+OBJECT_MAX_BYTES = 3 * MiB  # the apiserver's request body limit: no object it holds is larger
+
+
+def within_api_limits(path: str, objects: list[dict]) -> list[dict]:
+    """The objects, refused (ManifestError naming the file and the object) where the apiserver
+    would refuse them: larger than its request limit as JSON, or a ResourceSlice with more devices
+    than resource.k8s.io/v1 allows (ResourceSliceMaxDevices)."""
+    source = "stdin" if path == "-" else path
+    for obj in objects:
+        meta = obj.get("metadata") or {}
+        namespace = f"{meta['namespace']}/" if meta.get("namespace") else ""
+        name = f"{obj['kind']} {namespace}{meta.get('name') or meta.get('generateName') or '?'}"
+        try:
+            text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str)
+        except (RecursionError, ValueError):
+            raise ManifestError(f"{source}: {name}: nested too deeply or recursive; no Kubernetes object is") from None
+        size = len(text) if len(text) > OBJECT_MAX_BYTES else len(text.encode("utf-8", "surrogatepass"))
+        if size > OBJECT_MAX_BYTES:
+            raise ManifestError(f"{source}: {name} is {size} bytes as JSON; allowed: at most {OBJECT_MAX_BYTES} "
+                                "bytes (3 MiB, the apiserver's request limit)")
+        devices = (obj.get("spec") or {}).get("devices") if obj["kind"] == "ResourceSlice" else None
+        if isinstance(devices, list) and len(devices) > RESOURCE_SLICE_MAX_DEVICES:
+            raise ManifestError(f"{source}: {name}: spec.devices: Too many: {len(devices)}: must have at most "
+                                f"{RESOURCE_SLICE_MAX_DEVICES} items")
+    return objects
+
+
 # ----- the cluster view ---------------------------------------------------------------------------
 
 def read_cluster(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
@@ -59,7 +94,8 @@ def read_cluster(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
             raise UsageError("--pods needs --nodes (without --nodes the built-in demo cluster is used)")
         return demo.demo_cluster()
     nodes = node_file(args.nodes)
-    pods = read_objects(args.pods, kind=("Pod", *DRA_KINDS)) if args.pods else []
+    pods = within_api_limits(args.pods, read_objects(args.pods, kind=("Pod", *DRA_KINDS),
+                                                     max_bytes=CLUSTER_FILE_MAX_BYTES)) if args.pods else []
     return nodes, pods
 
 
@@ -67,14 +103,14 @@ def node_file(path: str) -> list[dict]:
     """Node objects, with the autoscaler objects that say how the cluster can grow among them, as
     `kubectl get nodes,nodepools -o yaml` prints them (plus cluster-autoscaler's status ConfigMap),
     and any of the DRA kinds (core/dra.py), as `kubectl get nodes,resourceslices,deviceclasses`."""
-    objects = read_objects(path)
+    objects = read_objects(path, max_bytes=CLUSTER_FILE_MAX_BYTES)
     for obj in objects:
         if obj["kind"] != "Node" and obj["kind"] not in DRA_KINDS and not is_growth_object(obj):
             raise ManifestError(f"{path}: {obj['kind']} {(obj.get('metadata') or {}).get('name', '?')} found; this "
                                 "file may only hold Node objects, Karpenter NodePools, the ConfigMap "
                                 "kube-system/cluster-autoscaler-status and DRA objects (ResourceSlices, "
                                 "DeviceClasses...)")
-    return objects
+    return within_api_limits(path, objects)
 
 
 def say_levels(index: ClusterIndex, warn: Callable[[str], None], level: int = logging.INFO) -> None:
@@ -205,6 +241,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     live = live_source(args)
     if args.claims_namespace and not live:
         raise UsageError("--claims-namespace shares holds through the API: it needs the live cluster view")
+    if args.metrics_secure and not live:
+        raise UsageError("--metrics-secure has the cluster check each reader's token: it needs the live cluster "
+                         "view (on files or the demo cluster the metrics port is local, plain HTTP and open)")
+    # Against a cluster the metrics port is HTTPS and every reader authenticated and authorized, unless told not.
+    secure_metrics = live if args.metrics_secure is None else args.metrics_secure
     # In a pod, replicas share claims in their own namespace unless told otherwise ('' turns it off).
     claims_namespace = own_namespace() if args.claims_namespace is None and live and not args.kubeconfig \
         else args.claims_namespace
@@ -212,11 +253,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--claims-budget {args.claims_budget} must be a positive number of seconds")
     if live:
         api_client_from(args.kubeconfig)  # a bad kubeconfig stops start-up here, in one line
+    if args.gate_key_secret:
+        if not live:
+            raise UsageError("--gate-key-secret reads the key through the API: it needs the live cluster view")
+        namespace, _, name = args.gate_key_secret.partition("/")
+        if not (namespace and name):
+            raise UsageError(f"--gate-key-secret {args.gate_key_secret!r}: expected NAMESPACE/NAME")
+        config = dataclasses.replace(config, seal_key=ensure_gate_key(api_client_from(args.kubeconfig), namespace,
+                                                                       name))
     cluster = ([], []) if live else read_cluster(args)
     cert, key = serving_certs(args, target)
     def reload_settings() -> None:  # SIGHUP: workers forked from now on take the file as it is now
         nonlocal config
-        config = reread(args.config, config)
+        config = dataclasses.replace(reread(args.config, config), seal_key=config.seal_key)
 
     options = ServeOptions(bind=args.bind, cert=cert, key=key, client_ca=args.client_ca,
                            max_body_bytes=config.max_body_bytes, multiprocess_dir=metrics_dir(),
@@ -239,7 +288,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             say_levels(index, log.warning)
         app = create_app(config, index, readiness, metrics, decisions)
         start_metrics_server(metrics_listener, metrics.registry, app,
-                             None if decisions is None else page_app(index, decisions))
+                             None if decisions is None else page_app(index, decisions),
+                             tls=certs.ReloadingContext(cert, key).current if secure_metrics else None,
+                             access=cluster_access(api_client_from(args.kubeconfig), metrics.access_failed)
+                             if secure_metrics else None)
         if target is not None:  # the worker keeps the certificate and the caBundle current while it serves
             certbootstrap.keep_current(api_client_from(args.kubeconfig), target, cert, key)
         return app
@@ -247,9 +299,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = WebhookServer(build_app, options)  # loads the certificate: a bad one stops us here
     source = (f"the cluster of {args.kubeconfig}" if args.kubeconfig else "this cluster (in-cluster config)") \
         if live else args.nodes or "the built-in demo cluster"
-    page = "" if args.no_topology_page else f", the topology page on http://{args.metrics_bind}/topology"
-    log.info("serving https://%s/mutate with %s; metrics on http://%s/metrics%s%s", args.bind, source,
-             args.metrics_bind, page, "; client certificates required" if args.client_ca else "")
+    scheme = "https" if secure_metrics else "http"
+    page = "" if args.no_topology_page else f", the topology page on {scheme}://{args.metrics_bind}/topology"
+    log.info("serving https://%s/mutate with %s; metrics on %s://%s/metrics%s%s%s", args.bind, source, scheme,
+             args.metrics_bind, page, " (bearer tokens checked by the cluster)" if secure_metrics else "",
+             "; client certificates required" if args.client_ca else "")
     server.run()
     return 0
 
@@ -292,11 +346,14 @@ def manifest_paths(paths: Sequence[str]) -> list[str]:
 
 def cmd_mutate(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    index, _ = file_index(config, read_cluster(args))
-    say_levels(index, lambda warning: print(f"Warning: {warning}", file=sys.stderr), logging.DEBUG)
-    objects = [obj for path in manifest_paths(args.filename) for obj in read_objects(path)]
+    cluster = read_cluster(args)
+    # every input read and checked before anything is built or said: bad input is one line, exit 2
+    objects = [obj for path in manifest_paths(args.filename)
+               for obj in within_api_limits(path, read_objects(path, max_bytes=MANIFEST_FILE_MAX_BYTES))]
     if not objects:
         raise UsageError(f"no objects passed to mutate: {', '.join(args.filename)} hold(s) no Kubernetes object")
+    index, _ = file_index(config, cluster)
+    say_levels(index, lambda warning: print(f"Warning: {warning}", file=sys.stderr), logging.DEBUG)
     mutated, patches, denied = [], [], 0
     decisions = RecentDecisions()
     for position, obj in enumerate(objects):
@@ -393,12 +450,23 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"worker processes: only 1 is allowed, with {THREADS_PER_WORKER} threads (its cluster "
                             "view and reservations are in that process; a second would book the same GPUs again)")
     serve.add_argument("--metrics-bind", metavar="HOST:PORT", default=DEFAULT_METRICS_BIND,
-                       help="plain-HTTP listen address of /metrics (default: %(default)s)")
+                       help="listen address of /metrics and the topology page (default: %(default)s)")
+    serve.add_argument("--metrics-secure", action=argparse.BooleanOptionalAction, default=None,
+                       help="serve the metrics port over HTTPS (the serving certificate) and answer only bearer "
+                            "tokens the cluster authenticates and authorizes: get on /metrics; the topology page "
+                            "shows a reader the workloads of the namespaces where they may list pods, or all "
+                            "with get on /topology (/healthz and /readyz stay open). Default: on when watching "
+                            "a cluster; --no-metrics-secure: plain HTTP, open to whoever reaches the port")
     serve.add_argument("--no-topology-page", action="store_true",
                        help="do not serve /topology and /topology.json on the metrics port (they name "
-                            "namespaces, workloads and nodes to whoever reaches that port)")
+                            "namespaces, workloads and nodes: to each reader those they may see with "
+                            "--metrics-secure, to whoever reaches the port without)")
     serve.add_argument("--client-ca", metavar="FILE",
                        help="require client certificates signed by this CA (mutual TLS with the apiserver)")
+    serve.add_argument("--gate-key-secret", metavar="NAMESPACE/NAME",
+                       help="the Secret holding the key that seals what a gated wait is released from, shared by "
+                            "every replica (made with a random key if it does not exist); without it, a key of "
+                            "this process")
     serve.add_argument("--claims-namespace", metavar="NS",
                        help="share pending holds with the other replicas through a Lease in NS, so two replicas "
                             "never place on the same free GPUs; live view only (default: inside a pod, its own "
@@ -411,7 +479,12 @@ def build_parser() -> argparse.ArgumentParser:
     mutate = subparsers.add_parser(
         "mutate", help="dry-run the webhook on manifest files (for CI)",
         description="Place and mutate the workloads in the files, in order (each sees the reservations of the "
-                    "ones before). Exit 0 when all are admitted, 1 when any is denied, 2 on bad input.")
+                    "ones before). Exit 0 when all are admitted, 1 when any is denied, 2 on bad input. Refused as "
+                    f"bad input: a --nodes/--pods file over {CLUSTER_FILE_MAX_BYTES // MiB} MiB, a -f file over "
+                    f"{MANIFEST_FILE_MAX_BYTES // MiB} MiB, an object over the apiserver's {OBJECT_MAX_BYTES // MiB} "
+                    f"MiB, what else the apiserver would refuse for its size (a ResourceSlice of over "
+                    f"{RESOURCE_SLICE_MAX_DEVICES} devices), "
+                    "and YAML whose aliases expand without end.")
     mutate.add_argument("-f", "--filename", metavar="FILE", action="append", required=True,
                         help="YAML or JSON manifests, a directory of them, '-' for stdin; repeatable")
     mutate.add_argument("--nodes", metavar="FILE", required=True,
@@ -438,6 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     certs_cmd.add_argument("--force", action="store_true", help="replace a CA already in DIR")
     certs_cmd.set_defaults(func=cmd_certs)
     discover_command.register(subparsers)
+    ungate.register(subparsers)
     parser.add_argument("--log-level", choices=logs.LEVELS, default="info", help="(default: %(default)s)")
     parser.add_argument("--log-format", choices=logs.FORMATS,
                         help="log lines as JSON objects or text (default: json for serve, text otherwise)")

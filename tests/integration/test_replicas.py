@@ -34,7 +34,9 @@ def replicas(fake, tmp_path):
     def start(name: str, *flags: str) -> RunningServer:
         workdir = tmp_path / name
         workdir.mkdir(exist_ok=True)
-        running[name] = start_server(workdir, "--kubeconfig", kubeconfig, "--claims-namespace", NAMESPACE, *flags)
+        # --no-metrics-secure: `metric()` scrapes plain HTTP, as a cluster that fronts the port itself would.
+        running[name] = start_server(workdir, "--kubeconfig", kubeconfig, "--claims-namespace", NAMESPACE,
+                                     "--no-metrics-secure", *flags)
         client = running[name].client()
         eventually(lambda: client.get("/readyz").status_code == 200, timeout=30, what=f"replica {name} ready")
         return running[name]

@@ -135,3 +135,59 @@ def test_every_log_line_under_load_is_a_json_object_with_time_and_level(server):
     names = [json.loads(line).get("name") for line in lines]
     assert hostile["metadata"]["name"] in names  # escaped inside its line, not a line of its own
     assert len(lines) < 200  # the deep object wrote a bounded number of lines
+
+
+# ----- the metrics port --------------------------------------------------------------------------
+
+SILENT_ON_METRICS = 256
+
+
+@pytest.fixture
+def many_files():
+    """Room for the held connections' both ends in this one process."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 4 * SILENT_ON_METRICS + 256
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {wanted}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_metrics_answer_within_a_second_while_hundreds_of_silent_connections_are_held(many_files, tmp_path, tls):
+    from webhook.serving import certs
+    from webhook.serving.certs import ReloadingContext
+    from webhook.serving.metrics import Metrics
+    from webhook.serving.server import METRICS_REQUEST_SECONDS, start_metrics_server
+
+    def webhook_app(_environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok\n"]
+
+    paths = certs.write_certs(str(tmp_path / "tls"), "topology-webhook", "default")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1024)
+    port = listener.getsockname()[1]
+    server = start_metrics_server(listener, Metrics.create().registry, webhook_app,
+                                  tls=ReloadingContext(paths.cert, paths.key).current if tls else None)
+    url = f"{'https' if tls else 'http'}://localhost:{port}/metrics"
+    silent = []
+    try:
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(SILENT_ON_METRICS)]
+        time.sleep(0.2)  # all accepted and waiting for a request that never comes
+        started = time.monotonic()
+        response = requests.get(url, verify=paths.ca, timeout=10)
+        took = time.monotonic() - started
+        assert response.status_code == 200 and "topology_webhook_build_info" in response.text
+        assert took < 1.0, f"/metrics took {took:.2f} s beside {SILENT_ON_METRICS} silent connections"
+        silent[0].settimeout(METRICS_REQUEST_SECONDS + 5)
+        assert silent[0].recv(1) == b""  # closed unanswered about a second after it was accepted
+    finally:
+        for conn in silent:
+            conn.close()
+        server.stop()
+        listener.close()

@@ -7,10 +7,12 @@ function that opens a file.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import IO, Any, Iterable, Mapping
 
 import yaml
 
@@ -161,15 +163,24 @@ class Config:
     max_body_bytes: int = 3 * 1024 * 1024  # the apiserver's own request limit
     stale_after_seconds: float = 120.0
     # The key that seals what a gated wait is released from (injection.seal_gate): not a setting of
-    # the file, but `serve --gate-key-file` (the chart's Secret), shared by every replica. Without
+    # the file, but `serve --gate-key-secret` (a Secret every replica reads). Without
     # one, a key of this process: enough for one process (the demo, `mutate`, tests).
     seal_key: bytes = field(default=PROCESS_SEAL_KEY, repr=False, compare=False)
 
     def profile_for(self, product: str) -> HardwareProfile:
-        for profile in self.profiles:
-            if re.search(profile.match, product or ""):
-                return profile
-        return self.profiles[-1]
+        return _profile_for(tuple(self.profiles), (product or "")[:LABEL_VALUE_MAX])
+
+
+LABEL_VALUE_MAX = 63  # a label value's length limit: the API never holds a longer product name
+
+
+@functools.lru_cache(maxsize=1024)
+def _profile_for(profiles: tuple[HardwareProfile, ...], product: str) -> HardwareProfile:
+    """The first profile whose pattern is found in `product`: once per product name, not per node."""
+    for profile in profiles:
+        if re.search(profile.match, product):
+            return profile
+    return profiles[-1]
 
 
 # Labels that only one preset's clusters carry, most specific first: a cluster labelled for
@@ -262,6 +273,7 @@ _PROFILE_NUMBERS: Mapping[str, tuple[type, float, float]] = {
     "nics_per_node": (int, 1, 64), "nvlink_domain_size": (int, 0, 1024),
 }
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # As Kubernetes validates them (apimachinery's validation): a DNS-1123 subdomain (scheduler names,
 # a label key's prefix) and a qualified name (a label key: an optional prefix, then `/` and a name).
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -321,9 +333,76 @@ def _scheduler_name(key: str, value: Any) -> str:
     return value
 
 
+_YAML11_BOOLEANS = frozenset(("yes", "no", "on", "off", "y", "n"))
+
+
 def _flag(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(f"{key}: {_show(value)} is not allowed; allowed: true, false")
+        hint = (" (YAML 1.1's yes/no/on/off are not booleans here)"
+                if isinstance(value, str) and value.strip().lower() in _YAML11_BOOLEANS else "")
+        raise ConfigError(f"{key}: {_show(value)} is not allowed; allowed: true, false{hint}")
+    return value
+
+
+# Profile patterns are searched in every node's product name with Python's backtracking engine, so
+# a pattern that can backtrack exponentially ((a+)+$) would stall every admission: patterns are
+# parsed once at load and refused unless their worst case stays polynomial and small.
+PATTERN_MAX_CHARS = 256
+PATTERN_MAX_VARIABLE_REPEATS = 4
+PATTERN_RULE = (f"a regular expression of at most {PATTERN_MAX_CHARS} characters with no backreference, no "
+                "repeat or alternation (|) inside a repeat that matches more than once (as in (a+)+, (a?){9} or "
+                f"(ab|a)*), and at most {PATTERN_MAX_VARIABLE_REPEATS} repeats of variable length (*, +, ?, {{n,m}})")
+try:  # the parser `re` compiles with: re._parser since Python 3.11, sre_parse before
+    _sre_parser: Any = importlib.import_module("re._parser")
+except ImportError:  # pragma: no cover - Python 3.10
+    _sre_parser = importlib.import_module("sre_parse")
+_REPEATS = ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
+
+
+def _pattern_problem(pattern: str) -> str | None:
+    """Why `pattern` could backtrack catastrophically, or None: walks the parsed pattern."""
+    if len(pattern) > PATTERN_MAX_CHARS:
+        return f"{len(pattern)} characters"
+    variable = 0
+    # (parsed items, whether they sit inside a repeat that matches more than once)
+    stack: list[tuple[Any, bool]] = [(_sre_parser.parse(pattern), False)]
+    while stack:
+        items, repeated = stack.pop()
+        for op, arg in items:
+            name = getattr(op, "name", str(op))
+            if name in ("GROUPREF", "GROUPREF_EXISTS"):
+                return "a backreference"
+            if name in _REPEATS:
+                least, most, body = arg
+                if least != most:
+                    variable += 1
+                    if repeated:
+                        return "a repeat inside a repeat"
+                stack.append((body, repeated or most > 1))
+            elif name == "BRANCH":
+                if repeated:
+                    return "an alternation inside a repeat"
+                stack.extend((branch, repeated) for branch in arg[1])
+            elif name == "SUBPATTERN":
+                stack.append((arg[-1], repeated))
+            elif name in ("ASSERT", "ASSERT_NOT"):
+                stack.append((arg[1], repeated))
+            elif name == "ATOMIC_GROUP":
+                stack.append((arg, repeated))
+    if variable > PATTERN_MAX_VARIABLE_REPEATS:
+        return f"{variable} repeats of variable length"
+    return None
+
+
+def _pattern(key: str, value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as err:
+        raise ConfigError(f"{key}: {_show(value)} is not a regular expression ({err})") from None
+    problem = _pattern_problem(value)
+    if problem:
+        raise ConfigError(f"{key}: {_show(value)} is not allowed ({problem}: searching it could take exponential "
+                          f"time); allowed: {PATTERN_RULE}")
     return value
 
 
@@ -335,11 +414,8 @@ def _profile(where: str, entry: Any) -> HardwareProfile:
     if missing:
         raise ConfigError(f"{where}: missing {', '.join(missing)}")
     values: dict[str, Any] = {"name": _text(f"{where}.name", entry["name"])}
-    values["match"] = entry["match"] if isinstance(entry["match"], str) else _text(f"{where}.match", entry["match"])
-    try:
-        re.compile(values["match"])
-    except re.error as err:
-        raise ConfigError(f"{where}.match: {_show(values['match'])} is not a regular expression ({err})") from None
+    match = entry["match"] if isinstance(entry["match"], str) else _text(f"{where}.match", entry["match"])
+    values["match"] = _pattern(f"{where}.match", match)
     for key, bounds in _PROFILE_NUMBERS.items():
         if key in entry:
             values[key] = _number(f"{where}.{key}", entry[key], *bounds)
@@ -360,18 +436,29 @@ def _nccl_profiles(value: Any) -> Mapping[str, Mapping[str, str]]:
                 raise ConfigError(f"{where}: {_show(name)} is not an environment variable name")
             if isinstance(setting, bool) or not isinstance(setting, (str, int, float)):
                 raise ConfigError(f"{where}.{name}: {_show(setting)} is not allowed; allowed: a string or number")
+            if _CONTROL.search(str(setting)):
+                raise ConfigError(f"{where}.{name}: {_show(setting)} is not allowed; allowed: a string or number "
+                                  "without control characters (newline, tab, any other character below U+0020, or "
+                                  "U+007F)")
         merged[link] = {name: str(setting) for name, setting in variables.items()}
     return merged
+
+
+_FLAGS = ("pin_when_waiting", "pin_only_where_locality_pays", "gate_waits", "refuse_unplaceable")
+# The keys a settings file may hold, each read below. Not every Config field is one: `levels_auto`
+# follows from `levels: auto`.
+FILE_KEYS = frozenset((*_SCALARS, *_FLAGS, "levels", "profiles", "nccl_profiles", "scheduler_names",
+                       "default_scheduler", "provisioning_request_class"))
 
 
 def config_from_mapping(data: Mapping[str, Any]) -> Config:
     """A Config from parsed YAML, every setting checked for its type and bounds; unknown keys are
     errors so typos do not pass silently. Raises ConfigError naming the key, the value and what is
     allowed: a bad file stops start-up instead of failing every admission later."""
-    known = {f.name for f in dataclasses.fields(Config)}
-    unknown = sorted(str(k) for k in set(data) - known)
+    unknown = sorted(str(k) for k in data if k not in FILE_KEYS)
     if unknown:
-        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+        hint = " (levels_auto follows from levels: auto)" if "levels_auto" in unknown else ""
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}{hint}; allowed: {', '.join(sorted(FILE_KEYS))}")
     values: dict[str, Any] = {}
     for key, value in data.items():
         if key in _SCALARS:
@@ -398,9 +485,29 @@ def config_from_mapping(data: Mapping[str, Any]) -> Config:
                 raise ConfigError(f"{key}: {_show(value)} is not allowed; allowed: an empty string (none), "
                                   + ", ".join(PROVISIONING_CLASSES))
             values[key] = value
-        elif key in ("pin_when_waiting", "pin_only_where_locality_pays", "gate_waits", "refuse_unplaceable"):
+        elif key in _FLAGS:
             values[key] = _flag(key, value)
+        else:  # pragma: no cover - every key of FILE_KEYS has its branch above
+            raise AssertionError(f"setting {key} is accepted but not read")
     return Config(**values)
+
+
+class SettingsLoader(yaml.SafeLoader):
+    """YAML as PyYAML's safe loader reads it, but with YAML 1.2's booleans: only true and false (any
+    case). YAML 1.1's yes/no/on/off/y/n stay strings, which a boolean setting refuses with a hint,
+    instead of `on` quietly reading as true."""
+
+    yaml_implicit_resolvers = {first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+                               for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+
+SettingsLoader.add_implicit_resolver("tag:yaml.org,2002:bool",
+                                     re.compile(r"^(?:[Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])$"), list("tTfF"))
+
+
+def read_settings(stream: str | IO[str]) -> Any:
+    """The YAML of a settings file, read by SettingsLoader: every reader of settings goes through here."""
+    return yaml.load(stream, Loader=SettingsLoader)  # a SafeLoader: builds plain data only
 
 
 def load_config(path: str | None) -> Config:
@@ -408,7 +515,7 @@ def load_config(path: str | None) -> Config:
         return Config()
     try:
         with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle) or {}
+            data = read_settings(handle) or {}
     except OSError as err:
         raise ConfigError(f"config file {path}: {err.strerror}") from None
     except UnicodeDecodeError:

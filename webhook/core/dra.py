@@ -52,6 +52,7 @@ CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"  # a ComputeDomain's
 COMPUTE_DOMAIN_LABEL = "resource.nvidia.com/computeDomain"  # on the channel template its controller makes
 CLIQUE_LABEL = "nvidia.com/gpu.clique"  # the NVLink domain of a node (GPU Feature Discovery)
 CLUSTER_SCOPED = ("ResourceSlice", "DeviceClass")
+RESOURCE_SLICE_MAX_DEVICES = 128  # ResourceSliceMaxDevices of resource.k8s.io/v1: more, and the API refuses the slice
 _GPU_TYPE = re.compile(r"""\.type\s*==\s*['"]gpu['"]""")
 _MIG_SUFFIX = re.compile(r"-mig-.*$")
 _NUMBER = re.compile(r"(\d+)")
@@ -141,6 +142,8 @@ class DeviceRequest:
     count: int
     whole_node: bool = False
     admin: bool = False  # adminAccess: watches devices, takes none
+    # A count the API would refuse (not a whole number >= 1): "devices.requests[0].exactly.count 'eight'"
+    bad_count: str | None = None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -152,14 +155,22 @@ def _shared(requests: tuple[DeviceRequest, ...]) -> tuple[DeviceRequest, ...]:
 def parse_requests(claim_spec: Mapping) -> tuple[DeviceRequest, ...]:
     """The requests of a ResourceClaimSpec (`spec` of a claim, `spec.spec` of a template)."""
     out = []
-    for request in _list(_mapping(claim_spec.get("devices")).get("requests")):
+    for i, request in enumerate(_list(_mapping(claim_spec.get("devices")).get("requests"))):
         request = _mapping(request)
-        choice = _mapping(request.get("exactly")) or _mapping(next(iter(_list(request.get("firstAvailable"))), None))
+        choice, where = _mapping(request.get("exactly")), f"devices.requests[{i}].exactly"
+        if not choice:
+            choice, where = _mapping(next(iter(_list(request.get("firstAvailable"))), None)), \
+                f"devices.requests[{i}].firstAvailable[0]"
         if not choice.get("deviceClassName"):
             continue
         whole = choice.get("allocationMode") == "All"
-        out.append(DeviceRequest(str(choice["deviceClassName"]), 0 if whole else max(0, _int(choice.get("count"), 1)),
-                                 whole, choice.get("adminAccess") is True))
+        count = choice.get("count")
+        bad = None
+        if not whole and count is not None and not (_int(count, 0) >= 1):
+            text = repr(count)
+            bad = f"{where}.count {text if len(text) <= 40 else text[:37] + '...'}"
+        out.append(DeviceRequest(str(choice["deviceClassName"]), 0 if whole else max(0, _int(count, 1)),
+                                 whole, choice.get("adminAccess") is True, bad))
     return _shared(tuple(out))
 
 
@@ -427,6 +438,13 @@ class ClaimDemand:
     pinned: tuple[str, ...] = ()  # nodes of named claims already allocated (their pods go there)
     unknown: tuple[str, ...] = ()  # "ResourceClaimTemplate ml/x": not known, so its GPUs are not
     channel: str | None = None  # the ComputeDomain channel template (namespace/name) its pods share
+    # "ResourceClaimTemplate ml/x, whose spec.spec.devices.requests[0].exactly.count 'eight'": a
+    # request the API would refuse, so how many devices it asks for is not a number to place
+    bad_counts: tuple[str, ...] = ()
+
+
+def _bad_counts(what: str, prefix: str, requests: Iterable[DeviceRequest]) -> list[str]:
+    return [f"{what}, whose {prefix}{r.bad_count}" for r in requests if r.bad_count is not None]
 
 
 def _gpus(requests: Iterable[DeviceRequest], inventory: DraInventory) -> tuple[int, bool]:
@@ -440,6 +458,7 @@ def claims_demand(namespace: str, pod_spec: Mapping, inventory: DraInventory) ->
     its GPUs are shared by the group's pods; once the PodGroup names the claim made for it, that
     claim is read as a named one."""
     per_pod, whole, shared, group_shared, pinned, unknown, channel = 0, False, [], [], [], [], None
+    bad: list[str] = []
     group_name = pod_group_of(pod_spec)
     group = inventory.pod_groups.get(f"{namespace}/{group_name}", _NO_GROUP) if group_name else _NO_GROUP
     for entry in map(_mapping, _list(pod_spec.get("resourceClaims"))):
@@ -455,6 +474,7 @@ def claims_demand(namespace: str, pod_spec: Mapping, inventory: DraInventory) ->
                 unknown.append(f"ResourceClaimTemplate {key}")
                 continue
             channel = key if facts.channel else channel
+            bad += _bad_counts(f"ResourceClaimTemplate {key}", "spec.spec.", facts.requests)
             gpus, all_of_node = _gpus(facts.requests, inventory)
             if not of_group:
                 per_pod += gpus
@@ -467,6 +487,7 @@ def claims_demand(namespace: str, pod_spec: Mapping, inventory: DraInventory) ->
             if claim_facts is None:
                 unknown.append(f"ResourceClaim {key}")
                 continue
+            bad += _bad_counts(f"ResourceClaim {key}", "spec.", claim_facts.requests)
             gpus, all_of_node = _gpus(claim_facts.requests, inventory)
             if claim_facts.node is not None:
                 if gpus or all_of_node:
@@ -475,4 +496,4 @@ def claims_demand(namespace: str, pod_spec: Mapping, inventory: DraInventory) ->
                 shared.append((key, gpus))
                 whole = whole or all_of_node
     return ClaimDemand(per_pod, whole, tuple(shared), tuple(group_shared), tuple(dict.fromkeys(pinned)),
-                       tuple(unknown), channel)
+                       tuple(unknown), channel, tuple(bad))

@@ -23,13 +23,12 @@ its single zone, placement group, reservation, or any topology label a compact p
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import yaml
 
-from .config import HOSTNAME_LABEL, Config
+from .config import HOSTNAME_LABEL, LABEL_VALUE_MAX, Config
 from .filters import tolerates
 from .gpus import quantity_to_int
 from .model import GPU_RESOURCE, PlacementRequest
@@ -68,6 +67,7 @@ GPU_COUNT_LABELS = ("karpenter.k8s.aws/instance-gpu-count", "eks.amazonaws.com/i
 INSTANCE_GPUS = {"p4d.24xlarge": 8, "p4de.24xlarge": 8, "p5.48xlarge": 8, "p5e.48xlarge": 8, "p5en.48xlarge": 8,
                  "p6-b200.48xlarge": 8, "g6e.48xlarge": 8, "g5.48xlarge": 8}
 _INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: a large status reads in a moment
 
 
 @dataclass(frozen=True)
@@ -238,7 +238,10 @@ class GrowthState:
         cloud group's name holds (the longest, when several do); groups of one pool add up."""
         room: dict[tuple[str, str], int] = {}
         for group, headroom in node_groups(status):
-            candidates = [m for m in self.members if m[0] in GROUP_LABELS and _names_pool(group, m[1])]
+            # the pools whose names the group's name holds, looked up by its parts: linear in the
+            # status, where matching every group against every pool would be quadratic
+            candidates = [(label, name) for name in _dash_runs(group) for label in GROUP_LABELS
+                          if (label, name) in self.members]
             if candidates:
                 member = max(candidates, key=lambda m: (len(m[1]), m))
                 room[member] = room.get(member, 0) + headroom
@@ -246,18 +249,27 @@ class GrowthState:
                 for member, headroom in sorted(room.items()) if headroom > 0 and self.members.get(member)]
 
 
-def _names_pool(group: str, pool: str) -> bool:
-    """Whether a cloud group's name holds the pool's name as a whole dash-separated part
-    (gke-<cluster>-<pool>-<hash>-grp, eks-<pool>-<uuid>, aks-<pool>-<n>-vmss)."""
-    return re.search(rf"(^|-){re.escape(pool)}(-|$)", group) is not None
+def _dash_runs(group: str) -> Iterable[str]:
+    """The pool names a cloud group's name may hold as a whole dash-separated part
+    (gke-<cluster>-<pool>-<hash>-grp, eks-<pool>-<uuid>, aks-<pool>-<n>-vmss): every run of its
+    parts that a label value can be (at most 63 characters), so at most 32 runs per part."""
+    parts = group.split("-")
+    for start in range(len(parts)):
+        run = parts[start]
+        for end in range(start + 1, len(parts) + 1):
+            if len(run) > LABEL_VALUE_MAX:
+                break
+            yield run
+            if end < len(parts):
+                run = f"{run}-{parts[end]}"
 
 
 def node_groups(status: Mapping) -> list[tuple[str, int]]:
     """(group name, nodes it may still add) for each healthy node group not backing off, from
     the status ConfigMap. The free-text status of cluster-autoscaler before 1.30 yields none."""
     try:
-        parsed = yaml.safe_load(str((status.get("data") or {}).get("status") or ""))
-    except yaml.YAMLError:
+        parsed = yaml.load(str((status.get("data") or {}).get("status") or ""), Loader=_YAML_LOADER)
+    except (yaml.YAMLError, RecursionError):
         return []
     groups = parsed.get("nodeGroups") if isinstance(parsed, dict) else None
     out = []
@@ -271,7 +283,9 @@ def node_groups(status: Mapping) -> list[tuple[str, int]]:
             headroom = int(health["maxSize"]) - int(health.get("cloudProviderTarget", 0))
         except (KeyError, TypeError, ValueError):
             continue
-        out.append((str(group.get("name") or ""), headroom))
+        name = group.get("name") or ""
+        if isinstance(name, (str, int, float)):  # never str() of a structure: aliases could make it endless
+            out.append((str(name), headroom))
     return out
 
 

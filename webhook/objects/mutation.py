@@ -80,6 +80,18 @@ def released(pod: Mapping, decision: Decision) -> dict:
     return _rewrite(pod, "Pod", desired, lambda _: outputs, None)
 
 
+def ungated(pod: Mapping) -> dict:
+    """A gated pod let go with no placement (`topology-webhook ungate`, at uninstall): our gate
+    lifted (only where the record says we added it), the wait's annotations dropped, so that
+    kube-scheduler places it as it would without us."""
+    def desired(_: str, meta: dict, spec: dict, previous: Injection) -> Injection:
+        return dataclasses.replace(previous, gated=False)
+
+    outputs = {PLACEMENT: "released from its scheduling gate without placement (topology-webhook ungate)",
+               WAITING_FOR: None, GATED_REQUEST: None, GATE_SEAL: None}
+    return _rewrite(pod, "Pod", desired, lambda _: outputs, None)
+
+
 def carry_over(old: Mapping, new: Mapping, kind: str, config: Config) -> dict:
     """`new` (an UPDATE) with the placement recorded on `old` put back: an update keeps the
     placement made at creation instead of dropping it (server-side apply removes fields the

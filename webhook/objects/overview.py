@@ -85,16 +85,20 @@ class RecentDecisions:
 @dataclass(frozen=True)
 class Selection:
     """What the reader asked to see: a namespace (exact), a workload (part of its name, any
-    case), and a domain whose nodes to draw however large the cluster is."""
+    case), and a domain whose nodes to draw however large the cluster is; and the namespaces the
+    reader may see workloads of (None: every one). Workloads and holds of any other namespace are
+    neither listed, counted nor outlined: the tree's numbers (capacity) are the same for everyone."""
 
     namespace: str = ""
     workload: str = ""
     focus: str = ""
+    namespaces: frozenset[str] | None = None
 
     @classmethod
-    def of(cls, namespace: str = "", workload: str = "", focus: str = "") -> "Selection":
+    def of(cls, namespace: str = "", workload: str = "", focus: str = "",
+           namespaces: frozenset[str] | None = None) -> "Selection":
         return cls(namespace.strip()[:FILTER_MAX_CHARS], workload.strip()[:FILTER_MAX_CHARS],
-                   focus.strip()[:FILTER_MAX_CHARS])
+                   focus.strip()[:FILTER_MAX_CHARS], namespaces)
 
     @property
     def filtering(self) -> bool:
@@ -102,6 +106,7 @@ class Selection:
 
     def matches(self, namespace: str, name: str) -> bool:
         return ((not self.namespace or namespace == self.namespace)
+                and (self.namespaces is None or namespace in self.namespaces)
                 and self.workload.lower() in name.lower())
 
 
@@ -272,6 +277,15 @@ def latest_per_workload(decisions: Iterable[RecordedDecision], selection: Select
     return sorted(latest.values(), key=lambda entry: -entry.at)
 
 
+def namespaces_present(index: ClusterIndex, decisions: Iterable[RecordedDecision]) -> set[str]:
+    """The namespaces of the recorded decisions and of the index's holds: those a page could list."""
+    present = {entry.namespace for entry in decisions}
+    with index.lock:
+        present.update(split_key(key)[0] for key in index.ledger.holds)
+        present.update(split_key(key)[0] for key, _, _ in index.ledger.pod_holds.values())
+    return present
+
+
 def snapshot(index: ClusterIndex, decisions: Sequence[RecordedDecision], now: float,
              selection: Selection = Selection()) -> dict:
     """The page's data (docs/topology-page.md has the schema). `now`: wall-clock seconds, for
@@ -299,6 +313,7 @@ def snapshot(index: ClusterIndex, decisions: Sequence[RecordedDecision], now: fl
         "nodes_drawn": reader.draw_all,
         "node_detail_limit": NODE_DETAIL_LIMIT,
         "selection": {"namespace": selection.namespace, "workload": selection.workload, "focus": selection.focus},
+        "namespaces_shown": None if selection.namespaces is None else sorted(selection.namespaces),
         "tree": tree,
         "workloads": [{"namespace": e.namespace, "kind": e.kind, "name": e.name, "outcome": e.outcome,
                        "gpus": e.gpus, "domain": e.domain, "code": e.code, "reasons": list(e.reasons),

@@ -209,8 +209,12 @@ def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = N
         annotations = {**pod_group.annotations, **annotations}
 
     def demand_of(spec: Mapping) -> ClaimDemand:
-        return facts.claims_demand(namespace, spec) if facts is not None and spec.get("resourceClaims") \
+        demand = facts.claims_demand(namespace, spec) if facts is not None and spec.get("resourceClaims") \
             else ClaimDemand()
+        if demand.bad_counts:  # the API refuses such a claim: never placed as a guess
+            raise InvalidWorkload(f"{who}: asks for devices through {demand.bad_counts[0]} is not allowed; "
+                                  "allowed: a whole number >= 1")
+        return demand
 
     template, per_pod, running, count_field = _pods(kind, obj, who, lambda spec: demand_of(spec).per_pod)
     if pod_group is not None and pod_group.min_count is not None:
@@ -360,8 +364,9 @@ def _pods(kind: str, obj: Mapping, who: str, claimed: Callable[[Mapping], int]) 
         if template is None or not isinstance(template.get("spec"), Mapping):
             raise InvalidWorkload(f"{who}: {_joined(found.where, 'spec')} is missing; a pod spec with containers is "
                                   "required to place it")
+        claims = claimed(template["spec"])  # raises InvalidWorkload itself
         try:
-            gpus = pod_gpus(template["spec"]) + claimed(template["spec"])
+            gpus = pod_gpus(template["spec"]) + claims
         except ValueError as err:
             raise InvalidWorkload(f"{who}: nvidia.com/gpu request {err}; allowed: a whole number of GPUs") from None
         counted.append((template, gpus, *_running(found, who)))

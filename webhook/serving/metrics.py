@@ -37,6 +37,7 @@ REJECTED = "topology_admission_rejected_requests_total"
 VIEW_AGE = "topology_cluster_view_age_seconds"
 SCALE_UPS = "topology_provisioning_requests_total"
 GATED_RELEASES = "topology_gated_releases_total"
+ACCESS_FAILURES = "topology_metrics_access_failures_total"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Admission handling takes about a millisecond; the apiserver gives up after 10 s by default.
@@ -107,7 +108,10 @@ class Metrics:
         self.scale_ups = Counter(SCALE_UPS, "ProvisioningRequests for groups that wait for nodes, by result "
                                  "(created, exists, not-served, failed, deleted)", ["result"], registry=own)
         self.gated_releases = Counter(GATED_RELEASES, "Workloads held by our scheduling gate, by result of a release "
-                                      "(released, released-by-another-replica, failed)", ["result"], registry=own)
+                                      "(released, released-by-another-replica, failed, refused, error)", ["result"],
+                                      registry=own)
+        self.access_failures = Counter(ACCESS_FAILURES, "Requests on the metrics port refused or not checked, by reason "
+                                       "(no_token, bad_token, forbidden, review_error)", ["reason"], registry=own)
         self.rejected = Counter(REJECTED, "Requests answered 4xx, by reason (not an AdmissionReview, too large...)",
                                 ["reason"], registry=own)
         self.registry = own or CollectorRegistry(auto_describe=True)
@@ -134,6 +138,10 @@ class Metrics:
             if not getattr(values.ValueClass, "_multiprocess", False):
                 values.ValueClass = values.MultiProcessValue()
         return cls(multiprocess_dir)
+
+    def access_failed(self, reason: str) -> None:
+        """One failure of the metrics port's access checks (serving/access.py FAILURE_REASONS)."""
+        self.access_failures.labels(reason).inc()
 
     def watch_cluster(self, stats: Callable[[], Any]) -> None:
         self.registry.register(ClusterCollector(stats))

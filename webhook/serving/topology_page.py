@@ -5,19 +5,25 @@ One self-contained document: inline CSS and SVG, no script, nothing loaded from 
 Content-Security-Policy forbids it too), so it works air-gapped and through `kubectl
 port-forward`. Filtering is a plain GET form and refreshing a meta refresh, both server-side.
 Every name in it passes through html.escape: a pod named `<script>` shows as text.
+
+Behind the metrics port's access checks (access.py) a reader may see less than everything: the
+request's PageScope says which namespaces' workloads and holds the snapshot keeps (the others are
+neither listed, counted nor outlined); the tree, the capacity, is everyone's.
 """
 from __future__ import annotations
 
 import json
 import logging
 import time
+from dataclasses import replace
 from html import escape
 from typing import Callable, Iterable
 from urllib.parse import parse_qs, urlencode
 
 from ..core.cluster import ClusterIndex
 from ..core.config import TOPOLOGY_JSON_PATH
-from ..objects.overview import FREE, HELD, OUT, USED, RecentDecisions, Selection, snapshot
+from ..objects.overview import FREE, HELD, OUT, USED, RecentDecisions, Selection, namespaces_present, snapshot
+from .access import EVERYTHING, SCOPE_ENVIRON_KEY, PageScope, visible_namespaces
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +214,12 @@ def render(data: dict, refresh_seconds: int = 0, live: bool = True) -> str:
                      "drawn down to domains" + (" (a domain's node count opens it)" if live else ""))
     if selection["namespace"] or selection["workload"]:
         notes.append("outlined: where the selected workloads are placed or held")
+    if data.get("namespaces_shown") is not None:
+        shown = ", ".join(data["namespaces_shown"]) or "none"
+        notes.append(f"workloads and holds of the namespaces where you may list pods only ({_e(shown)}); "
+                     "the GPU counts are the whole cluster's"
+                     + (f'; {data["namespaces_unchecked"]} more namespaces not checked: filter by namespace'
+                        if data.get("namespaces_unchecked") else ""))
     filtered = f' for {_e(selection["namespace"] or "every namespace")}' + (
         f' / {_e(selection["workload"])}' if selection["workload"] else "")
     return "".join([
@@ -265,7 +277,18 @@ def page_app(index: ClusterIndex, decisions: RecentDecisions, clock: Callable[[]
             start_response("400 Bad Request", [("Content-Type", "text/plain; charset=utf-8")])
             return [f"{err}\n".encode()]
         try:
-            data = snapshot(index, decisions.entries(), clock(), selection)
+            entries = decisions.entries()
+            scope: PageScope = environ.get(SCOPE_ENVIRON_KEY, EVERYTHING)
+            unchecked = 0
+            if scope.may_list is not None:  # asked outside the index lock: the answers may take API calls
+                present = namespaces_present(index, entries)
+                if selection.namespace:
+                    present &= {selection.namespace}
+                shown, unchecked = visible_namespaces(present, scope.may_list)
+                selection = replace(selection, namespaces=shown)
+            data = snapshot(index, entries, clock(), selection)
+            if unchecked:
+                data["namespaces_unchecked"] = unchecked
             if environ.get("PATH_INFO") == TOPOLOGY_JSON_PATH:
                 body, kind = json.dumps(data, separators=(",", ":")).encode(), "application/json"
             else:
