@@ -56,7 +56,7 @@ def demo_index():
 
 
 @pytest.mark.parametrize("name, pods", [("jobset.yaml", 8), ("pytorchjob.yaml", 4), ("mpijob.yaml", 2),
-                                        ("raycluster.yaml", 4)])
+                                        ("raycluster.yaml", 4), ("training-job.yaml", 4)])
 def test_each_operator_example_is_placed_whole_in_one_leaf_and_stays_schema_valid(name, pods, demo_index):
     obj = example(name)
     assert_valid(obj)

@@ -164,11 +164,17 @@ def test_nccl_profile_follows_the_interconnect(interconnect):
     assert env_of(out, "trainer") == {**CONFIG.nccl_profiles[interconnect.value], "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
-def test_gpu_ids_annotation_only_for_a_single_pod():
+def test_gpu_ids_annotation_only_where_every_pod_gets_the_same_set():
     single = mutation.mutate(workload("Job"), "Job", decision(), CONFIG)
     assert annotations(single)[mutation.GPU_IDS] == "0-7"
-    two = mutation.mutate(workload("Job", replicas=2), "Job", decision(request(pods=2), nodes=("a", "b")), CONFIG)
-    assert mutation.GPU_IDS not in annotations(two)
+    whole_nodes = mutation.mutate(workload("Job", replicas=2), "Job", decision(request(pods=2), nodes=("a", "b")),
+                                  CONFIG)
+    assert annotations(whole_nodes)[mutation.GPU_IDS] == "0-7"  # each pod all of its node's GPUs
+    halves = decision(request(pods=2, gpus=4), nodes=("a",), pods_per_node=2)
+    halves = dataclasses.replace(halves, assignment=(dataclasses.replace(
+        halves.assignment[0], gpu_ids=((0, 1, 2, 3), (4, 5, 6, 7))),))
+    two = mutation.mutate(workload("Job", replicas=2, gpus=4), "Job", halves, CONFIG)
+    assert mutation.GPU_IDS not in annotations(two)  # one template cannot tell each pod its own half
     assert "CUDA_VISIBLE_DEVICES" not in env_of(single, "trainer")
 
 

@@ -152,10 +152,10 @@ class Decision:
 
     @property
     def gpu_ids(self) -> tuple[int, ...]:
-        """The GPU set for a single-pod workload; empty otherwise (pods of a template share one spec)."""
-        if self.request.pods == 1 and len(self.assignment) == 1:
-            return self.assignment[0].gpu_ids[0]
-        return ()
+        """The GPU set every pod gets: a single pod's, or the one set all pods of a template share
+        (whole nodes: 0-7 on each); empty when they differ (pods of a template share one spec)."""
+        sets = {gpus for assigned in self.assignment for gpus in assigned.gpu_ids}
+        return next(iter(sets)) if len(sets) == 1 else ()
 
     @property
     def nodes(self) -> tuple[str, ...]:
