@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 
 import pytest
 import yaml
@@ -14,6 +13,7 @@ import yaml
 from tests.fixtures.builders import gpu_job
 from webhook.cli import CLUSTER_FILE_MAX_BYTES, MANIFEST_FILE_MAX_BYTES, OBJECT_MAX_BYTES, main
 from webhook.core.cluster import ClusterIndex
+from webhook.core import growth
 from webhook.core.config import PRESETS, Config
 from webhook.kube import demo
 
@@ -118,9 +118,8 @@ def test_a_billion_laughs_in_a_cluster_file_is_refused_before_anything_expands_i
     node = yaml.safe_dump(demo.make_node("n1", {}))
     (tmp_path / "nodes.yaml").write_text(f"{node}---\napiVersion: v1\nkind: Node\nmetadata: {{name: n2}}\n"
                                          f"status:\n{LAUGHS}\n")
-    started = time.monotonic()
     code, err = mutate(capsys, "--nodes", str(tmp_path / "nodes.yaml"), "-f", job)
-    assert code == 2 and time.monotonic() - started < 10
+    assert code == 2
     assert err.splitlines() == [f"topology-webhook: error: {tmp_path / 'nodes.yaml'}: document 2: aliases (*name) "
                                 "would expand the file by more than 1000000 YAML nodes; allowed: at most 1000000 "
                                 "nodes added by aliases per file"]
@@ -141,7 +140,7 @@ def test_a_recursive_alias_is_refused_and_aliases_within_bounds_are_read(tmp_pat
 
 # ----- linear time ----------------------------------------------------------------------------------
 
-def test_node_groups_are_matched_to_pools_by_name_not_each_against_every_pool():
+def test_node_groups_are_matched_to_pools_by_name_not_each_against_every_pool(monkeypatch):
     pools = 1000
     nodes = [demo.make_node(f"n{i}", {"cloud.google.com/gke-nodepool": f"pool{i}"}, gpus=1) for i in range(pools)]
     status = {"apiVersion": "v1", "kind": "ConfigMap",
@@ -151,7 +150,11 @@ def test_node_groups_are_matched_to_pools_by_name_not_each_against_every_pool():
                                                                          "minSize": 0, "maxSize": 2}}
                   for i in range(pools)]})}}
     index = ClusterIndex.from_objects(Config(levels=PRESETS["gke"]), [*nodes, status])
-    started = time.monotonic()
+    looked_up = []
+    runs = growth._dash_runs
+    monkeypatch.setattr(growth, "_dash_runs", lambda group: [looked_up.append(r) or r for r in runs(group)])
     grown = index.pools()
-    assert time.monotonic() - started < 5  # each group against each pool: a million regular expressions
     assert len(grown) == pools and {p.name for p in grown} == {f"pool{i}" for i in range(pools)}
+    # linear in the status: a few lookups per group (its name's dash runs), where matching each
+    # group against each pool took a million regular expressions (68 s on ae693d5)
+    assert len(looked_up) <= 15 * pools

@@ -1,0 +1,149 @@
+"""What the default install lets each party do, on the real apiserver (issues 37 and 41): the
+webhook's own token is bounded by the chart's ValidatingAdmissionPolicy, `ungate` lifts only our
+gate, and the metrics port shows each reader what they may see, by TokenReview and
+SubjectAccessReview.
+"""
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+from conftest import ROOT, eventually
+from e2e.conftest import filler, job
+
+GATE = "topology.scheduler/placement"
+
+
+def as_webhook(cluster) -> k8s_client.CoreV1Api:
+    """The API as the webhook's ServiceAccount sees it (the chart's RBAC, the policy)."""
+    return k8s_client.CoreV1Api(k8s_config.new_client_from_config(str(cluster.state / "webhook.kubeconfig")))
+
+
+def test_the_webhooks_token_may_lift_our_gate_and_write_our_annotations_and_nothing_else(cluster):
+    with cluster.namespace("bounded") as ns:
+        cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "victim", "labels": {"app": "x"}},
+                       "spec": {"schedulingGates": [{"name": "example.com/quota"}],
+                                "containers": [{"name": "c", "image": "busybox"}]}}, namespace=ns)
+        webhook = as_webhook(cluster)
+
+        def patch(*operations):
+            return webhook.patch_namespaced_pod("victim", ns, list(operations),
+                                                _content_type="application/json-patch+json")
+        for refused in ([{"op": "replace", "path": "/spec/containers/0/image", "value": "evil"}],
+                        [{"op": "add", "path": "/metadata/labels/x", "value": "y"}],
+                        [{"op": "add", "path": "/metadata/annotations/other.example.com~1x", "value": "y"}],
+                        [{"op": "remove", "path": "/metadata/annotations/kubectl.kubernetes.io~1last-applied-configuration"}],
+                        [{"op": "remove", "path": "/spec/schedulingGates/0"}],  # a gate that is not ours
+                        [{"op": "add", "path": "/spec/tolerations/-", "value": {"operator": "Exists"}}]):
+            with pytest.raises(k8s_client.ApiException) as caught:
+                patch(*refused)
+            assert caught.value.status in (403, 422), refused
+            assert "ValidatingAdmissionPolicy" in str(caught.value.body), caught.value.body
+        patch({"op": "add", "path": "/metadata/annotations/topology.scheduler~1placement", "value": "ours"})
+        stored = cluster.core.read_namespaced_pod("victim", ns)
+        assert stored.metadata.annotations["topology.scheduler/placement"] == "ours"
+        assert stored.spec.containers[0].image == "busybox" and stored.metadata.labels == {"app": "x"}
+        # the policy binds the webhook only: an administrator may still do what the API allows
+        cluster.core.patch_namespaced_pod("victim", ns, {"metadata": {"labels": {"x": "y"}}})
+
+
+def test_ungate_lifts_only_our_gate_so_kube_scheduler_places_the_pods(cluster):
+    with cluster.namespace("ungate") as ns:
+        taken = {node for p in cluster.all_pods() if (node := p["spec"].get("nodeName"))}
+        free = [n["metadata"]["name"] for n in cluster.nodes() if n["metadata"]["name"] not in taken]
+        cluster.apply(*(filler(node) for node in free), namespace=ns)
+        cluster.apply(job("held", 2, annotations={"topology.scheduler/placement-strategy": "consolidated"},
+                          schedulingGates=[{"name": "example.com/quota"}]), namespace=ns)
+
+        def gated():
+            pods = cluster.pods(ns, "job-name=held")
+            return pods if len(pods) == 2 and all({"name": GATE} in p["spec"].get("schedulingGates", [])
+                                                  for p in pods) else None
+        eventually(gated, timeout=60, what="both pods behind our gate")
+        result = subprocess.run([sys.executable, "-m", "webhook", "ungate", "--all", "--kubeconfig",
+                                 str(cluster.state / "webhook.kubeconfig")], capture_output=True, text=True,
+                                timeout=120, cwd=ROOT)
+        assert result.returncode == 0, result.stderr
+        assert "2 pod(s) lifted" in result.stderr, result.stderr
+        for pod in cluster.pods(ns, "job-name=held"):
+            assert pod["spec"]["schedulingGates"] == [{"name": "example.com/quota"}]  # the user's stays
+            annotations = pod["metadata"]["annotations"]
+            assert not {"topology.scheduler/gated-request", "topology.scheduler/gate-seal",
+                        "topology.scheduler/waiting-for"} & set(annotations)
+
+
+# ----- the metrics port: who sees what (issue 41) -------------------------------------------------
+
+def metrics_ports(cluster) -> list[str]:
+    commands = json.loads((cluster.state / "commands.json").read_text())
+    return [argv[argv.index("--metrics-bind") + 1].rpartition(":")[2] for name, command in sorted(commands.items())
+            if name.startswith("webhook-") and (argv := command["argv"])]
+
+
+def read(cluster, path: str, token: str | None) -> tuple[set[int], str]:
+    """What every replica answers (each shows the decisions it made): the statuses, and the bodies."""
+    context = ssl.create_default_context(cafile=str(cluster.state / "pki" / "ca.crt"))
+    statuses, bodies = set(), []
+    for port in metrics_ports(cluster):
+        request = urllib.request.Request(f"https://127.0.0.1:{port}{path}",
+                                         headers={"Authorization": f"Bearer {token}"} if token else {})
+        try:
+            with urllib.request.urlopen(request, timeout=10, context=context) as answer:  # noqa: S310 - loopback
+                statuses.add(answer.status)
+                bodies.append(answer.read().decode())
+        except urllib.error.HTTPError as err:
+            statuses.add(err.code)
+            bodies.append(err.read().decode())
+    return statuses, "\n".join(bodies)
+
+
+def token_of(cluster, namespace: str, account: str) -> str:
+    cluster.core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+    answer = cluster.core.create_namespaced_service_account_token(account, namespace, {"spec": {}})
+    return answer.status.token
+
+
+def test_each_reader_sees_only_what_they_may(cluster):
+    with cluster.namespace("alpha") as alpha, cluster.namespace("beta") as beta:
+        for ns, name in ((alpha, "alpha-secret-train"), (beta, "beta-secret-train")):
+            cluster.apply(job(name, 1, annotations={"topology.scheduler/placement-strategy": "consolidated"}),
+                          namespace=ns)
+        tenant = token_of(cluster, alpha, "tenant")
+        rbac = k8s_client.RbacAuthorizationV1Api(cluster.api)
+        rbac.create_namespaced_role(alpha, {"metadata": {"name": "pods"}, "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]})
+        rbac.create_namespaced_role_binding(alpha, {"metadata": {"name": "pods"}, "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods"}, "subjects": [
+            {"kind": "ServiceAccount", "name": "tenant", "namespace": alpha}]})
+        platform = token_of(cluster, beta, "platform")
+        binding = f"e2e-platform-{beta}"
+        rbac.create_cluster_role_binding({"metadata": {"name": binding}, "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "topology-webhook-topology-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "platform", "namespace": beta}]})
+        try:
+            assert read(cluster, "/topology.json", None)[0] == {401}
+            assert read(cluster, "/topology.json", "not-a-token")[0] == {401}
+            assert read(cluster, "/metrics", tenant)[0] == {403}
+            assert read(cluster, "/healthz", None)[0] == {200}  # kubelet's probes carry no token
+
+            def shown(token, name):
+                statuses, text = read(cluster, "/topology.json", token)
+                return (statuses, text) if name in text else None
+            statuses, page = eventually(lambda: shown(tenant, "alpha-secret-train"), timeout=30,
+                                        what="the tenant's own workload on the page")
+            assert statuses == {200} and "beta-secret-train" not in page
+            statuses, html = read(cluster, "/topology", tenant)
+            assert statuses == {200} and "beta-secret-train" not in html
+            statuses, everything = eventually(lambda: shown(platform, "beta-secret-train"), timeout=30,
+                                              what="every namespace's workloads for the platform team")
+            assert statuses == {200} and "alpha-secret-train" in everything
+        finally:
+            rbac.delete_cluster_role_binding(binding)
