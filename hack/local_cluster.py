@@ -554,9 +554,17 @@ def status(state: State) -> int:
     for name in sorted(pids, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER)):
         up_now = alive(pids[name])
         running += up_now
-        print(f"{name:<24} pid {pids[name]:<8} {'running' if up_now else 'stopped'}")
+        where = ""
+        argv = state.commands().get(name, {}).get("argv") or []
+        if name.startswith("webhook-") and "--metrics-bind" in argv:
+            where = f"  https://{argv[argv.index('--metrics-bind') + 1]}/topology"
+        print(f"{name:<24} pid {pids[name]:<8} {'running' if up_now else 'stopped'}{where}")
     kubeconfig_path = state.info().get("kubeconfig")
     if kubeconfig_path:
+        # The metrics port checks each reader's token with the cluster: the admin's may read it all.
+        token = yaml.safe_load(open(kubeconfig_path, encoding="utf-8"))["users"][0]["user"]["token"]
+        print(f"the topology page and /metrics: curl --cacert {state.file('pki', 'ca.crt')} "
+              f"-H 'Authorization: Bearer {token}' URL")
         print(f"export KUBECONFIG={kubeconfig_path}")
     return 0 if running == len(pids) else 1
 
