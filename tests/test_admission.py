@@ -292,6 +292,9 @@ def test_deleting_a_replicaset_keeps_its_deployments_reservation(index):
                  ["topology.scheduler/placement-strategy", '"packed"', "allowed: consolidated"], id="unknown strategy"),
     pytest.param({"topology.scheduler/preferred-domain": "leaf-99"},
                  ["topology.scheduler/preferred-domain", "'leaf-99'", "allowed:"], id="preferred domain not found"),
+    pytest.param({"topology.scheduler/network-bandwidth": "200GB"},  # bytes: 1600 Gb/s, never what was meant
+                 ["topology.scheduler/network-bandwidth", '"200GB"', "bytes per second", "allowed:", "Gb or Tb"],
+                 id="bandwidth in bytes"),
 ])
 def test_denials_name_the_object_the_annotation_the_value_and_what_is_allowed(annotations, fragments, index):
     result = run(workload("Job", annotations=annotations), index)

@@ -830,6 +830,17 @@ def test_the_chart_readme_lists_every_value_as_values_yaml_says():
     assert set(yaml.safe_load((CHART_DIR / "values.yaml").read_text())) <= listed
 
 
+def test_the_nccl_profiles_example_in_values_keeps_the_built_in_variables_of_its_class():
+    # A class given in nccl_profiles replaces that class's whole built-in set: an example that only
+    # added NCCL_IB_HCA would silently drop NCCL_NET_GDR_LEVEL and NCCL_CROSS_NIC.
+    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("# nccl_profiles:"))
+    example = next(line.split("#", 1)[1].strip() for line in lines[start:] if "{NCCL_" in line)
+    link, _, variables = example.partition(":")
+    config = config_from_mapping({"nccl_profiles": {link: yaml.safe_load(variables)}})
+    assert DEFAULT_NCCL_PROFILES[link].items() < config.nccl_profiles[link].items()
+
+
 # --- gated waits: the key's RBAC, the policy bounding the releaser, the uninstall hook (issue 37) ------
 
 @pytest.mark.parametrize("kube_version, refused", [("v1.29.0", True), ("v1.30.0", False)])

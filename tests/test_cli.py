@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from webhook.kube import demo
-from webhook.cli import main
+from webhook.cli import EXIT_STDOUT_CLOSED, main
 
 from conftest import ROOT, assert_valid_kubernetes_object
 from tests.fixtures.builders import gpu_job, gpu_pod
@@ -135,6 +135,17 @@ def test_explain_prints_each_decision_with_its_reasons(tmp_path, capsys, cluster
     assert lines[1].startswith("  - ")
 
 
+def test_explain_of_a_denied_workload_puts_its_reasons_under_the_error_line(tmp_path, capsys, cluster_files):
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("refuse_unplaceable: true\n")
+    manifest = write(tmp_path, "job.yaml", gpu_job("huge", 512, 8, gpu_count="4096"))
+    code, _, err = run(capsys, "mutate", "-f", manifest, "--explain", "--config", str(settings), *cluster_files)
+    assert code == 1
+    lines = err.splitlines()
+    assert lines[0].startswith("Error: Job ml/huge denied: ") and len(lines) > 1
+    assert all(line.startswith("  - ") for line in lines[1:])
+
+
 @pytest.mark.parametrize("content, message", [
     ("kind: [unclosed", "not valid YAML or JSON"),
     ("- 1\n- 2\n", "document 1 item 1 is not a Kubernetes object"),
@@ -240,6 +251,26 @@ def test_serve_help_says_one_worker_and_why():
     assert "only 1 is allowed" in " ".join(result.stdout.split())
 
 
+@pytest.mark.parametrize("output", ["json", "yaml"])
+def test_mutate_piped_into_a_reader_that_stops_early_ends_quietly_with_141(tmp_path, output):
+    # `mutate -o json | head -c 300`: the reader closes the pipe long before the output (far more than a
+    # pipe's buffer) is written. No traceback, and not exit 1, which says "denied".
+    services = [{**SERVICE, "metadata": {"name": f"web-{i}", "namespace": "ml",
+                                         "annotations": {"note": "x" * 200}}} for i in range(2000)]
+    manifest = write(tmp_path, "many.yaml", *services)
+    with subprocess.Popen([sys.executable, "-m", "webhook", "mutate", "-f", manifest, "-o", output,
+                           "--nodes", str(FIXTURES / "demo-nodes.yaml")],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        head = proc.stdout.read(300)
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        code = proc.wait(timeout=60)
+    assert len(head) == 300
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
+    assert code == EXIT_STDOUT_CLOSED == 141
+
+
 SEED_WORKLOADS = ["002-gpu-job.yaml", "002-multi-gpu-job.yaml", "002-multi-node-training.yaml",
                   "002-single-gpu-job.yaml", "002-gpu-inference-service.yaml"]
 
@@ -250,6 +281,9 @@ def test_the_readme_walkthrough_explains_the_seed_manifests(capsys, cluster_file
     # The seed's multi-node-training Job has no pod template: denied, named, and the run exits 1.
     assert code == 1
     assert "Error: Job default/multi-node-training denied: " in err and "spec.template.spec is missing" in err
+    # ... said once: the Error line is its --explain headline, as the README shows (no second "denied" line).
+    assert [line for line in err.splitlines() if "multi-node-training" in line] == [
+        next(line for line in err.splitlines() if line.startswith("Error: Job default/multi-node-training"))]
     objects = list(yaml.safe_load_all(out))
     assert [o["metadata"]["name"] for o in objects] == ["gpu-job", "multi-gpu-job", "single-gpu-job",
                                                          "gpu-inference-service"]

@@ -145,6 +145,16 @@ def test_good_settings_load_as_typed_values(tmp_path):
     assert config.nccl_profiles["leaf"] == {"NCCL_CROSS_NIC": "1"}
 
 
+def test_scheduler_names_may_be_empty_and_are_dns_subdomains():
+    # As docs/reference/settings.md says: an empty list (only annotations make a workload ours), and
+    # names the API takes as schedulerName, so "non-empty" is not enough.
+    assert config_from_mapping({"scheduler_names": []}).scheduler_names == ()
+    assert config_from_mapping({"scheduler_names": ["gpu.sched-1"]}).scheduler_names == ("gpu.sched-1",)
+    for name in ("Upper", "under_score", "-lead", "a" * 254):
+        with pytest.raises(ConfigError, match=r"DNS-1123 subdomain"):
+            config_from_mapping({"scheduler_names": [name]})
+
+
 # ----- levels: auto -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("labels, preset", [

@@ -3,7 +3,9 @@ repository path and `webhook` import they cite exists, the README stays a short 
 in code, tests or benchmarks points at files outside the repository."""
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import pathlib
 import re
 
@@ -141,6 +143,66 @@ def test_nothing_in_code_tests_or_benchmarks_points_outside_the_repository():
     hits = [str(p.relative_to(ROOT)) for top in ("webhook", "tests", "bench") for p in sorted((ROOT / top).rglob("*"))
             if p.is_file() and "__pycache__" not in p.parts and outside.encode() in p.read_bytes()]
     assert not hits, "cite the upstream source instead: " + ", ".join(hits)
+
+
+def reference_docs():
+    """.ci/reference_docs.py, the generator of the reference pages' generated parts."""
+    spec = importlib.util.spec_from_file_location("reference_docs", ROOT / ".ci" / "reference_docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GENERATED_PAGES = ["docs/reference/settings.md", "docs/reference/metrics.md", "docs/reference/cli.md"]
+
+
+def test_the_generated_pages_are_the_ones_the_generator_writes():
+    assert sorted(reference_docs().PAGES) == sorted(GENERATED_PAGES)
+
+
+@pytest.mark.parametrize("page", GENERATED_PAGES)
+def test_each_reference_page_says_what_the_code_does(page):
+    # settings.md from the Config fields' docs and the loader's bounds, metrics.md from the registry,
+    # cli.md from the argument parser; the hand-written prose around the generated part stays.
+    assert (ROOT / page).read_text() == reference_docs().render(page), \
+        "the code and the page differ: run .venv/bin/python .ci/reference_docs.py"
+
+
+def strings(node: ast.AST) -> set[str]:
+    return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def test_every_outcome_the_admission_gives_is_documented():
+    from webhook.objects.admission import OUTCOMES
+    tree = ast.parse((ROOT / "webhook" / "objects" / "admission.py").read_text())
+    given = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_result" and len(node.args) > 1:
+            given |= strings(node.args[1])
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) in ("_OUTCOMES", "_WAITS_BY_CODE"):
+            given |= strings(node.value)
+    assert {"placed", "released", "suspended", "repaired", "failed-open"} <= given
+    assert given == set(OUTCOMES), "outcomes given but not in OUTCOMES, or the reverse"
+
+
+@pytest.mark.parametrize("path, call, constant", [
+    ("webhook/kube/scaleups.py", "on_result", "webhook.kube.scaleups:RESULTS"),
+    ("webhook/serving/access.py", "failed", "webhook.serving.access:FAILURE_REASONS"),
+    ("webhook/serving/app.py", "refuse", "webhook.serving.app:REJECTED_REASONS"),
+])
+def test_every_label_value_counted_is_one_the_metrics_page_documents(path, call, constant):
+    module, _, name = constant.partition(":")
+    documented = set(getattr(importlib.import_module(module), name))
+    counted = set()
+    for node in ast.walk(ast.parse((ROOT / path).read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == call \
+                and node.args:
+            first = node.args[0]
+            counted |= strings(first)
+            if isinstance(first, ast.JoinedStr):  # f"http_{code}": documented as http_<code>
+                counted = {v for v in counted if v != "http_"} | {"http_<code>"}
+    assert counted and counted <= documented, sorted(counted - documented)
 
 
 @pytest.mark.parametrize("heading, anchor", [

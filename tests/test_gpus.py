@@ -48,3 +48,13 @@ def test_bandwidth(text, gbps):
 def test_bandwidth_rejects(text):
     with pytest.raises(ValueError):
         gpus.parse_bandwidth_gbps(text)
+
+
+@pytest.mark.parametrize("text", ["50GB", "50GBps", "1.6TB/s", "400MB"])
+def test_bandwidth_in_bytes_is_refused_where_only_bits_are_taken(text):
+    # The annotation takes bits only (links are rated in bits); a node label in bytes still reads, x8.
+    with pytest.raises(gpus.BandwidthInBytes):
+        gpus.parse_bandwidth_gbps(text, bits_only=True)
+    assert gpus.parse_bandwidth_gbps(text) > 0
+    assert gpus.parse_bandwidth_gbps(text.replace("B", "b"), bits_only=True) * 8 == pytest.approx(
+        gpus.parse_bandwidth_gbps(text))

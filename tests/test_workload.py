@@ -65,6 +65,8 @@ def test_no_gpus_anywhere_means_nothing_to_place():
     pytest.param("topology.scheduler/latency-sensitive", "yes", "true, false", id="latency-sensitive not boolean"),
     pytest.param("topology.scheduler/network-bandwidth", "fast", "200Gb", id="bandwidth not a quantity"),
     pytest.param("topology.scheduler/network-bandwidth", "0Gb", "200Gb", id="bandwidth zero"),
+    pytest.param("topology.scheduler/network-bandwidth", "200GB", "bits per second", id="bandwidth in bytes"),
+    pytest.param("topology.scheduler/network-bandwidth", "25GBps", "Gb, not GB", id="bandwidth in bytes per second"),
     pytest.param("topology.scheduler/preferred-domain", "", "LEVEL=VALUE", id="preferred domain empty"),
     pytest.param("topology.scheduler/preferred-domain", "leaf 1", "LEVEL=VALUE", id="preferred domain with a space"),
 ])

@@ -1,6 +1,7 @@
 """`topology-webhook` commands: serve, mutate, certs. The only module that wires objects together.
 
-Exit codes: 0 success (every object admitted), 1 some object denied (mutate), 2 usage or input error.
+Exit codes: 0 success (every object admitted), 1 some object denied (mutate), 2 usage or input error,
+141 stdout closed by its reader before all was written (`| head`: quietly, EXIT_STDOUT_CLOSED).
 Other modules add subcommands with one `register(subparsers)` call in `build_parser`.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import logging
 import os
 import re
+import select
 import socket
 import sys
 import time
@@ -366,14 +368,18 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         response = result.review["response"]
         for warning in result.warnings:
             print(f"Warning: {warning}", file=sys.stderr)  # as kubectl prints them; they name the object
-        if args.explain:
-            print("\n".join(explain(label, result)), file=sys.stderr)
         if not response["allowed"]:
             denied += 1
             message = (response.get("status") or {}).get("message") or "no reason given"
             # The webhook's messages name the object already; name it here only when one does not.
+            # With --explain this line is the object's headline (no second "denied" line), its
+            # decision's reasons, if it had one, below it.
             print(f"Error: {label} denied: {message.removeprefix(label + ': ')}", file=sys.stderr)
+            for reason in explain(label, result)[1:] if args.explain else []:
+                print(reason, file=sys.stderr)
             continue
+        if args.explain:
+            print("\n".join(explain(label, result)), file=sys.stderr)
         patches.append(list(result.patch))
         mutated.append(result.admitted)
         if obj.get("kind") in DRA_KINDS:  # a workload's ResourceClaimTemplate or PodGroup, ahead of it
@@ -384,8 +390,8 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     elif args.output == "json":
         single = mutated[0] if len(mutated) == 1 else {"apiVersion": "v1", "kind": "List", "items": mutated}
         print(json.dumps(single, indent=2))
-    elif mutated:
-        sys.stdout.write(yaml.safe_dump_all(mutated, sort_keys=False, explicit_start=len(mutated) > 1))
+    elif mutated:  # streamed: a reader that closes stdout early shows as BrokenPipeError (see main)
+        yaml.safe_dump_all(mutated, sys.stdout, sort_keys=False, explicit_start=len(mutated) > 1)
     if args.html:
         try:
             write_page(args.html, index, decisions, time.time())
@@ -504,15 +510,19 @@ def build_parser() -> argparse.ArgumentParser:
     certs_cmd = subparsers.add_parser(
         "certs", help="create a CA and a serving certificate for the webhook Service",
         description="Write ca.crt, tls.crt and tls.key to DIR for Service NAME in namespace NS and print the "
-                    "base64 caBundle for the webhook configuration.")
-    certs_cmd.add_argument("--service", metavar="NAME", required=True)
-    certs_cmd.add_argument("--namespace", metavar="NS", required=True)
-    certs_cmd.add_argument("--out", metavar="DIR", required=True)
+                    "base64 caBundle for the webhook configuration. The certificate's SANs cover NAME, NAME.NS, "
+                    "NAME.NS.svc, NAME.NS.svc.cluster.local, localhost and 127.0.0.1. An existing DIR/ca.crt is "
+                    "kept (exit 2) unless --force: a new CA breaks every caBundle made from the old one.")
+    certs_cmd.add_argument("--service", metavar="NAME", required=True,
+                           help="the webhook's Service, a DNS label")
+    certs_cmd.add_argument("--namespace", metavar="NS", required=True, help="the Service's namespace")
+    certs_cmd.add_argument("--out", metavar="DIR", required=True, help="where the three files go (made if missing)")
     certs_cmd.add_argument("--force", action="store_true", help="replace a CA already in DIR")
     certs_cmd.set_defaults(func=cmd_certs)
     discover_command.register(subparsers)
     ungate.register(subparsers)
-    parser.add_argument("--log-level", choices=logs.LEVELS, default="info", help="(default: %(default)s)")
+    parser.add_argument("--log-level", choices=logs.LEVELS, default="info",
+                        help="least severe level logged (default: %(default)s)")
     parser.add_argument("--log-format", choices=logs.FORMATS,
                         help="log lines as JSON objects or text (default: json for serve, text otherwise)")
     for command in subparsers.choices.values():  # also after the command; there they override
@@ -523,7 +533,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The exit status when whoever reads stdout closed it early (`mutate ... | head`): 128 + SIGPIPE (13),
+# what a shell reports for a command SIGPIPE ended, as it ends `cat` or `yes`. Never 1: for mutate
+# that means "denied".
+EXIT_STDOUT_CLOSED = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # so a reader gone shows here, not as an error in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # a pipe or socket of something else: a bug to see, not a reader that had enough
+        # Python's recipe (the signal module's "Note on SIGPIPE"): whatever is still buffered for
+        # stdout goes to /dev/null, so the flush at exit does not fail again; no traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_STDOUT_CLOSED
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on its write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor (replaced in tests), no poll
+        return False
+
+
+def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     log_format = args.log_format or ("json" if args.func is cmd_serve else "text")
     logs.configure(log_format, args.log_level)

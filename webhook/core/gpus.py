@@ -104,11 +104,25 @@ _BANDWIDTH = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(b|bps|B|Bps)?(?:/s)?", re.
 _SCALE = {"": 1e-9, "k": 1e-6, "m": 1e-3, "g": 1.0, "t": 1e3}
 
 
-def parse_bandwidth_gbps(text: str) -> float:
-    """`400Gb`, `400G`, `100Gbps`, `1.6Tb`, `50GB` (bytes) -> Gb/s. Raises ValueError."""
+# What a bandwidth in bits per second may be written as (the annotation's message names them).
+BANDWIDTH_UNITS = "Kb, Mb, Gb or Tb, optionally followed by ps or /s (Gbps, Gb/s), or K, M, G or T alone"
+
+
+class BandwidthInBytes(ValueError):
+    """A bandwidth written in bytes per second (`50GB`, `50GBps`) where only bits are taken."""
+
+
+def parse_bandwidth_gbps(text: str, bits_only: bool = False) -> float:
+    """`400Gb`, `400G`, `100Gbps`, `1.6Tb`, `25Gb/s` -> Gb/s; a capital `B` is bytes: `50GB` is
+    400 Gb/s, or BandwidthInBytes with `bits_only` (links are rated in bits: `200GB` written for a
+    200 Gb link would ask for eight times that). Raises ValueError."""
     match = _BANDWIDTH.fullmatch(str(text).strip())
     if not match or (match.group(2) == "" and match.group(3) is None):
         raise ValueError(f"{text!r} is not a bandwidth such as 200Gb, 400Gbps or 1.6Tb")
     number, prefix, unit = float(match.group(1)), match.group(2).lower(), match.group(3) or "b"
     gbps = number * _SCALE[prefix]
-    return gbps * 8 if unit.startswith("B") else gbps
+    if unit.startswith("B"):
+        if bits_only:
+            raise BandwidthInBytes(f"{text!r} is in bytes per second ({gbps * 8:g} Gb/s)")
+        return gbps * 8
+    return gbps

@@ -40,6 +40,15 @@ JSON_PATCH = "application/json-patch+json"
 # whose patch failed otherwise (it stays gated: the next pass that finds room tries again); a
 # gated pod whose record is not ours (never decided); a workload whose decision raised.
 RELEASED, TAKEN, FAILED, REFUSED, ERROR = "released", "released-by-another-replica", "failed", "refused", "error"
+# What each means (topology_gated_releases_total's `result`: docs/reference/metrics.md is generated from it).
+RESULTS: Mapping[str, str] = {
+    RELEASED: "a gated workload started: its pods' gate lifted and pinned where room opened",
+    TAKEN: "another replica lifted its gate first; this one dropped its hold",
+    FAILED: "a pod's patch failed: it stays gated until a later pass finds room",
+    REFUSED: "a gated pod whose record is not sealed by us or names another namespace: never released, named in a "
+             "Warning Event",
+    ERROR: "deciding a workload's release failed; the pass went on with the others",
+}
 # Where a gated workload's owner says how many pods it wants, by the owner's kind.
 OwnerSize = Callable[[str, Mapping], "int | None"]
 

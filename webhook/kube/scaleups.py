@@ -22,13 +22,22 @@ from .claims import describe
 log = logging.getLogger(__name__)
 
 CONFLICT, NOT_FOUND = 409, 404
+# What `on_result` counts (topology_provisioning_requests_total's `result`; docs/reference/metrics.md
+# is generated from it).
+RESULTS: Mapping[str, str] = {
+    "created": "a group that waits for nodes got its ProvisioningRequest (and PodTemplate)",
+    "exists": "its ProvisioningRequest was there already (another replica, or an earlier admission)",
+    "not-served": "the cluster does not serve autoscaling.x-k8s.io/v1: none made, no PodTemplate left behind",
+    "failed": "a create or delete call failed; the admission goes on without it, the pods do not consume it",
+    "deleted": "the workload was deleted: its ProvisioningRequest and PodTemplate too",
+}
 TIMEOUTS = (1.0, 2.0)  # connect, read: an admission has seconds, not minutes
 PLURAL = "provisioningrequests"
 
 
 class ApiScaleUps:
-    """`ScaleUps` (webhook/core/cluster.py) through the API; `on_result` counts each outcome:
-    created, exists, not-served, failed, deleted."""
+    """`ScaleUps` (webhook/core/cluster.py) through the API; `on_result` counts each outcome, one
+    of RESULTS."""
 
     def __init__(self, api_client: k8s_client.ApiClient, on_result: Callable[[str], None] = lambda _: None) -> None:
         self.core = k8s_client.CoreV1Api(api_client)

@@ -51,6 +51,31 @@ WARNING_MAX_CHARS = 256  # the apiserver truncates longer warnings once its budg
 # would exhaust Python's recursion in copying and diffing, so it is denied up front.
 MAX_DEPTH = 100
 DENIED_CODE = 403
+# Every outcome of a review, and what it means: the label values of topology_placement_decisions_total
+# (all but "ignored", counted in latency only), the log's and the audit annotations' `outcome`, and
+# docs/reference/metrics.md (generated from this mapping by .ci/reference_docs.py).
+OUTCOMES: Mapping[str, str] = {
+    "placed": "placed where it fits now",
+    "waiting": "admitted to wait for room: pinned to, held for (our scheduling gate) or preferring the domain "
+               "where it fits first ([waiting](docs/concepts.md#waiting))",
+    "waiting-for-nodes": "admitted to wait for nodes to be added: the nodes there are cannot hold it even when idle "
+                         "([autoscalers](docs/autoscalers.md))",
+    "waiting-for-growth": "steered to a node pool an autoscaler can grow: the nodes there are have no room "
+                          "([autoscalers](docs/autoscalers.md))",
+    "denied": "refused: invalid input, or a workload no node could ever hold with `refuse_unplaceable`",
+    "failed-open": "admitted unmodified because of an error of ours (also counted in "
+                   "`topology_admission_fail_open_total`)",
+    "not-ready": "admitted unmodified while the cluster view is not ready",
+    "released": "a workload we placed is deleted: what its unbound pods still held is freed",
+    "suspended": "a suspended workload (a Job a queue such as Kueue holds back) admitted unplaced, holding nothing; "
+                 "placed by the update that un-suspends it",
+    "repaired": "a pod of a placed workload whose pinned domain lost the capacity to ever hold it, placed again alone",
+    "demand-unknown": "admitted as written: GPUs asked through a ResourceClaimTemplate or claim not known yet "
+                      "([DRA](docs/dra.md))",
+    "constrained": "a PodGroup or Workload given the topology key of the level it asks for ([DRA](docs/dra.md))",
+    "aligned": "a ResourceClaimTemplate given the device constraint it asks for ([DRA](docs/dra.md))",
+    "ignored": "nothing to place or keep (not ours, or an object or operation left alone); admitted unchanged",
+}
 _OUTCOMES = {Outcome.PLACED: "placed", Outcome.WAIT: "waiting"}
 # Waits the nodes there are cannot end, counted apart: only added nodes (a pool's, or any) can.
 _WAITS_BY_CODE = {GROWS_POOL: "waiting-for-growth", **dict.fromkeys(mutation.WAITS_FOR_NODES, "waiting-for-nodes")}
@@ -68,12 +93,7 @@ class AdmissionResult:
     kind: str  # "Pod", "Job", ... ("" when the review had none)
     namespace: str
     name: str  # metadata.name, else generateName
-    # "ignored", "placed", "waiting", "waiting-for-nodes", "waiting-for-growth", "denied", "failed-open",
-    # "not-ready", "released", "suspended", "repaired", "demand-unknown" (GPUs asked through a
-    # ResourceClaimTemplate or claim not known yet), "constrained" (a PodGroup or Workload given the
-    # topology key of the level it asks for), "aligned" (a ResourceClaimTemplate given the device
-    # constraint it asks for)
-    outcome: str
+    outcome: str  # one of OUTCOMES
     strategy: str | None
     decision: Decision | None
     warnings: tuple[str, ...]

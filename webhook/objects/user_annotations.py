@@ -7,7 +7,7 @@ import difflib
 import re
 from collections.abc import Mapping
 
-from ..core.gpus import parse_bandwidth_gbps
+from ..core.gpus import BANDWIDTH_UNITS, BandwidthInBytes, parse_bandwidth_gbps
 from ..core.injection import OUTPUT_ANNOTATIONS
 from ..core.model import ANNOTATION_PREFIX, Strategy, quoted
 from .groups import GROUP_ANNOTATIONS
@@ -111,13 +111,19 @@ def max_domain(who: str, annotations: Mapping) -> str | None:
 
 
 def bandwidth(who: str, value: object) -> float | None:
+    """Gb/s. Only bits per second: a byte unit (`200GB`, which would ask for 1600 Gb/s) is refused,
+    not multiplied by 8, since links are rated (and this annotation is mostly written) in bits."""
     if value is None:
         return None
+    why = ""
     try:
-        gbps = parse_bandwidth_gbps(str(value))
+        gbps = parse_bandwidth_gbps(str(value), bits_only=True)
+    except BandwidthInBytes:
+        gbps, why = 0.0, " (a capital B is bytes per second; links are rated in bits: Gb, not GB)"
     except ValueError:
         gbps = 0.0
     if gbps <= 0:
-        raise InvalidAnnotation(f"{who}: annotation {NETWORK_BANDWIDTH}={quoted(value)} is not allowed; "
-                                "allowed: a bandwidth such as 200Gb, 400Gbps or 1.6Tb")
+        raise InvalidAnnotation(f"{who}: annotation {NETWORK_BANDWIDTH}={quoted(value)} is not allowed{why}; "
+                                f"allowed: a bandwidth above 0 in bits per second, a number with the unit "
+                                f"{BANDWIDTH_UNITS}, such as 200Gb, 400Gbps or 1.6Tb")
     return gbps

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Iterable, Union
+from typing import Any, Callable, Hashable, Iterable, Mapping, Union
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,14 @@ CACHE_ENTRIES = 4096
 MAX_NAMESPACE_CHECKS = 100
 # Where the page finds its reader's scope in the WSGI environ (absent: everything, no cluster to ask).
 SCOPE_ENVIRON_KEY = "topology_webhook.page_scope"
-FAILURE_REASONS = ("no_token", "bad_token", "forbidden", "review_error")
+# Why a request was refused or not checked, and what it was answered (topology_metrics_access_failures_total's
+# `reason`; docs/reference/metrics.md is generated from it).
+FAILURE_REASONS: Mapping[str, str] = {
+    "no_token": "401: no bearer token",
+    "bad_token": "401: the cluster's TokenReview did not accept the token",
+    "forbidden": "403: no `get` on that URL (SubjectAccessReview)",
+    "review_error": "a TokenReview or SubjectAccessReview call failed: 503, or a namespace left off a tenant's page",
+}
 _LOG_EVERY_SECONDS = 60.0
 _VERBS = {"GET": "get", "HEAD": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
@@ -25,6 +25,15 @@ from .metrics import Metrics
 
 Readiness = Callable[[], "tuple[bool, str]"]
 log = logging.getLogger("webhook.objects.admission")
+# Why a request to /mutate was answered 4xx (topology_admission_rejected_requests_total's `reason`;
+# docs/reference/metrics.md is generated from it).
+REJECTED_REASONS: Mapping[str, str] = {
+    "not_json": "400: the body is not JSON this server can read",
+    "not_json_type": "415: Content-Type is not application/json",
+    "not_a_review": "400: JSON, but not an AdmissionReview (or one without request.uid)",
+    "too_large": "413: the body is larger than `max_body_bytes`",
+    "http_<code>": "any other 4xx the HTTP layer answered (http_404, http_405...)",
+}
 
 
 def _text(message: str, status: int) -> Response:

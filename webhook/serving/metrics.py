@@ -14,7 +14,7 @@ from __future__ import annotations
 import glob
 import os
 import platform
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import (CollectorRegistry, Counter, Histogram, PlatformCollector, ProcessCollector,
                                disable_created_metrics, generate_latest, multiprocess, values)
@@ -40,6 +40,13 @@ GATED_RELEASES = "topology_gated_releases_total"
 ACCESS_FAILURES = "topology_metrics_access_failures_total"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
+# The states topology_cluster_gpus counts GPUs in, and what each is.
+GPU_STATES: Mapping[str, str] = {
+    "total": "GPUs of the nodes in the cluster view",
+    "used": "in use by pods (or allocated claims) the cluster view sees",
+    "reserved": "held for workloads admitted and not yet bound",
+}
+
 # Admission handling takes about a millisecond; the apiserver gives up after 10 s by default.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
@@ -57,7 +64,7 @@ class ClusterCollector:
         for level, domain, ratio in stats.domain_utilization:
             utilization.add_metric([level, domain], ratio)
         gpus = GaugeMetricFamily(CLUSTER_GPUS, "GPUs in the cluster view by state", labels=["state"])
-        for state in ("total", "used", "reserved"):
+        for state in GPU_STATES:
             gpus.add_metric([state], getattr(stats, f"gpus_{state}"))
         yield utilization
         yield gpus
@@ -105,15 +112,16 @@ class Metrics:
                                  registry=own)
         self.decided_alone = Counter(DECIDED_ALONE, "Placements or releases not agreed with the other replicas "
                                      "through the API within the claims budget", registry=own)
-        self.scale_ups = Counter(SCALE_UPS, "ProvisioningRequests for groups that wait for nodes, by result "
-                                 "(created, exists, not-served, failed, deleted)", ["result"], registry=own)
-        self.gated_releases = Counter(GATED_RELEASES, "Workloads held by our scheduling gate, by result of a release "
-                                      "(released, released-by-another-replica, failed, refused, error)", ["result"],
-                                      registry=own)
-        self.access_failures = Counter(ACCESS_FAILURES, "Requests on the metrics port refused or not checked, by reason "
-                                       "(no_token, bad_token, forbidden, review_error)", ["reason"], registry=own)
-        self.rejected = Counter(REJECTED, "Requests answered 4xx, by reason (not an AdmissionReview, too large...)",
-                                ["reason"], registry=own)
+        # The label values, each with its meaning, are constants of the modules that count them
+        # (kube/scaleups.py RESULTS, kube/releaser.py RESULTS, access.py FAILURE_REASONS,
+        # app.py REJECTED_REASONS), listed in docs/reference/metrics.md.
+        self.scale_ups = Counter(SCALE_UPS, "ProvisioningRequests for groups that wait for nodes, by result",
+                                 ["result"], registry=own)
+        self.gated_releases = Counter(GATED_RELEASES, "Workloads held by our scheduling gate, by result of a release",
+                                      ["result"], registry=own)
+        self.access_failures = Counter(ACCESS_FAILURES, "Requests on the metrics port refused or not checked, by "
+                                       "reason", ["reason"], registry=own)
+        self.rejected = Counter(REJECTED, "Requests answered 4xx, by reason", ["reason"], registry=own)
         self.registry = own or CollectorRegistry(auto_describe=True)
         self.info = InfoCollector(__version__)
         self.registry.register(self.info)
