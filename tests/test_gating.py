@@ -209,11 +209,12 @@ def test_a_gated_workload_follows_its_owners_size():
     for i in range(3):  # a Job decided for 2 pods, scaled to 3 while gated
         pods.note(f"ml/train-{i}", pod_named(f"train-{i}"), now=float(i))
     assert list(pods.unsure({})) == ["ml/Job/train"]
-    assert [len(g.pods) for g in pods.ready({})] == [2]  # without its owner's word, the request says
+    assert [len(g.pods) for g in pods.ready({})] == [3]  # without its owner's word: the pods made
+    assert [len(g.pods) for g in pods.ready({}, sizes={"ml/Job/train": 2})] == [2]  # the owner's word wins
     (group,) = pods.ready({}, sizes={"ml/Job/train": 3})
     assert group.request.pods == 3 and len(group.pods) == 3 and group.hold == "ml/Job/train"
-    for i in (1, 2):  # scaled down to 1: the pods left over go
-        pods.forget(f"ml/train-{i}")
+    pods.forget("ml/train-2")  # bound elsewhere, say: not a deletion
+    pods.forget("ml/train-1")
     assert pods.ready({}) == []  # 1 of 2: as if its controller were still making them
     (group,) = pods.ready({}, sizes={"ml/Job/train": 1})
     assert group.request.pods == 1 and [p.name for p in group.pods] == ["train-0"]
@@ -223,3 +224,15 @@ def test_a_gated_workload_follows_its_owners_size():
     (group,) = pods.ready({}, started={"ml/train-0"}, sizes={"ml/Job/train": 2})
     assert [p.name for p in group.pods] == ["train-5"] and group.request.pods == 1
     assert group.hold == "ml/Job/train+train-5"
+
+
+def test_without_its_owners_word_a_workload_waits_for_as_many_fewer_as_were_deleted_while_gated():
+    from webhook.core.gating import GatedPods
+    pods = GatedPods(KEY)
+    for i in range(2):
+        pods.note(f"ml/train-{i}", pod_named(f"train-{i}"), now=float(i))
+    pods.deleted("ml/train-1")  # its Job scaled 2 to 1
+    (group,) = pods.ready({})
+    assert group.request.pods == 1 and [p.name for p in group.pods] == ["train-0"]
+    pods.deleted("ml/train-0")
+    assert not pods.removed  # the workload is gone: nothing of it is kept

@@ -218,22 +218,30 @@ def owned(pods, job):
 
 
 @pytest.mark.parametrize("before, after", [(2, 3), (2, 1)])
-def test_a_job_scaled_while_gated_is_released_at_its_new_size(fake, make_view, before, after):
+@pytest.mark.parametrize("owner", ["read", "unknown"])
+def test_a_job_scaled_while_gated_is_released_at_its_new_size(fake, make_view, before, after, owner):
+    """Its owner says how many pods it wants; without one to read, what its pods say does (more
+    pods made than decided, or fewer after some were deleted while gated)."""
     cluster(fake, zones=1, spines=2)
     view = make_view(fake, GATED, release_interval_seconds=0.05)
     view.start()
     assert view.wait_synced(15)
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": "ml", "uid": "job-uid"},
            "spec": {"parallelism": after, "completions": after}, "status": {}}
-    fake.put("jobs", job)
-    pods = owned(gated_job(view, pods=before), job)
+    pods = gated_job(view, pods=before)
+    if owner == "read":
+        fake.put("jobs", job)
+        pods = owned(pods, job)
     if after > before:
         extra = json.loads(json.dumps(pods[-1]))
         extra["metadata"].update(name="train-9", uid="uid-train-9")
         pods.append(extra)  # the Job controller's new pod, from the same (gated) template
-    for pod in pods[:after]:
+    for pod in pods:
         fake.put_pod(pod)
-    eventually(lambda: len(view.index.gated) == after, what="the pods seen gated")
+    eventually(lambda: len(view.index.gated) == len(pods), what="the pods seen gated")
+    for pod in pods[after:]:  # scaled down: the Job controller deletes the pods left over
+        fake.delete("pods", f"ml/{pod['metadata']['name']}")
+    eventually(lambda: len(view.index.gated) == after, what="the pods left seen gated")
     for spine in range(2):
         for node in range(2):
             fake.delete("pods", f"default/busy-gpu-z0-s{spine}-n{node}")

@@ -524,7 +524,7 @@ class ClusterIndex:
         with self.lock:
             self._forget_pod(pod_key(pod))
             self.waiters.forget(pod_key(pod))
-            self.gated.forget(pod_key(pod))
+            self.gated.deleted(pod_key(pod))
             self._recount(self.ledger.drop_pod(pod_key(pod)))
             meta = pod.get("metadata") or {}
             reservation = str((meta.get("annotations") or {}).get(RESERVATION) or "")

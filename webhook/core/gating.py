@@ -82,6 +82,9 @@ class GatedPods:
         # Pods our gate holds whose record is not believed: key -> (the pod, why). Never decided;
         # the releaser reports each once.
         self.refused: dict[str, tuple[Mapping, str]] = {}
+        # Gated pods deleted while gated, by workload: a Job scaled down deletes pods it had made,
+        # so without its owner's word a workload waits for that many fewer.
+        self.removed: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.pods)
@@ -115,6 +118,14 @@ class GatedPods:
         del group[key]
         if not group:
             del self.by_reservation[entry.reservation]
+            self.removed.pop(entry.reservation, None)
+
+    def deleted(self, key: str) -> None:
+        """A pod is gone from the API: one our gate held leaves its workload smaller."""
+        entry = self.pods.get(key)
+        if entry is not None and len(self.by_reservation[entry.reservation]) > 1:
+            self.removed[entry.reservation] = self.removed.get(entry.reservation, 0) + 1
+        self.forget(key)
 
     def unsure(self, running: Mapping[str, int]) -> dict[str, GatedPod]:
         """Workloads whose pods exist in another number than their request says (scaled while
@@ -126,9 +137,11 @@ class GatedPods:
               sizes: Mapping[str, int] | None = None) -> list[GatedGroup]:
         """Workloads whose pods all exist, oldest first. `running` counts each reservation's bound
         pods; `started`, pods released already (not bound yet: not decided again); `sizes`, how
-        many pods a workload's owner wants now, where it differs from the request (else the request
-        says). One whose gated pods disagree on the request or domain (two objects under one key)
-        is decided as its first pod says."""
+        many pods a workload's owner wants now, where it differs from the request. Without the
+        owner's word, what its pods say: more pods than the request were made (scaled up), or as
+        many fewer as were deleted while gated (scaled down); else the request. One whose gated
+        pods disagree on the request or domain (two objects under one key) is decided as its first
+        pod says."""
         groups = []
         for reservation, members in self.by_reservation.items():
             pods = sorted((p for key, p in members.items() if key not in started), key=lambda p: p.name)
@@ -136,7 +149,9 @@ class GatedPods:
                 continue
             first = pods[0]
             going = running.get(reservation, 0) + len(members) - len(pods)
-            size = (sizes or {}).get(reservation, first.request.pods)
+            made = running.get(reservation, 0) + len(members)
+            size = (sizes or {}).get(reservation, made if made > first.request.pods
+                                     else first.request.pods - self.removed.get(reservation, 0))
             wanted = min(len(pods), size - going)
             if wanted <= 0 or len(pods) + going < size:
                 continue  # its controller has not made every pod yet, or removes the ones left over
