@@ -618,13 +618,18 @@ def main(argv: list[str] | None = None) -> int:
         print("hack/local-cluster: --replicas must be 1 to 4", file=sys.stderr)
         return 2
     begun = time.monotonic()
+
+    def interrupted(signum: int, _frame: Any) -> None:
+        raise Failed(f"interrupted by signal {signum} before the cluster was up")
+    signal.signal(signal.SIGTERM, interrupted)  # a caller's timeout: what was started is stopped
     try:
         admin = up(args, state)
-    except (Failed, Exception) as err:  # noqa: BLE001 - any failure: one line, and nothing left running
+    except BaseException as err:  # noqa: BLE001 - any failure, ^C too: one line, and nothing left running
         stop_all(state)
         print(f"hack/local-cluster: {err if isinstance(err, Failed) else f'{type(err).__name__}: {err}'}",
               file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     print(f"local cluster up in {time.monotonic() - begun:.0f} s: etcd, kube-apiserver, kube-scheduler, "
           f"kube-controller-manager, {args.replicas} webhook replica(s); state in {state.path}", file=sys.stderr)
     print(f"export KUBECONFIG={admin}")

@@ -236,3 +236,36 @@ def test_without_its_owners_word_a_workload_waits_for_as_many_fewer_as_were_dele
     assert group.request.pods == 1 and [p.name for p in group.pods] == ["train-0"]
     pods.deleted("ml/train-0")
     assert not pods.removed  # the workload is gone: nothing of it is kept
+
+
+def test_a_release_changes_only_gates_affinity_and_our_annotations_whatever_the_record_claims():
+    """The record (`injected`) is the pod owner's to edit: one claiming env, a label or an
+    expression of the user's as ours must not make the release touch containers, labels, or
+    widen the affinity, which the apiserver refuses (a stranded release)."""
+    pod = gated_pod(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [USER_TERM]}]}}})
+    pod["metadata"]["labels"] = {"app": "x"}
+    record = injection.recorded(pod)
+    forged = dataclasses.replace(record, env={"trainer": {"FORGED": "1"}}, label="forged",
+                                 required=((USER_TERM,),))
+    pod["metadata"]["annotations"][injection.INJECTED] = forged.dumps()
+    placed = decision(request(pods=2), nodes=("gpu-1", "gpu-2"))
+    out = mutation.released(pod, placed)
+    assert out["spec"]["containers"] == pod["spec"]["containers"] and out["metadata"]["labels"] == {"app": "x"}
+    terms = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [{"matchExpressions": [USER_TERM, PIN]}]  # narrowed, nothing removed
+    assert "schedulingGates" not in out["spec"]
+    changed = {k for k in set(out) | set(pod) if out.get(k) != pod.get(k)}
+    assert changed <= {"spec", "metadata"}
+    assert {k for k in out["spec"] if out["spec"].get(k) != pod["spec"].get(k)} <= {"schedulingGates", "affinity"}
+
+
+def test_a_replacement_for_a_pod_deleted_while_gated_restores_the_size():
+    from webhook.core.gating import GatedPods
+    pods = GatedPods(KEY)
+    for i in range(2):
+        pods.note(f"ml/train-{i}", pod_named(f"train-{i}"), now=float(i))
+    pods.deleted("ml/train-1")  # deleted by hand: its Job makes a replacement
+    pods.note("ml/train-2", pod_named("train-2"), now=5.0)
+    (group,) = pods.ready({})
+    assert group.request.pods == 2 and [p.name for p in group.pods] == ["train-0", "train-2"]

@@ -255,6 +255,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--claims-budget {args.claims_budget} must be a positive number of seconds")
     if live:
         api_client_from(args.kubeconfig)  # a bad kubeconfig stops start-up here, in one line
+    if live and config.gate_waits and not args.gate_key_secret:
+        log.warning("gate_waits without --gate-key-secret: this process seals gated waits with a key of its own, so "
+                    "pods it gates are not released by another replica or after a restart (the chart passes it)")
     if args.gate_key_secret:
         if not live:
             raise UsageError("--gate-key-secret reads the key through the API: it needs the live cluster view")

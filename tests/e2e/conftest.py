@@ -100,8 +100,12 @@ class Cluster:
 
 
 def start_cluster(state: pathlib.Path, *flags: str) -> Cluster:
-    result = subprocess.run([str(ROOT / "hack" / "local-cluster"), "--state", str(state), "up", *flags],
-                            capture_output=True, text=True, timeout=UP_SECONDS)
+    try:
+        result = subprocess.run([str(ROOT / "hack" / "local-cluster"), "--state", str(state), "up", *flags],
+                                capture_output=True, text=True, timeout=UP_SECONDS)
+    except subprocess.TimeoutExpired:
+        stop_cluster(state)  # `up` was killed: what it had started is stopped by PID
+        raise
     assert result.returncode == 0, f"hack/local-cluster up failed: {result.stderr.strip()[-2000:]}"
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("export KUBECONFIG="), result.stdout

@@ -278,3 +278,33 @@ def test_replicas_sharing_claims_release_no_more_than_the_room(fake, make_view, 
         (leaf,) = leaf_pinned(pod)
         per_leaf[leaf] = per_leaf.get(leaf, 0) + 1
     assert set(per_leaf) <= free and all(count <= 2 for count in per_leaf.values()), per_leaf
+
+
+def test_a_release_the_api_refuses_is_left_and_the_pass_goes_on(fake, make_view):
+    """A pod whose release the apiserver refuses (its owner edited its record so the patch would
+    touch what the API does not let change, say) stops nothing: the next workload is released."""
+    cluster(fake, zones=1, spines=2)
+    results = []
+    view = make_view(fake, GATED, on_release=results.append, release_interval_seconds=0.05)
+    view.start()
+    assert view.wait_synced(15)
+    first, second = gated_job(view, "aaa-first"), gated_job(view, "zzz-second")
+    for pods in (first, second):
+        for pod in pods:
+            fake.put_pod(pod)
+    eventually(lambda: len(view.index.gated) == 4, what="all seen gated")
+    refused = {f"ml/{p['metadata']['name']}" for p in first}
+    patch = fake._patch
+
+    def refusing(kind, key, operations):  # the apiserver refuses the first workload's pods
+        if key in refused:
+            return 422, {"kind": "Status", "code": 422, "reason": "Invalid", "message": "refused"}
+        return patch(kind, key, operations)
+    fake._patch = refusing
+    for spine in range(2):
+        for node in range(2):
+            fake.delete("pods", f"default/busy-gpu-z0-s{spine}-n{node}")
+    for pod in second:
+        eventually(lambda: released(fake, pod["metadata"]["name"]), what="the second workload released")
+    assert all(stored(fake, p["metadata"]["name"])["spec"]["schedulingGates"] == [{"name": GATE}] for p in first)
+    assert "failed" in results and "released-by-another-replica" not in results

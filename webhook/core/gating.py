@@ -107,6 +107,8 @@ class GatedPods:
         entry = GatedPod(key, reservation, request, path, since, pod)
         self.pods[key] = entry
         self.by_reservation.setdefault(reservation, {})[key] = entry
+        if seen is None and self.removed.get(reservation):
+            self.removed[reservation] -= 1  # a replacement for a pod deleted while gated, not a new one
         return seen is None
 
     def forget(self, key: str) -> None:

@@ -155,7 +155,8 @@ def start_gated(index: ClusterIndex, group: GatedGroup) -> tuple[Decision | None
     ours: list[object] = [None]  # the hold this call made, if any: deciding again after a 409 replaces it
 
     def decide() -> Decision | None:
-        if index.ledger.hold(key) not in (None, ours[0]):
+        held = index.ledger.hold(key)
+        if held is not None and held is not ours[0]:
             return None
         decision = _held(index, key, lambda: place_gated(index, group.request, waiting, group.reservation))
         ours[0] = index.ledger.hold(key)

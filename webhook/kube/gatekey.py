@@ -29,7 +29,10 @@ def ensure_gate_key(api_client: k8s_client.ApiClient, namespace: str, name: str)
         try:
             secret = core.read_namespaced_secret(name, namespace)
             text = (secret.data or {}).get(_FIELD) or ""
-            key = base64.b64decode(text)
+            try:
+                key = base64.b64decode(text, validate=True)
+            except ValueError:  # binascii.Error: not base64 (a Secret edited by hand)
+                key = b""
             if len(key) < KEY_BYTES:
                 raise ConfigError(f"--gate-key-secret {namespace}/{name}: data.{_FIELD} holds {len(key)} bytes; "
                                   f"allowed: at least {KEY_BYTES} (delete the Secret to have a new key made)")

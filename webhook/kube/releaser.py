@@ -7,10 +7,13 @@ and holds and claims the placement through the replicas' shared claims (compare-
 any pod is patched: a replica that loses that race reads the claims again and finds the
 workload held, so it is never released twice nor onto room another release took. Then it patches
 each pod, in name order, with what `mutation.released` writes (the pin, the GPU ids, the gate
-removed), behind a JSON-patch `test` that the pod's gates are still the ones it saw; should that
-test fail (someone else lifted the gate), the pass drops its hold and ends, and the next one starts
-from what is held then. This is Kueue's TopologyUngater's pattern; the API lets a gated pod's node
-affinity only narrow (KEP-3838, Kubernetes 1.30+).
+removed, and nothing else: the record on a pod is its owner's to edit), behind a JSON-patch `test`
+that the pod's gates are still the ones it saw. When the first patch is refused, the pod is read
+again: our gate gone (someone else lifted it), the pass drops its hold and ends, and the next one
+starts from what is held then; still gated (the API refused the change itself), the hold is
+dropped and the workload is left until one of its pods changes, and the pass goes on. This is
+Kueue's TopologyUngater's pattern; the API lets a gated pod's node affinity only narrow
+(KEP-3838, Kubernetes 1.30+).
 
 What a release decides from is only what we sealed (injection.seal_gate): a pod whose record does
 not verify stays gated, is counted ("refused") and named in a warning Event; a workload whose
@@ -44,11 +47,14 @@ RELEASED, TAKEN, FAILED, REFUSED, ERROR = "released", "released-by-another-repli
 RESULTS: Mapping[str, str] = {
     RELEASED: "a gated workload started: its pods' gate lifted and pinned where room opened",
     TAKEN: "another replica lifted its gate first; this one dropped its hold",
-    FAILED: "a pod's patch failed: it stays gated until a later pass finds room",
+    FAILED: "the API refused a pod's patch: it stays gated; its workload is decided again once one of its pods "
+            "changes",
     REFUSED: "a gated pod whose record is not sealed by us or names another namespace: never released, named in a "
              "Warning Event",
     ERROR: "deciding a workload's release failed; the pass went on with the others",
 }
+API_SECONDS = 5  # each call the releaser makes: a slow apiserver delays a pass, never stops it
+EVENTS_PER_PASS = 10
 # Where a gated workload's owner says how many pods it wants, by the owner's kind.
 OwnerSize = Callable[[str, Mapping], "int | None"]
 
@@ -59,12 +65,20 @@ class Releaser:
     def __init__(self, index: ClusterIndex, patch_pod: Callable[[str, str, list[dict]], None],
                  on_release: Callable[[str], None] = lambda _: None,
                  owner_size: OwnerSize = lambda _namespace, _owner: None,
-                 warn: Callable[[Mapping, str], None] = lambda _pod, _why: None) -> None:
+                 warn: Callable[[Mapping, str], None] = lambda _pod, _why: None,
+                 still_gated: Callable[[str, str], bool] = lambda _namespace, _name: True) -> None:
         self.index = index
         self.patch_pod = patch_pod
         self.on_release = on_release
         self.owner_size = owner_size  # (namespace, controller ownerReference) -> pods it wants; None: unknown
         self.warn = warn  # a warning Event on a pod whose record is refused
+        self.still_gated = still_gated  # whether the pod, read now, still carries our gate
+        # Workloads whose release the API refused, with their pods as they were then: not decided
+        # again until one of them changes (a refusal is the pod's doing, and would repeat).
+        self.refusing: dict[str, tuple] = {}
+        # Holds of pods released apart from their workload (`<key>+<pod>`), with those pods: their
+        # binding confirms only the workload's own hold, so these are dropped once all are bound.
+        self.side_holds: dict[str, set[str]] = {}
         self.seen_changes: int | None = None  # the index's `changes` at the last pass
         # Pods this releaser patched, until the live view sees them no longer gated: deciding them
         # again before that would take a second, stale, hold.
@@ -79,13 +93,23 @@ class Releaser:
         batch: Any = k8s_client.BatchV1Api(api_client)
 
         def patch_pod(namespace: str, name: str, operations: list[dict]) -> None:
-            core.patch_namespaced_pod(name, namespace, operations, _content_type=JSON_PATCH, _preload_content=False)
+            core.patch_namespaced_pod(name, namespace, operations, _content_type=JSON_PATCH, _preload_content=False,
+                                      _request_timeout=API_SECONDS)
+
+        def still_gated(namespace: str, name: str) -> bool:
+            try:
+                pod = json.loads(core.read_namespaced_pod(name, namespace, _preload_content=False,
+                                                          _request_timeout=API_SECONDS).data)
+            except ApiException as err:
+                return err.status != 404
+            return {"name": GATE} in ((pod.get("spec") or {}).get("schedulingGates") or [])
 
         def owner_size(namespace: str, owner: Mapping) -> int | None:
             if owner.get("kind") != "Job" or str(owner.get("apiVersion")) != "batch/v1":
                 return None
             try:
-                response = batch.read_namespaced_job(str(owner.get("name")), namespace, _preload_content=False)
+                response = batch.read_namespaced_job(str(owner.get("name")), namespace, _preload_content=False,
+                                                     _request_timeout=API_SECONDS)
             except ApiException:
                 return None  # not to be read (gone, or not allowed): what its pods say decides
             job = json.loads(response.data)
@@ -106,10 +130,10 @@ class Releaser:
                      "message": f"topology-webhook will not release this pod from its scheduling gate: {why}. "
                                 f"Remove the gate {GATE} by hand, or delete the pod"[:1024]}
             try:
-                core.create_namespaced_event(namespace, event, _preload_content=False)
+                core.create_namespaced_event(namespace, event, _preload_content=False, _request_timeout=API_SECONDS)
             except Exception as err:  # noqa: BLE001 - an event is best effort; the metric and the log stay
                 log.warning("could not record an event on pod %s/%s: %s", namespace, meta.get("name"), err)
-        return cls(index, patch_pod, on_release, owner_size, warn)
+        return cls(index, patch_pod, on_release, owner_size, warn, still_gated)
 
     def run_once(self) -> int:
         """One pass, if the cluster changed since the last one; returns how many workloads it started."""
@@ -120,30 +144,53 @@ class Releaser:
         if changes == self.seen_changes:
             return 0
         self.seen_changes = changes
-        self._report(refused)
+        self._drop_side_holds()
         started = 0
-        for group in self.index.gated_groups(set(self.patched), self._sizes()):
+        groups = self.index.gated_groups(set(self.patched), self._sizes())
+        self.refusing = {key: pods for key, pods in self.refusing.items()
+                         if any(g.reservation == key and _as_seen(g) == pods for g in groups)}
+        for group in groups:
+            if self.refusing.get(group.reservation) == _as_seen(group):
+                continue
             try:
                 decision, alone = start_gated(self.index, group)
                 for warning in alone:
                     log.warning("%s", warning)
                 if decision is None:
                     continue
-                if not self._patch(group, decision):
+                result = self._patch(group, decision)
+                if result == TAKEN:
                     self.seen_changes = None  # pass again soon, from what is held then
-                    return started
-                started += 1
+                    break
+                started += result == RELEASED
             except Exception:  # noqa: BLE001 - one workload's failure never stops the others' release
                 log.exception("deciding the release of %s failed; it stays gated", group.reservation)
                 self.on_release(ERROR)
+        self._report(refused)
         return started
 
+    def _drop_side_holds(self) -> None:
+        """Drop each side hold whose pods are all bound (counted on their nodes) or gone."""
+        if not self.side_holds:
+            return
+        with self.index.lock:
+            seen = self.index.counted_pods()
+            done = [hold for hold, pods in self.side_holds.items()
+                    if all(key in self.index.pod_nodes or key not in seen for key in pods)]
+        for hold in done:
+            del self.side_holds[hold]
+            release_shared(self.index, hold)
+
     def _report(self, refused: Mapping[str, tuple[Mapping, str]]) -> None:
-        """Count and name each refused gated pod once (while it is seen)."""
+        """Count and name each refused gated pod once (while it is seen), at most EVENTS_PER_PASS
+        a pass and after the releases: a tenant's thousand pods carrying our gate's name delay no
+        release, and the rest are named by the passes after."""
         self.reported &= set(refused)
-        for key, (pod, why) in refused.items():
-            if key in self.reported:
-                continue
+        fresh = [key for key in refused if key not in self.reported]
+        if len(fresh) > EVENTS_PER_PASS:
+            self.seen_changes = None  # pass again soon for the rest
+        for key in fresh[:EVENTS_PER_PASS]:
+            pod, why = refused[key]
             self.reported.add(key)
             log.warning("gated pod %s is not released: %s", key, why)
             self.on_release(REFUSED)
@@ -165,26 +212,33 @@ class Releaser:
                 sizes[reservation] = size
         return sizes
 
-    def _patch(self, group: GatedGroup, decision: Decision) -> bool:
-        """Patch the group's pods; False when someone else lifted the first one's gate first (the
-        hold is dropped and its claim withdrawn: the pass ends, and the next decides afresh)."""
+    def _patch(self, group: GatedGroup, decision: Decision) -> str:
+        """Patch the group's pods. TAKEN when someone else lifted the first one's gate first (the
+        hold is dropped and its claim withdrawn; the pass ends, and the next decides afresh);
+        FAILED when the API refused the first one otherwise (the hold is dropped, and the workload
+        is not decided again until its pods change); else RELEASED."""
         for position, gated in enumerate(group.pods):
             operations = [_still_gated(gated.pod), *make_patch(gated.pod, mutation.released(gated.pod, decision))]
             try:
                 self.patch_pod(gated.namespace, gated.name, operations)
             except ApiException as err:
-                if err.status == 422 and position == 0:
+                log.warning("could not release pod %s/%s of %s from its scheduling gate (HTTP %s): it stays gated",
+                            gated.namespace, gated.name, group.request.workload, err.status)
+                if position == 0:
                     release_shared(self.index, group.hold)
-                    self.on_release(TAKEN)
-                    return False
-                log.warning("could not release pod %s/%s of %s from its scheduling gate (HTTP %s): it stays gated "
-                            "until a later pass", gated.namespace, gated.name, group.request.workload, err.status)
+                    taken = err.status == 422 and not self.still_gated(gated.namespace, gated.name)
+                    if not taken:
+                        self.refusing[group.reservation] = _as_seen(group)
+                    self.on_release(TAKEN if taken else FAILED)
+                    return TAKEN if taken else FAILED
                 self.on_release(FAILED)
                 continue
             self.patched.add(gated.key)
+            if group.hold != group.reservation:
+                self.side_holds.setdefault(group.hold, set()).add(gated.key)
         log.info("released %s from its scheduling gate: %s", group.request.workload, decision.reasons[-1])
         self.on_release(RELEASED)
-        return True
+        return RELEASED
 
 
 def controller_of(pod: Mapping) -> Mapping | None:
@@ -210,6 +264,11 @@ def job_pods_wanted(job: Mapping) -> int:
     if completions is not None:
         wanted = min(wanted, int(completions) - int(status.get("succeeded") or 0))
     return max(0, wanted)
+
+
+def _as_seen(group: GatedGroup) -> tuple:
+    """A gated workload's pods as the view saw them: a change of any is a reason to try again."""
+    return tuple(sorted((p.key, str((p.pod.get("metadata") or {}).get("resourceVersion"))) for p in group.pods))
 
 
 def _still_gated(pod: Mapping) -> dict:

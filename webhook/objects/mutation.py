@@ -41,7 +41,7 @@ from ..core.gpus import container_gpus, format_gpu_set
 from ..core.injection import (GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, PREFERRED,
                               REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL, Injection, annotations_of, at,
                               dumps_request, format_domain_path, recorded, seal_gate)
-from ..core.model import EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, Decision, Outcome, Strategy
+from ..core.model import ANNOTATION_PREFIX, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, Decision, Outcome, Strategy
 from .workload import pod_templates
 
 __all__ = ["GPU_IDS", "INJECTED", "PLACEMENT", "RESERVATION", "WAITING_FOR", "WORKLOAD_LABEL", "Injection"]  # for callers
@@ -77,7 +77,8 @@ def released(pod: Mapping, decision: Decision) -> dict:
 
     outputs = {PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
                WAITING_FOR: None, GATED_REQUEST: None, GATE_SEAL: None}
-    return _rewrite(pod, "Pod", desired, lambda _: outputs, None)
+    expressions = tuple(r.expression for r in decision.requirements)
+    return _gated_pod_changed(pod, _rewrite(pod, "Pod", desired, lambda _: outputs, None), expressions, True)
 
 
 def ungated(pod: Mapping) -> dict:
@@ -89,7 +90,32 @@ def ungated(pod: Mapping) -> dict:
 
     outputs = {PLACEMENT: "released from its scheduling gate without placement (topology-webhook ungate)",
                WAITING_FOR: None, GATED_REQUEST: None, GATE_SEAL: None}
-    return _rewrite(pod, "Pod", desired, lambda _: outputs, None)
+    return _gated_pod_changed(pod, _rewrite(pod, "Pod", desired, lambda _: outputs, None), (), False)
+
+
+def _gated_pod_changed(pod: Mapping, rewritten: Mapping, expressions: tuple[dict, ...], lift: bool) -> dict:
+    """`pod` with only what may change on a gated pod taken from `rewritten`: its scheduling
+    gates (our gate removed whatever the record says, when `lift`), `expressions` added to every
+    required nodeSelectorTerm (never one removed: the API lets a gated pod's affinity only narrow)
+    and our annotations. The record on a pod is its owner's to edit: a record claiming env or
+    expressions we never added must not make the release patch touch containers or widen the
+    affinity, which the apiserver (and the chart's policy) refuses, stranding the release."""
+    out = _copy(dict(pod))
+    spec, new_spec = out.setdefault("spec", {}), rewritten.get("spec") or {}
+    gates = [g for g in new_spec.get("schedulingGates") or () if not (lift and isinstance(g, dict)
+                                                                     and g.get("name") == GATE)]
+    _put(spec, ("schedulingGates",), gates)
+    if expressions:
+        terms = [term if isinstance(term, dict) else {} for term in at(spec, REQUIRED_TERMS) or [{}]]
+        for term in terms:
+            if term or len(terms) == 1:  # an empty term {} among others matches no node: it stays empty
+                present = term.get("matchExpressions") or []
+                term["matchExpressions"] = [*present, *(e for e in expressions if e not in present)]
+        _put(spec, REQUIRED_TERMS, terms)
+    meta = out.setdefault("metadata", {})
+    ours = {k: v for k, v in _annotations(rewritten.get("metadata") or {}).items() if k.startswith(ANNOTATION_PREFIX)}
+    _set_annotations(meta, {**{k: None for k in _annotations(meta) if k.startswith(ANNOTATION_PREFIX)}, **ours})
+    return out
 
 
 def carry_over(old: Mapping, new: Mapping, kind: str, config: Config) -> dict:
