@@ -16,8 +16,11 @@ submit order and starts every job the policy places now. What it stands for:
 - Kueue's BestEffortFIFO (https://kueue.sigs.k8s.io/docs/concepts/cluster_queue/#queueing-strategy),
   the queueing strategy the Kueue TAS baseline stands for: workloads ordered by priority and creation
   time; one that cannot be admitted is set aside and does not block newer ones that fit, and is
-  requeued when quota or capacity is freed. Same order, same backfill, so the same pass. StrictFIFO
-  (an older workload that cannot be admitted blocks newer ones) is not modelled.
+  requeued when quota or capacity is freed. Same order, same backfill, so the same pass.
+- Kueue's StrictFIFO (same page: "Older workloads that can't be admitted will block newer
+  workloads, even if the newer workloads fit"), for a policy with `strict_fifo`: the pass walks
+  the queue in submit order and stops at the first job that does not start; a job rejected as
+  never fitting leaves the queue and blocks nothing.
 - `window`: passing WINDOW (64) looks at only the first 64 queued jobs per pass, which is how the
   simulator ran before 25 Nov 2026. No scheduler named above has such a cut-off: under load the 64
   places filled with multi-node jobs that wait long (more of them under a policy that keeps them
@@ -26,7 +29,9 @@ submit order and starts every job the policy places now. What it stands for:
 Three shortcuts keep a pass cheap, none changing what starts. A job that had to wait is not asked
 again until some job has ended. Once a job of p pods of g GPUs that could go anywhere (the policy
 holds it to no nodes: `held_to` is None) failed, jobs of p or more pods of g or more GPUs are skipped
-until something is freed: every policy's fit is monotone in free GPUs, pod count and pod size.
+until something is freed: every policy's fit is monotone in free GPUs, pod count and pod size
+(among the shapes of one `Policy.fit_class`: Kueue's required level grows with the job, so one of
+8 pods waiting for a leaf says nothing of one of 9 required at a spine).
 (Before 25 Nov 2026 the skip went by total GPUs, which is the same for the sampled streams, whose
 jobs are one pod or pods of 8, but not for a replayed trace's worker shapes.) A job held to some
 nodes (ours, waiting inside its pin) failing says nothing of the others; it is set aside until GPUs
@@ -41,7 +46,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -167,15 +172,21 @@ def pod_size_shares(jobs: tuple[Job, ...]) -> dict[int, float]:
     return {size: n / total for size, n in counts.items()}
 
 
-def covered(shape: tuple[int, int], failed: list[tuple[int, int]]) -> bool:
-    """Whether a job of `shape` (pods, GPUs per pod) has as many pods, each as large, as one that failed."""
-    return any(shape[0] >= pods and shape[1] >= per_pod for pods, per_pod in failed)
+FitClass = Callable[[tuple[int, int]], object]
 
 
-def note_failure(failed: list[tuple[int, int]], shape: tuple[int, int]) -> None:
+def covered(shape: tuple[int, int], failed: list[tuple[int, int]], fit_class: FitClass | None = None) -> bool:
+    """Whether a job of `shape` (pods, GPUs per pod) has as many pods, each as large, as one that
+    failed (of the same `fit_class`, where one is given)."""
+    return any(shape[0] >= pods and shape[1] >= per_pod
+               and (fit_class is None or fit_class(shape) == fit_class((pods, per_pod))) for pods, per_pod in failed)
+
+
+def note_failure(failed: list[tuple[int, int]], shape: tuple[int, int], fit_class: FitClass | None = None) -> None:
     """Add (pods, GPUs per pod) to the shapes that found no room, dropping those it covers: the list
     stays the few shapes no other one covers."""
-    failed[:] = [f for f in failed if not (f[0] >= shape[0] and f[1] >= shape[1])] + [shape]
+    failed[:] = [f for f in failed if not (f[0] >= shape[0] and f[1] >= shape[1] and (
+        fit_class is None or fit_class(f) == fit_class(shape)))] + [shape]
 
 
 class JobQueue:
@@ -223,7 +234,12 @@ class JobQueue:
     def first(self, count: int) -> list[tuple[int, Job]]:
         return list(islice(self.jobs.items(), count))
 
-    def in_order(self, failed: list[tuple[int, int]]) -> Iterator[tuple[int, Job]]:
+    def in_submit_order(self) -> Iterator[tuple[int, Job]]:
+        """Every queued job, set aside or not, oldest first. Nothing may be added or removed while
+        it is read."""
+        return iter(self.jobs.items())
+
+    def in_order(self, failed: list[tuple[int, int]], fit_class: FitClass | None = None) -> Iterator[tuple[int, Job]]:
         """The jobs not set aside, in submit order, without those of a shape a failed shape covers:
         a merge of the per-shape queues that drops a shape once `failed` covers it, so that a pass
         costs the jobs it asks, not every job queued (tens of thousands at 8,192 GPUs under
@@ -233,7 +249,7 @@ class JobQueue:
         heapq.heapify(heads)
         while heads:
             position, shape, job = heapq.heappop(heads)
-            if covered(shape, failed):
+            if covered(shape, failed, fit_class):
                 continue
             yield position, job
             for following, later in islice(streams[shape], 1):
@@ -304,6 +320,9 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
     waited_at: dict[str, int] = {}
     epoch_failed: list[tuple[int, int]] = []
     total_gpus = cluster.spec.gpus
+    strict = policy.strict_fifo
+    # None when the policy's fit is one class (the usual case): the checks stay as they were.
+    fit_class = None if type(policy).fit_class is Policy.fit_class else policy.fit_class
 
     def schedule_pass(arrived: tuple[int, Job] | None) -> None:
         nonlocal epoch_failed
@@ -311,21 +330,27 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
         candidates: Iterable[tuple[int, Job]]
         if window is not None:
             candidates = queue.first(window)
+        elif strict:
+            # StrictFIFO: from the head, until one does not start. After an arrival the head, asked
+            # since the last release, stops the pass at once unless the arrival is the head.
+            candidates = queue.in_submit_order()
         elif arrived is not None:
             candidates, failed = [arrived], epoch_failed
         else:
-            candidates = queue.in_order(failed)
+            candidates = queue.in_order(failed, fit_class)
         gone: list[int] = []  # dequeued after the pass: the queue is being read
         aside: list[tuple[int, frozenset[str]]] = []
         for position, job in candidates:
             if cluster.used == total_gpus:
                 break  # nothing fits anywhere
             gpus, shape = job.gpus, (job.pods, job.gpus_per_pod)
-            if covered(shape, failed):
+            if not strict and covered(shape, failed, fit_class):
                 continue  # as many pods, each as large, as a job that found no room anywhere
             if waited_at.get(job.job_id) == releases:
+                if strict:
+                    break  # the head still cannot start: nothing behind it may
                 if policy.held_to(job) is None and not policy.redecided(job):
-                    note_failure(failed, shape)
+                    note_failure(failed, shape, fit_class)
                 continue
             pods = None
             try:
@@ -342,12 +367,14 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
             if pods is None:
                 held_to = policy.held_to(job)
                 if held_to is None and not policy.redecided(job):
-                    note_failure(failed, shape)
+                    note_failure(failed, shape, fit_class)
                 elif held_to is not None and window is None:
                     aside.append((position, held_to))
                 waited_at[job.job_id] = releases
                 if gpus <= total_gpus - cluster.used:  # the policy was asked and said wait
                     result.waits[job.job_id] = result.waits.get(job.job_id, 0) + 1
+                if strict:
+                    break  # StrictFIFO: a head that cannot start blocks the jobs behind it
                 continue
             gone.append(position)
             start(job, pods)

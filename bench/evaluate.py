@@ -1,41 +1,62 @@
-"""Evaluate ours against every baseline on fresh job streams: paired differences, 95% intervals, verdicts.
+"""Evaluate ours against every baseline on fresh job streams: paired differences, Holm-adjusted verdicts.
 
-The placement rules were chosen while looking at the tuning seeds (simulate.SEEDS and 1000-1011,
-the old seed_check range); a verdict read on them flatters whatever was tuned. This draws new seeds
-every run (printed, so `--seeds` repeats a run exactly), runs ours and each baseline on the same
-stream of each seed, and reports per cell and bucket the mean paired difference (ours - theirs),
-its 95% bootstrap interval, the win count and the verdict of bench/protocol.py.
+The placement rules were chosen while looking at some seeds (SEEN_SEEDS: the tuning seeds, the
+diagnosis seeds and every other seed whose runs were read); a verdict read on them flatters whatever
+was tuned. This draws new seeds every run (printed, so `--seeds` repeats a run exactly), runs ours
+and each baseline on the same stream of each seed, and reports per cell and bucket the mean paired
+difference (ours - theirs), its paired t-interval at the Holm-adjusted level, the equivalence
+interval against a margin of 2% of the baseline's mean, the win count and the verdict: ahead,
+behind, level or inconclusive (`judge`; docs/design/evaluation.md says exactly what is computed).
 
-    .venv/bin/python bench/evaluate.py                      # main grid, 512 GPUs, 8 fresh seeds
-    .venv/bin/python bench/evaluate.py --gpus 8192 --n-seeds 8
+    .venv/bin/python bench/evaluate.py                      # main grid, 512 GPUs, 24 fresh seeds
+    .venv/bin/python bench/evaluate.py --gpus 8192 --n-seeds 12
     .venv/bin/python bench/evaluate.py --seeds 123 456 --cells helios_all:0.8   # repeat given seeds
     .venv/bin/python bench/evaluate.py --write              # also put the verdict into bench/RESULTS.md
     .venv/bin/python bench/evaluate.py --gpus 8192 --seeds ... --resume bench/.runs   # keep each run, go on later
 
-`--resume DIR` keeps every finished run (one policy on one stream) in DIR under a digest of the
-code that made it (webhook/ and the simulator's modules), and a later call with the same code reads those instead of
-running them again: an evaluation longer than one sitting goes on where it stopped.
+`--resume DIR` keeps every finished run (one policy on one stream) in DIR under the interpreter
+that made it (implementation and version: one seed draws other streams under Python 3.11 and
+3.12) and a digest of the code that made it (webhook/ and the simulator's modules), and a later
+call with the same interpreter and code reads those instead of running them again: an evaluation
+longer than one sitting goes on where it stopped. A kept run is never read by another interpreter.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import multiprocessing
 import os
 import pickle
 import random
+import statistics
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Sequence
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import protocol, report, simulate  # noqa: E402
+from bench import report, simulate  # noqa: E402
 from bench.fabric import ClusterSpec  # noqa: E402
 from bench.traces import SIZE_SHARES  # noqa: E402
 
-TUNING_SEEDS = frozenset(simulate.SEEDS) | frozenset(range(1000, 1012))
+# Every seed whose runs anyone has read, so that a verdict on it is in-sample. fresh_seeds() never
+# draws one; --seeds refuses them unless --allow-seen marks the run in-sample. Where each is named:
+SEEN_SEEDS = frozenset(
+    [*simulate.SEEDS,  # 20261122-20261126: the main grid of simulate.py, the rules were tuned on it
+     *range(1000, 1012),  # the old seed_check range, tuning (simulate.ANALYSIS, RESULTS.md)
+     *range(301, 309),  # diagnose_jct.py's diagnosis seeds, 301-304 and 305-308 (bench/README.md, issue 26)
+     11, 12,  # diagnose_jct.py's examples; 11 also the profile of "Simulator speed" (bench/README.md)
+     77, 4242,  # records compared before and after the simulator's speed-ups (bench/README.md)
+     783722218,  # profiled at 2,048 and 8,192 GPUs, acme_seren 1.2 (bench/README.md, "Simulator speed")
+     ])
+TUNING_SEEDS = SEEN_SEEDS  # the name bench/ablation.py reads: it refuses the same seeds
+ALPHA = 0.05  # family-wise error rate of each family's verdicts (Holm)
+MARGIN = 0.02  # "level" means within this share of the baseline's mean
+# Fewer streams per cell than this and the report says its verdicts are underpowered (issue 38):
+MIN_SEEDS = {512: 24, 2048: 24, 8192: 12}
 OURS = "ours-consolidated"
 # Both strategies users get from us: balanced is the default, consolidated the one asked for.
 OURS_VARIANTS = (OURS, "ours-balanced")
@@ -65,114 +86,332 @@ def code_digest() -> str:
     return digest.hexdigest()[:16]
 
 
+def interpreter() -> str:
+    """The interpreter running this, implementation and version (cpython-3.11.7): one seed draws
+    other job streams under Python 3.11 and 3.12, so runs of two interpreters are never paired."""
+    return f"{sys.implementation.name}-{'.'.join(str(part) for part in sys.version_info[:3])}"
+
+
+class MixedInterpreters(RuntimeError):
+    """A run that another interpreter made, offered to this evaluation."""
+
+
 class Kept:
-    """Finished runs kept in a folder, one file per (cluster, trace, load, seed, policy) and code
-    digest: a result is only ever read back by the code that made it."""
+    """Finished runs kept in a folder, one file per (cluster, trace, load, seed, policy), interpreter
+    and code digest: a result is only ever read back by the interpreter and the code that made it.
+    The file records its interpreter too, so one renamed or copied from elsewhere is refused."""
 
     def __init__(self, folder: str, gpus: int) -> None:
-        self.folder, self.gpus, self.digest = folder, gpus, code_digest()
+        self.folder, self.gpus, self.digest, self.interpreter = folder, gpus, code_digest(), interpreter()
         os.makedirs(folder, exist_ok=True)
 
     def path(self, task: tuple) -> str:
         scenario, key, _ = task
         return os.path.join(self.folder, f"{self.gpus}-{scenario.trace}-{scenario.load:g}-{scenario.seed}-{key}-"
-                                         f"{self.digest}.pickle")
+                                         f"{self.interpreter}-{self.digest}.pickle")
 
     def read(self, task: tuple):
         try:
             with open(self.path(task), "rb") as handle:
-                return pickle.load(handle)
+                kept = pickle.load(handle)
         except FileNotFoundError:
             return None
+        made_by = kept.get("interpreter") if isinstance(kept, dict) else None
+        if made_by != self.interpreter:
+            raise MixedInterpreters(f"{self.path(task)} was made by {made_by or 'an unrecorded interpreter'} and this "
+                                    f"evaluation runs {self.interpreter}; runs of two interpreters are never combined "
+                                    f"(one seed draws other streams): remove the file or run under its interpreter")
+        return kept["summary"]
 
     def keep(self, task: tuple, summary) -> None:
         partial = self.path(task) + ".part"
         with open(partial, "wb") as handle:
-            pickle.dump(summary, handle)
+            pickle.dump({"interpreter": self.interpreter, "summary": summary}, handle)
         os.replace(partial, self.path(task))
 
 
+def run_here(task: tuple) -> tuple:
+    """simulate.run_one, and the interpreter of the process that ran it."""
+    return (*simulate.run_one(task), interpreter())
+
+
 def fresh_seeds(count: int) -> list[int]:
-    """Seeds nobody tuned with: from os.urandom, never one of the tuning seeds."""
+    """Seeds nobody has looked at: from os.urandom and the clock, never one of SEEN_SEEDS."""
     rng = random.Random(int.from_bytes(os.urandom(8), "big") ^ time.time_ns())
     seeds: list[int] = []
     while len(seeds) < count:
         seed = rng.randrange(2**31)
-        if seed not in TUNING_SEEDS and seed not in seeds:
+        if seed not in SEEN_SEEDS and seed not in seeds:
             seeds.append(seed)
     return seeds
 
 
-def verdicts(results, cells, seeds, rng: random.Random, variants=(OURS,)) -> list[tuple]:
-    """Rows (trace, load, bucket or 'allocation', baseline, protocol.Paired, ours' variant) for every
-    comparison."""
-    rows = []
+def min_seeds(gpus: int) -> int:
+    """Streams per cell below which an evaluation's verdicts are underpowered (24, 12 at 8,192 GPUs)."""
+    return MIN_SEEDS.get(gpus, 24 if gpus < 8192 else 12)
+
+
+# Statistics. Student's t from the regularized incomplete beta function (no scipy in the venv).
+
+def _betainc(a: float, b: float, x: float, y: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function, with y = 1 - x given apart (no
+    cancellation near 1): its continued fraction by the modified Lentz method."""
+    if x <= 0:
+        return 0.0
+    if y <= 0:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast only below this: I_x(a, b) = 1 - I_y(b, a)
+        return 1.0 - _betainc(b, a, y, x)
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 1000):
+        step = 1.0
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            step = c * d
+            fraction *= step
+        if abs(step - 1.0) < 1e-15:
+            break
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(y))
+    return front * fraction / a
+
+
+def t_sf(t: float, df: float) -> float:
+    """P(T > t) for Student's t with df degrees of freedom."""
+    if math.isinf(t):
+        return 0.0 if t > 0 else 1.0
+    tail = 0.5 * _betainc(df / 2, 0.5, df / (df + t * t), t * t / (df + t * t))  # P(|T| > |t|) / 2
+    return tail if t >= 0 else 1.0 - tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The critical value t with P(T > t) = p, for 0 < p <= 0.5 (bisection on t_sf)."""
+    low, high = 0.0, 1.0
+    while t_sf(high, df) > p:
+        low, high = high, 2 * high
+    while high - low > 1e-10 * high:
+        middle = (low + high) / 2
+        if t_sf(middle, df) > p:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
+def _holm_steps(pvalues: Sequence[float]) -> list[tuple[float, float]]:
+    """(adjusted p-value, factor) of each p-value of one family, in their order. Holm's step-down:
+    with p(1) <= ... <= p(m) sorted, the k-th is adjusted to min(1, max over j <= k of
+    (m - j + 1) p(j)). The factor c is that maximum over p(k) itself (m - k + 1 <= c <= m): a test
+    or interval at level alpha / c rejects exactly when the adjusted p-value is at most alpha."""
+    m = len(pvalues)
+    steps = [(1.0, float(m))] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda i: pvalues[i]), 1):
+        running = max(running, (m - rank + 1) * pvalues[i])
+        steps[i] = (min(1.0, running), running / pvalues[i] if pvalues[i] > 0 else float(m - rank + 1))
+    return steps
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values of one family, in the order given."""
+    return [adjusted for adjusted, _ in _holm_steps(pvalues)]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One paired comparison: ours[i] and theirs[i] ran the same stream i; comparisons with equal
+    `family` are Holm-adjusted together."""
+    ours: tuple[float, ...]
+    theirs: tuple[float, ...]
+    lower_is_better: bool = True
+    family: tuple = ()
+
+
+@dataclass(frozen=True)
+class Judged:
+    mean: float  # mean over the streams of ours - theirs
+    low: float  # paired t-interval of that mean at the Holm-adjusted level: it excludes 0
+    high: float  # exactly when the verdict is ahead or behind
+    level_low: float  # two one-sided t-tests (TOST) at the Holm-adjusted level, as an interval:
+    level_high: float  # inside +-margin exactly when the equivalence test rejects
+    margin: float  # MARGIN times the baseline's mean (absolute), in the row's unit
+    p: float  # Holm-adjusted p-value of "no difference" (two-sided paired t-test)
+    p_level: float  # Holm-adjusted p-value of "differs by the margin or more" (TOST)
+    wins: int  # streams on which ours was strictly better
+    n: int
+    family_size: int  # comparisons Holm-adjusted together with this one
+    verdict: str  # ahead, behind, level or inconclusive
+
+
+def _tests(c: Comparison, margin_share: float) -> tuple[list[float], float, float, float, float, float]:
+    """(differences, mean, standard error, margin, p of no difference, p of TOST), unadjusted."""
+    if len(c.ours) != len(c.theirs) or not c.ours:
+        raise ValueError(f"need equally many paired values, at least one: {len(c.ours)} and {len(c.theirs)}")
+    # Rounded: means summed in another order differ by float noise (1e-13), which must not count
+    # as a difference when the streams ran alike.
+    diffs = [round(o - t, 9) for o, t in zip(c.ours, c.theirs)]
+    mean, margin = statistics.fmean(diffs), margin_share * abs(statistics.fmean(c.theirs))
+    if len(diffs) < 2:  # one stream says nothing about the spread
+        return diffs, mean, math.inf, margin, 1.0, 1.0
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs))
+    if se == 0:  # the same difference on every stream
+        return diffs, mean, se, margin, float(mean == 0), float(not (mean == 0 or abs(mean) < margin))
+    df = len(diffs) - 1
+    p = min(1.0, 2 * t_sf(abs(mean) / se, df))
+    p_level = max(t_sf((mean + margin) / se, df), t_sf((margin - mean) / se, df))
+    return diffs, mean, se, margin, p, p_level
+
+
+def _half_width(se: float, one_sided: float, df: int) -> float:
+    return se * t_quantile(one_sided, df) if 0 < se < math.inf else se
+
+
+def judge(comparisons: Sequence[Comparison], alpha: float = ALPHA, margin: float = MARGIN) -> list[Judged]:
+    """The verdict of each comparison, Holm-adjusted within its family (family-wise error alpha):
+    ahead or behind when the adjusted paired t-test rejects "no difference" (ahead on our side);
+    otherwise level when the adjusted two one-sided tests reject "differs by margin x the baseline's
+    mean or more"; otherwise inconclusive."""
+    tests = [_tests(c, margin) for c in comparisons]
+    families: dict[tuple, list[int]] = {}
+    for i, c in enumerate(comparisons):
+        families.setdefault(c.family, []).append(i)
+    judged: list[Judged | None] = [None] * len(comparisons)
+    for members in families.values():
+        differ = _holm_steps([tests[i][4] for i in members])
+        alike = _holm_steps([tests[i][5] for i in members])
+        for i, (p, factor), (p_level, level_factor) in zip(members, differ, alike):
+            c, (diffs, mean, se, margin_i, _, _) = comparisons[i], tests[i]
+            df = len(diffs) - 1
+            half = _half_width(se, alpha / (2 * factor), df)
+            level_half = _half_width(se, alpha / level_factor, df)
+            better = (lambda d: d < 0) if c.lower_is_better else (lambda d: d > 0)
+            if p <= alpha and mean != 0:
+                verdict = "ahead" if better(mean) else "behind"
+            elif p_level <= alpha:
+                verdict = "level"
+            else:
+                verdict = "inconclusive"
+            judged[i] = Judged(mean, mean - half, mean + half, mean - level_half, mean + level_half, margin_i, p,
+                               p_level, sum(map(better, diffs)), len(diffs), len(members), verdict)
+    return [j for j in judged if j is not None]
+
+
+def family_of(bucket: str, against: str, variant: str) -> tuple[str, str, str]:
+    """The family a comparison is Holm-adjusted in: one strategy (variant) of ours x one metric
+    (all-reduce, JCT or allocation) x what it is compared with (the four baselines, or ours with a
+    rule switched off), over every cell and bucket."""
+    metric = "allocation" if bucket == "allocation" else "JCT" if bucket.startswith(JCT) else "all-reduce"
+    return variant, metric, "baselines" if against in BASELINES else "ablations"
+
+
+def verdicts(results, cells, seeds, variants=(OURS,)) -> list[tuple]:
+    """Rows (trace, load, bucket or 'allocation', baseline, Judged, ours' variant) for every
+    comparison, Holm-adjusted within each family_of."""
+    keys: list[tuple] = []
+    comparisons: list[Comparison] = []
+
+    def add(trace, load, bucket, baseline, variant, pairs, lower_is_better=True) -> None:
+        if pairs:
+            ours, theirs = zip(*pairs)
+            keys.append((trace, load, bucket, baseline, variant))
+            comparisons.append(Comparison(tuple(ours), tuple(theirs), lower_is_better,
+                                          family_of(bucket, baseline, variant)))
+
+    def pairs(trace, load, variant, baseline, bucket, field) -> list[tuple[float, float]]:
+        """(ours, theirs) of one bucket's field on every seed where both ran jobs of that bucket."""
+        runs = [(results[trace, load, s, variant].buckets, results[trace, load, s, baseline].buckets) for s in seeds]
+        return [(getattr(ours[bucket], field), getattr(theirs[bucket], field))
+                for ours, theirs in runs if bucket in ours and bucket in theirs]
+
     ablated = tuple(v for v in variants if v.startswith(f"{OURS}-"))  # also paired with ours: what each rule buys
     for variant in variants:
         for trace, load in cells:
             for baseline in BASELINES + (ablated if variant == OURS else ()):
                 for bucket in BUCKETS:
-                    pairs = [(results[trace, load, s, variant].buckets[bucket].allreduce_ms,
-                              results[trace, load, s, baseline].buckets[bucket].allreduce_ms)
-                             for s in seeds
-                             if all(bucket in results[trace, load, s, k].buckets for k in (variant, baseline))]
-                    if pairs:
-                        rows.append((trace, load, bucket, baseline, protocol.compare(*map(list, zip(*pairs)), rng),
-                                     variant))
+                    add(trace, load, bucket, baseline, variant,
+                        pairs(trace, load, variant, baseline, bucket, "allreduce_ms"))
                 for bucket in (*SINGLE_NODE, *BUCKETS):
-                    pairs = [(results[trace, load, s, variant].buckets[bucket].completion_s,
-                              results[trace, load, s, baseline].buckets[bucket].completion_s)
-                             for s in seeds
-                             if all(bucket in results[trace, load, s, k].buckets for k in (variant, baseline))]
-                    if pairs:
-                        rows.append((trace, load, JCT + bucket, baseline,
-                                     protocol.compare(*map(list, zip(*pairs)), rng), variant))
-                if load > 1 and baseline in BASELINES:  # below overload, allocation grows with slow placements (jobs run longer)
-                    ours = [100 * results[trace, load, s, variant].allocation for s in seeds]
-                    theirs = [100 * results[trace, load, s, baseline].allocation for s in seeds]
-                    rows.append((trace, load, "allocation", baseline,
-                                 protocol.compare(ours, theirs, rng, lower_is_better=False), variant))
-    return rows
+                    add(trace, load, JCT + bucket, baseline, variant,
+                        pairs(trace, load, variant, baseline, bucket, "completion_s"))
+                if load > 1 and baseline in BASELINES:  # below overload, slow placements hold GPUs longer
+                    add(trace, load, "allocation", baseline, variant,
+                        [(100 * results[trace, load, s, variant].allocation,
+                          100 * results[trace, load, s, baseline].allocation) for s in seeds], lower_is_better=False)
+    return [(*key[:4], judged, key[4]) for key, judged in zip(keys, judge(comparisons))]
+
+
+def _num(x: float) -> str:
+    """Signed, with one decimal, more below 1 so that a small margin does not print as 0."""
+    return f"{x:+.{1 if not math.isfinite(x) or abs(x) >= 1 or x == 0 else 2 if abs(x) >= 0.1 else 3}f}"
 
 
 def render(rows, seeds, gpus: int, wall_s: float, command: str, resumed: int = 0) -> str:
-    lines = [f"### Evaluation on fresh seeds, {gpus} GPUs",
+    seen = [seed for seed in seeds if seed in SEEN_SEEDS]
+    need = min_seeds(gpus)
+    lines = [f"### Evaluation {'in sample (seen seeds)' if seen else 'on fresh seeds'}, {gpus} GPUs",
              "",
-             f"`{command}` drew seeds {' '.join(map(str, seeds))} ({len(seeds)} streams per cell, none of them a "
-             f"tuning seed); {wall_s:.0f} s wall"
-             + (f" for the runs this call made, {resumed} more read back from earlier calls on the same code" if resumed
-                else "") + ". Each row pairs ours (with the strategy in the last column) with "
-             "one baseline on the same streams: "
-             "mean of ours - theirs, its 95% bootstrap interval, streams ours won, verdict (ahead/behind only "
-             "if the whole interval lies on one side). Bucket `9-64`, `65+`: all-reduce in ms of 1 GB (lower is "
-             "better); `JCT` and a bucket: mean job completion time, submit to finish, in s (lower is better); "
-             "allocation in GPU-% points (higher is better), at overload only: below it, a slower placement "
-             "makes jobs run longer and so holds more GPUs.",
+             f"`{command}` drew seeds {' '.join(map(str, seeds))} ({len(seeds)} streams per cell, "
+             + (f"**in sample**: {' '.join(map(str, seen))} {'was' if len(seen) == 1 else 'were'} looked at before "
+                f"(evaluate.SEEN_SEEDS), so these "
+                f"verdicts flatter whatever was chosen on them" if seen else "none of them a seen seed")
+             + f"); {interpreter()}; {wall_s:.0f} s wall"
+             + (f" for the runs this call made, {resumed} more read back from earlier calls on the same code and "
+                f"interpreter" if resumed else "") + ". Each row pairs ours (with the strategy in the last column) "
+             "with one baseline on the same streams: the mean of ours - theirs; its paired t-interval at the "
+             f"Holm-adjusted level, {100 * (1 - ALPHA):g}% family-wise within a family (one strategy of ours x one "
+             "metric, all-reduce, JCT or allocation, x every cell, bucket and baseline); streams ours won; the "
+             f"verdict; the margin, {100 * MARGIN:g}% of the baseline's mean; the equivalence interval (two one-sided "
+             "t-tests at the Holm-adjusted level). Verdict: **ahead** or **behind** only if the interval "
+             "excludes 0, **level** only if the equivalence interval lies inside +-margin, otherwise "
+             "**inconclusive** (not evidence of no difference). Bucket `9-64`, `65+`: all-reduce in ms of 1 GB "
+             "(lower is better); `JCT` and a bucket: mean job completion time, submit to finish, in s (lower is "
+             "better); allocation in GPU-% points (higher is better), at overload only: below it, a slower "
+             "placement makes jobs run longer and so holds more GPUs.",
              ""]
+    if len(seeds) < need:
+        lines += [f"**Underpowered:** {len(seeds)} streams per cell, fewer than the {need} the protocol asks at "
+                  f"{gpus} GPUs; real differences will often read inconclusive. A check of the wiring, not a result.",
+                  ""]
+
     def tally(found: list, what: str) -> str:
         found = [row for row in found if row[3] in BASELINES]
         kueue = [row[4] for row in found if row[3] == "kueue"]
-        counts = {v: sum(row[4].verdict == v for row in found) for v in ("ahead", "level", "behind")}
-        return (f"{what}: ahead {counts['ahead']}, level {counts['level']}, behind {counts['behind']} of {len(found)} "
-                f"comparisons; against Kueue TAS BestFit ahead in {sum(p.verdict == 'ahead' for p in kueue)} of "
+        counts = {v: sum(row[4].verdict == v for row in found) for v in VERDICTS}
+        return (f"{what}: " + ", ".join(f"{v} {counts[v]}" for v in VERDICTS) + f" of {len(found)} comparisons; "
+                f"against Kueue TAS BestFit ahead in {sum(p.verdict == 'ahead' for p in kueue)} of "
                 f"{len(kueue)}, behind in {sum(p.verdict == 'behind' for p in kueue)}")
 
     for variant in dict.fromkeys(row[5] for row in rows):
         mine = [row for row in rows if row[5] == variant]
+        sizes = {family_of(r[2], r[3], variant)[1:]: r[4].family_size for r in mine}
         lines.append(f"{simulate.STRATEGY_OF[variant]}: "
                      + "; ".join([tally([r for r in mine if r[2] in BUCKETS], "all-reduce above one node"),
                                   tally([r for r in mine if r[2].removeprefix(JCT) in BUCKETS and r[2] != r[2].removeprefix(JCT)],
                                         "JCT above one node"),
                                   tally([r for r in mine if r[2].removeprefix(JCT) in SINGLE_NODE
-                                         and r[2] != r[2].removeprefix(JCT)], "JCT on one node")]) + ".")
+                                         and r[2] != r[2].removeprefix(JCT)], "JCT on one node")])
+                     + ". Holm families: " + ", ".join(f"{metric} against {against} {size}"
+                                                       for (metric, against), size in sizes.items()) + ".")
         lines.append("")
-    lines += ["| trace | load | bucket | baseline | ours - theirs | 95% interval | ours won | verdict | ours |",
-              "|---|---:|---:|---|---:|---:|---:|---|---|"]
+    lines += ["| trace | load | bucket | baseline | ours - theirs | interval (Holm) | ours won | verdict | margin "
+              "| equivalence interval (Holm) | ours |",
+              "|---|---:|---:|---|---:|---:|---:|---|---:|---:|---|"]
     for trace, load, bucket, baseline, p, variant in rows:
         mark = f"**{p.verdict}**" if p.verdict == "behind" else p.verdict
-        lines.append(f"| {trace} | {load:g} | {bucket} | {baseline} | {p.mean:+.1f} | [{p.low:+.1f}, {p.high:+.1f}] "
-                     f"| {p.wins}/{p.n} | {mark} | {simulate.STRATEGY_OF[variant]} |")
+        lines.append(f"| {trace} | {load:g} | {bucket} | {baseline} | {_num(p.mean)} | [{_num(p.low)}, {_num(p.high)}] "
+                     f"| {p.wins}/{p.n} | {mark} | ±{_num(p.margin)[1:]} "
+                     f"| [{_num(p.level_low)}, {_num(p.level_high)}] "
+                     f"| {simulate.STRATEGY_OF[variant]} |")
     return "\n".join(lines) + "\n"
+
+
+VERDICTS = ("ahead", "level", "behind", "inconclusive")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,13 +420,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cells", nargs="*", metavar="TRACE:LOAD",
                         help="default: every trace and load of the main grid")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--n-seeds", type=int, default=8, help="how many fresh seeds to draw")
+    group.add_argument("--n-seeds", type=int, help="how many fresh seeds to draw (default: 24, 12 at 8,192 GPUs; "
+                                                   "fewer are reported as underpowered)")
     group.add_argument("--seeds", type=int, nargs="+", help="repeat a run on these seeds")
+    parser.add_argument("--allow-seen", action="store_true",
+                        help="let --seeds name seeds of SEEN_SEEDS; the report then says the run is in sample")
     parser.add_argument("--quick", action="store_true", help="the quick cluster and stream of simulate.py; for tests")
     parser.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--write", action="store_true", help="put the result into bench/RESULTS.md")
     parser.add_argument("--resume", metavar="DIR",
-                        help="keep each finished run in DIR and read back those the same code already made")
+                        help="keep each finished run in DIR and read back those the same code and interpreter "
+                             "already made")
     parser.add_argument("--ablations", nargs="*", metavar="NAME", choices=sorted(simulate.WAIT_ABLATIONS),
                         help="also run consolidated with issue 26's rules switched off: these of "
                              "simulate.WAIT_ABLATIONS, every one when none is named")
@@ -201,36 +444,46 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted({trace for trace, _ in cells} - set(SIZE_SHARES))
     if unknown:
         parser.error(f"--cells: unknown trace {', '.join(unknown)}; known: {', '.join(SIZE_SHARES)}")
-    tuned = sorted(set(args.seeds or ()) & TUNING_SEEDS)
-    if tuned:
-        parser.error(f"--seeds: {', '.join(map(str, tuned))} are tuning seeds; an evaluation must not use them")
-    seeds = args.seeds or fresh_seeds(args.n_seeds)
+    seen = sorted(set(args.seeds or ()) & SEEN_SEEDS)
+    if seen and not args.allow_seen:
+        parser.exit(2, f"{parser.prog}: error: --seeds: {', '.join(map(str, seen))} "
+                       f"{'is a seen seed' if len(seen) == 1 else 'are seen seeds'} (tuning seeds or seeds looked "
+                       f"at in diagnosis, evaluate.SEEN_SEEDS); --allow-seen runs them as an in-sample check\n")
+    gpus = settings.spec.gpus
+    seeds = args.seeds or fresh_seeds(min_seeds(gpus) if args.n_seeds is None else args.n_seeds)
     print(f"seeds {' '.join(map(str, seeds))} (repeat with --seeds {' '.join(map(str, seeds))})", flush=True)
     ablations = () if args.ablations is None else tuple(args.ablations or simulate.WAIT_ABLATIONS)
     variants = OURS_VARIANTS + tuple(f"{OURS}-{name}" for name in ablations)
     tasks = [(simulate.Scenario("main", trace, load, seed=seed), key, settings)
              for trace, load in cells for seed in seeds for key in (*variants, *BASELINES)]
     tasks.sort(key=lambda t: t[1] not in variants)  # our core's runs are the slowest: start them first
-    kept = Kept(args.resume, settings.spec.gpus) if args.resume else None
+    kept = Kept(args.resume, gpus) if args.resume else None
     results: dict[tuple[str, float, int, str], object] = {}
     if kept is not None:
         for task in list(tasks):
-            summary = kept.read(task)
+            try:
+                summary = kept.read(task)
+            except MixedInterpreters as error:
+                parser.exit(2, f"{parser.prog}: error: {error}\n")
             if summary is not None:
                 results[task[0].trace, task[0].load, task[0].seed, task[1]] = summary
                 tasks.remove(task)
         print(f"{len(results)} runs read back from {args.resume}; {len(tasks)} to run", flush=True)
     resumed = len(results)
+    here = interpreter()
     began = time.perf_counter()
     with multiprocessing.Pool(args.processes) as pool:
-        for s, key, summary in pool.imap_unordered(simulate.run_one, tasks):
+        for s, key, summary, made_by in pool.imap_unordered(run_here, tasks):
+            if made_by != here:  # a worker under another interpreter: its streams are not ours
+                parser.exit(2, f"{parser.prog}: error: a run of {s.trace} {s.load:g} seed {s.seed} {key} was made by "
+                               f"{made_by}, this evaluation runs {here}; runs of two interpreters are never combined\n")
             results[s.trace, s.load, s.seed, key] = summary
             if kept:
                 kept.keep((s, key, settings), summary)
     wall = time.perf_counter() - began
-    gpus = settings.spec.gpus
-    section = render(verdicts(results, cells, seeds, random.Random(0), variants), seeds, gpus, wall,
+    section = render(verdicts(results, cells, seeds, variants), seeds, gpus, wall,
                      f"bench/evaluate.py --gpus {gpus} --seeds {' '.join(map(str, seeds))}"
+                     + (" --allow-seen" if seen else "")
                      + (f" --ablations {' '.join(ablations)}" if ablations else ""), resumed)
     print(section)
     if args.write:

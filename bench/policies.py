@@ -41,6 +41,10 @@ class Policy:
 
     name = "policy"
     now = 0.0  # the simulated time (tick)
+    # The queue's discipline (bench/engine.py): False, a job that cannot start does not hold back
+    # the jobs behind it (kube-scheduler's queue, Kueue's BestEffortFIFO); True, the oldest queued
+    # job blocks every newer one while it cannot start (Kueue's StrictFIFO).
+    strict_fifo = False
 
     def reset(self, cluster: SimCluster, seed: int) -> None:
         self.cluster = cluster
@@ -63,6 +67,13 @@ class Policy:
         """Whether a job that had to wait, held to no nodes (`held_to` None), is still not free to
         go anywhere: decided again at every release, its wait says nothing of other jobs."""
         return False
+
+    def fit_class(self, shape: tuple[int, int]) -> object:
+        """Jobs of shapes (pods, GPUs per pod) of one class fit monotonically: when one that may go
+        anywhere finds no room, none with as many pods, each as large, of its class can start
+        until GPUs are freed (the engine skips them). One class unless a policy's fit changes with
+        the shape otherwise (Kueue's required level grows with the job: `KueueBestFit`)."""
+        return None
 
     def started(self, job: Job, pods: list[PodPlacement]) -> None:
         """The simulator bound the pods (policies that keep their own view update it here)."""
@@ -143,14 +154,67 @@ def random_fit() -> NodeScorer:
 
 class KueueBestFit(Policy):
     """Kueue TAS as KEP-2724 and its findTopologyAssignment describe it (kubernetes-sigs/kueue,
-    keps/2724-topology-aware-scheduling), default profile, over levels zone > spine > leaf >
-    hostname with pod counts per domain. Multi-pod jobs ask `podset-preferred-topology: leaf` (BestFit,
-    escalating a level at a time; at the top level several zones are gathered). Single-pod jobs carry
-    no annotation and are therefore unconstrained: LeastFreeCapacity at hostname level. Its queue is
-    the engine's, which stands for a ClusterQueue with BestEffortFIFO (bench/engine.py)."""
+    keps/2724-topology-aware-scheduling and pkg/cache/scheduler/tas_flavor_snapshot.go), default
+    profile (TASProfileMixed: BestFit for required and preferred, LeastFreeCapacity for unconstrained), over
+    levels zone > spine > leaf > hostname with pod counts per domain. Single-pod jobs carry no
+    annotation and are therefore unconstrained: LeastFreeCapacity at hostname level (a PodSet
+    without one on a ClusterQueue of TAS flavors is unconstrained at the lowest level). Multi-pod
+    jobs carry one annotation (on the pod template, as kueue.sigs.k8s.io's topology-aware
+    scheduling page documents it), by `topology`:
 
-    name = "Kueue TAS BestFit"
+    - "preferred" (`podset-preferred-topology: leaf`): BestFit at leaf, one level up while nothing
+      fits, and at the top level several zones gathered (findTopologyAssignment: preferred
+      retries one level up; at the top level it gathers domains greedily).
+    - "required" (`podset-required-topology` at the narrowest level whose one domain holds the job
+      on an idle cluster: hostname, leaf, spine or zone): BestFit at that level only; when no
+      domain there has room the job waits, it is never placed wider (findTopologyAssignment:
+      required fails when no domain of its level fits). A job that no zone holds even idle cannot
+      be given a required level any domain satisfies; it is given the preferred annotation instead.
+
+    The queue is the engine's: BestEffortFIFO (the ClusterQueue default) unless `strict_fifo`,
+    StrictFIFO, where the oldest workload that cannot be admitted blocks every newer one
+    (https://kueue.sigs.k8s.io/docs/concepts/cluster_queue/#queueing-strategy: "Older workloads
+    that can't be admitted will block newer workloads, even if the newer workloads fit in the
+    available quota"; in kubernetes-sigs/kueue pkg/cache/queue/cluster_queue.go a StrictFIFO head
+    that does not fit stays in the heap, and equivalent workloads are not skipped past it).
+    Priorities, quotas, cohorts and preemption are not modelled: one ClusterQueue, one priority."""
+
     LEVELS = ("zone", "spine", "leaf")
+    TOPOLOGIES = ("preferred", "required")
+
+    def __init__(self, topology: str = "preferred", strict_fifo: bool = False) -> None:
+        if topology not in self.TOPOLOGIES:
+            raise ValueError(f"topology {topology!r} is not one of {', '.join(self.TOPOLOGIES)}")
+        self.topology = topology
+        self.strict_fifo = strict_fifo
+        self.name = "Kueue TAS BestFit" + (", required" if topology == "required" else "") + (
+            ", StrictFIFO" if strict_fifo else "")
+
+    def reset(self, cluster: SimCluster, seed: int) -> None:
+        super().reset(cluster, seed)
+        # Nodes of the largest domain of each level: what one domain holds on an idle cluster.
+        self.idle_nodes = {level: max(len(m) for m in cluster.members[level].values()) for level in self.LEVELS}
+
+    def required_level(self, pods: int, gpus: int) -> str | None:
+        """The level a multi-pod job is required at: the narrowest whose one domain holds it on an
+        idle cluster ("hostname" when one node does); None for a job no zone holds, which is
+        given the preferred annotation (and for every job in the preferred mode)."""
+        if self.topology != "required":
+            return None
+        per_node = GPUS_PER_NODE // gpus
+        if pods <= per_node:
+            return "hostname"
+        for level in reversed(self.LEVELS):
+            if pods <= self.idle_nodes[level] * per_node:
+                return level
+        return None
+
+    def fit_class(self, shape: tuple[int, int]) -> object:
+        """Required at a level, a job fits as one domain of that level has room: monotone only among
+        jobs required at the same level (one of 8 pods may wait for a leaf while one of 9, required
+        at spine, fits a spine)."""
+        pods, gpus = shape
+        return None if pods == 1 else self.required_level(pods, gpus)
 
     def place(self, job: Job) -> list[PodPlacement] | None:
         cluster, gpus = self.cluster, job.gpus_per_pod
@@ -161,7 +225,10 @@ class KueueBestFit(Policy):
                 return None
             name = cluster.nodes[min(fits)[1]].name
             return [(name, pick_gpus(cluster.by_name[name], gpus))]
-        chosen = self._pick_level(job.pods, gpus)
+        required = self.required_level(job.pods, gpus)
+        if required == "hostname":
+            return self._one_node(job)
+        chosen = self._pick_level(job.pods, gpus, required)
         if chosen is None:
             return None
         level, domains = chosen
@@ -178,14 +245,34 @@ class KueueBestFit(Policy):
         return [(name, pick_gpus(cluster.by_name[name], gpus))
                 for name, pods in sorted(domains.items()) for _ in range(pods)]
 
-    def _pick_level(self, pods: int, gpus: int) -> tuple[str, dict[str, int]] | None:
-        """Phase 2a: BestFit at the preferred level (leaf), one level up while nothing fits."""
-        for level in reversed(self.LEVELS):
+    def _one_node(self, job: Job) -> list[PodPlacement] | None:
+        """Required at hostname: BestFit over nodes, the one with the fewest pods that fit that still
+        holds them all, then the first name."""
+        cluster, gpus = self.cluster, job.gpus_per_pod
+        fits = [(f // gpus, cluster.by_free[f][0]) for f in range(job.pods * gpus, GPUS_PER_NODE + 1)
+                if cluster.by_free[f]]
+        if not fits:
+            return None
+        node = cluster.nodes[min(fits)[1]]
+        taken: set[int] = set()
+        placement: list[PodPlacement] = []
+        for _ in range(job.pods):
+            ids = _pick_excluding(node, taken, gpus)
+            taken.update(ids)
+            placement.append((node.name, ids))
+        return placement
+
+    def _pick_level(self, pods: int, gpus: int, required: str | None = None) -> tuple[str, dict[str, int]] | None:
+        """Phase 2a: BestFit at the required level only; or at the preferred level (leaf), one
+        level up while nothing fits, and several zones gathered at the top."""
+        for level in (required,) if required else reversed(self.LEVELS):
             fitting = [(c, name) for name in self.cluster.histogram[level]
                        if (c := self.cluster.fitting(level, name, gpus)) >= pods]
             if fitting:
                 c, name = min(fitting)
                 return level, {name: pods}
+        if required:
+            return None  # required: wait, never wider
         top = {zone: self.cluster.fitting("zone", zone, gpus) for zone in self.cluster.histogram["zone"]}
         gathered = _greedy_best_fit(top, pods)
         return ("zone", gathered) if gathered else None

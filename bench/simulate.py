@@ -3,6 +3,8 @@
     .venv/bin/python bench/simulate.py            # full run: bench/RESULTS.md and bench/plots/*.png
     .venv/bin/python bench/simulate.py --quick    # seconds: a small cluster, prints the tables
     .venv/bin/python bench/simulate.py --trace-csv my.csv   # also replay a trace in the canonical CSV
+    .venv/bin/python bench/simulate.py --networks 1/1/1 1/2/2 2/4/8 --misconfigured 0.5 2 --kueue-modes
+        # a sweep: the main grid per network, ours also configured wrong, Kueue in its three modes
 
 Every policy sees the same cluster, the same job stream (fixed seeds) and the same queue discipline
 (bench/engine.py). Method and caveats are written into RESULTS.md next to the numbers.
@@ -23,7 +25,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from bench import report  # noqa: E402
 from bench.costmodel import Network  # noqa: E402
 from bench.engine import Workload, run  # noqa: E402
-from bench.fabric import HARDWARE, ClusterSpec  # noqa: E402
+from bench.fabric import CLUSTER, HARDWARE, ClusterSpec  # noqa: E402
 from bench.policies import (ABLATIONS, BySize, KueueBestFit, Ours, Policy, Without,  # noqa: E402
                             least_allocated, most_allocated, random_fit)
 from bench.traces import TraceError, load_csv, sample_stream  # noqa: E402
@@ -33,6 +35,11 @@ SEEDS = (20261122, 20261123, 20261124, 20261125, 20261126)  # the main grid runs
 ALLREDUCE_BYTES = 1e9  # 1 GB of fp16 gradients, as in docs/design/cost-model.md's worked example
 MAIN_COMM = 0.1  # share of run time in all-reduce at the tightest placement, main grid
 POLICY_KEYS = ("spread", "best-fit", "random", "kueue", "ours-consolidated", "ours-distributed")
+# Kueue's other modes (policies.KueueBestFit): required at the narrowest level that holds the job on
+# an idle cluster, and StrictFIFO. Run when asked (--kueue-modes), so that the default grid and
+# bench/RESULTS.md stay what they were; `kueue` is the preferred mode with BestEffortFIFO.
+KUEUE_MODE_KEYS = ("kueue-required", "kueue-strict")
+EXTENDED_KEYS = POLICY_KEYS + KUEUE_MODE_KEYS
 # Attribution: our decisions for one job shape and Kueue's for the other.
 HYBRID_KEYS = ("ours-single+kueue-multi", "kueue-single+ours-multi")
 # Our variants by the strategy a user asks for (balanced is what a workload without the annotation gets).
@@ -53,12 +60,15 @@ STRATEGY_OF = {"ours-consolidated": "consolidated", "ours-balanced": "balanced (
 
 
 def make_policy(key: str, network: Network, comm_fraction: float) -> Policy:
-    """The policy `key`; ours is configured with the simulated fabric and workloads, as an operator
-    configures it with theirs (its communication share is the workloads')."""
+    """The policy `key`; ours is configured with `network` (its levels' oversubscription) and
+    `comm_fraction` (its communication share), as an operator configures it: `policy_for` passes
+    what a scenario says the operator wrote, which need not be what the simulator charges."""
     def ours(strategy: Strategy = Strategy.CONSOLIDATED, label: str = "", **settings: object) -> Policy:
         return Ours(strategy, network, label=label, **{"communication_share": comm_fraction, **settings})
 
     makers = {"spread": least_allocated, "best-fit": most_allocated, "random": random_fit, "kueue": KueueBestFit,
+              "kueue-required": lambda: KueueBestFit(topology="required"),
+              "kueue-strict": lambda: KueueBestFit(strict_fifo=True),
               "ours-consolidated": ours, "ours-distributed": lambda: ours(Strategy.DISTRIBUTED),
               "ours-balanced": lambda: ours(Strategy.BALANCED),
               "ours-single+kueue-multi": lambda: BySize("ours single-pod, Kueue multi-pod", ours(), KueueBestFit()),
@@ -72,25 +82,108 @@ def make_policy(key: str, network: Network, comm_fraction: float) -> Policy:
 
 @dataclass(frozen=True)
 class Scenario:
-    """One comparison: every policy runs it on identical input."""
+    """One comparison: every policy runs it on identical input.
 
-    group: str  # which table/plot it feeds: main, comm, hardware, network, replay
+    The network and the communication share are what the simulator charges (bench/costmodel.py:
+    a ring's bandwidth is divided by rho_leaf across leaves, by rho_leaf x rho_spine across spines,
+    by rho_leaf x rho_spine x rho_zone across zones; `comm_fraction` of a job's run time stretches
+    with it). Ours is configured with `configured_rho` (leaf, spine, zone) and `configured_comm`,
+    what the operator wrote in its Config; None, the default, is the charged value: told the truth."""
+
+    group: str  # which table/plot it feeds: main, comm, hardware, network, replay, sweep
     trace: str
     load: float
     hardware: str = "h100"
-    comm_fraction: float = MAIN_COMM
-    rho_leaf: float = Network().rho_leaf
+    comm_fraction: float = MAIN_COMM  # charged
+    rho_leaf: float = Network().rho_leaf  # charged
     csv_path: str | None = None
     seed: int = SEEDS[0]
+    rho_spine: float = Network().rho_spine  # charged
+    rho_zone: float = Network().rho_zone  # charged
+    configured_rho: tuple[float, float, float] | None = None  # ours' levels' oversubscription; None: charged
+    configured_comm: float | None = None  # ours' communication_share; None: charged
+
+    @property
+    def network(self) -> Network:
+        """The network the simulator charges."""
+        return Network(rho_leaf=self.rho_leaf, rho_spine=self.rho_spine, rho_zone=self.rho_zone)
+
+    @property
+    def configured_network(self) -> Network:
+        """The network ours is configured with."""
+        return self.network if self.configured_rho is None else Network(*self.configured_rho)
+
+    @property
+    def configured_share(self) -> float:
+        """The communication share ours is configured with."""
+        return self.comm_fraction if self.configured_comm is None else self.configured_comm
+
+    @property
+    def told_the_truth(self) -> bool:
+        return self.configured_network == self.network and self.configured_share == self.comm_fraction
 
     @property
     def label(self) -> str:
-        return (f"{self.trace} load {self.load:g}, {self.hardware}, comm {self.comm_fraction:g}, "
+        text = (f"{self.trace} load {self.load:g}, {self.hardware}, comm {self.comm_fraction:g}, "
                 f"rho_leaf {self.rho_leaf:g}")
+        default = Network()
+        if (self.rho_spine, self.rho_zone) != (default.rho_spine, default.rho_zone):
+            text += f", rho_spine {self.rho_spine:g}, rho_zone {self.rho_zone:g}"
+        if not self.told_the_truth:
+            text += f", ours configured {configured_text(self)}"
+        return text
 
     @property
     def policies(self) -> tuple[str, ...]:
         return HYBRID_KEYS if self.group == "attribution" else POLICY_KEYS
+
+
+def network_text(network: Network) -> str:
+    """leaf/spine/zone oversubscription, as --networks takes it: 2/4/8."""
+    return f"{network.rho_leaf:g}/{network.rho_spine:g}/{network.rho_zone:g}"
+
+
+def configured_text(scenario: Scenario) -> str:
+    """What ours is told, against the truth: "exact", or e.g. "rho 4/8/16 (2x)" and "comm 0.05 (0.5x)"."""
+    parts = []
+    if scenario.configured_network != scenario.network:
+        ratios = {c / t for c, t in zip(scenario.configured_rho or (), (scenario.rho_leaf, scenario.rho_spine,
+                                                                          scenario.rho_zone))}
+        parts.append(f"rho {network_text(scenario.configured_network)}"
+                     + (f" ({ratios.pop():g}x)" if len(ratios) == 1 else ""))
+    if scenario.configured_share != scenario.comm_fraction:
+        ratio = scenario.configured_share / scenario.comm_fraction if scenario.comm_fraction else float("inf")
+        parts.append(f"comm {scenario.configured_share:g} ({ratio:g}x)")
+    return ", ".join(parts) or "exact"
+
+
+def parse_network(text: str) -> Network:
+    """'2/4/8' -> Network(rho_leaf=2, rho_spine=4, rho_zone=8); each 1 or more."""
+    try:
+        values = tuple(float(v) for v in text.split("/"))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or not all(1.0 <= v <= 1000.0 for v in values):
+        raise ValueError(f"network {text!r}: expected LEAF/SPINE/ZONE oversubscription, each 1 to 1000 (e.g. 2/4/8)")
+    return Network(*values)
+
+
+MISCONFIGURE = ("network", "share", "both")  # what a misconfiguration factor is applied to
+
+
+def misconfigured(scenario: Scenario, factor: float, what: str) -> Scenario:
+    """The scenario with ours configured `factor` times the truth: its levels' oversubscription
+    ("network"), its communication share ("share") or both. Clamped to what a Config accepts
+    (oversubscription 1 to 1000, share 0 to 1): on a 1/1/1 network "half" is 1/1/1 again."""
+    if what not in MISCONFIGURE:
+        raise ValueError(f"misconfigure {what!r}: expected one of {', '.join(MISCONFIGURE)}")
+    rho = comm = None
+    if what in ("network", "both"):
+        rho = tuple(min(1000.0, max(1.0, r * factor)) for r in (scenario.rho_leaf, scenario.rho_spine,
+                                                                 scenario.rho_zone))
+    if what in ("share", "both"):
+        comm = min(1.0, max(0.0, scenario.comm_fraction * factor))
+    return replace(scenario, configured_rho=rho, configured_comm=comm)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -125,8 +218,9 @@ def scenarios(settings: Settings, quick: bool, csv_path: str | None) -> list[Sce
 
 
 def workload_for(scenario: Scenario, settings: Settings) -> Workload:
+    """What the simulator runs and charges: the cluster, the stream, the charged network and share."""
     spec = replace(settings.spec, hardware=HARDWARE[scenario.hardware])
-    network = Network(rho_leaf=scenario.rho_leaf)
+    network = scenario.network
     if scenario.csv_path:
         jobs = load_csv(scenario.csv_path)
         warmup = 0.0
@@ -137,12 +231,129 @@ def workload_for(scenario: Scenario, settings: Settings) -> Workload:
     return Workload(spec, network, tuple(jobs), scenario.comm_fraction, ALLREDUCE_BYTES, scenario.seed, warmup)
 
 
+def policy_for(scenario: Scenario, key: str) -> Policy:
+    """The policy `key` as the scenario's operator set it up: ours configured with the configured
+    network and communication share (the baselines read neither)."""
+    return make_policy(key, scenario.configured_network, scenario.configured_share)
+
+
 def run_one(task: tuple[Scenario, str, Settings]) -> tuple[Scenario, str, report.Summary]:
     scenario, key, settings = task
     workload = workload_for(scenario, settings)
     began = time.perf_counter()
-    result = run(workload, make_policy(key, workload.network, workload.comm_fraction))
+    result = run(workload, policy_for(scenario, key))
     return scenario, key, report.summarize(result, time.perf_counter() - began)
+
+
+def sweep_scenarios(settings: Settings, seeds: tuple[int, ...], networks: list[Network],
+                    factors: tuple[float, ...] = (), targets: tuple[str, ...] = ("network", "share")) -> list[Scenario]:
+    """The main grid's cells on each network, ours told the truth, and, for each factor and each
+    of `targets` (MISCONFIGURE), ours configured that many times the truth. Configurations that
+    clamp back to the truth (half of 1/1/1) are left out."""
+    out: list[Scenario] = []
+    for network in networks:
+        for trace in settings.traces:
+            for load in settings.loads:
+                for seed in seeds:
+                    exact = Scenario("sweep", trace, load, seed=seed, rho_leaf=network.rho_leaf,
+                                     rho_spine=network.rho_spine, rho_zone=network.rho_zone)
+                    out.append(exact)
+                    for factor in factors:
+                        for what in targets:
+                            wrong = misconfigured(exact, factor, what)
+                            if not wrong.told_the_truth and wrong not in out:
+                                out.append(wrong)
+    return out
+
+
+def sweep_tasks(scenarios_: list[Scenario], keys: tuple[str, ...], settings: Settings) -> list[tuple]:
+    """Every key on a scenario where ours is told the truth; only ours where it is not: the
+    baselines read no configuration, so their runs would repeat the exact scenario's."""
+    return [(s, key, settings) for s in scenarios_ for key in keys if s.told_the_truth or key.startswith("ours")]
+
+
+SINGLE_NODE = ("1", "2", "3-4", "5-8")
+# A sweep also runs ours as users get it by default (balanced), and sets both strategies against Kueue.
+SWEEP_KEYS = POLICY_KEYS + ("ours-balanced",)
+VERSUS_KUEUE = ("ours-consolidated", "ours-balanced")
+
+
+def _mean_jct(summary: report.Summary, buckets: tuple[str, ...]) -> float | None:
+    present = [summary.buckets[b] for b in buckets if b in summary.buckets]
+    jobs = sum(b.jobs for b in present)
+    return sum(b.completion_s * b.jobs for b in present) / jobs if jobs else None
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return (["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * (len(header) - 3)) + "|"]
+            + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def render_sweep(results: dict, keys: tuple[str, ...], seeds: tuple[int, ...], settings: Settings, command: str,
+                 wall_s: float) -> str:
+    """Per cell (trace, load): each network and configuration, every policy's JCT by bucket, and
+    ours' JCT against each Kueue mode's. Means over the seeds (descriptive: the tuning seeds unless
+    --seeds says otherwise; the paired verdicts on fresh seeds are bench/evaluate.py's)."""
+    by_cell: dict[Scenario, dict[str, list[report.Summary]]] = {}
+    for (scenario, key), summary in results.items():
+        by_cell.setdefault(replace(scenario, seed=0), {}).setdefault(key, []).append(summary)
+    lines = ["# Network and Kueue-mode sweep", "", f"`{command}`: {wall_s:.0f} s wall; cluster "
+             f"{settings.spec.describe()}; seeds {', '.join(map(str, seeds))}; charged comm share {MAIN_COMM:g}.",
+             "Network: oversubscription leaf/spine/zone the simulator charges (a ring across zones is divided by "
+             "their product). Ours configured: what ours' Config says, against that truth. JCT in s, mean per job; "
+             "'>8' is every job above one node. Baselines read no configuration: they run once per network.", ""]
+    for trace in settings.traces:
+        for load in settings.loads:
+            cell = sorted((s for s in by_cell if (s.trace, s.load) == (trace, load)),
+                          key=lambda s: (s.network.divisor(CLUSTER), s.rho_leaf, s.rho_spine, not s.told_the_truth,
+                                         s.configured_rho is None, s.configured_network.divisor(CLUSTER),
+                                         s.configured_share))
+            if not cell:
+                continue
+            lines += [f"## {trace}, load {load:g}", ""]
+            rows, versus = [], []
+            for scenario in cell:
+                runs = {key: report.combine(by_cell[scenario][key]) for key in keys if key in by_cell[scenario]}
+                truth = by_cell.get(replace(scenario, configured_rho=None, configured_comm=None), {})
+                for key, summary in runs.items():
+                    rows.append([network_text(scenario.network), configured_text(scenario), summary.policy,
+                                 *(_num(_mean_jct(summary, (b,))) for b in report.BUCKETS),
+                                 _num(_mean_jct(summary, report.MULTI_NODE)),
+                                 f"{report.multi_node_allreduce(summary):.1f}", f"{100 * summary.allocation:.1f}%"])
+                for ours in (k for k in runs if k in VERSUS_KUEUE):
+                    for kueue in (k for k in keys if k.startswith("kueue") and k in truth):
+                        theirs = report.combine(truth[kueue])
+                        diff = [None if a is None or b is None else a - b for a, b in (
+                            (_mean_jct(runs[ours], report.MULTI_NODE), _mean_jct(theirs, report.MULTI_NODE)),
+                            (_mean_jct(runs[ours], SINGLE_NODE), _mean_jct(theirs, SINGLE_NODE)))]
+                        versus.append([network_text(scenario.network), configured_text(scenario),
+                                       runs[ours].policy, theirs.policy, *(_num(d) for d in diff)])
+            lines += _markdown_table(["network", "ours configured", "policy", *(f"JCT {b}" for b in report.BUCKETS),
+                                    "JCT >8", "all-reduce ms >8", "allocation"], rows)
+            if versus:
+                lines += ["", "Ours minus Kueue, mean JCT s (negative: ours ahead):", ""]
+                lines += _markdown_table(["network", "ours configured", "ours", "Kueue", "JCT >8", "JCT 1-8"], versus)
+            lines += [""]
+    return "\n".join(lines)
+
+
+def run_tasks(tasks: list[tuple], processes: int) -> dict[tuple[Scenario, str], report.Summary]:
+    results: dict[tuple[Scenario, str], report.Summary] = {}
+    if processes == 1:
+        for task in tasks:
+            scenario, key, summary = run_one(task)
+            results[scenario, key] = summary
+    else:
+        # Our core's runs are the slowest: start them first so the two workers finish together.
+        tasks.sort(key=lambda t: "ours" not in t[1])
+        with multiprocessing.Pool(processes) as pool:
+            for scenario, key, summary in pool.imap_unordered(run_one, tasks):
+                results[scenario, key] = summary
+    return results
 
 
 # Written after reading the numbers of a full run; the tables above it are regenerated each time.
@@ -208,9 +419,33 @@ def main(argv: list[str] | None = None) -> int:
                                       "a quick run writes nothing unless given)")
     parser.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--trace-csv", help="also replay this trace (canonical CSV, see bench/traces.py)")
+    sweep = parser.add_argument_group(
+        "sweep (any of these runs the main grid's cells as a sweep, printed, or written to OUT/SWEEP.md with "
+        "--out; RESULTS.md is not touched)")
+    sweep.add_argument("--networks", nargs="+", metavar="LEAF/SPINE/ZONE",
+                       help="networks the simulator charges, e.g. 1/1/1 1/2/2 2/4/8 (default: 2/4/8)")
+    sweep.add_argument("--misconfigured", nargs="+", type=float, metavar="FACTOR", default=[],
+                       help="also run ours configured FACTOR times the truth, e.g. 0.5 2")
+    sweep.add_argument("--misconfigure", nargs="+", choices=MISCONFIGURE, default=["network", "share"],
+                       help="what --misconfigured applies to, each its own run: the levels' oversubscription, "
+                            "the communication share, or both at once (default: network share)")
+    sweep.add_argument("--kueue-modes", action="store_true",
+                       help=f"also run {', '.join(KUEUE_MODE_KEYS)} (policies.KueueBestFit)")
+    sweep.add_argument("--seeds", nargs="+", type=int, metavar="SEED",
+                       help="the sweep's seeds (default: the first of simulate.SEEDS with --quick, else all five)")
     args = parser.parse_args(argv)
     if args.processes < 1:
         parser.error(f"--processes {args.processes}: must be 1 or more")
+    if args.networks or args.misconfigured or args.kueue_modes or args.seeds:
+        if args.trace_csv:
+            parser.error("--trace-csv is not part of a sweep")
+        try:
+            networks = [parse_network(text) for text in args.networks or ["2/4/8"]]
+        except ValueError as err:
+            parser.error(str(err))
+        if any(f <= 0 for f in args.misconfigured):
+            parser.error("--misconfigured: factors must be above 0")
+        return run_sweep(args, networks)
     if args.trace_csv:
         try:
             load_csv(args.trace_csv)
@@ -221,17 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = args.out or (None if args.quick else os.path.dirname(os.path.abspath(__file__)))
     tasks = [(s, key, settings) for s in scenarios(settings, args.quick, args.trace_csv) for key in s.policies]
     began = time.perf_counter()
-    results: dict[tuple[Scenario, str], report.Summary] = {}
-    if args.processes == 1:
-        for task in tasks:
-            scenario, key, summary = run_one(task)
-            results[scenario, key] = summary
-    else:
-        # Our core's runs are the slowest: start them first so the two workers finish together.
-        tasks.sort(key=lambda t: "ours" not in t[1])
-        with multiprocessing.Pool(args.processes) as pool:
-            for scenario, key, summary in pool.imap_unordered(run_one, tasks):
-                results[scenario, key] = summary
+    results = run_tasks(tasks, args.processes)
     wall = time.perf_counter() - began
     command = ".venv/bin/python bench/simulate.py" + (" --quick" if args.quick else "") + (
         f" --trace-csv {args.trace_csv}" if args.trace_csv else "")
@@ -254,6 +479,32 @@ def main(argv: list[str] | None = None) -> int:
             report.write_into(path, section, label)
         report.plot(results, POLICY_KEYS, os.path.join(out_dir, "plots"))
         print(f"wrote {path} (keeping {len(kept)} evaluation section(s)) and plots/ in {wall:.0f} s")
+    else:
+        print(text)
+    return 0
+
+
+def run_sweep(args: argparse.Namespace, networks: list[Network]) -> int:
+    settings = QUICK if args.quick else FULL
+    seeds = tuple(args.seeds or (SEEDS[:1] if args.quick else SEEDS))
+    keys = SWEEP_KEYS + (KUEUE_MODE_KEYS if args.kueue_modes else ())
+    targets = tuple(dict.fromkeys(args.misconfigure))
+    tasks = sweep_tasks(sweep_scenarios(settings, seeds, networks, tuple(args.misconfigured), targets), keys, settings)
+    began = time.perf_counter()
+    results = run_tasks(tasks, args.processes)
+    wall = time.perf_counter() - began
+    command = " ".join([".venv/bin/python bench/simulate.py"] + (["--quick"] if args.quick else []) + (
+        ["--networks", *map(network_text, networks)] if args.networks else []) + (
+        ["--misconfigured", *(f"{f:g}" for f in args.misconfigured), "--misconfigure", *targets]
+        if args.misconfigured else []) + (["--kueue-modes"] if args.kueue_modes else []) + (
+        ["--seeds", *map(str, seeds)] if args.seeds else []))
+    text = render_sweep(results, keys, seeds, settings, command, wall)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, "SWEEP.md")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+        print(f"wrote {path}: {len(tasks)} runs in {wall:.0f} s")
     else:
         print(text)
     return 0
