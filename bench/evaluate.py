@@ -13,6 +13,8 @@ behind, level or inconclusive (`judge`; docs/design/evaluation.md says exactly w
     .venv/bin/python bench/evaluate.py --seeds 123 456 --cells helios_all:0.8   # repeat given seeds
     .venv/bin/python bench/evaluate.py --write              # also put the verdict into bench/RESULTS.md
     .venv/bin/python bench/evaluate.py --gpus 8192 --seeds ... --resume bench/.runs   # keep each run, go on later
+    .venv/bin/python bench/evaluate.py --networks 1/1/1 1/2/2 2/4/8 --kueue-modes --misconfigured 0.5 2
+        # held out (issue 38): each network its own Holm family, Kueue's three modes, ours configured wrong
 
 `--resume DIR` keeps every finished run (one policy on one stream) in DIR under the interpreter
 that made it (implementation and version: one seed draws other streams under Python 3.11 and
@@ -61,6 +63,10 @@ OURS = "ours-consolidated"
 # Both strategies users get from us: balanced is the default, consolidated the one asked for.
 OURS_VARIANTS = (OURS, "ours-balanced")
 BASELINES = ("spread", "best-fit", "random", "kueue")
+# --kueue-modes compares with these too (simulate.KUEUE_MODE_KEYS): Kueue required, Kueue StrictFIFO.
+KUEUE_MODES = simulate.KUEUE_MODE_KEYS
+KUEUE_NAMES = {"kueue": "Kueue TAS BestFit", "kueue-required": "Kueue required", "kueue-strict": "Kueue StrictFIFO"}
+DEFAULT_NETWORK = simulate.Network()  # the main grid's 2/4/8
 BUCKETS = ("9-64", "65+")  # buckets above one node
 SINGLE_NODE = ("1", "2", "3-4", "5-8")  # report.bucket_of
 JCT = "JCT "  # a row's bucket starts with it when it compares mean job completion time
@@ -96,10 +102,20 @@ class MixedInterpreters(RuntimeError):
     """A run that another interpreter made, offered to this evaluation."""
 
 
+def scenario_key(scenario: simulate.Scenario) -> str:
+    """What a run's file name says of its scenario beyond trace, load and seed: the network and
+    communication share charged, and what ours is configured with (told the truth or not), so that
+    runs on different networks or configurations never share a file."""
+    told = (scenario.configured_network.rho_leaf, scenario.configured_network.rho_spine,
+            scenario.configured_network.rho_zone, scenario.configured_share)
+    return (f"rho{scenario.rho_leaf:g}_{scenario.rho_spine:g}_{scenario.rho_zone:g}-comm{scenario.comm_fraction:g}-"
+            f"configured{'_'.join(f'{v:g}' for v in told)}")
+
+
 class Kept:
-    """Finished runs kept in a folder, one file per (cluster, trace, load, seed, policy), interpreter
-    and code digest: a result is only ever read back by the interpreter and the code that made it.
-    The file records its interpreter too, so one renamed or copied from elsewhere is refused."""
+    """Finished runs kept in a folder, one file per (cluster, trace, load, seed, network and
+    configuration (scenario_key), policy), interpreter and code digest: a result is only ever read
+    back by the interpreter and the code that made it. The file records its interpreter too, so one renamed or copied from elsewhere is refused."""
 
     def __init__(self, folder: str, gpus: int) -> None:
         self.folder, self.gpus, self.digest, self.interpreter = folder, gpus, code_digest(), interpreter()
@@ -107,7 +123,8 @@ class Kept:
 
     def path(self, task: tuple) -> str:
         scenario, key, _ = task
-        return os.path.join(self.folder, f"{self.gpus}-{scenario.trace}-{scenario.load:g}-{scenario.seed}-{key}-"
+        return os.path.join(self.folder, f"{self.gpus}-{scenario.trace}-{scenario.load:g}-{scenario.seed}-"
+                                         f"{scenario_key(scenario)}-{key}-"
                                          f"{self.interpreter}-{self.digest}.pickle")
 
     def read(self, task: tuple):
@@ -307,12 +324,24 @@ def family_of(bucket: str, against: str, variant: str) -> tuple[str, str, str]:
     (all-reduce, JCT or allocation) x what it is compared with (the four baselines, or ours with a
     rule switched off), over every cell and bucket."""
     metric = "allocation" if bucket == "allocation" else "JCT" if bucket.startswith(JCT) else "all-reduce"
-    return variant, metric, "baselines" if against in BASELINES else "ablations"
+    return variant, metric, "baselines" if against in BASELINES + KUEUE_MODES else "ablations"
 
 
-def verdicts(results, cells, seeds, variants=(OURS,)) -> list[tuple]:
+def configured_variant(variant: str, factor: float) -> str:
+    """The name of ours' `variant` configured `factor` times the network's oversubscription."""
+    return f"{variant}, configured {factor:g}x"
+
+
+def strategy_of(variant: str) -> str:
+    """The last column of a row: the strategy, and how ours was configured when not told the truth."""
+    base, _, configured = variant.partition(", ")
+    return simulate.STRATEGY_OF[base] + (f", {configured}" if configured else "")
+
+
+def verdicts(results, cells, seeds, variants=(OURS,), baselines=BASELINES) -> list[tuple]:
     """Rows (trace, load, bucket or 'allocation', baseline, Judged, ours' variant) for every
-    comparison, Holm-adjusted within each family_of."""
+    comparison, Holm-adjusted within each family_of: call it once per network, so that each
+    network is its own family."""
     keys: list[tuple] = []
     comparisons: list[Comparison] = []
 
@@ -332,14 +361,14 @@ def verdicts(results, cells, seeds, variants=(OURS,)) -> list[tuple]:
     ablated = tuple(v for v in variants if v.startswith(f"{OURS}-"))  # also paired with ours: what each rule buys
     for variant in variants:
         for trace, load in cells:
-            for baseline in BASELINES + (ablated if variant == OURS else ()):
+            for baseline in tuple(baselines) + (ablated if variant == OURS else ()):
                 for bucket in BUCKETS:
                     add(trace, load, bucket, baseline, variant,
                         pairs(trace, load, variant, baseline, bucket, "allreduce_ms"))
                 for bucket in (*SINGLE_NODE, *BUCKETS):
                     add(trace, load, JCT + bucket, baseline, variant,
                         pairs(trace, load, variant, baseline, bucket, "completion_s"))
-                if load > 1 and baseline in BASELINES:  # below overload, slow placements hold GPUs longer
+                if load > 1 and baseline in baselines:  # below overload, slow placements hold GPUs longer
                     add(trace, load, "allocation", baseline, variant,
                         [(100 * results[trace, load, s, variant].allocation,
                           100 * results[trace, load, s, baseline].allocation) for s in seeds], lower_is_better=False)
@@ -351,10 +380,19 @@ def _num(x: float) -> str:
     return f"{x:+.{1 if not math.isfinite(x) or abs(x) >= 1 or x == 0 else 2 if abs(x) >= 0.1 else 3}f}"
 
 
-def render(rows, seeds, gpus: int, wall_s: float, command: str, resumed: int = 0) -> str:
+def conditions_of(network, kueue_modes: bool) -> str:
+    """The conditions a section's claims hold under, for its heading."""
+    return (f"network {simulate.network_text(network)} (leaf/spine/zone oversubscription), Kueue "
+            + ("preferred, required and StrictFIFO" if kueue_modes else "preferred only"))
+
+
+def render(rows, seeds, gpus: int, wall_s: float, command: str, resumed: int = 0, conditions: str = "") -> str:
+    """The report of one network's rows; `conditions` (conditions_of), when given, goes into the
+    heading, and the section says its Holm families are this network's alone."""
     seen = [seed for seed in seeds if seed in SEEN_SEEDS]
     need = min_seeds(gpus)
-    lines = [f"### Evaluation {'in sample (seen seeds)' if seen else 'on fresh seeds'}, {gpus} GPUs",
+    lines = [f"### Evaluation {'in sample (seen seeds)' if seen else 'on fresh seeds'}, {gpus} GPUs"
+             + (f", {conditions}" if conditions else ""),
              "",
              f"`{command}` drew seeds {' '.join(map(str, seeds))} ({len(seeds)} streams per cell, "
              + (f"**in sample**: {' '.join(map(str, seen))} {'was' if len(seen) == 1 else 'were'} looked at before "
@@ -372,7 +410,10 @@ def render(rows, seeds, gpus: int, wall_s: float, command: str, resumed: int = 0
              "**inconclusive** (not evidence of no difference). Bucket `9-64`, `65+`: all-reduce in ms of 1 GB "
              "(lower is better); `JCT` and a bucket: mean job completion time, submit to finish, in s (lower is "
              "better); allocation in GPU-% points (higher is better), at overload only: below it, a slower "
-             "placement makes jobs run longer and so holds more GPUs.",
+             "placement makes jobs run longer and so holds more GPUs."
+             + (" Each network is its own family: the Holm families below hold this network's comparisons "
+                "only, and rows `configured Nx` are ours configured N times this network's oversubscription "
+                "(simulate.misconfigured), each its own family." if conditions else ""),
              ""]
     if len(seeds) < need:
         lines += [f"**Underpowered:** {len(seeds)} streams per cell, fewer than the {need} the protocol asks at "
@@ -380,17 +421,21 @@ def render(rows, seeds, gpus: int, wall_s: float, command: str, resumed: int = 0
                   ""]
 
     def tally(found: list, what: str) -> str:
-        found = [row for row in found if row[3] in BASELINES]
-        kueue = [row[4] for row in found if row[3] == "kueue"]
+        found = [row for row in found if row[3] in BASELINES + KUEUE_MODES]
         counts = {v: sum(row[4].verdict == v for row in found) for v in VERDICTS}
-        return (f"{what}: " + ", ".join(f"{v} {counts[v]}" for v in VERDICTS) + f" of {len(found)} comparisons; "
-                f"against Kueue TAS BestFit ahead in {sum(p.verdict == 'ahead' for p in kueue)} of "
-                f"{len(kueue)}, behind in {sum(p.verdict == 'behind' for p in kueue)}")
+        against = []
+        for mode in ("kueue", *KUEUE_MODES):
+            kueue = [row[4] for row in found if row[3] == mode]
+            if kueue or mode == "kueue":
+                against.append(f"against {KUEUE_NAMES[mode]} ahead in {sum(p.verdict == 'ahead' for p in kueue)} of "
+                               f"{len(kueue)}, behind in {sum(p.verdict == 'behind' for p in kueue)}")
+        return f"{what}: " + ", ".join(f"{v} {counts[v]}" for v in VERDICTS) + f" of {len(found)} comparisons; " + (
+            "; ".join(against))
 
     for variant in dict.fromkeys(row[5] for row in rows):
         mine = [row for row in rows if row[5] == variant]
         sizes = {family_of(r[2], r[3], variant)[1:]: r[4].family_size for r in mine}
-        lines.append(f"{simulate.STRATEGY_OF[variant]}: "
+        lines.append(f"{strategy_of(variant)}: "
                      + "; ".join([tally([r for r in mine if r[2] in BUCKETS], "all-reduce above one node"),
                                   tally([r for r in mine if r[2].removeprefix(JCT) in BUCKETS and r[2] != r[2].removeprefix(JCT)],
                                         "JCT above one node"),
@@ -407,7 +452,7 @@ def render(rows, seeds, gpus: int, wall_s: float, command: str, resumed: int = 0
         lines.append(f"| {trace} | {load:g} | {bucket} | {baseline} | {_num(p.mean)} | [{_num(p.low)}, {_num(p.high)}] "
                      f"| {p.wins}/{p.n} | {mark} | ±{_num(p.margin)[1:]} "
                      f"| [{_num(p.level_low)}, {_num(p.level_high)}] "
-                     f"| {simulate.STRATEGY_OF[variant]} |")
+                     f"| {strategy_of(variant)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -434,7 +479,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ablations", nargs="*", metavar="NAME", choices=sorted(simulate.WAIT_ABLATIONS),
                         help="also run consolidated with issue 26's rules switched off: these of "
                              "simulate.WAIT_ABLATIONS, every one when none is named")
+    parser.add_argument("--networks", nargs="+", metavar="LEAF/SPINE/ZONE",
+                        help="networks the simulator charges, each judged as its own Holm family and reported in "
+                             "its own section, e.g. 1/1/1 1/2/2 2/4/8 (default: the main grid's 2/4/8)")
+    parser.add_argument("--kueue-modes", action="store_true",
+                        help=f"also compare with {', '.join(KUEUE_MODES)} (Kueue required, Kueue StrictFIFO)")
+    parser.add_argument("--misconfigured", nargs="+", type=float, metavar="FACTOR", default=[],
+                        help="also run ours (both strategies) configured FACTOR times each network's "
+                             "oversubscription (simulate.misconfigured), reported as rows of their own")
     args = parser.parse_args(argv)
+    try:
+        networks = list(dict.fromkeys(simulate.parse_network(text) for text in args.networks or ["2/4/8"]))
+    except ValueError as error:
+        parser.error(f"--networks: {error}")
+    if any(f <= 0 for f in args.misconfigured):
+        parser.error("--misconfigured: factors must be above 0")
+    factors = tuple(dict.fromkeys(args.misconfigured))
+    baselines = BASELINES + (KUEUE_MODES if args.kueue_modes else ())
+    # Today's run, the main grid's network and nothing added, keeps today's heading and label in RESULTS.md.
+    default = networks == [DEFAULT_NETWORK] and not args.kueue_modes and not factors
     settings = simulate.QUICK if args.quick else replace(simulate.FULL, spec=CLUSTERS[args.gpus])
     try:
         cells = [(trace, float(load)) for trace, load in (c.split(":") for c in args.cells)] if args.cells else [
@@ -454,11 +517,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seeds {' '.join(map(str, seeds))} (repeat with --seeds {' '.join(map(str, seeds))})", flush=True)
     ablations = () if args.ablations is None else tuple(args.ablations or simulate.WAIT_ABLATIONS)
     variants = OURS_VARIANTS + tuple(f"{OURS}-{name}" for name in ablations)
-    tasks = [(simulate.Scenario("main", trace, load, seed=seed), key, settings)
-             for trace, load in cells for seed in seeds for key in (*variants, *BASELINES)]
+    tasks, named = [], {}  # named: the variant's name in a network's results, by (scenario, key)
+    for network in networks:
+        for trace, load in cells:
+            for seed in seeds:
+                exact = simulate.Scenario("main", trace, load, seed=seed, rho_leaf=network.rho_leaf,
+                                          rho_spine=network.rho_spine, rho_zone=network.rho_zone)
+                tasks += [(exact, key, settings) for key in (*variants, *baselines)]
+                named.update({(exact, key): key for key in (*variants, *baselines)})
+                for factor in factors:  # one clamped back to the truth (half of 1/1/1) is not run
+                    wrong = simulate.misconfigured(exact, factor, "network")
+                    for variant in OURS_VARIANTS:
+                        if not wrong.told_the_truth and (wrong, variant) not in named:
+                            tasks.append((wrong, variant, settings))
+                            named[wrong, variant] = configured_variant(variant, factor)
     tasks.sort(key=lambda t: t[1] not in variants)  # our core's runs are the slowest: start them first
     kept = Kept(args.resume, gpus) if args.resume else None
-    results: dict[tuple[str, float, int, str], object] = {}
+    results: dict[tuple, object] = {}  # by (network, trace, load, seed, variant's name)
+
+    def place(scenario, key, summary) -> None:
+        results[scenario.network, scenario.trace, scenario.load, scenario.seed, named[scenario, key]] = summary
+
     if kept is not None:
         for task in list(tasks):
             try:
@@ -466,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             except MixedInterpreters as error:
                 parser.exit(2, f"{parser.prog}: error: {error}\n")
             if summary is not None:
-                results[task[0].trace, task[0].load, task[0].seed, task[1]] = summary
+                place(task[0], task[1], summary)
                 tasks.remove(task)
         print(f"{len(results)} runs read back from {args.resume}; {len(tasks)} to run", flush=True)
     resumed = len(results)
@@ -477,17 +556,29 @@ def main(argv: list[str] | None = None) -> int:
             if made_by != here:  # a worker under another interpreter: its streams are not ours
                 parser.exit(2, f"{parser.prog}: error: a run of {s.trace} {s.load:g} seed {s.seed} {key} was made by "
                                f"{made_by}, this evaluation runs {here}; runs of two interpreters are never combined\n")
-            results[s.trace, s.load, s.seed, key] = summary
+            place(s, key, summary)
             if kept:
                 kept.keep((s, key, settings), summary)
     wall = time.perf_counter() - began
-    section = render(verdicts(results, cells, seeds, variants), seeds, gpus, wall,
-                     f"bench/evaluate.py --gpus {gpus} --seeds {' '.join(map(str, seeds))}"
-                     + (" --allow-seen" if seen else "")
-                     + (f" --ablations {' '.join(ablations)}" if ablations else ""), resumed)
-    print(section)
-    if args.write:
-        report.write_into(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"), section, gpus)
+    command = (f"bench/evaluate.py --gpus {gpus} --seeds {' '.join(map(str, seeds))}"
+               + (" --allow-seen" if seen else "")
+               + (f" --ablations {' '.join(ablations)}" if ablations else "")
+               + (f" --networks {' '.join(map(simulate.network_text, networks))}"
+                  if networks != [DEFAULT_NETWORK] else "")
+               + (" --kueue-modes" if args.kueue_modes else "")
+               + (f" --misconfigured {' '.join(f'{f:g}' for f in factors)}" if factors else ""))
+    for network in networks:  # each network its own call of verdicts: its own Holm families
+        mine = {key[1:]: summary for key, summary in results.items() if key[0] == network}
+        present = {key[-1] for key in mine}
+        configured = tuple(dict.fromkeys(configured_variant(v, f) for f in factors for v in OURS_VARIANTS
+                                         if configured_variant(v, f) in present))
+        conditions = "" if default else conditions_of(network, args.kueue_modes)
+        section = render(verdicts(mine, cells, seeds, variants + configured, baselines), seeds, gpus, wall,
+                         command, resumed, conditions)
+        print(section)
+        if args.write:
+            report.write_into(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"), section,
+                              f"{gpus}, {conditions}" if conditions else gpus)
     return 0
 
 

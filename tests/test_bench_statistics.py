@@ -4,6 +4,7 @@ import pickle
 import random
 import statistics
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -136,7 +137,7 @@ def fake_results(seeds, shift: float = 0.0, traces=(("helios_all", 1.2),)) -> di
     for trace, load in traces:
         for seed in seeds:
             base = rng.uniform(50, 150)
-            for key in (*evaluate.OURS_VARIANTS, *evaluate.BASELINES):
+            for key in (*evaluate.OURS_VARIANTS, *evaluate.BASELINES, *evaluate.KUEUE_MODES):
                 mine = shift if key in evaluate.OURS_VARIANTS else 0.0
                 buckets = {b: SimpleNamespace(allreduce_ms=base + mine + rng.gauss(0, 1),
                                               completion_s=10 * base + rng.gauss(0, 10))
@@ -277,3 +278,76 @@ def test_a_kept_run_of_another_interpreter_is_refused_even_under_this_ones_name(
         evaluate.main(["--quick", "--cells", "helios_all:1.2", "--seeds", "5", "--resume", str(tmp_path)])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and "made by cpython-3.12.3" in err
+
+
+# -- other networks, Kueue's modes, ours configured wrong (issue 38) ---------------------------------
+
+@contextlib.contextmanager
+def recorded_tasks(monkeypatch):
+    """main() answered from fake_results, and the list of tasks it ran."""
+    ran: list[tuple] = []
+    with no_simulation(monkeypatch):
+        answer = evaluate.run_here
+        monkeypatch.setattr(evaluate, "run_here", lambda task: (ran.append(task), answer(task))[1])
+        yield ran
+
+
+def test_the_default_run_is_todays_and_2_4_8_is_the_default(monkeypatch, capsys):
+    argv = ["--quick", "--cells", "helios_all:1.2", "--seeds", "11", "5", "--allow-seen"]
+    outputs, task_lists = [], []
+    for extra in ([], ["--networks", "2/4/8"]):
+        with recorded_tasks(monkeypatch) as ran:
+            assert evaluate.main(argv + extra) == 0
+        outputs.append(capsys.readouterr().out)
+        task_lists.append(ran)
+    assert task_lists[0] == task_lists[1]
+    # exactly the tasks an evaluation made before --networks: the main scenario, ours and the four baselines
+    today = [(simulate.Scenario("main", "helios_all", 1.2, seed=seed), key, simulate.QUICK)
+             for seed in (11, 5) for key in (*evaluate.OURS_VARIANTS, *evaluate.BASELINES)]
+    assert task_lists[0] == sorted(today, key=lambda t: t[1] not in evaluate.OURS_VARIANTS)  # ours first, as ever
+    assert outputs[0] == outputs[1]
+    assert "### Evaluation in sample (seen seeds), 128 GPUs\n" in outputs[0] and "network" not in outputs[0]
+
+
+def test_the_resume_key_names_the_network_and_the_configuration(monkeypatch, tmp_path):
+    monkeypatch.setattr(evaluate, "code_digest", lambda: "code")
+    kept = evaluate.Kept(str(tmp_path), 512)
+    main = simulate.Scenario("main", "helios_all", 1.2, seed=5)
+    flat = replace(main, rho_leaf=1.0, rho_spine=1.0, rho_zone=1.0)
+    scenarios = [main, flat, simulate.misconfigured(main, 2, "network"), simulate.misconfigured(flat, 2, "network"),
+                 simulate.misconfigured(main, 2, "share")]
+    paths = [kept.path((s, "ours-consolidated", simulate.QUICK)) for s in scenarios]
+    assert len(set(paths)) == len(paths)
+    assert "-rho2_4_8-comm0.1-configured2_4_8_0.1-ours-consolidated-" in paths[0]
+    assert "-rho1_1_1-comm0.1-configured2_2_2_0.1-" in paths[3]
+    kept.keep((flat, "kueue", simulate.QUICK), "on 1/1/1")
+    assert kept.read((main, "kueue", simulate.QUICK)) is None  # another network's run is never read back
+    assert kept.read((flat, "kueue", simulate.QUICK)) == "on 1/1/1"
+
+
+def test_networks_kueue_modes_and_a_wrong_configuration_are_judged_per_network(monkeypatch, capsys):
+    argv = ["--quick", "--cells", "helios_all:1.2", "--seeds", "11", "5", "--allow-seen",
+            "--networks", "1/1/1", "2/4/8", "--kueue-modes", "--misconfigured", "0.5", "2"]
+    with recorded_tasks(monkeypatch) as ran:
+        assert evaluate.main(argv) == 0
+    out = capsys.readouterr().out
+    sections = out.split("### Evaluation")[1:]
+    assert [s.splitlines()[0] for s in sections] == [
+        f" in sample (seen seeds), 128 GPUs, network {net} (leaf/spine/zone oversubscription), Kueue preferred, "
+        "required and StrictFIFO" for net in ("1/1/1", "2/4/8")]
+    assert "--networks 1/1/1 2/4/8 --kueue-modes --misconfigured 0.5 2" in out
+    # half of 1/1/1 clamps back to the truth: not run; the baselines never run configured wrong
+    wrong = [(t[0].network, t[0].configured_rho, t[1]) for t in ran if not t[0].told_the_truth]
+    assert sorted(wrong, key=str) == sorted(((simulate.Network(*rho), tuple(r * f for r in rho), key)
+                                             for rho, factors in (((1, 1, 1), (2,)), ((2, 4, 8), (0.5, 2)))
+                                             for f in factors for key in evaluate.OURS_VARIANTS for _ in (11, 5)),
+                                            key=str)
+    for section, factors in zip(sections, (("2",), ("0.5", "2"))):
+        rows = [[c.strip() for c in line.strip("| ").split("|")] for line in section.splitlines()
+                if line.startswith("| helios_all")]
+        assert {r[3] for r in rows} == {*evaluate.BASELINES, *evaluate.KUEUE_MODES}
+        assert {r[10] for r in rows} == {f"{s}{f}" for s in ("consolidated", "balanced (default)")
+                                         for f in ("", *(f", configured {x}x" for x in factors))}
+        assert "Each network is its own family" in section and "against Kueue required ahead in" in section
+        # a family: one strategy (configured or not) x one metric x the six baselines, this network's only
+        assert f"all-reduce against baselines {2 * 6}" in section
