@@ -119,6 +119,17 @@ def request_complete(received: bytes | bytearray, max_body_bytes: int) -> bool:
     return wanted > max_body_bytes or body >= wanted
 
 
+def receive_request(sock: Any, received: bytearray, max_body_bytes: int) -> None:
+    """Read what a non-blocking socket has into `received` until a whole request is there (see
+    `request_complete`). Raises what the socket raises when more is to come (BlockingIOError,
+    ssl.SSLWantReadError), and ConnectionResetError when the client closes first."""
+    while not request_complete(received, max_body_bytes):
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionResetError("closed before a whole request arrived")
+        received += chunk
+
+
 class BoundedSSLSocket(ssl.SSLSocket):
     """gthread sets the socket blocking before a thread uses it: here "blocking" has a limit."""
 
@@ -173,11 +184,7 @@ class GuardedThreadWorker(ThreadWorker):
             if conn.tls_pending:
                 conn.sock.do_handshake()
                 conn.tls_pending = False
-            while not request_complete(conn.received, self.app.options.max_body_bytes):
-                chunk = conn.sock.recv(65536)
-                if not chunk:
-                    raise ConnectionResetError("closed before a whole request arrived")
-                conn.received += chunk
+            receive_request(conn.sock, conn.received, self.app.options.max_body_bytes)
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
             return  # more to come; the poller calls again (a handshake write fits the socket buffer)
         except OSError:  # ssl.SSLError included: not TLS, a bad certificate, a reset
@@ -426,11 +433,7 @@ class MetricsServer(WSGIServer):
             if arrival.tls == "handshake":
                 arrival.sock.do_handshake()  # type: ignore[attr-defined]
                 arrival.tls = "done"
-            while not request_complete(arrival.received, METRICS_MAX_BODY_BYTES):
-                chunk = arrival.sock.recv(65536)
-                if not chunk:
-                    raise ConnectionResetError("closed before a whole request arrived")
-                arrival.received += chunk
+            receive_request(arrival.sock, arrival.received, METRICS_MAX_BODY_BYTES)
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
             return  # more to come; the selector calls again (a handshake write fits the socket buffer)
         except OSError:  # ssl.SSLError included: a bad handshake, a reset
