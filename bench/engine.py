@@ -41,10 +41,41 @@ to no nodes yet may not go anywhere (`redecided`): it is asked again after every
 failing says nothing of the others either. The queue is kept per shape, so that a pass walks a merge of the
 shapes still uncovered instead of every queued job (an 8,192-GPU Kueue run at acme_seren load 1.2
 took 230 s before and 11.5 s after, with the same starts, on the 2-vCPU VM).
+
+The cluster as it runs (`Runtime`, issue 38 item 3; `IDEAL` is how the engine ran before, and what a
+`Workload` gets unless told otherwise; bench/simulate.py's scenarios default to `Runtime()`):
+
+- **When ours decides.** The webhook decides a job when its pods are created, at arrival, whether or
+  not the cluster has room (`decide_at_arrival` and `Policy.decides_at_arrival`): a job that does
+  not fit is told to wait then, pinned or gated to the domain the wait names, and starts there as
+  that decision says. The baselines are schedulers, asked when the job could start (asking
+  kube-scheduler or Kueue earlier changes nothing). IDEAL asks ours first when the cluster has as
+  many free GPUs as the job, as before.
+- **The releaser.** A job our gate holds (`Policy.redecided`) is started only by the releaser
+  (webhook/kube/releaser.py), whose loop waits `releaser_period_s` between passes
+  (clusterview.RELEASE_INTERVAL_SECONDS, 1 s): after GPUs are freed, its next pass (ticks at
+  multiples of the period from time 0) decides the gated jobs oldest first, and each one placed
+  holds its GPUs from that tick and runs from the tick plus `patch_latency_s` (the pods' patches
+  and the binding). IDEAL (period and latency 0) keeps gated jobs in the pass after the release,
+  in submit order among the others.
+- **Pods that are not ours.** A share of the stream (`foreign_share`, drawn per job from the seed
+  alone by `foreign_jobs`, so every policy of a comparison faces the same ones) carries no
+  annotation and goes to kube-scheduler directly, under every policy alike: in a Kueue cluster a
+  job that is not queued is not Kueue's either. kube-scheduler places such a job as soon as it
+  arrives or, when it did not fit, at the first release that lets it: its default scoring over
+  nvidia.com/gpu (NodeResourcesFit LeastAllocated, `policies.least_allocated`, no topology), its
+  pods together (kube-scheduler has no gang; a job half bound would hold GPUs the simulator
+  cannot account for), FIFO with backfill. It binds within milliseconds of an event, so at every
+  event its pass runs before the policy's: freed GPUs go to pending foreign pods first, and to
+  those arriving before the releaser's next tick. Their records are kept apart
+  (`RunResult.foreign`), out of every bucket of every policy; their GPUs count in allocation,
+  which is the cluster's.
 """
 from __future__ import annotations
 
 import heapq
+import math
+import random
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -54,10 +85,52 @@ from webhook.core.config import HardwareProfile
 
 from .costmodel import Network, allreduce_seconds, ideal_placement
 from .fabric import GPUS_PER_NODE, ClusterSpec, SimCluster, dynamic_tightest, span_level, static_tightest
-from .policies import NeverFits, PodPlacement, Policy
+from .policies import NeverFits, PodPlacement, Policy, least_allocated
 from .traces import Job
 
 WINDOW = 64  # queued jobs a pass looked at before 25 Nov 2026 (run(..., window=WINDOW) reproduces it)
+RELEASER_PERIOD_S = 1.0  # webhook/kube/clusterview.py RELEASE_INTERVAL_SECONDS: the wait between passes
+# From a release's decision to its pods bound: a JSON patch per pod and a binding, each a few ms
+# to tens of ms on a loaded apiserver (not measured here; set it with --patch-latency).
+PATCH_LATENCY_S = 0.05
+FOREIGN_SHARE = 0.3  # share of the stream not annotated for us (issue 38)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How the cluster runs what a policy decides (the module docstring says what each stands for)."""
+
+    releaser_period_s: float = RELEASER_PERIOD_S
+    patch_latency_s: float = PATCH_LATENCY_S
+    foreign_share: float = FOREIGN_SHARE
+    decide_at_arrival: bool = True
+
+    def __post_init__(self) -> None:
+        if self.releaser_period_s < 0 or self.patch_latency_s < 0 or not 0 <= self.foreign_share <= 1:
+            raise ValueError(f"releaser period {self.releaser_period_s:g} s and patch latency "
+                             f"{self.patch_latency_s:g} s must be 0 or more, foreign share "
+                             f"{self.foreign_share:g} between 0 and 1")
+
+    @property
+    def instant_release(self) -> bool:
+        """Gated jobs start in the pass after the release that makes room for them, as before issue 38."""
+        return self.releaser_period_s == 0 and self.patch_latency_s == 0
+
+    def next_tick(self, freed_s: float) -> float:
+        """When the releaser's first pass after GPUs freed at `freed_s` runs."""
+        if self.releaser_period_s == 0:
+            return freed_s
+        return (math.floor(freed_s / self.releaser_period_s) + 1) * self.releaser_period_s
+
+
+IDEAL = Runtime(releaser_period_s=0.0, patch_latency_s=0.0, foreign_share=0.0, decide_at_arrival=False)
+
+
+def foreign_jobs(jobs: Iterable[Job], share: float, seed: int) -> frozenset[str]:
+    """The ids of the jobs that are not ours: each with probability `share`, drawn from the seed
+    alone (one draw per job, so a larger share keeps the smaller one's jobs and adds to them)."""
+    draw = random.Random(f"foreign-{seed}")
+    return frozenset(job.job_id for job in jobs if draw.random() < share)
 
 
 @dataclass(frozen=True)
@@ -71,6 +144,7 @@ class Workload:
     allreduce_bytes: float
     seed: int
     warmup_s: float  # allocation and fragmentation are measured from here to the last arrival
+    runtime: Runtime = IDEAL
 
     @property
     def profile(self) -> HardwareProfile:
@@ -129,7 +203,9 @@ class RunResult:
     policy: str
     records: list[JobRecord] = field(default_factory=list)
     rejected: int = 0  # jobs the policy said can never fit
-    unstarted: int = 0  # jobs still queued when nothing was left running
+    unstarted: int = 0  # jobs still queued or gated when nothing was left running
+    foreign: list[JobRecord] = field(default_factory=list)  # jobs that are not ours, kube-scheduler's
+    foreign_unstarted: int = 0
     allocation: float = 0.0  # time-averaged allocated GPUs / all GPUs, between warm-up and last arrival
     fragmentation: list[tuple[float, float]] = field(default_factory=list)  # (time s, FGD ratio) when any GPU idles
     decision_seconds: list[float] = field(default_factory=list)  # wall time of each policy.place call
@@ -146,7 +222,7 @@ class RunResult:
         if hi <= lo:
             return 0.0
         work = sum(max(0.0, min(r.start_s + r.run_s, hi) - max(r.start_s, lo)) * r.job.gpus * r.job.duration_s / r.run_s
-                   for r in self.records)
+                   for r in (*self.records, *self.foreign))
         return work / (self.cluster_gpus * (hi - lo))
 
 
@@ -263,12 +339,13 @@ class JobQueue:
 
 
 def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int | None = None) -> RunResult:
-    """One policy over the workload's stream; `window` (None: the whole queue) caps how many queued
-    jobs a pass looks at (see the module docstring)."""
+    """One policy over the workload's stream, run as `workload.runtime` says; `window` (None: the
+    whole queue) caps how many queued jobs a pass looks at (see the module docstring)."""
     cluster = SimCluster(workload.spec)
     policy.reset(cluster, workload.seed)
     result = RunResult(policy.name, cluster_gpus=workload.spec.gpus)
     jobs = workload.jobs
+    runtime = workload.runtime
     horizon = jobs[-1].submit_s
     warmup = min(workload.warmup_s, horizon)
     result.window = (warmup, horizon)
@@ -277,6 +354,12 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
     ideal_cache: dict[tuple[int, int], float] = {}
     finishes: list[tuple[float, int, list[PodPlacement], Job]] = []
     queue = JobQueue()
+    foreign = foreign_jobs(jobs, runtime.foreign_share, workload.seed)
+    foreign_queue = JobQueue()  # kube-scheduler's pending pods that are not ours
+    kube_scheduler = least_allocated()
+    kube_scheduler.reset(cluster, workload.seed)
+    gated: dict[int, Job] = {}  # position in the stream -> job our gate holds, for the releaser's tick
+    next_tick = math.inf  # the releaser's next pass, once GPUs were freed since its last one
     next_arrival = 0
     now = 0.0
     allocated_gpu_seconds = 0.0
@@ -290,7 +373,8 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
                                                  ideal_placement(empty, *key), workload.allreduce_bytes)
         return ideal_cache[key]
 
-    def start(job: Job, pods: list[PodPlacement]) -> None:
+    def start(job: Job, pods: list[PodPlacement], began: float, records: list[JobRecord]) -> None:
+        """Bind the pods now; the job runs from `began` (later than now after a release's patches)."""
         nonlocal sequence
         dynamic = dynamic_tightest(cluster, job.pods, job.gpus_per_pod)
         for node, ids in pods:
@@ -303,13 +387,13 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
         ideal = ideal_allreduce(job)
         slowdown = actual / ideal if ideal > 0 else 1.0
         run_s = job.duration_s * (1 - workload.comm_fraction + workload.comm_fraction * slowdown)
-        result.records.append(JobRecord(
-            job, now, run_s, span_level(cluster, merged),
+        records.append(JobRecord(
+            job, began, run_s, span_level(cluster, merged),
             static_tightest(workload.spec, job.pods, job.gpus_per_pod),
             dynamic if dynamic is not None else span_level(cluster, merged),
             len(merged), len({cluster.by_name[n].leaf for n in merged}), actual, ideal))
         sequence += 1
-        heapq.heappush(finishes, (now + run_s, sequence, pods, job))
+        heapq.heappush(finishes, (began + run_s, sequence, pods, job))
 
     # A job that had to wait still has to while nothing was given back since: taking GPUs never
     # makes a job fit (every policy's fit is monotone in free GPUs), so it is not asked again.
@@ -341,10 +425,13 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
         gone: list[int] = []  # dequeued after the pass: the queue is being read
         aside: list[tuple[int, frozenset[str]]] = []
         for position, job in candidates:
-            if cluster.used == total_gpus:
+            # The webhook decides a job as its pods are created, room or not.
+            decided_now = (runtime.decide_at_arrival and arrived is not None and position == arrived[0]
+                           and policy.decides_at_arrival(job))
+            if cluster.used == total_gpus and not decided_now:
                 break  # nothing fits anywhere
             gpus, shape = job.gpus, (job.pods, job.gpus_per_pod)
-            if not strict and covered(shape, failed, fit_class):
+            if not strict and not decided_now and covered(shape, failed, fit_class):
                 continue  # as many pods, each as large, as a job that found no room anywhere
             if waited_at.get(job.job_id) == releases:
                 if strict:
@@ -356,7 +443,7 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
             try:
                 if gpus > total_gpus:
                     raise NeverFits(f"{gpus} GPUs exceed the cluster")
-                if gpus <= total_gpus - cluster.used:
+                if gpus <= total_gpus - cluster.used or decided_now:
                     began = time.perf_counter()
                     pods = policy.place(job)
                     result.decision_seconds.append(time.perf_counter() - began)
@@ -366,28 +453,68 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
                 continue
             if pods is None:
                 held_to = policy.held_to(job)
+                if gpus <= total_gpus - cluster.used:  # the policy was asked and said wait
+                    result.waits[job.job_id] = result.waits.get(job.job_id, 0) + 1
+                if not runtime.instant_release and policy.redecided(job):
+                    gone.append(position)
+                    gated[position] = job  # only the releaser starts it now
+                    continue
                 if held_to is None and not policy.redecided(job):
                     note_failure(failed, shape, fit_class)
                 elif held_to is not None and window is None:
                     aside.append((position, held_to))
                 waited_at[job.job_id] = releases
-                if gpus <= total_gpus - cluster.used:  # the policy was asked and said wait
-                    result.waits[job.job_id] = result.waits.get(job.job_id, 0) + 1
                 if strict:
                     break  # StrictFIFO: a head that cannot start blocks the jobs behind it
                 continue
             gone.append(position)
-            start(job, pods)
+            start(job, pods, now, result.records)
         for position in gone:
             queue.remove(position)
         for position, nodes in aside:
             queue.set_aside(position, nodes)
         epoch_failed = failed
 
-    while next_arrival < len(jobs) or finishes:
-        arrival_t = jobs[next_arrival].submit_s if next_arrival < len(jobs) else float("inf")
-        finish_t = finishes[0][0] if finishes else float("inf")
-        t = min(arrival_t, finish_t)
+    def release_pass() -> None:
+        """The releaser's tick: each gated job, oldest first, decided again where its GPUs fit now."""
+        for position in sorted(gated):
+            if cluster.used == total_gpus:
+                break
+            job = gated[position]
+            if job.gpus > total_gpus - cluster.used:
+                continue
+            began = time.perf_counter()
+            pods = policy.place(job)
+            result.decision_seconds.append(time.perf_counter() - began)
+            if pods is None:
+                result.waits[job.job_id] = result.waits.get(job.job_id, 0) + 1
+                continue
+            del gated[position]
+            start(job, pods, now + runtime.patch_latency_s, result.records)
+
+    def foreign_pass(arrived: tuple[int, Job] | None) -> None:
+        """kube-scheduler binding the pods that are not ours: after an arrival only the new job can
+        start (nothing was freed since the last pass), after a release every pending one may."""
+        failed: list[tuple[int, int]] = []
+        candidates = [arrived] if arrived is not None else foreign_queue.in_order(failed)
+        bound: list[int] = []
+        for position, job in candidates:
+            if cluster.used == total_gpus:
+                break
+            shape = (job.pods, job.gpus_per_pod)
+            pods = kube_scheduler.place(job) if job.gpus <= total_gpus - cluster.used else None
+            if pods is None:
+                note_failure(failed, shape)
+                continue
+            bound.append(position)
+            start(job, pods, now, result.foreign)
+        for position in bound:
+            foreign_queue.remove(position)
+
+    while next_arrival < len(jobs) or finishes or next_tick < math.inf:
+        arrival_t = jobs[next_arrival].submit_s if next_arrival < len(jobs) else math.inf
+        finish_t = finishes[0][0] if finishes else math.inf
+        t = min(arrival_t, finish_t, next_tick)
         # The state is constant since the last event: account for it up to t.
         lo, hi = max(now, warmup), min(t, horizon)
         if hi > lo:
@@ -397,22 +524,34 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
             sampled = sample_times.pop(0)
             if ratio is not None:
                 result.fragmentation.append((sampled, ratio))
-            result.states.append(sample_cluster(cluster, sampled, list(queue.jobs.values())))
+            result.states.append(sample_cluster(cluster, sampled, [*queue.jobs.values(), *gated.values()]))
         now = t
         policy.tick(now)
-        if finish_t <= arrival_t:
+        # At one instant: a release first, then an arrival, then the releaser's tick.
+        if finish_t <= arrival_t and finish_t <= next_tick:
             _, _, pods, job = heapq.heappop(finishes)
             releases += 1
             for node, ids in pods:
                 cluster.give_back(node, ids)
             queue.freed(node for node, _ in pods)
             policy.finished(job, pods)
-            arrived = None
-        else:
+            if not runtime.instant_release:
+                next_tick = min(next_tick, runtime.next_tick(now))
+            foreign_pass(None)
+            schedule_pass(None)
+        elif arrival_t <= next_tick:
             arrived = (next_arrival, jobs[next_arrival])
-            queue.add(*arrived)
             next_arrival += 1
-        schedule_pass(arrived)
-    result.unstarted = len(queue.jobs)
+            if arrived[1].job_id in foreign:
+                foreign_queue.add(*arrived)
+                foreign_pass(arrived)
+            else:
+                queue.add(*arrived)
+                schedule_pass(arrived)
+        else:
+            next_tick = math.inf
+            release_pass()
+    result.unstarted = len(queue.jobs) + len(gated)
+    result.foreign_unstarted = len(foreign_queue.jobs)
     result.allocation = allocated_gpu_seconds / (cluster.spec.gpus * (horizon - warmup)) if horizon > warmup else 0.0
     return result

@@ -104,12 +104,16 @@ class MixedInterpreters(RuntimeError):
 
 def scenario_key(scenario: simulate.Scenario) -> str:
     """What a run's file name says of its scenario beyond trace, load and seed: the network and
-    communication share charged, and what ours is configured with (told the truth or not), so that
-    runs on different networks or configurations never share a file."""
+    communication share charged, what ours is configured with (told the truth or not) and how the
+    cluster runs (the releaser's period and latency, the share not ours, when ours decides), so
+    that runs under different conditions never share a file."""
     told = (scenario.configured_network.rho_leaf, scenario.configured_network.rho_spine,
             scenario.configured_network.rho_zone, scenario.configured_share)
+    runtime = scenario.runtime
     return (f"rho{scenario.rho_leaf:g}_{scenario.rho_spine:g}_{scenario.rho_zone:g}-comm{scenario.comm_fraction:g}-"
-            f"configured{'_'.join(f'{v:g}' for v in told)}")
+            f"configured{'_'.join(f'{v:g}' for v in told)}-release{runtime.releaser_period_s:g}_"
+            f"{runtime.patch_latency_s:g}-foreign{runtime.foreign_share:g}-"
+            f"{'at_arrival' if runtime.decide_at_arrival else 'when_it_fits'}")
 
 
 class Kept:
@@ -380,10 +384,11 @@ def _num(x: float) -> str:
     return f"{x:+.{1 if not math.isfinite(x) or abs(x) >= 1 or x == 0 else 2 if abs(x) >= 0.1 else 3}f}"
 
 
-def conditions_of(network, kueue_modes: bool) -> str:
+def conditions_of(network, kueue_modes: bool, runtime: simulate.Runtime) -> str:
     """The conditions a section's claims hold under, for its heading."""
     return (f"network {simulate.network_text(network)} (leaf/spine/zone oversubscription), Kueue "
-            + ("preferred, required and StrictFIFO" if kueue_modes else "preferred only"))
+            + ("preferred, required and StrictFIFO" if kueue_modes else "preferred only")
+            + f", {simulate.runtime_text(runtime)}")
 
 
 def render(rows, seeds, gpus: int, wall_s: float, command: str, resumed: int = 0, conditions: str = "") -> str:
@@ -487,7 +492,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--misconfigured", nargs="+", type=float, metavar="FACTOR", default=[],
                         help="also run ours (both strategies) configured FACTOR times each network's "
                              "oversubscription (simulate.misconfigured), reported as rows of their own")
+    simulate.add_runtime_arguments(parser)
     args = parser.parse_args(argv)
+    runtime = simulate.runtime_of(parser, args)
     try:
         networks = list(dict.fromkeys(simulate.parse_network(text) for text in args.networks or ["2/4/8"]))
     except ValueError as error:
@@ -497,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     factors = tuple(dict.fromkeys(args.misconfigured))
     baselines = BASELINES + (KUEUE_MODES if args.kueue_modes else ())
     # Today's run, the main grid's network and nothing added, keeps today's heading and label in RESULTS.md.
-    default = networks == [DEFAULT_NETWORK] and not args.kueue_modes and not factors
+    default = networks == [DEFAULT_NETWORK] and not args.kueue_modes and not factors and runtime == simulate.Runtime()
     settings = simulate.QUICK if args.quick else replace(simulate.FULL, spec=CLUSTERS[args.gpus])
     try:
         cells = [(trace, float(load)) for trace, load in (c.split(":") for c in args.cells)] if args.cells else [
@@ -522,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         for trace, load in cells:
             for seed in seeds:
                 exact = simulate.Scenario("main", trace, load, seed=seed, rho_leaf=network.rho_leaf,
-                                          rho_spine=network.rho_spine, rho_zone=network.rho_zone)
+                                          rho_spine=network.rho_spine, rho_zone=network.rho_zone, runtime=runtime)
                 tasks += [(exact, key, settings) for key in (*variants, *baselines)]
                 named.update({(exact, key): key for key in (*variants, *baselines)})
                 for factor in factors:  # one clamped back to the truth (half of 1/1/1) is not run
@@ -566,13 +573,14 @@ def main(argv: list[str] | None = None) -> int:
                + (f" --networks {' '.join(map(simulate.network_text, networks))}"
                   if networks != [DEFAULT_NETWORK] else "")
                + (" --kueue-modes" if args.kueue_modes else "")
-               + (f" --misconfigured {' '.join(f'{f:g}' for f in factors)}" if factors else ""))
+               + (f" --misconfigured {' '.join(f'{f:g}' for f in factors)}" if factors else "")
+               + "".join(f" {flag}" for flag in simulate.runtime_flags(runtime)))
     for network in networks:  # each network its own call of verdicts: its own Holm families
         mine = {key[1:]: summary for key, summary in results.items() if key[0] == network}
         present = {key[-1] for key in mine}
         configured = tuple(dict.fromkeys(configured_variant(v, f) for f in factors for v in OURS_VARIANTS
                                          if configured_variant(v, f) in present))
-        conditions = "" if default else conditions_of(network, args.kueue_modes)
+        conditions = "" if default else conditions_of(network, args.kueue_modes, runtime)
         section = render(verdicts(mine, cells, seeds, variants + configured, baselines), seeds, gpus, wall,
                          command, resumed, conditions)
         print(section)

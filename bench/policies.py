@@ -68,6 +68,12 @@ class Policy:
         go anywhere: decided again at every release, its wait says nothing of other jobs."""
         return False
 
+    def decides_at_arrival(self, job: Job) -> bool:
+        """Whether the policy decides a job when its pods are created, room or not (a webhook:
+        ours), rather than when the job could start (a scheduler: asked earlier it would only
+        fail). The engine asks at arrival only when its `Runtime.decide_at_arrival` is on."""
+        return False
+
     def fit_class(self, shape: tuple[int, int]) -> object:
         """Jobs of shapes (pods, GPUs per pod) of one class fit monotonically: when one that may go
         anywhere finds no room, none with as many pods, each as large, of its class can start
@@ -321,6 +327,9 @@ class BySize(Policy):
     def redecided(self, job: Job) -> bool:
         return self._for(job).redecided(job)
 
+    def decides_at_arrival(self, job: Job) -> bool:
+        return self._for(job).decides_at_arrival(job)
+
     def _for(self, job: Job) -> Policy:
         return self.single if job.pods == 1 else self.multi
 
@@ -397,6 +406,9 @@ class Ours(Policy):
 
     def redecided(self, job: Job) -> bool:
         return job.job_id in self.gated
+
+    def decides_at_arrival(self, job: Job) -> bool:
+        return True
 
     def anywhere_for(self, wait: Decision) -> bool:
         """Whether a job told `wait` may still go anywhere (only prefers the domain it names)."""

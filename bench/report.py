@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass
 
 from .costmodel import Network, profile_table
-from .engine import JobRecord, RunResult
+from .engine import JobRecord, RunResult, Runtime
 from .fabric import HARDWARE, ClusterSpec
 
 BUCKETS = ("1", "2", "3-4", "5-8", "9-64", "65+")
@@ -161,6 +161,24 @@ class Context:
     wall_s: float
     processes: int
     machine: str
+    runtime: Runtime
+
+
+def _runtime_method(runtime: Runtime) -> str:
+    """What the engine's Runtime did in this run, for the method section."""
+    if runtime.decide_at_arrival:
+        decided = "ours decides a job when its pods are created (at arrival), room or not, and a job it pins or gates waits there; "
+    else:
+        decided = "ours is first asked when the cluster has room for the job (as before issue 38); "
+    if runtime.instant_release:
+        released = "a gated job starts in the pass after the release that makes room for it; "
+    else:
+        released = (f"a gated job starts only at the releaser's next pass after GPUs are freed (every "
+                    f"{runtime.releaser_period_s:g} s) and runs {runtime.patch_latency_s * 1e3:g} ms later; ")
+    return decided + released + (
+        f"{100 * runtime.foreign_share:g}% of each stream (the same jobs under every policy) is not ours: kube-scheduler "
+        "(LeastAllocated, no topology) places it as it arrives and takes freed GPUs first; those jobs are out of every "
+        "bucket, their GPUs in allocation.")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -391,6 +409,7 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
         "job held to some nodes (ours' pinned wait) is tried again only once GPUs are freed on them, as kube-scheduler's "
         "queueing hints do; neither changes what starts. (Before 25 Nov 2026 a pass looked at the first 64 queued jobs "
         "only.)",
+        f"- **The cluster as it runs (issue 38):** {_runtime_method(ctx.runtime)}",
         "- **Policies:** *spread* = kube-scheduler NodeResourcesFit LeastAllocated scored on nvidia.com/gpu, pods one "
         "at a time, random among equal scores (as selectHost does); *best-fit* = MostAllocated, same otherwise; "
         "*random* = any node with room; *Kueue TAS BestFit* = KEP-2724's findTopologyAssignment, default profile: "

@@ -5,6 +5,8 @@
     .venv/bin/python bench/simulate.py --trace-csv my.csv   # also replay a trace in the canonical CSV
     .venv/bin/python bench/simulate.py --networks 1/1/1 1/2/2 2/4/8 --misconfigured 0.5 2 --kueue-modes
         # a sweep: the main grid per network, ours also configured wrong, Kueue in its three modes
+    .venv/bin/python bench/simulate.py --quick --releaser-period 0 --patch-latency 0 --foreign-share 0 \
+        --decide-when-it-fits   # the cluster as the engine ran it before issue 38 (engine.IDEAL)
 
 Every policy sees the same cluster, the same job stream (fixed seeds) and the same queue discipline
 (bench/engine.py). Method and caveats are written into RESULTS.md next to the numbers.
@@ -24,7 +26,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 from bench import report  # noqa: E402
 from bench.costmodel import Network  # noqa: E402
-from bench.engine import Workload, run  # noqa: E402
+from bench.engine import Runtime, Workload, run  # noqa: E402
 from bench.fabric import CLUSTER, HARDWARE, ClusterSpec  # noqa: E402
 from bench.policies import (ABLATIONS, BySize, KueueBestFit, Ours, Policy, Without,  # noqa: E402
                             least_allocated, most_allocated, random_fit)
@@ -102,6 +104,7 @@ class Scenario:
     rho_zone: float = Network().rho_zone  # charged
     configured_rho: tuple[float, float, float] | None = None  # ours' levels' oversubscription; None: charged
     configured_comm: float | None = None  # ours' communication_share; None: charged
+    runtime: Runtime = Runtime()  # the releaser's period and latency, the share not ours (bench/engine.py)
 
     @property
     def network(self) -> Network:
@@ -131,11 +134,53 @@ class Scenario:
             text += f", rho_spine {self.rho_spine:g}, rho_zone {self.rho_zone:g}"
         if not self.told_the_truth:
             text += f", ours configured {configured_text(self)}"
+        if self.runtime != Runtime():
+            text += f", {runtime_text(self.runtime)}"
         return text
 
     @property
     def policies(self) -> tuple[str, ...]:
         return HYBRID_KEYS if self.group == "attribution" else POLICY_KEYS
+
+
+def runtime_text(runtime: Runtime) -> str:
+    """How the cluster runs, in words: "releaser every 1 s + 50 ms, 30% not ours"."""
+    text = (f"releaser every {runtime.releaser_period_s:g} s + {runtime.patch_latency_s * 1e3:g} ms, "
+            f"{100 * runtime.foreign_share:g}% not ours")
+    return text + ("" if runtime.decide_at_arrival else ", ours decides when the job fits")
+
+
+def runtime_flags(runtime: Runtime) -> list[str]:
+    """The command-line flags that give `runtime` (none for the default)."""
+    default = Runtime()
+    return ([f"--releaser-period {runtime.releaser_period_s:g}"] * (runtime.releaser_period_s != default.releaser_period_s)
+            + [f"--patch-latency {runtime.patch_latency_s:g}"] * (runtime.patch_latency_s != default.patch_latency_s)
+            + [f"--foreign-share {runtime.foreign_share:g}"] * (runtime.foreign_share != default.foreign_share)
+            + ["--decide-when-it-fits"] * (not runtime.decide_at_arrival))
+
+
+def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `Runtime`, for simulate.py and evaluate.py alike."""
+    default = Runtime()
+    group = parser.add_argument_group("the cluster as it runs (bench/engine.py, Runtime)")
+    group.add_argument("--releaser-period", type=float, default=default.releaser_period_s, metavar="S",
+                       help="seconds between the releaser's passes; a gated job starts at the next one after "
+                            f"its GPUs are freed (default {default.releaser_period_s:g}, the webhook's)")
+    group.add_argument("--patch-latency", type=float, default=default.patch_latency_s, metavar="S",
+                       help=f"seconds from a release to its pods running (default {default.patch_latency_s:g})")
+    group.add_argument("--foreign-share", type=float, default=default.foreign_share, metavar="SHARE",
+                       help="share of the stream that is not ours, placed by kube-scheduler as it arrives, the "
+                            f"same jobs under every policy (default {default.foreign_share:g})")
+    group.add_argument("--decide-when-it-fits", action="store_true",
+                       help="ask ours first when the cluster has room for the job, not when its pods are created "
+                            "(as before issue 38)")
+
+
+def runtime_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Runtime:
+    try:
+        return Runtime(args.releaser_period, args.patch_latency, args.foreign_share, not args.decide_when_it_fits)
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def network_text(network: Network) -> str:
@@ -201,7 +246,7 @@ QUICK = Settings(ClusterSpec(zones=1, spines_per_zone=2, leaves_per_spine=2, nod
                  cap_s=1800, horizon_s=3 * 1800, traces=("helios_all",), loads=(0.8,))
 
 
-def scenarios(settings: Settings, quick: bool, csv_path: str | None) -> list[Scenario]:
+def scenarios(settings: Settings, quick: bool, csv_path: str | None, runtime: Runtime = Runtime()) -> list[Scenario]:
     seeds = SEEDS[:1] if quick else SEEDS
     out = [Scenario("main", t, load, seed=seed) for t in settings.traces for load in settings.loads for seed in seeds]
     if not quick:
@@ -214,7 +259,7 @@ def scenarios(settings: Settings, quick: bool, csv_path: str | None) -> list[Sce
         out += [Scenario("attribution", focus, 0.8, seed=seed) for seed in seeds]
     if csv_path:
         out.append(Scenario("replay", os.path.basename(csv_path), 0.0, csv_path=csv_path))
-    return out
+    return [replace(scenario, runtime=runtime) for scenario in out]
 
 
 def workload_for(scenario: Scenario, settings: Settings) -> Workload:
@@ -228,7 +273,8 @@ def workload_for(scenario: Scenario, settings: Settings) -> Workload:
         jobs = sample_stream(scenario.trace, scenario.load, spec.gpus, settings.horizon_s, settings.cap_s,
                              scenario.seed)
         warmup = settings.cap_s  # by then the longest jobs started at time 0 have ended: steady state
-    return Workload(spec, network, tuple(jobs), scenario.comm_fraction, ALLREDUCE_BYTES, scenario.seed, warmup)
+    return Workload(spec, network, tuple(jobs), scenario.comm_fraction, ALLREDUCE_BYTES, scenario.seed, warmup,
+                    scenario.runtime)
 
 
 def policy_for(scenario: Scenario, key: str) -> Policy:
@@ -246,7 +292,8 @@ def run_one(task: tuple[Scenario, str, Settings]) -> tuple[Scenario, str, report
 
 
 def sweep_scenarios(settings: Settings, seeds: tuple[int, ...], networks: list[Network],
-                    factors: tuple[float, ...] = (), targets: tuple[str, ...] = ("network", "share")) -> list[Scenario]:
+                    factors: tuple[float, ...] = (), targets: tuple[str, ...] = ("network", "share"),
+                    runtime: Runtime = Runtime()) -> list[Scenario]:
     """The main grid's cells on each network, ours told the truth, and, for each factor and each
     of `targets` (MISCONFIGURE), ours configured that many times the truth. Configurations that
     clamp back to the truth (half of 1/1/1) are left out."""
@@ -256,7 +303,7 @@ def sweep_scenarios(settings: Settings, seeds: tuple[int, ...], networks: list[N
             for load in settings.loads:
                 for seed in seeds:
                     exact = Scenario("sweep", trace, load, seed=seed, rho_leaf=network.rho_leaf,
-                                     rho_spine=network.rho_spine, rho_zone=network.rho_zone)
+                                     rho_spine=network.rho_spine, rho_zone=network.rho_zone, runtime=runtime)
                     out.append(exact)
                     for factor in factors:
                         for what in targets:
@@ -294,7 +341,7 @@ def _num(value: float | None, digits: int = 0) -> str:
 
 
 def render_sweep(results: dict, keys: tuple[str, ...], seeds: tuple[int, ...], settings: Settings, command: str,
-                 wall_s: float) -> str:
+                 wall_s: float, runtime: Runtime = Runtime()) -> str:
     """Per cell (trace, load): each network and configuration, every policy's JCT by bucket, and
     ours' JCT against each Kueue mode's. Means over the seeds (descriptive: the tuning seeds unless
     --seeds says otherwise; the paired verdicts on fresh seeds are bench/evaluate.py's)."""
@@ -302,7 +349,8 @@ def render_sweep(results: dict, keys: tuple[str, ...], seeds: tuple[int, ...], s
     for (scenario, key), summary in results.items():
         by_cell.setdefault(replace(scenario, seed=0), {}).setdefault(key, []).append(summary)
     lines = ["# Network and Kueue-mode sweep", "", f"`{command}`: {wall_s:.0f} s wall; cluster "
-             f"{settings.spec.describe()}; seeds {', '.join(map(str, seeds))}; charged comm share {MAIN_COMM:g}.",
+             f"{settings.spec.describe()}; seeds {', '.join(map(str, seeds))}; charged comm share {MAIN_COMM:g}; "
+             f"{runtime_text(runtime)}.",
              "Network: oversubscription leaf/spine/zone the simulator charges (a ring across zones is divided by "
              "their product). Ours configured: what ours' Config says, against that truth. JCT in s, mean per job; "
              "'>8' is every job above one node. Baselines read no configuration: they run once per network.", ""]
@@ -433,9 +481,11 @@ def main(argv: list[str] | None = None) -> int:
                        help=f"also run {', '.join(KUEUE_MODE_KEYS)} (policies.KueueBestFit)")
     sweep.add_argument("--seeds", nargs="+", type=int, metavar="SEED",
                        help="the sweep's seeds (default: the first of simulate.SEEDS with --quick, else all five)")
+    add_runtime_arguments(parser)
     args = parser.parse_args(argv)
     if args.processes < 1:
         parser.error(f"--processes {args.processes}: must be 1 or more")
+    runtime = runtime_of(parser, args)
     if args.networks or args.misconfigured or args.kueue_modes or args.seeds:
         if args.trace_csv:
             parser.error("--trace-csv is not part of a sweep")
@@ -445,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(err))
         if any(f <= 0 for f in args.misconfigured):
             parser.error("--misconfigured: factors must be above 0")
-        return run_sweep(args, networks)
+        return run_sweep(args, networks, runtime)
     if args.trace_csv:
         try:
             load_csv(args.trace_csv)
@@ -454,15 +504,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     settings = QUICK if args.quick else FULL
     out_dir = args.out or (None if args.quick else os.path.dirname(os.path.abspath(__file__)))
-    tasks = [(s, key, settings) for s in scenarios(settings, args.quick, args.trace_csv) for key in s.policies]
+    tasks = [(s, key, settings) for s in scenarios(settings, args.quick, args.trace_csv, runtime) for key in s.policies]
     began = time.perf_counter()
     results = run_tasks(tasks, args.processes)
     wall = time.perf_counter() - began
-    command = ".venv/bin/python bench/simulate.py" + (" --quick" if args.quick else "") + (
-        f" --trace-csv {args.trace_csv}" if args.trace_csv else "")
+    command = " ".join([".venv/bin/python bench/simulate.py"] + (["--quick"] if args.quick else []) + (
+        [f"--trace-csv {args.trace_csv}"] if args.trace_csv else []) + runtime_flags(runtime))
     context = report.Context(command=command, seeds=SEEDS[:1] if args.quick else SEEDS, spec=settings.spec,
                              cap_s=settings.cap_s, horizon_s=settings.horizon_s, allreduce_bytes=ALLREDUCE_BYTES,
-                             main_comm=MAIN_COMM, wall_s=wall, processes=args.processes,
+                             main_comm=MAIN_COMM, wall_s=wall, processes=args.processes, runtime=runtime,
                              machine=f"{platform.machine()}, {os.cpu_count()} cores, "
                                      f"Python {platform.python_version()}")
     text = report.render(results, POLICY_KEYS, context, ANALYSIS)
@@ -484,12 +534,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_sweep(args: argparse.Namespace, networks: list[Network]) -> int:
+def run_sweep(args: argparse.Namespace, networks: list[Network], runtime: Runtime) -> int:
     settings = QUICK if args.quick else FULL
     seeds = tuple(args.seeds or (SEEDS[:1] if args.quick else SEEDS))
     keys = SWEEP_KEYS + (KUEUE_MODE_KEYS if args.kueue_modes else ())
     targets = tuple(dict.fromkeys(args.misconfigure))
-    tasks = sweep_tasks(sweep_scenarios(settings, seeds, networks, tuple(args.misconfigured), targets), keys, settings)
+    tasks = sweep_tasks(sweep_scenarios(settings, seeds, networks, tuple(args.misconfigured), targets, runtime), keys,
+                        settings)
     began = time.perf_counter()
     results = run_tasks(tasks, args.processes)
     wall = time.perf_counter() - began
@@ -497,8 +548,8 @@ def run_sweep(args: argparse.Namespace, networks: list[Network]) -> int:
         ["--networks", *map(network_text, networks)] if args.networks else []) + (
         ["--misconfigured", *(f"{f:g}" for f in args.misconfigured), "--misconfigure", *targets]
         if args.misconfigured else []) + (["--kueue-modes"] if args.kueue_modes else []) + (
-        ["--seeds", *map(str, seeds)] if args.seeds else []))
-    text = render_sweep(results, keys, seeds, settings, command, wall)
+        ["--seeds", *map(str, seeds)] if args.seeds else []) + runtime_flags(runtime))
+    text = render_sweep(results, keys, seeds, settings, command, wall, runtime)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "SWEEP.md")

@@ -421,7 +421,9 @@ def test_ablation_pairs_ours_with_each_rule_off_and_reads_every_row(capsys):
     assert {r[3] for r in rows} == set(policies.ABLATIONS)
     for row in rows:
         low, high = (float(v) for v in row[5].strip("[]").split(","))
-        assert low <= float(row[4]) <= high and row[6].endswith("/2")
+        # A bucket is paired on the seeds where ours ran jobs of it: on a quick stream every job of a
+        # bucket may be one of those that are not ours (engine.foreign_jobs).
+        assert low <= float(row[4]) <= high and row[6].split("/")[1] in ("1", "2")
         if row[2] == "allocation":  # higher is better
             low, high = -high, -low
         # The bounds are printed to 0.01: one printed as 0 may lie on either side of it.

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench import evaluate, simulate
+from bench import engine, evaluate, simulate
 
 Comparison = evaluate.Comparison
 
@@ -309,17 +309,22 @@ def test_the_default_run_is_todays_and_2_4_8_is_the_default(monkeypatch, capsys)
     assert "### Evaluation in sample (seen seeds), 128 GPUs\n" in outputs[0] and "network" not in outputs[0]
 
 
-def test_the_resume_key_names_the_network_and_the_configuration(monkeypatch, tmp_path):
+def test_the_resume_key_names_the_network_the_configuration_and_the_runtime(monkeypatch, tmp_path):
     monkeypatch.setattr(evaluate, "code_digest", lambda: "code")
     kept = evaluate.Kept(str(tmp_path), 512)
     main = simulate.Scenario("main", "helios_all", 1.2, seed=5)
     flat = replace(main, rho_leaf=1.0, rho_spine=1.0, rho_zone=1.0)
     scenarios = [main, flat, simulate.misconfigured(main, 2, "network"), simulate.misconfigured(flat, 2, "network"),
-                 simulate.misconfigured(main, 2, "share")]
+                 simulate.misconfigured(main, 2, "share"), replace(main, runtime=engine.IDEAL),
+                 *(replace(main, runtime=replace(engine.Runtime(), **change)) for change in (
+                     {"releaser_period_s": 2.0}, {"patch_latency_s": 0.0}, {"foreign_share": 0.5},
+                     {"decide_at_arrival": False}))]
     paths = [kept.path((s, "ours-consolidated", simulate.QUICK)) for s in scenarios]
     assert len(set(paths)) == len(paths)
-    assert "-rho2_4_8-comm0.1-configured2_4_8_0.1-ours-consolidated-" in paths[0]
+    assert ("-rho2_4_8-comm0.1-configured2_4_8_0.1-release1_0.05-foreign0.3-at_arrival-ours-consolidated-"
+            in paths[0])
     assert "-rho1_1_1-comm0.1-configured2_2_2_0.1-" in paths[3]
+    assert "-release0_0-foreign0-when_it_fits-" in paths[5]
     kept.keep((flat, "kueue", simulate.QUICK), "on 1/1/1")
     assert kept.read((main, "kueue", simulate.QUICK)) is None  # another network's run is never read back
     assert kept.read((flat, "kueue", simulate.QUICK)) == "on 1/1/1"
@@ -334,7 +339,7 @@ def test_networks_kueue_modes_and_a_wrong_configuration_are_judged_per_network(m
     sections = out.split("### Evaluation")[1:]
     assert [s.splitlines()[0] for s in sections] == [
         f" in sample (seen seeds), 128 GPUs, network {net} (leaf/spine/zone oversubscription), Kueue preferred, "
-        "required and StrictFIFO" for net in ("1/1/1", "2/4/8")]
+        "required and StrictFIFO, releaser every 1 s + 50 ms, 30% not ours" for net in ("1/1/1", "2/4/8")]
     assert "--networks 1/1/1 2/4/8 --kueue-modes --misconfigured 0.5 2" in out
     # half of 1/1/1 clamps back to the truth: not run; the baselines never run configured wrong
     wrong = [(t[0].network, t[0].configured_rho, t[1]) for t in ran if not t[0].told_the_truth]
