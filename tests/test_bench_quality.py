@@ -337,11 +337,11 @@ def test_an_evaluation_goes_on_from_the_runs_kept_by_the_same_code(capsys, tmp_p
     argv = ["--quick", "--cells", "helios_all:1.2", "--seeds", "7", "--processes", "1", "--resume", str(tmp_path)]
     assert evaluate.main(argv) == 0
     first = capsys.readouterr().out
-    assert "0 runs read back" in first and len(list(tmp_path.glob("*.pickle"))) == 6  # two of ours, four baselines
+    assert "0 runs read back" in first and len(list(tmp_path.glob("*.pickle"))) == 5  # ours, four baselines
     (next(tmp_path.glob("*-kueue-*.pickle"))).unlink()
     assert evaluate.main(argv) == 0
     second = capsys.readouterr().out
-    assert "5 runs read back" in second and "1 to run" in second
+    assert "4 runs read back" in second and "1 to run" in second
     table = [line for line in first.splitlines() if line.startswith("| helios_all")]
     assert table and table == [line for line in second.splitlines() if line.startswith("| helios_all")]
     monkeypatch.setattr(evaluate, "code_digest", lambda: "changed")  # other code: nothing is read back
@@ -592,6 +592,6 @@ def test_evaluation_runs_only_the_ablations_it_is_given(capsys):
                           "--ablations", "unprotected"]) == 0
     out = capsys.readouterr().out
     strategies = {line.rstrip(" |").rsplit("| ", 1)[1] for line in out.splitlines() if line.startswith("| helios_all")}
-    assert strategies >= {"consolidated", "balanced (default)", simulate.STRATEGY_OF["ours-consolidated-unprotected"]}
+    assert strategies >= {"consolidated", simulate.STRATEGY_OF["ours-consolidated-unprotected"]}
     assert simulate.STRATEGY_OF["ours-consolidated-before-26"] not in strategies
     assert "--ablations unprotected" in out

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench import costmodel, engine, fabric, policies, simulate, traces
+from bench import costmodel, engine, evaluate, fabric, policies, simulate, traces
 from webhook.core.model import Strategy
 
 QUICK = fabric.ClusterSpec(zones=1, spines_per_zone=2, leaves_per_spine=2, nodes_per_leaf=4)  # 128 GPUs
@@ -159,3 +159,13 @@ def test_the_runtime_flags_reach_every_scenario_and_its_label():
         engine.Runtime()
     assert simulate.runtime_flags(replace(engine.IDEAL)) == ["--releaser-period 0", "--patch-latency 0",
                                                             "--foreign-share 0", "--decide-when-it-fits"]
+
+
+@pytest.mark.parametrize("runtime", [engine.IDEAL, engine.Runtime()])
+def test_balanced_runs_as_consolidated_so_it_has_no_column(runtime):
+    """Balanced differs from consolidated only where a placed job's preferred domain has no room as
+    its pods bind; the simulator binds a decision as it is made, so the records are the same
+    (docs/design/evaluation.md, "Balanced: no column of its own"). Should they ever differ, the
+    column is due back."""
+    assert digest(run("ours-balanced", runtime)) == digest(run("ours-consolidated", runtime))
+    assert "ours-balanced" not in simulate.SWEEP_KEYS + evaluate.OURS_VARIANTS
