@@ -53,6 +53,7 @@ SEEN_SEEDS = frozenset(
      11, 12,  # diagnose_jct.py's examples; 11 also the profile of "Simulator speed" (bench/README.md)
      77, 4242,  # records compared before and after the simulator's speed-ups (bench/README.md)
      783722218,  # profiled at 2,048 and 8,192 GPUs, acme_seren 1.2 (bench/README.md, "Simulator speed")
+     424242,  # timed at 512 GPUs, acme_seren 1.2, under engine.IDEAL and the default Runtime (issue 38, item 3)
      ])
 TUNING_SEEDS = SEEN_SEEDS  # the name bench/ablation.py reads: it refuses the same seeds
 ALPHA = 0.05  # family-wise error rate of each family's verdicts (Holm)
