@@ -69,6 +69,29 @@ def test_a_patch_that_does_not_apply_is_refused(monkeypatch):
         patch.make_patch({"metadata": {}}, {"metadata": {"annotations": {"x": "y"}}})
 
 
+def test_an_item_changed_inside_a_list_is_patched_inside_it():
+    received = {"spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "y"}]}}
+    mutated = {"spec": {"containers": [{"name": "a", "image": "x"},
+                                       {"name": "b", "image": "y", "env": [{"name": "E", "value": "1"}]}]}}
+    assert patch.make_patch(received, mutated) == [
+        {"op": "add", "path": "/spec/containers/1/env", "value": [{"name": "E", "value": "1"}]}]
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-3, 3) | st.text("ab/~", max_size=3),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text("ab/~0", max_size=3), inner,
+                                                                                 max_size=3), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json, _json)
+def test_any_two_documents_give_a_patch_from_one_to_the_other(received, mutated):
+    # the diff walks only the parts that differ: what it leaves out must not change what the patch does
+    document = json.loads(json.dumps({"metadata": received, "spec": [received, mutated]}))
+    wanted = json.loads(json.dumps({"metadata": mutated, "spec": [mutated, received]}))
+    ops = patch.make_patch(document, wanted)
+    assert jsonpatch.apply_patch(document, json.loads(json.dumps(ops))) == wanted
+
+
 def test_encode_is_base64_of_the_json_array():
     ops = [{"op": "add", "path": "/a~1b", "value": "é"}]
     assert json.loads(base64.b64decode(patch.encode(ops))) == ops
