@@ -54,17 +54,15 @@ def test_equal_objects_give_no_operations():
 
 
 def test_a_patch_that_does_not_reproduce_the_mutated_object_is_refused(monkeypatch):
-    class Wrong:
-        patch = [{"op": "add", "path": "/metadata/labels", "value": {"x": "y"}}]
-    monkeypatch.setattr(patch.jsonpatch.JsonPatch, "from_diff", lambda *args, **options: Wrong())
+    wrong = jsonpatch.JsonPatch([{"op": "add", "path": "/metadata/labels", "value": {"x": "y"}}])
+    monkeypatch.setattr(patch.jsonpatch.JsonPatch, "from_diff", lambda *args, **options: wrong)
     with pytest.raises(patch.PatchError, match="does not give the mutated object"):
         patch.make_patch({"metadata": {}}, {"metadata": {"annotations": {}}})
 
 
 def test_a_patch_that_does_not_apply_is_refused(monkeypatch):
-    class Broken:
-        patch = [{"op": "replace", "path": "/metadata/annotations/x", "value": "y"}]
-    monkeypatch.setattr(patch.jsonpatch.JsonPatch, "from_diff", lambda *args, **options: Broken())
+    broken = jsonpatch.JsonPatch([{"op": "replace", "path": "/metadata/annotations/x", "value": "y"}])
+    monkeypatch.setattr(patch.jsonpatch.JsonPatch, "from_diff", lambda *args, **options: broken)
     with pytest.raises(patch.PatchError, match="does not apply"):
         patch.make_patch({"metadata": {}}, {"metadata": {"annotations": {"x": "y"}}})
 

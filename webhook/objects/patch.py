@@ -25,14 +25,14 @@ def make_patch(received: Any, mutated: Any) -> list[dict]:
     received, mutated = (json.loads(json.dumps(doc, default=str)) for doc in changed_parts(received, mutated))
     # add/remove/replace only: finding moves serializes every added and removed value (about a
     # tenth of a review's time), and our mutations add and remove items, they never move them
-    operations = jsonpatch.JsonPatch.from_diff(received, mutated, optimization=False).patch
+    diff = jsonpatch.JsonPatch.from_diff(received, mutated, optimization=False)
     try:  # `received` is our private copy from the round trip above, so it may be patched in place
-        result = jsonpatch.apply_patch(received, operations, in_place=True)
+        result = diff.apply(received, in_place=True)
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as err:
         raise PatchError(f"patch does not apply to the received object: {err}") from None
     if result != mutated:
         raise PatchError("patch applied to the received object does not give the mutated object")
-    return operations
+    return diff.patch
 
 
 def changed_parts(received: Any, mutated: Any) -> tuple[Any, Any]:
