@@ -115,7 +115,7 @@ def test_each_admission_logs_one_json_line_without_the_object(client, caplog):
 
 def test_metrics_count_decisions_and_show_cluster_gauges(client, metrics):
     post(client, review_of(gpu_pod("trainer", 4, placement_strategy="consolidated")))
-    assert client.get("/metrics").status_code == 404  # its own port: server.start_metrics_server
+    assert client.get("/metrics").status_code == 404  # its own port: metrics_port.start_metrics_server
     text = metrics.render()[0].decode()
     assert 'topology_placement_decisions_total{kind="Pod"' in text
     assert "topology_scheduler_latency_seconds_count 1.0" in text

@@ -20,7 +20,7 @@ from webhook.kube import demo
 from webhook.objects import admission, overview
 from webhook.objects.overview import RecentDecisions, Selection, snapshot
 from webhook.serving import topology_page
-from webhook.serving.server import start_metrics_server
+from webhook.serving.metrics_port import start_metrics_server
 from webhook.serving.topology_page import page_app, render
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")

@@ -39,7 +39,8 @@ from .objects.overview import RecentDecisions
 from .serving import certs, logs
 from .serving.app import Readiness, create_app
 from .serving.metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
-from .serving.server import METRICS_BACKLOG, THREADS_PER_WORKER, ServeOptions, WebhookServer, start_metrics_server
+from .serving.metrics_port import METRICS_BACKLOG, start_metrics_server
+from .serving.server import THREADS_PER_WORKER, ServeOptions, WebhookServer
 from .serving.topology_page import page_app, write_page
 
 PROG = "topology-webhook"

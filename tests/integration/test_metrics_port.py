@@ -21,7 +21,7 @@ from webhook.serving import certs
 from webhook.serving.app import create_app
 from webhook.serving.certs import ReloadingContext
 from webhook.serving.metrics import Metrics
-from webhook.serving.server import SECURITY_HEADERS, start_metrics_server
+from webhook.serving.metrics_port import SECURITY_HEADERS, start_metrics_server
 from webhook.serving.topology_page import CONTENT_SECURITY_POLICY, page_app
 
 from tests.fixtures.builders import gpu_pod

@@ -7,7 +7,7 @@ import time
 
 import requests
 
-from webhook.serving.server import start_metrics_server
+from webhook.serving.metrics_port import start_metrics_server
 
 from conftest import eventually, review_of, start_server, stop_server
 from tests.fixtures.builders import gpu_pod

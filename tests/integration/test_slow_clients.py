@@ -161,7 +161,7 @@ def test_metrics_answer_within_a_second_while_hundreds_of_silent_connections_are
     from webhook.serving import certs
     from webhook.serving.certs import ReloadingContext
     from webhook.serving.metrics import Metrics
-    from webhook.serving.server import METRICS_REQUEST_SECONDS, start_metrics_server
+    from webhook.serving.metrics_port import METRICS_REQUEST_SECONDS, start_metrics_server
 
     def webhook_app(_environ, start_response):
         start_response("200 OK", [("Content-Type", "text/plain")])

@@ -1,5 +1,5 @@
 """The Flask app: /mutate for the apiserver, /healthz and /readyz (/metrics has its own port:
-see server.start_metrics_server).
+see metrics_port.start_metrics_server).
 
 Two error channels, decided here: a call that is not an AdmissionReview gets an HTTP 4xx with a
 one-line reason; anything that goes wrong inside us while handling a real review is answered
