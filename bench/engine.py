@@ -140,7 +140,7 @@ class Workload:
     spec: ClusterSpec
     network: Network
     jobs: tuple[Job, ...]
-    comm_fraction: float  # share of a job's run time spent in all-reduce at its tightest placement
+    comm_fraction: float  # share of a job's run time in all-reduce at its tightest placement, for a job without its own
     allreduce_bytes: float
     seed: int
     warmup_s: float  # allocation and fragmentation are measured from here to the last arrival
@@ -149,6 +149,11 @@ class Workload:
     @property
     def profile(self) -> HardwareProfile:
         return self.spec.hardware.profile
+
+    def share_of(self, job: Job) -> float:
+        """The communication share the simulator charges `job`: its own (version 2 streams,
+        bench/traces.py), else the workload's one share (version 1 streams, replayed traces)."""
+        return self.comm_fraction if job.comm_share is None else job.comm_share
 
 
 @dataclass(frozen=True)
@@ -386,7 +391,8 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
         actual = allreduce_seconds(cluster, workload.profile, workload.network, merged, workload.allreduce_bytes)
         ideal = ideal_allreduce(job)
         slowdown = actual / ideal if ideal > 0 else 1.0
-        run_s = job.duration_s * (1 - workload.comm_fraction + workload.comm_fraction * slowdown)
+        share = workload.share_of(job)
+        run_s = job.duration_s * (1 - share + share * slowdown)
         records.append(JobRecord(
             job, began, run_s, span_level(cluster, merged),
             static_tightest(workload.spec, job.pods, job.gpus_per_pod),

@@ -54,6 +54,7 @@ SEEN_SEEDS = frozenset(
      77, 4242,  # records compared before and after the simulator's speed-ups (bench/README.md)
      783722218,  # profiled at 2,048 and 8,192 GPUs, acme_seren 1.2 (bench/README.md, "Simulator speed")
      424242,  # timed at 512 GPUs, acme_seren 1.2, under engine.IDEAL and the default Runtime (issue 38, item 3)
+     7, 8, 9,  # `simulate.py --kueue-modes --seeds 7 8 9`, quick and 512 GPUs, streams v1 and v2 (issue 38, bench/README.md)
      ])
 TUNING_SEEDS = SEEN_SEEDS  # the name bench/ablation.py reads: it refuses the same seeds
 ALPHA = 0.05  # family-wise error rate of each family's verdicts (Holm)
@@ -107,15 +108,15 @@ class MixedInterpreters(RuntimeError):
 def scenario_key(scenario: simulate.Scenario) -> str:
     """What a run's file name says of its scenario beyond trace, load and seed: the network and
     communication share charged, what ours is configured with (told the truth or not) and how the
-    cluster runs (the releaser's period and latency, the share not ours, when ours decides), so
-    that runs under different conditions never share a file."""
+    cluster runs (the releaser's period and latency, the share not ours, when ours decides) and the
+    job streams' version (bench/traces.py), so that runs under different conditions never share a file."""
     told = (scenario.configured_network.rho_leaf, scenario.configured_network.rho_spine,
             scenario.configured_network.rho_zone, scenario.configured_share)
     runtime = scenario.runtime
     return (f"rho{scenario.rho_leaf:g}_{scenario.rho_spine:g}_{scenario.rho_zone:g}-comm{scenario.comm_fraction:g}-"
             f"configured{'_'.join(f'{v:g}' for v in told)}-release{runtime.releaser_period_s:g}_"
             f"{runtime.patch_latency_s:g}-foreign{runtime.foreign_share:g}-"
-            f"{'at_arrival' if runtime.decide_at_arrival else 'when_it_fits'}")
+            f"{'at_arrival' if runtime.decide_at_arrival else 'when_it_fits'}-streams{scenario.streams}")
 
 
 class Kept:
@@ -386,11 +387,11 @@ def _num(x: float) -> str:
     return f"{x:+.{1 if not math.isfinite(x) or abs(x) >= 1 or x == 0 else 2 if abs(x) >= 0.1 else 3}f}"
 
 
-def conditions_of(network, kueue_modes: bool, runtime: simulate.Runtime) -> str:
+def conditions_of(network, kueue_modes: bool, runtime: simulate.Runtime, streams: int = simulate.STREAMS) -> str:
     """The conditions a section's claims hold under, for its heading."""
     return (f"network {simulate.network_text(network)} (leaf/spine/zone oversubscription), Kueue "
             + ("preferred, required and StrictFIFO" if kueue_modes else "preferred only")
-            + f", {simulate.runtime_text(runtime)}")
+            + f", {simulate.runtime_text(runtime)}, streams v{streams}")
 
 
 def render(rows, seeds, gpus: int, wall_s: float, command: str, resumed: int = 0, conditions: str = "") -> str:
@@ -505,8 +506,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--misconfigured: factors must be above 0")
     factors = tuple(dict.fromkeys(args.misconfigured))
     baselines = BASELINES + (KUEUE_MODES if args.kueue_modes else ())
-    # Today's run, the main grid's network and nothing added, keeps today's heading and label in RESULTS.md.
-    default = networks == [DEFAULT_NETWORK] and not args.kueue_modes and not factors and runtime == simulate.Runtime()
     settings = simulate.QUICK if args.quick else replace(simulate.FULL, spec=CLUSTERS[args.gpus])
     try:
         cells = [(trace, float(load)) for trace, load in (c.split(":") for c in args.cells)] if args.cells else [
@@ -531,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
         for trace, load in cells:
             for seed in seeds:
                 exact = simulate.Scenario("main", trace, load, seed=seed, rho_leaf=network.rho_leaf,
-                                          rho_spine=network.rho_spine, rho_zone=network.rho_zone, runtime=runtime)
+                                          rho_spine=network.rho_spine, rho_zone=network.rho_zone, runtime=runtime,
+                                          streams=args.streams)
                 tasks += [(exact, key, settings) for key in (*variants, *baselines)]
                 named.update({(exact, key): key for key in (*variants, *baselines)})
                 for factor in factors:  # one clamped back to the truth (half of 1/1/1) is not run
@@ -576,13 +576,15 @@ def main(argv: list[str] | None = None) -> int:
                   if networks != [DEFAULT_NETWORK] else "")
                + (" --kueue-modes" if args.kueue_modes else "")
                + (f" --misconfigured {' '.join(f'{f:g}' for f in factors)}" if factors else "")
-               + "".join(f" {flag}" for flag in simulate.runtime_flags(runtime)))
+               + "".join(f" {flag}" for flag in simulate.runtime_flags(runtime) + simulate.streams_flags(args.streams)))
     for network in networks:  # each network its own call of verdicts: its own Holm families
         mine = {key[1:]: summary for key, summary in results.items() if key[0] == network}
         present = {key[-1] for key in mine}
         configured = tuple(dict.fromkeys(configured_variant(v, f) for f in factors for v in OURS_VARIANTS
                                          if configured_variant(v, f) in present))
-        conditions = "" if default else conditions_of(network, args.kueue_modes, runtime)
+        # Every section names its conditions (issue 38, item 8), the default run's too: RESULTS.md's
+        # sections labelled by size alone were made under engine.IDEAL and streams v1, and stay apart.
+        conditions = conditions_of(network, args.kueue_modes, runtime, args.streams)
         section = render(verdicts(mine, cells, seeds, variants + configured, baselines), seeds, gpus, wall,
                          command, resumed, conditions)
         print(section)

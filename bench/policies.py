@@ -248,8 +248,19 @@ class KueueBestFit(Policy):
                     pool[key] = pool.get(key, 0) + cluster.free_count[i] // gpus
             domains = _greedy_best_fit(pool, job.pods)
             level = child_level
-        return [(name, pick_gpus(cluster.by_name[name], gpus))
-                for name, pods in sorted(domains.items()) for _ in range(pods)]
+        return self._pods_on(sorted(domains.items()), gpus)
+
+    def _pods_on(self, counts: list[tuple[str, int]], gpus: int) -> list[PodPlacement]:
+        """`pods` pods of `gpus` GPUs on each named node, no GPU given twice: several pods of fewer
+        than 8 GPUs may share a node (before streams of version 2 every multi-pod job was pods of 8)."""
+        placement: list[PodPlacement] = []
+        for name, pods in counts:
+            node, taken = self.cluster.by_name[name], set[int]()
+            for _ in range(pods):
+                ids = _pick_excluding(node, taken, gpus)
+                taken.update(ids)
+                placement.append((name, ids))
+        return placement
 
     def _one_node(self, job: Job) -> list[PodPlacement] | None:
         """Required at hostname: BestFit over nodes, the one with the fewest pods that fit that still
@@ -259,14 +270,7 @@ class KueueBestFit(Policy):
                 if cluster.by_free[f]]
         if not fits:
             return None
-        node = cluster.nodes[min(fits)[1]]
-        taken: set[int] = set()
-        placement: list[PodPlacement] = []
-        for _ in range(job.pods):
-            ids = _pick_excluding(node, taken, gpus)
-            taken.update(ids)
-            placement.append((node.name, ids))
-        return placement
+        return self._pods_on([(cluster.nodes[min(fits)[1]].name, job.pods)], gpus)
 
     def _pick_level(self, pods: int, gpus: int, required: str | None = None) -> tuple[str, dict[str, int]] | None:
         """Phase 2a: BestFit at the required level only; or at the preferred level (leaf), one

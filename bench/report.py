@@ -162,6 +162,7 @@ class Context:
     processes: int
     machine: str
     runtime: Runtime
+    streams: int = 1  # the job streams' version (bench/traces.py); 1 unless a caller says
 
 
 def _runtime_method(runtime: Runtime) -> str:
@@ -385,6 +386,36 @@ def _attribution(results: dict) -> list[str]:
             ""] + _table(["policy", "scenario", "mean ms", "per seed"], rows)
 
 
+def _streams_method(ctx: Context) -> list[str]:
+    """The job streams and the run-time model, as the run's stream version drew them."""
+    if ctx.streams == 1:
+        streams = (
+            "- **Job streams (version 1):** Poisson arrivals; sizes from the job-count shares of Philly, Helios and "
+            "Acme Seren (AcmeTrace figure/cdf_job_gpunum.pdf), one representative size per bucket (1, 2, 4, 8, 16, 32, "
+            "64, 128, 256), drawn apart from durations; jobs above 8 GPUs are pods of 8 GPUs, one per node. Durations "
+            "lognormal with the trace's median and sigma (AcmeTrace figure/cdf_job_duration_util.pdf), redrawn above "
+            f"min(p99, {ctx.cap_s / 3600:g} h) so the run reaches a steady state. Arrivals for "
+            f"{ctx.horizon_s / 3600:g} h; allocation and fragmentation measured from {ctx.cap_s / 3600:g} h (warm-up) "
+            "to the last arrival; every job then runs to completion. Load = offered GPU-seconds per second / GPUs.")
+        share = f"f = {ctx.main_comm:g} for every job in the main grid, swept 0 / 0.1 / 0.3 / 0.5."
+    else:
+        streams = (
+            f"- **Job streams (version {ctx.streams}, bench/traces.py):** Poisson arrivals; sizes from the job-count "
+            "shares of Philly, Helios and Acme Seren (AcmeTrace figure/cdf_job_gpunum.pdf), one representative size "
+            "per bucket; durations drawn with the size, lognormal with per-bucket medians that give the trace's "
+            "GPU-time share per bucket and one sigma, fitted so the mixture has the trace's p50 and p90 "
+            "(traces.joint_durations); no cap. A quarter of the jobs above 8 GPUs are pods of 4 GPUs, the rest pods "
+            f"of 8. Arrivals for {ctx.horizon_s / 3600:g} h; allocation and fragmentation measured from "
+            f"{ctx.cap_s / 3600:g} h (warm-up) to the last arrival; every job then runs to completion, days for some. "
+            "Load = offered GPU-seconds per second / GPUs, each run counted up to the horizon's length.")
+        share = (f"Each job has its own f, log-uniform from 0.02 to 0.5 (median {ctx.main_comm:g}) in the main grid; "
+                 "the comm group scales every job's f to another median; ours is configured with the median.")
+    return [streams,
+            "- **Run time depends on placement:** a trace duration D is taken as the run time at the tightest "
+            "placement; with comm share f, run time = D x ((1 - f) + f x T / T_tightest), T the estimated all-reduce "
+            "time. " + share]
+
+
 def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
     spec = ctx.spec
     profile = spec.hardware.profile
@@ -393,15 +424,7 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
         f"- **Cluster (synthetic; no public trace records racks):** {spec.describe()}. Nodes are real Node objects "
         "(webhook.kube.demo.make_node) with zone/spine/leaf labels and the NVLink-domain annotation; our core reads them "
         "through `ClusterIndex.from_objects`, baselines through the simulator's own per-node free-GPU table.",
-        "- **Job streams:** Poisson arrivals; sizes from the job-count shares of Philly, Helios and Acme Seren "
-        "(AcmeTrace figure/cdf_job_gpunum.pdf), one representative size per bucket (1, 2, 4, 8, 16, 32, 64, 128, 256); jobs "
-        "above 8 GPUs are pods of 8 GPUs, one per node. Durations lognormal with the trace's median and sigma "
-        f"(AcmeTrace figure/cdf_job_duration_util.pdf), redrawn above min(p99, {ctx.cap_s / 3600:g} h) so the run reaches a steady state. Arrivals for "
-        f"{ctx.horizon_s / 3600:g} h; allocation and fragmentation measured from {ctx.cap_s / 3600:g} h (warm-up) to "
-        "the last arrival; every job then runs to completion. Load = offered GPU-seconds per second / GPUs.",
-        "- **Run time depends on placement:** a trace duration D is taken as the run time at the tightest placement; "
-        "with comm share f, run time = D x ((1 - f) + f x T / T_tightest), T the estimated all-reduce time. "
-        f"f = {ctx.main_comm:g} in the main grid, swept 0 / 0.1 / 0.3 / 0.5.",
+        *_streams_method(ctx),
         "- **Queue (identical for all):** FIFO with backfill, no reservation, gang placement (all pods of a job or "
         "none). Each arrival and completion triggers one pass over the whole queue in submit order, as "
         "kube-scheduler retries its pending pods and Kueue's BestEffortFIFO its workloads (bench/engine.py); after a "

@@ -30,12 +30,15 @@ from bench.engine import Runtime, Workload, run  # noqa: E402
 from bench.fabric import CLUSTER, HARDWARE, ClusterSpec  # noqa: E402
 from bench.policies import (ABLATIONS, BySize, KueueBestFit, Ours, Policy, Without,  # noqa: E402
                             least_allocated, most_allocated, random_fit)
-from bench.traces import TraceError, load_csv, sample_stream  # noqa: E402
+from bench.traces import (SHARE_HIGH, SHARE_LOW, SHARE_MEDIAN, STREAM_VERSIONS, STREAMS, TraceError,  # noqa: E402
+                          load_csv, sample_stream)
 from webhook.core.model import Strategy  # noqa: E402
 
 SEEDS = (20261122, 20261123, 20261124, 20261125, 20261126)  # the main grid runs every stream under each; sweeps use the first
 ALLREDUCE_BYTES = 1e9  # 1 GB of fp16 gradients, as in docs/design/cost-model.md's worked example
-MAIN_COMM = 0.1  # share of run time in all-reduce at the tightest placement, main grid
+# share of run time in all-reduce at the tightest placement, main grid: every job's in version 1
+# streams, the median of the jobs' own shares in version 2 (traces.SHARE_MEDIAN)
+MAIN_COMM = 0.1
 POLICY_KEYS = ("spread", "best-fit", "random", "kueue", "ours-consolidated", "ours-distributed")
 # Kueue's other modes (policies.KueueBestFit): required at the narrowest level that holds the job on
 # an idle cluster, and StrictFIFO. Run when asked (--kueue-modes), so that the default grid and
@@ -91,7 +94,13 @@ class Scenario:
     a ring's bandwidth is divided by rho_leaf across leaves, by rho_leaf x rho_spine across spines,
     by rho_leaf x rho_spine x rho_zone across zones; `comm_fraction` of a job's run time stretches
     with it). Ours is configured with `configured_rho` (leaf, spine, zone) and `configured_comm`,
-    what the operator wrote in its Config; None, the default, is the charged value: told the truth."""
+    what the operator wrote in its Config; None, the default, is the charged value: told the truth.
+
+    `streams` is the job streams' version (bench/traces.py). In version 2 every job carries its own
+    share, log-uniform between 0.02 and 0.5 when `comm_fraction` is 0.1, their median; another
+    `comm_fraction` scales every job's share by comm_fraction / 0.1 (at most 1), so that the comm
+    and packing groups sweep it as before. Ours' Config holds one share, so "told the truth" is
+    then told the median: ours never learns a job's own share."""
 
     group: str  # which table/plot it feeds: main, comm, hardware, network, replay, sweep
     trace: str
@@ -106,6 +115,7 @@ class Scenario:
     configured_rho: tuple[float, float, float] | None = None  # ours' levels' oversubscription; None: charged
     configured_comm: float | None = None  # ours' communication_share; None: charged
     runtime: Runtime = Runtime()  # the releaser's period and latency, the share not ours (bench/engine.py)
+    streams: int = STREAMS  # the job streams' version (bench/traces.py)
 
     @property
     def network(self) -> Network:
@@ -137,6 +147,8 @@ class Scenario:
             text += f", ours configured {configured_text(self)}"
         if self.runtime != Runtime():
             text += f", {runtime_text(self.runtime)}"
+        if self.streams != STREAMS:
+            text += f", streams v{self.streams}"
         return text
 
     @property
@@ -172,6 +184,11 @@ def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--foreign-share", type=float, default=default.foreign_share, metavar="SHARE",
                        help="share of the stream that is not ours, placed by kube-scheduler as it arrives, the "
                             f"same jobs under every policy (default {default.foreign_share:g})")
+    parser.add_argument("--streams", type=int, choices=STREAM_VERSIONS, default=STREAMS,
+                        help="the job streams' version (bench/traces.py): 2, joint sizes and durations without a "
+                             f"cap, each job's own communication share ({SHARE_LOW:g} to {SHARE_HIGH:g}), some "
+                             "multi-node jobs in pods of 4 GPUs; 1, the streams of every run before issue 38 "
+                             f"(default {STREAMS})")
     group.add_argument("--decide-when-it-fits", action="store_true",
                        help="ask ours first when the cluster has room for the job, not when its pods are created "
                             "(as before issue 38)")
@@ -182,6 +199,19 @@ def runtime_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Run
         return Runtime(args.releaser_period, args.patch_latency, args.foreign_share, not args.decide_when_it_fits)
     except ValueError as error:
         parser.error(str(error))
+
+
+def streams_text(streams: int, share: float = MAIN_COMM) -> str:
+    """The job streams in words, with the communication share they are charged."""
+    if streams == 1:
+        return f"streams v1 (sizes apart from durations, capped; every job comm share {share:g})"
+    return (f"streams v{streams} (sizes and durations drawn jointly, no cap; each job's own comm share, "
+            f"log-uniform {SHARE_LOW:g}-{SHARE_HIGH:g}, median {share:g}; ours configured with the median)")
+
+
+def streams_flags(streams: int) -> list[str]:
+    """The command-line flag that gives `streams` (none for the default)."""
+    return [] if streams == STREAMS else [f"--streams {streams}"]
 
 
 def network_text(network: Network) -> str:
@@ -235,19 +265,21 @@ def misconfigured(scenario: Scenario, factor: float, what: str) -> Scenario:
 @dataclass(frozen=True)
 class Settings:
     spec: ClusterSpec
-    cap_s: float  # longest run time drawn
+    cap_s: float  # longest run time drawn in version 1 streams; the warm-up in every version
     horizon_s: float  # arrivals stop here
     traces: tuple[str, ...]
     loads: tuple[float, ...]
 
 
+# cap_s: version 1 streams redraw longer runs; every version measures from cap_s (the warm-up).
 FULL = Settings(ClusterSpec(), cap_s=3 * 3600, horizon_s=9 * 3600,
                 traces=("philly", "helios_all", "acme_seren"), loads=(0.5, 0.8, 1.2))
 QUICK = Settings(ClusterSpec(zones=1, spines_per_zone=2, leaves_per_spine=2, nodes_per_leaf=4),
                  cap_s=1800, horizon_s=3 * 1800, traces=("helios_all",), loads=(0.8,))
 
 
-def scenarios(settings: Settings, quick: bool, csv_path: str | None, runtime: Runtime = Runtime()) -> list[Scenario]:
+def scenarios(settings: Settings, quick: bool, csv_path: str | None, runtime: Runtime = Runtime(),
+              streams: int = STREAMS) -> list[Scenario]:
     seeds = SEEDS[:1] if quick else SEEDS
     out = [Scenario("main", t, load, seed=seed) for t in settings.traces for load in settings.loads for seed in seeds]
     if not quick:
@@ -260,7 +292,7 @@ def scenarios(settings: Settings, quick: bool, csv_path: str | None, runtime: Ru
         out += [Scenario("attribution", focus, 0.8, seed=seed) for seed in seeds]
     if csv_path:
         out.append(Scenario("replay", os.path.basename(csv_path), 0.0, csv_path=csv_path))
-    return [replace(scenario, runtime=runtime) for scenario in out]
+    return [replace(scenario, runtime=runtime, streams=streams) for scenario in out]
 
 
 def workload_for(scenario: Scenario, settings: Settings) -> Workload:
@@ -272,8 +304,13 @@ def workload_for(scenario: Scenario, settings: Settings) -> Workload:
         warmup = 0.0
     else:
         jobs = sample_stream(scenario.trace, scenario.load, spec.gpus, settings.horizon_s, settings.cap_s,
-                             scenario.seed)
-        warmup = settings.cap_s  # by then the longest jobs started at time 0 have ended: steady state
+                             scenario.seed, scenario.streams)
+        if scenario.comm_fraction != SHARE_MEDIAN:  # version 2's own shares, scaled to the scenario's median
+            jobs = [replace(job, comm_share=min(1.0, job.comm_share * scenario.comm_fraction / SHARE_MEDIAN))
+                    if job.comm_share is not None else job for job in jobs]
+        # Version 1: by then the longest jobs started at time 0 have ended, a steady state. Version 2
+        # has no cap: the same warm-up, with jobs of days still running through it.
+        warmup = settings.cap_s
     return Workload(spec, network, tuple(jobs), scenario.comm_fraction, ALLREDUCE_BYTES, scenario.seed, warmup,
                     scenario.runtime)
 
@@ -294,7 +331,7 @@ def run_one(task: tuple[Scenario, str, Settings]) -> tuple[Scenario, str, report
 
 def sweep_scenarios(settings: Settings, seeds: tuple[int, ...], networks: list[Network],
                     factors: tuple[float, ...] = (), targets: tuple[str, ...] = ("network", "share"),
-                    runtime: Runtime = Runtime()) -> list[Scenario]:
+                    runtime: Runtime = Runtime(), streams: int = STREAMS) -> list[Scenario]:
     """The main grid's cells on each network, ours told the truth, and, for each factor and each
     of `targets` (MISCONFIGURE), ours configured that many times the truth. Configurations that
     clamp back to the truth (half of 1/1/1) are left out."""
@@ -304,7 +341,8 @@ def sweep_scenarios(settings: Settings, seeds: tuple[int, ...], networks: list[N
             for load in settings.loads:
                 for seed in seeds:
                     exact = Scenario("sweep", trace, load, seed=seed, rho_leaf=network.rho_leaf,
-                                     rho_spine=network.rho_spine, rho_zone=network.rho_zone, runtime=runtime)
+                                     rho_spine=network.rho_spine, rho_zone=network.rho_zone, runtime=runtime,
+                                     streams=streams)
                     out.append(exact)
                     for factor in factors:
                         for what in targets:
@@ -341,7 +379,7 @@ def _num(value: float | None, digits: int = 0) -> str:
 
 
 def render_sweep(results: dict, keys: tuple[str, ...], seeds: tuple[int, ...], settings: Settings, command: str,
-                 wall_s: float, runtime: Runtime = Runtime()) -> str:
+                 wall_s: float, runtime: Runtime = Runtime(), streams: int = STREAMS) -> str:
     """Per cell (trace, load): each network and configuration, every policy's JCT by bucket, and
     ours' JCT against each Kueue mode's. Means over the seeds (descriptive: the tuning seeds unless
     --seeds says otherwise; the paired verdicts on fresh seeds are bench/evaluate.py's)."""
@@ -349,7 +387,7 @@ def render_sweep(results: dict, keys: tuple[str, ...], seeds: tuple[int, ...], s
     for (scenario, key), summary in results.items():
         by_cell.setdefault(replace(scenario, seed=0), {}).setdefault(key, []).append(summary)
     lines = ["# Network and Kueue-mode sweep", "", f"`{command}`: {wall_s:.0f} s wall; cluster "
-             f"{settings.spec.describe()}; seeds {', '.join(map(str, seeds))}; charged comm share {MAIN_COMM:g}; "
+             f"{settings.spec.describe()}; seeds {', '.join(map(str, seeds))}; {streams_text(streams)}; "
              f"{runtime_text(runtime)}.",
              "Network: oversubscription leaf/spine/zone the simulator charges (a ring across zones is divided by "
              "their product). Ours configured: what ours' Config says, against that truth. JCT in s, mean per job; "
@@ -504,15 +542,18 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     settings = QUICK if args.quick else FULL
     out_dir = args.out or (None if args.quick else os.path.dirname(os.path.abspath(__file__)))
-    tasks = [(s, key, settings) for s in scenarios(settings, args.quick, args.trace_csv, runtime) for key in s.policies]
+    tasks = [(s, key, settings) for s in scenarios(settings, args.quick, args.trace_csv, runtime, args.streams)
+             for key in s.policies]
     began = time.perf_counter()
     results = run_tasks(tasks, args.processes)
     wall = time.perf_counter() - began
     command = " ".join([".venv/bin/python bench/simulate.py"] + (["--quick"] if args.quick else []) + (
-        [f"--trace-csv {args.trace_csv}"] if args.trace_csv else []) + runtime_flags(runtime))
+        [f"--trace-csv {args.trace_csv}"] if args.trace_csv else []) + runtime_flags(runtime)
+        + streams_flags(args.streams))
     context = report.Context(command=command, seeds=SEEDS[:1] if args.quick else SEEDS, spec=settings.spec,
                              cap_s=settings.cap_s, horizon_s=settings.horizon_s, allreduce_bytes=ALLREDUCE_BYTES,
                              main_comm=MAIN_COMM, wall_s=wall, processes=args.processes, runtime=runtime,
+                             streams=args.streams,
                              machine=f"{platform.machine()}, {os.cpu_count()} cores, "
                                      f"Python {platform.python_version()}")
     text = report.render(results, POLICY_KEYS, context, ANALYSIS)
@@ -539,8 +580,8 @@ def run_sweep(args: argparse.Namespace, networks: list[Network], runtime: Runtim
     seeds = tuple(args.seeds or (SEEDS[:1] if args.quick else SEEDS))
     keys = SWEEP_KEYS + (KUEUE_MODE_KEYS if args.kueue_modes else ())
     targets = tuple(dict.fromkeys(args.misconfigure))
-    tasks = sweep_tasks(sweep_scenarios(settings, seeds, networks, tuple(args.misconfigured), targets, runtime), keys,
-                        settings)
+    tasks = sweep_tasks(sweep_scenarios(settings, seeds, networks, tuple(args.misconfigured), targets, runtime,
+                                        args.streams), keys, settings)
     began = time.perf_counter()
     results = run_tasks(tasks, args.processes)
     wall = time.perf_counter() - began
@@ -548,8 +589,8 @@ def run_sweep(args: argparse.Namespace, networks: list[Network], runtime: Runtim
         ["--networks", *map(network_text, networks)] if args.networks else []) + (
         ["--misconfigured", *(f"{f:g}" for f in args.misconfigured), "--misconfigure", *targets]
         if args.misconfigured else []) + (["--kueue-modes"] if args.kueue_modes else []) + (
-        ["--seeds", *map(str, seeds)] if args.seeds else []) + runtime_flags(runtime))
-    text = render_sweep(results, keys, seeds, settings, command, wall, runtime)
+        ["--seeds", *map(str, seeds)] if args.seeds else []) + runtime_flags(runtime) + streams_flags(args.streams))
+    text = render_sweep(results, keys, seeds, settings, command, wall, runtime, args.streams)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "SWEEP.md")

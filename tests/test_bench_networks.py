@@ -124,7 +124,7 @@ def test_the_default_network_passed_explicitly_gives_the_same_run():
     assert default.network == costmodel.Network() and explicit.told_the_truth
     for key in ("kueue", "ours-consolidated"):
         runs = [fingerprint(simulate.run_one((s, key, TINY))[2]) for s in (default, explicit)]
-        assert runs[0] == runs[1] and runs[0].jobs > 100
+        assert runs[0] == runs[1] and runs[0].jobs > 40
 
 
 def test_the_default_grid_keeps_its_policies():
@@ -226,7 +226,7 @@ def test_kueue_strict_starts_jobs_in_submit_order_on_a_sampled_stream():
     workload = simulate.workload_for(simulate.Scenario("main", "helios_all", 1.2), TINY)
     result = engine.run(workload, simulate.make_policy("kueue-strict", workload.network, 0.1))
     starts = [r.start_s for r in sorted(result.records, key=lambda r: r.job.submit_s)]
-    assert starts == sorted(starts) and result.unstarted == 0 and len(result.records) > 100
+    assert starts == sorted(starts) and result.unstarted == 0 and len(result.records) > 50
 
 
 # -- the command line ------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """The placement benchmark's parts: cost-model figures, trace loading, baselines, metrics, queue."""
+import dataclasses
 import random
+import sys
 
 import pytest
 
@@ -122,13 +124,150 @@ def test_cli_reports_a_bad_trace_without_traceback(tmp_path, capsys):
 
 def test_stream_offers_the_asked_load_with_the_trace_sizes():
     gpus, horizon = 512, 48 * 3600.0
-    jobs = traces.sample_stream("acme_seren", 0.8, gpus, horizon, 3 * 3600, seed=7)
+    jobs = traces.sample_stream("acme_seren", 0.8, gpus, horizon, 3 * 3600, seed=7, version=1)
     offered = sum(j.gpus * j.duration_s for j in jobs) / (gpus * horizon)
     assert offered == pytest.approx(0.8, rel=0.15)
     single = sum(j.gpus == 1 for j in jobs) / len(jobs)
     assert single == pytest.approx(0.54, abs=0.03)
     assert all(j.gpus_per_pod == 8 for j in jobs if j.gpus > 8)
-    assert jobs == traces.sample_stream("acme_seren", 0.8, gpus, horizon, 3 * 3600, seed=7)
+    assert jobs == traces.sample_stream("acme_seren", 0.8, gpus, horizon, 3 * 3600, seed=7, version=1)
+
+
+def stream_digest(jobs) -> str:
+    import hashlib
+    digest = hashlib.sha256()
+    for j in jobs:
+        digest.update(f"{j.job_id},{j.submit_s!r},{j.duration_s!r},{j.pods},{j.gpus_per_pod}"
+                      f"{'' if j.comm_share is None else f',{j.comm_share!r}'}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+# Version 1 streams as every run before issue 38 drew them (recorded before version 2 was written, under
+# CPython 3.11.7): (trace, load, cluster GPUs, horizon s, cap s, seed) -> (jobs, digest).
+V1_STREAMS = {("philly", 0.5, 512, 9 * 3600, 3 * 3600, 20261122): (2764, "c6d16bc6b1e4c8ca"),
+              ("helios_all", 0.8, 128, 5400, 1800, 7): (578, "0e1188e324448d47"),
+              ("acme_seren", 1.2, 512, 9 * 3600, 3 * 3600, 424243): (7302, "05cf9a380494e250"),
+              ("acme_kalos", 0.8, 512, 9 * 3600, 3 * 3600, 1): (1584, "6819f7b8a7a3c7a5")}
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="version 1 streams were recorded under CPython 3.11; "
+                                                            "3.12 draws other ones from a seed")
+@pytest.mark.parametrize("args", sorted(V1_STREAMS))
+def test_version_1_streams_are_unchanged(args):
+    jobs = traces.sample_stream(*args, version=1)
+    assert (len(jobs), stream_digest(jobs)) == V1_STREAMS[args]
+    assert all(j.comm_share is None for j in jobs)  # the scenario's one share, as before
+
+
+def test_version_2_is_the_default_and_repeats_for_a_seed():
+    args = ("helios_all", 0.8, 128, 5400.0, 1800.0, 7)
+    jobs = traces.sample_stream(*args)
+    assert traces.STREAMS == 2 and jobs == traces.sample_stream(*args, version=2) == traces.sample_stream(*args)
+    assert jobs != traces.sample_stream(*args[:-1], 8)
+    assert jobs != traces.sample_stream(*args, version=1)
+    # Drawn from random() alone, so the same under every interpreter: pinned outright.
+    assert (len(jobs), stream_digest(jobs)) == (104, V2_DIGEST)
+    with pytest.raises(ValueError, match="stream version 3"):
+        traces.sample_stream(*args, version=3)
+
+
+V2_DIGEST = "3546a0e34de05983"  # recorded when version 2 was written
+
+
+def _pearson(xs, ys):
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    cov = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    return cov / (sum((x - mx) ** 2 for x in xs) * sum((y - my) ** 2 for y in ys)) ** 0.5
+
+
+@pytest.mark.parametrize("trace", ["philly", "helios_all", "acme_seren"])
+def test_version_2_draws_larger_jobs_longer_as_the_traces_report(trace):
+    jobs = [j for seed in (1, 2, 3) for j in traces.sample_stream(trace, 0.8, 512, 24 * 3600.0, 0, seed)]
+    import math
+    assert _pearson([math.log(j.gpus) for j in jobs], [math.log(j.duration_s) for j in jobs]) > 0.05
+    single = sorted(j.duration_s for j in jobs if j.gpus == 1)
+    large = sorted(j.duration_s for j in jobs if j.gpus >= 8)
+    assert large[len(large) // 2] > 1.3 * single[len(single) // 2]
+    medians, _ = traces.joint_durations(trace)
+    assert medians[traces.BUCKET_SIZES.index(8)] > 1.3 * medians[0]  # 5-8 GPUs run longer than 1 GPU
+
+
+@pytest.mark.parametrize("trace", sorted(traces.SIZE_SHARES))
+def test_version_2_keeps_the_trace_percentiles_and_gpu_time_shares(trace):
+    import math
+    from statistics import NormalDist
+    medians, sigma = traces.joint_durations(trace)
+    counts = traces.SIZE_SHARES[trace]
+    weights = [c / sum(counts) for c in counts]
+
+    def cdf(x):
+        return sum(w * NormalDist().cdf((math.log(x) - math.log(m)) / sigma) for w, m in zip(weights, medians) if w)
+
+    p50, p90 = traces.DURATION_PERCENTILES[trace]
+    assert cdf(p50) == pytest.approx(0.5, abs=1e-4) and cdf(p90) == pytest.approx(0.9, abs=1e-4)
+    work = [w * size * m for w, size, m in zip(weights, traces.BUCKET_SIZES, medians)]
+    shares = [max(t, traces.GPU_TIME_FLOOR) if c else 0.0 for c, t in zip(counts, traces.GPU_TIME_SHARES[trace])]
+    assert [100 * x / sum(work) for x in work] == pytest.approx([100 * x / sum(shares) for x in shares], abs=1e-3)
+
+
+def test_version_2_has_no_cap_and_offers_the_asked_load():
+    horizon = 24 * 3600.0
+    streams = [traces.sample_stream("philly", 0.8, 512, horizon, 3 * 3600, seed) for seed in range(1, 9)]
+    assert streams[0] == traces.sample_stream("philly", 0.8, 512, horizon, 60.0, 1)  # cap_s is version 1's only
+    longest = max(j.duration_s for jobs in streams for j in jobs)
+    assert longest > 24 * 3600  # philly: 4% of jobs run more than a day
+    offered = [sum(j.gpus * min(j.duration_s, horizon) for j in jobs) / (512 * horizon) for jobs in streams]
+    assert sum(offered) / len(offered) == pytest.approx(0.8, rel=0.15)
+    single = sum(j.gpus == 1 for jobs in streams for j in jobs) / sum(map(len, streams))
+    assert single == pytest.approx(0.824, abs=0.03)  # the trace's size mix is kept
+
+
+def test_version_2_gives_each_job_its_own_share_and_some_multi_node_jobs_pods_of_4():
+    jobs = [j for seed in (1, 2) for j in traces.sample_stream("acme_seren", 1.2, 512, 9 * 3600.0, 0, seed)]
+    shares = sorted(j.comm_share for j in jobs)
+    assert traces.SHARE_LOW <= shares[0] and shares[-1] <= traces.SHARE_HIGH
+    assert shares[0] < 0.03 and shares[-1] > 0.45 and shares[len(shares) // 2] == pytest.approx(0.1, rel=0.15)
+    multi = [j for j in jobs if j.gpus > 8]
+    four = [j for j in multi if j.gpus_per_pod == 4]
+    assert four and all(j.pods == j.gpus // 4 for j in four)
+    assert len(four) / len(multi) == pytest.approx(traces.FOUR_GPU_PODS, abs=0.12)
+    assert all(j.gpus_per_pod == 8 for j in multi if j not in four)
+    assert all(j.pods == 1 for j in jobs if j.gpus <= 8)
+
+
+def test_the_engine_charges_each_job_its_own_share_and_ours_is_told_the_configured_one():
+    scenario = simulate.Scenario("main", "acme_seren", 1.2, seed=5)
+    workload = simulate.workload_for(scenario, simulate.QUICK)
+    assert workload.jobs == tuple(traces.sample_stream("acme_seren", 1.2, 128, simulate.QUICK.horizon_s,
+                                                       simulate.QUICK.cap_s, 5))
+    job = next(j for j in workload.jobs if j.comm_share != workload.comm_fraction)
+    assert workload.share_of(job) == job.comm_share
+    assert workload.share_of(traces.Job("csv", 0, 1, 1, 1)) == workload.comm_fraction
+    assert simulate.policy_for(scenario, "ours-consolidated").config.communication_share == simulate.MAIN_COMM
+    # the comm and packing groups move every job's share to their median; version 1 keeps the one share
+    packing = simulate.workload_for(dataclasses.replace(scenario, comm_fraction=0.0), simulate.QUICK)
+    assert {j.comm_share for j in packing.jobs} == {0.0}
+    tripled = simulate.workload_for(dataclasses.replace(scenario, comm_fraction=0.3), simulate.QUICK)
+    assert [j.comm_share for j in tripled.jobs] == pytest.approx([min(1.0, 3 * j.comm_share) for j in workload.jobs])
+    old = simulate.workload_for(dataclasses.replace(scenario, streams=1), simulate.QUICK)
+    assert {j.comm_share for j in old.jobs} == {None} and old.comm_fraction == 0.1
+    # a job's run time stretches by its own share
+    spec = fabric.ClusterSpec(zones=2, spines_per_zone=1, leaves_per_spine=1, nodes_per_leaf=2)
+    apart = [traces.Job("low", 0, 1000, 2, 8, 0.02), traces.Job("high", 0, 1000, 2, 8, 0.5)]
+
+    class Across(policies.Policy):
+        name = "across zones"
+
+        def place(self, job):
+            return [(self.cluster.nodes[2 * i].name, tuple(range(8))) for i in range(job.pods)]  # one per zone
+
+    runs = {}
+    for job in apart:
+        record, = engine.run(engine.Workload(spec, costmodel.Network(), (job,), 0.1, 1e9, 1, 0.0), Across()).records
+        slowdown = record.allreduce_s / record.ideal_allreduce_s
+        runs[job.job_id] = record.run_s
+        assert slowdown > 30 and record.run_s == pytest.approx(1000 * (1 - job.comm_share + job.comm_share * slowdown))
+    assert runs["high"] > 10 * runs["low"]
 
 
 # -- baselines and fabric -------------------------------------------------------------------------------
@@ -318,9 +457,9 @@ def printed_verdict(interval: str, higher_is_better: bool = False) -> str | None
 
 
 def test_evaluation_pairs_ours_with_every_baseline_on_the_seeds_it_prints(capsys):
-    assert evaluate.main(["--quick", "--cells", "helios_all:1.2", "--seeds", "7", "8", "--processes", "1"]) == 0
+    assert evaluate.main(["--quick", "--cells", "helios_all:1.2", "--seeds", "17", "18", "--processes", "1"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("seeds 7 8 (repeat with --seeds 7 8)")
+    assert out.startswith("seeds 17 18 (repeat with --seeds 17 18)")
     rows = [[c.strip() for c in line.strip("| ").split("|")] for line in out.splitlines()
             if line.startswith("| helios_all")]
     assert {(r[2], r[3]) for r in rows} >= {(bucket, b) for bucket in ("9-64", "allocation")
@@ -334,7 +473,7 @@ def test_evaluation_pairs_ours_with_every_baseline_on_the_seeds_it_prints(capsys
 
 
 def test_an_evaluation_goes_on_from_the_runs_kept_by_the_same_code(capsys, tmp_path, monkeypatch):
-    argv = ["--quick", "--cells", "helios_all:1.2", "--seeds", "7", "--processes", "1", "--resume", str(tmp_path)]
+    argv = ["--quick", "--cells", "helios_all:1.2", "--seeds", "17", "--processes", "1", "--resume", str(tmp_path)]
     assert evaluate.main(argv) == 0
     first = capsys.readouterr().out
     assert "0 runs read back" in first and len(list(tmp_path.glob("*.pickle"))) == 5  # ours, four baselines
@@ -414,7 +553,7 @@ def test_switching_off_fewer_partly_used_switches_it_off_in_the_level_orders_and
 
 
 def test_ablation_pairs_ours_with_each_rule_off_and_reads_every_row(capsys):
-    assert ablation.main(["--quick", "--seeds", "7", "8", "--processes", "1"]) == 0
+    assert ablation.main(["--quick", "--seeds", "17", "18", "--processes", "1"]) == 0
     out = capsys.readouterr().out
     rows = [[c.strip() for c in line.strip("| ").split("|")] for line in out.splitlines()
             if line.startswith("| helios_all")]
@@ -547,8 +686,12 @@ def test_a_failed_job_holds_back_only_jobs_of_as_many_pods_each_as_large():
     assert starts["four-pods"] == 2 and starts["one-pod"] == 1000
 
 
-def test_jct_diagnosis_tables_every_policy_and_sees_pins_only_where_they_are_written(capsys):
+def test_jct_diagnosis_tables_every_policy_and_sees_pins_only_where_they_are_written(capsys, monkeypatch):
     from bench import diagnose_jct
+
+    # The version 1 streams these seeds were chosen on (diagnose_jct.py draws the default version;
+    # on version 2's quick streams of seeds 7 and 8 ours happens to start nothing inside a pin).
+    monkeypatch.setattr(simulate, "sample_stream", lambda *args: traces.sample_stream(*args[:6], version=1))
 
     def tables(*extra):
         assert diagnose_jct.main(["--quick", "--cells", "helios_all:0.8", "--seeds", "7", "8", "--processes", "1",
@@ -588,7 +731,7 @@ def test_a_full_rewrite_keeps_the_evaluations_sections(tmp_path, capsys, monkeyp
 
 
 def test_evaluation_runs_only_the_ablations_it_is_given(capsys):
-    assert evaluate.main(["--quick", "--cells", "helios_all:1.2", "--seeds", "7", "--processes", "1",
+    assert evaluate.main(["--quick", "--cells", "helios_all:1.2", "--seeds", "17", "--processes", "1",
                           "--ablations", "unprotected"]) == 0
     out = capsys.readouterr().out
     strategies = {line.rstrip(" |").rsplit("| ", 1)[1] for line in out.splitlines() if line.startswith("| helios_all")}

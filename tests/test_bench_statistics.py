@@ -175,12 +175,12 @@ def test_the_report_says_when_it_is_underpowered_or_in_sample():
 # -- seeds nobody may evaluate on -------------------------------------------------------------------
 
 def test_the_seeds_looked_at_are_all_excluded():
-    assert {*simulate.SEEDS, *range(1000, 1012), 301, 302, 303, 304, 11, 12} <= evaluate.SEEN_SEEDS
+    assert {*simulate.SEEDS, *range(1000, 1012), 301, 302, 303, 304, 11, 12, 424242, 7, 8, 9} <= evaluate.SEEN_SEEDS
     assert evaluate.TUNING_SEEDS is evaluate.SEEN_SEEDS  # what bench/ablation.py refuses
 
 
 def test_fresh_seeds_never_draw_a_seen_one(monkeypatch):
-    draws = iter([301, 11, simulate.SEEDS[0], 5, 1000, 5, 6, 12, 7])
+    draws = iter([301, 11, simulate.SEEDS[0], 5, 1000, 5, 6, 12, 7, 10])
 
     class Rigged:
         def __init__(self, seed):
@@ -190,7 +190,7 @@ def test_fresh_seeds_never_draw_a_seen_one(monkeypatch):
             return next(draws)
 
     monkeypatch.setattr(evaluate.random, "Random", Rigged)
-    assert evaluate.fresh_seeds(3) == [5, 6, 7]
+    assert evaluate.fresh_seeds(3) == [5, 6, 10]  # 7 was looked at (issue 38)
 
 
 def test_seen_seeds_given_explicitly_are_refused_in_one_line(capsys):
@@ -306,7 +306,9 @@ def test_the_default_run_is_todays_and_2_4_8_is_the_default(monkeypatch, capsys)
              for seed in (11, 5) for key in (*evaluate.OURS_VARIANTS, *evaluate.BASELINES)]
     assert task_lists[0] == sorted(today, key=lambda t: t[1] not in evaluate.OURS_VARIANTS)  # ours first, as ever
     assert outputs[0] == outputs[1]
-    assert "### Evaluation in sample (seen seeds), 128 GPUs\n" in outputs[0] and "network" not in outputs[0]
+    # every section names its conditions, the default run's too (issue 38, item 8)
+    assert ("### Evaluation in sample (seen seeds), 128 GPUs, network 2/4/8 (leaf/spine/zone oversubscription), "
+            "Kueue preferred only, releaser every 1 s + 50 ms, 30% not ours, streams v2\n") in outputs[0]
 
 
 def test_the_resume_key_names_the_network_the_configuration_and_the_runtime(monkeypatch, tmp_path):
@@ -318,11 +320,12 @@ def test_the_resume_key_names_the_network_the_configuration_and_the_runtime(monk
                  simulate.misconfigured(main, 2, "share"), replace(main, runtime=engine.IDEAL),
                  *(replace(main, runtime=replace(engine.Runtime(), **change)) for change in (
                      {"releaser_period_s": 2.0}, {"patch_latency_s": 0.0}, {"foreign_share": 0.5},
-                     {"decide_at_arrival": False}))]
+                     {"decide_at_arrival": False})), replace(main, streams=1)]
     paths = [kept.path((s, "ours-consolidated", simulate.QUICK)) for s in scenarios]
     assert len(set(paths)) == len(paths)
-    assert ("-rho2_4_8-comm0.1-configured2_4_8_0.1-release1_0.05-foreign0.3-at_arrival-ours-consolidated-"
+    assert ("-rho2_4_8-comm0.1-configured2_4_8_0.1-release1_0.05-foreign0.3-at_arrival-streams2-ours-consolidated-"
             in paths[0])
+    assert "-at_arrival-streams1-" in paths[-1]
     assert "-rho1_1_1-comm0.1-configured2_2_2_0.1-" in paths[3]
     assert "-release0_0-foreign0-when_it_fits-" in paths[5]
     kept.keep((flat, "kueue", simulate.QUICK), "on 1/1/1")
@@ -339,7 +342,7 @@ def test_networks_kueue_modes_and_a_wrong_configuration_are_judged_per_network(m
     sections = out.split("### Evaluation")[1:]
     assert [s.splitlines()[0] for s in sections] == [
         f" in sample (seen seeds), 128 GPUs, network {net} (leaf/spine/zone oversubscription), Kueue preferred, "
-        "required and StrictFIFO, releaser every 1 s + 50 ms, 30% not ours" for net in ("1/1/1", "2/4/8")]
+        "required and StrictFIFO, releaser every 1 s + 50 ms, 30% not ours, streams v2" for net in ("1/1/1", "2/4/8")]
     assert "--networks 1/1/1 2/4/8 --kueue-modes --misconfigured 0.5 2" in out
     # half of 1/1/1 clamps back to the truth: not run; the baselines never run configured wrong
     wrong = [(t[0].network, t[0].configured_rho, t[1]) for t in ran if not t[0].told_the_truth]
