@@ -162,7 +162,7 @@ def _label_meanings() -> dict[tuple[str, str], Mapping[str, str] | str]:
     counts them; or, for a label whose values are open (names, versions), what it holds."""
     from webhook.core.model import Strategy
     from webhook.kube import releaser, scaleups
-    from webhook.objects.admission import OUTCOMES
+    from webhook.admission import OUTCOMES
     from webhook.serving import access, app
     from webhook.serving import metrics as m
 
@@ -195,7 +195,7 @@ def _filled_registry() -> Any:
     from webhook.core.cluster import ClusterIndex
     from webhook.core.config import Config
     from webhook.kube.demo import demo_cluster
-    from webhook.objects.admission import OUTCOMES
+    from webhook.admission import OUTCOMES
     from webhook.serving import metrics as m
 
     metrics = m.Metrics.create()

@@ -54,10 +54,10 @@ TREE_ENV = "ADMISSION_BENCH_TREE"  # --compare-with sets it: the checkout whose 
 ROOT = pathlib.Path(os.environ.get(TREE_ENV) or HERE)
 sys.path.insert(0, str(ROOT))
 
-from webhook.objects import admission  # noqa: E402
+from webhook import admission  # noqa: E402
 from webhook.serving import certs
 from webhook.kube import demo
-from webhook.objects.admission import make_review  # noqa: E402
+from webhook.admission import make_review  # noqa: E402
 from webhook.cli import file_index  # noqa: E402
 from webhook.core.config import Config  # noqa: E402
 

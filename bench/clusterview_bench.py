@@ -112,7 +112,7 @@ def bench_job() -> dict:
 def measure(nodes: int) -> dict:
     from kubernetes.client import ApiClient, Configuration
 
-    from webhook.objects.admission import make_review
+    from webhook.admission import make_review
     from webhook.serving.app import create_app
     from webhook.kube.clusterview import ApiFeed
     from webhook.core.config import MUTATE_PATH, Config

@@ -24,8 +24,8 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
 from bench.placement_bench import cluster  # noqa: E402
 from webhook.core.cluster import ClusterIndex  # noqa: E402
 from webhook.core.config import Config  # noqa: E402
-from webhook.objects.overview import NODE_DETAIL_LIMIT, RecordedDecision, Selection, snapshot  # noqa: E402
-from webhook.serving.topology_page import render  # noqa: E402
+from webhook.serving.page.snapshot import NODE_DETAIL_LIMIT, RecordedDecision, Selection, snapshot  # noqa: E402
+from webhook.serving.page.render import render  # noqa: E402
 
 DECISIONS = 500
 NODES_PER_HOLD = 50

@@ -31,7 +31,7 @@ from tests.fixtures.builders import schema_error
 from webhook.serving import certs
 from webhook.kube import demo
 from webhook.serving.app import create_app
-from webhook.objects.admission import make_review
+from webhook.admission import make_review
 from webhook.cli import file_index
 from webhook.kube.clusterview import ApiFeed
 from webhook.core.config import Config

@@ -15,11 +15,11 @@ from webhook.core.cluster import ClusterIndex
 from webhook.core.config import Config
 from webhook.kube import demo
 from webhook.kube.access import subject_access_review
-from webhook.objects import admission
-from webhook.objects.overview import RecentDecisions, namespaces_present
+from webhook import admission
+from webhook.serving.page.snapshot import RecentDecisions, namespaces_present
 from webhook.serving.access import (EVERYTHING, SCOPE_ENVIRON_KEY, Access, NonResourceURL, PageScope, Reader,
                                     ResourceAction, ReviewError, bearer_token, guarded, visible_namespaces)
-from webhook.serving.topology_page import page_app
+from webhook.serving.page.render import page_app
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")
 TENANT = Reader("alice", "u1", ("team-a-devs",))

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from tests.fixtures.builders import (container, deep, gpu_job, load_json, schema_error, seed_manifests, template_of,
                                      valid, workload)
-from webhook.objects import admission, mutation
+from webhook import admission
+from webhook.objects import mutation
 from webhook.core.cluster import ClusterIndex
 from webhook.core.config import Config
 from webhook.kube.demo import demo_cluster, leaf_spine_nodes, make_pod
@@ -394,7 +395,7 @@ def test_ours_by_scheduler_name_without_gpus_only_resets_the_scheduler(index):
 def test_an_exception_inside_fails_open(index, monkeypatch, caplog):
     def broken(*args):
         raise KeyError("boom")
-    monkeypatch.setattr(admission, "place_shared", broken)
+    monkeypatch.setattr(admission.admit, "place_shared", broken)
     with caplog.at_level(logging.ERROR, logger="webhook.objects.admission"):
         result = run(job(), index)
     assert result.outcome == "failed-open" and result.review["response"]["allowed"] is True

@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from webhook.objects import admission
+from webhook import admission
 from webhook.serving.app import create_app
 from webhook.core.config import Config
 from webhook.serving.logs import JsonFormatter

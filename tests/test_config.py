@@ -190,7 +190,7 @@ def test_levels_auto_on_an_unlabelled_cluster_warns_and_keeps_the_default():
 
 def test_gke_nodes_with_no_configuration_keep_a_four_node_job_in_one_sub_block():
     from tests.fixtures.builders import gpu_job
-    from webhook.objects import admission
+    from webhook import admission
     nodes = [make_node(f"h{block}{sub}{i}", {"cloud.google.com/gce-topology-block": f"b{block}",
                                              "cloud.google.com/gce-topology-subblock": f"b{block}-sb{sub}",
                                              "cloud.google.com/gce-topology-host": f"h{block}{sub}{i}"})

@@ -22,8 +22,8 @@ from webhook.core.cluster import ClusterIndex
 from webhook.core.config import HOSTNAME_LABEL, PRESETS, Config, levels_from
 from webhook.core.model import Outcome
 from webhook.kube import demo
-from webhook.objects import admission
-from webhook.objects.admission import make_review
+from webhook import admission
+from webhook.admission import make_review
 from webhook.objects import workload
 from webhook.objects.manifests import read_objects
 from webhook.objects.user_annotations import PEER_PREFERRED, PEER_REQUIRED

@@ -17,7 +17,7 @@ from webhook.core.cluster import ClusterIndex
 from webhook.core.config import PRESETS, Config
 from webhook.core.model import Outcome
 from webhook.kube import demo
-from webhook.objects.admission import review
+from webhook.admission import review
 from tests.fixtures.builders import gpu_job
 
 LEAF = "topology.scheduler/leaf"

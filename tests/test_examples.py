@@ -16,7 +16,7 @@ from test_groups import LEAF_OF, admit, lws_pods
 from test_idempotence_properties import allowed_nodes
 
 from webhook.kube import demo
-from webhook.objects.admission import review
+from webhook.admission import review
 from webhook.cli import file_index, main
 from webhook.core.config import PRESETS, Config
 from webhook.core.dra import DRA_KINDS

@@ -12,7 +12,7 @@ from fixtures.builders import container, workload
 from test_idempotence_properties import allowed_nodes
 
 from webhook.kube import demo
-from webhook.objects.admission import review
+from webhook.admission import review
 from webhook.cli import file_index
 from webhook.core.config import Config
 

@@ -22,7 +22,7 @@ from webhook.core.growth import NODEPOOL_LABEL, nodepool, node_groups
 from webhook.core.model import EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
 from webhook.core.placer import place
 from webhook.kube.demo import make_node, make_pod
-from webhook.objects.admission import review
+from webhook.admission import review
 
 ZONE = "topology.kubernetes.io/zone"
 SPINE, LEAF = "topology.scheduler/spine", "topology.scheduler/leaf"

@@ -10,9 +10,10 @@ import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from webhook.objects import admission, mutation
+from webhook import admission
+from webhook.objects import mutation
 from webhook.kube import demo
-from webhook.objects.admission import make_review
+from webhook.admission import make_review
 from webhook.cli import file_index
 from webhook.core.config import Config
 

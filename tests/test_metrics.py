@@ -9,6 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from webhook import __version__
+from webhook.admission import AdmissionOutcome
 from webhook.serving.metrics import Metrics
 
 
@@ -32,10 +33,10 @@ def samples(metrics: Metrics) -> dict:
 
 def test_decisions_are_counted_by_kind_strategy_and_outcome_and_ignored_ones_only_timed():
     metrics = Metrics.create()
-    metrics.record_admission("Job", "consolidated", "placed", 0.002)
-    metrics.record_admission("Job", "consolidated", "placed", 0.003)
-    metrics.record_admission("Pod", None, "denied", 0.001)
-    metrics.record_admission("Service", None, "ignored", 0.0001)
+    metrics.record_admission("Job", "consolidated", AdmissionOutcome.PLACED, 0.002)
+    metrics.record_admission("Job", "consolidated", AdmissionOutcome.PLACED, 0.003)
+    metrics.record_admission("Pod", None, AdmissionOutcome.DENIED, 0.001)
+    metrics.record_admission("Service", None, AdmissionOutcome.IGNORED, 0.0001)
     got = samples(metrics)
     placed = (("kind", "Job"), ("outcome", "placed"), ("strategy", "consolidated"))
     assert got[("topology_placement_decisions_total", placed)] == 2
@@ -47,7 +48,7 @@ def test_decisions_are_counted_by_kind_strategy_and_outcome_and_ignored_ones_onl
 
 def test_failed_open_admissions_are_counted_apart():
     metrics = Metrics.create()
-    metrics.record_admission("Job", "balanced", "failed-open", 0.001)
+    metrics.record_admission("Job", "balanced", AdmissionOutcome.FAILED_OPEN, 0.001)
     assert samples(metrics)[("topology_admission_fail_open_total", ())] == 1
 
 
@@ -68,10 +69,11 @@ def test_cluster_gauges_are_read_from_the_view_at_scrape_time():
 ROOT = str(pathlib.Path(__file__).parents[1])
 WORKER = """
 import sys
+from webhook.admission import AdmissionOutcome
 from webhook.serving.metrics import Metrics
 metrics = Metrics.create(sys.argv[1])
 for _ in range(int(sys.argv[2])):
-    metrics.record_admission("Job", "consolidated", "placed", 0.004)
+    metrics.record_admission("Job", "consolidated", AdmissionOutcome.PLACED, 0.004)
 """
 
 
@@ -98,7 +100,7 @@ def test_multiprocess_mode_needs_the_directory_in_the_environment(tmp_path, monk
 
 def test_counters_have_no_created_timestamp_series():
     metrics = Metrics.create()
-    metrics.record_admission("Job", "balanced", "placed", 0.001)
+    metrics.record_admission("Job", "balanced", AdmissionOutcome.PLACED, 0.001)
     assert "_created" not in metrics.render()[0].decode()
 
 

@@ -3,7 +3,7 @@ replaces its workload's hold instead of adding to it, and stops holding once bou
 from conftest import patched_object, review_of
 from tests.fixtures.builders import gpu_job
 
-from webhook.objects import admission
+from webhook import admission
 from webhook.core.cluster import ClusterIndex
 from webhook.core.config import Config
 from webhook.kube.demo import make_node

@@ -9,7 +9,7 @@ from fixtures.builders import workload
 from test_groups import leaves_allowed
 
 from webhook.kube import demo
-from webhook.objects.admission import review
+from webhook.admission import review
 from webhook.cli import file_index
 from webhook.core.config import Config
 from webhook.core.injection import GATE, WAITING_FOR

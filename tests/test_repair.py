@@ -9,7 +9,7 @@ from test_groups import LEAF_OF, leaves_allowed
 from test_idempotence_properties import allowed_nodes
 
 from webhook.kube import demo
-from webhook.objects.admission import review
+from webhook.admission import review
 from webhook.serving.app import create_app
 from webhook.cli import file_index
 from webhook.core.config import Config

@@ -17,11 +17,12 @@ from webhook import cli
 from webhook.core.cluster import ClusterIndex
 from webhook.core.config import Config, levels_from
 from webhook.kube import demo
-from webhook.objects import admission, overview
-from webhook.objects.overview import RecentDecisions, Selection, snapshot
-from webhook.serving import topology_page
+from webhook import admission
+from webhook.serving.page import snapshot as overview
+from webhook.serving.page.snapshot import RecentDecisions, Selection, snapshot
+from webhook.serving.page import render as topology_page
 from webhook.serving.metrics_port import start_metrics_server
-from webhook.serving.topology_page import page_app, render
+from webhook.serving.page.render import page_app, render
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")
 DEMO_LEAVES = [f"leaf-{i}" for i in range(1, 9)]

@@ -16,9 +16,9 @@ from tests.fixtures.builders import gpu_job
 from webhook.core.cluster import ClusterIndex
 from webhook.core.config import Config
 from webhook.kube import demo
-from webhook.objects import admission
-from webhook.objects.overview import RecentDecisions, snapshot
-from webhook.serving.topology_page import COLOURS, render
+from webhook import admission
+from webhook.serving.page.snapshot import RecentDecisions, snapshot
+from webhook.serving.page.render import COLOURS, render
 
 BROWSER = next((path for path in map(shutil.which, ("chromium", "chromium-browser")) if path), None)
 WIDTH, HEIGHT = 1280, 1000

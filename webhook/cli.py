@@ -33,15 +33,15 @@ from .kube.claims import DEFAULT_BUDGET_SECONDS
 from .kube.gatekey import ensure_gate_key
 from .kube.clusterview import ApiFeed, own_namespace
 from .kube.kubeclient import api_client_from
-from .objects import admission
+from . import admission
 from .objects.manifests import ManifestError, read_objects
-from .objects.overview import RecentDecisions
+from .serving.page.snapshot import RecentDecisions
 from .serving import certs, logs
 from .serving.app import Readiness, create_app
 from .serving.metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
 from .serving.metrics_port import METRICS_BACKLOG, start_metrics_server
 from .serving.server import THREADS_PER_WORKER, ServeOptions, WebhookServer
-from .serving.topology_page import page_app, write_page
+from .serving.page.render import page_app, write_page
 
 PROG = "topology-webhook"
 DEV_CERT_DIR = "certs"

@@ -15,14 +15,14 @@ from webhook.core.cluster import ClusterIndex
 from webhook.core.config import Config
 from webhook.kube import demo
 from webhook.kube.access import cluster_access
-from webhook.objects import admission
-from webhook.objects.overview import RecentDecisions
+from webhook import admission
+from webhook.serving.page.snapshot import RecentDecisions
 from webhook.serving import certs
 from webhook.serving.app import create_app
 from webhook.serving.certs import ReloadingContext
 from webhook.serving.metrics import Metrics
 from webhook.serving.metrics_port import SECURITY_HEADERS, start_metrics_server
-from webhook.serving.topology_page import CONTENT_SECURITY_POLICY, page_app
+from webhook.serving.page.render import CONTENT_SECURITY_POLICY, page_app
 
 from tests.fixtures.builders import gpu_pod
 from tests.integration.fakeapiserver import FakeApiServer

@@ -16,7 +16,7 @@ from tests.fixtures.builders import workload
 from webhook.core.config import Config
 from webhook.core.injection import GATE, GATED_REQUEST, PLACEMENT, WAITING_FOR
 from webhook.kube.demo import make_node, make_pod
-from webhook.objects import admission
+from webhook import admission
 from webhook.objects.workload import pod_template
 
 GATED = Config(gate_waits=True)

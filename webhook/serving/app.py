@@ -18,8 +18,8 @@ from werkzeug.exceptions import HTTPException
 
 from ..core.cluster import ClusterIndex
 from ..core.config import HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH, Config
-from ..objects import admission
-from ..objects.overview import RecentDecisions
+from .. import admission
+from .page.snapshot import RecentDecisions
 from .logs import FIELDS
 from .metrics import Metrics
 

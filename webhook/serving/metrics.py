@@ -22,6 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .. import __version__
+from ..admission import AdmissionOutcome
 
 LATENCY = "topology_scheduler_latency_seconds"
 DECISIONS = "topology_placement_decisions_total"
@@ -158,12 +159,12 @@ class Metrics:
         """Expose the age of the index fed from the API (`ApiFeed.age`)."""
         self.info.age = age
 
-    def record_admission(self, kind: str, strategy: str | None, outcome: str, seconds: float) -> None:
+    def record_admission(self, kind: str, strategy: str | None, outcome: AdmissionOutcome, seconds: float) -> None:
         """One handled review. `ignored` reviews (nothing to place) count in latency only."""
         self.latency.observe(seconds)
-        if outcome != "ignored":
-            self.decisions.labels(kind or "unknown", strategy or "none", outcome).inc()
-        if outcome == "failed-open":
+        if outcome is not AdmissionOutcome.IGNORED:
+            self.decisions.labels(kind or "unknown", strategy or "none", outcome.value).inc()
+        if outcome is AdmissionOutcome.FAILED_OPEN:
             self.fail_open.inc()
 
     def scale_up(self, result: str) -> None:

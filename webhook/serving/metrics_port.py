@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from ..core.config import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, TOPOLOGY_JSON_PATH, TOPOLOGY_PATH
 from .access import Access, guarded
 from .server import REQUEST_SECONDS, SOCKET_CALL_SECONDS, receive_request
-from .topology_page import CONTENT_SECURITY_POLICY
+from .page.render import CONTENT_SECURITY_POLICY
 
 log = logging.getLogger(__name__)
 

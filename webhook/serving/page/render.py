@@ -20,10 +20,11 @@ from html import escape
 from typing import Callable, Iterable
 from urllib.parse import parse_qs, urlencode
 
-from ..core.cluster import ClusterIndex
-from ..core.config import TOPOLOGY_JSON_PATH
-from ..objects.overview import FREE, HELD, OUT, USED, RecentDecisions, Selection, namespaces_present, snapshot
-from .access import EVERYTHING, SCOPE_ENVIRON_KEY, PageScope, visible_namespaces
+from ...admission import AdmissionOutcome
+from ...core.cluster import ClusterIndex
+from ...core.config import TOPOLOGY_JSON_PATH
+from .snapshot import FREE, HELD, OUT, USED, RecentDecisions, Selection, namespaces_present, snapshot
+from ..access import EVERYTHING, SCOPE_ENVIRON_KEY, PageScope, visible_namespaces
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,9 @@ CONTENT_SECURITY_POLICY = ("default-src 'none'; style-src 'unsafe-inline'; img-s
                            "base-uri 'none'; frame-ancestors 'none'")
 COLOURS = {"used": "#475569", "held": "#f59e0b", "free": "#22c55e", "out": "#f87171"}
 _CLASSES = {"used": USED, "held": HELD, "free": FREE, "out": OUT}  # a GPU cell's CSS class is its letter
-_OUTCOME_ORDER = ("waiting", "waiting-for-growth", "waiting-for-nodes", "placed", "repaired", "denied", "released",
-                  "suspended", "not-ready", "failed-open")
+_OUTCOME_ORDER = (AdmissionOutcome.WAITING, AdmissionOutcome.WAITING_FOR_GROWTH, AdmissionOutcome.WAITING_FOR_NODES,
+                  AdmissionOutcome.PLACED, AdmissionOutcome.REPAIRED, AdmissionOutcome.DENIED, AdmissionOutcome.RELEASED,
+                  AdmissionOutcome.SUSPENDED, AdmissionOutcome.NOT_READY, AdmissionOutcome.FAILED_OPEN)
 
 _STYLE = """
 body{font:13px/1.35 system-ui,-apple-system,'Segoe UI',sans-serif;margin:12px;color:#1e293b;background:#fff}

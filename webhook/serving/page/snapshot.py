@@ -18,9 +18,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence, cast
 
-from ..core.cluster import ClusterIndex
-from ..core.topology import Domain, NodeState
-from .admission import AdmissionResult
+from ...core.cluster import ClusterIndex
+from ...core.topology import Domain, NodeState
+from ...admission import AdmissionOutcome, AdmissionResult
 
 SCHEMA_VERSION = 1
 RECENT_DECISIONS = 500  # decisions kept for the page, newest last
@@ -29,7 +29,7 @@ BLOCK_LIMIT = 5000  # blocks are drawn down to the deepest level with at most th
 LIST_LIMIT = 500  # holds and out-of-service nodes listed (all are counted)
 NODES_PER_ENTRY = 64  # node names listed per decision or hold
 FILTER_MAX_CHARS = 253  # a namespace or name filter longer than any Kubernetes name is cut
-_NOT_RECORDED = ("ignored",)  # every pod of every template would crowd out the decisions
+_NOT_RECORDED = (AdmissionOutcome.IGNORED,)  # every pod of every template would crowd out the decisions
 _DIGITS = re.compile(r"(\d+)")
 USED, HELD, FREE, OUT = "u", "h", "f", "x"  # one letter per GPU in a node's NVLink groups
 
@@ -293,7 +293,7 @@ def snapshot(index: ClusterIndex, decisions: Sequence[RecordedDecision], now: fl
     workloads = latest_per_workload(decisions, selection)
     marked: set[str] = set()
     if selection.filtering:
-        marked.update(node for entry in workloads if entry.outcome in ("placed", "repaired") for node in entry.nodes)
+        marked.update(node for entry in workloads if entry.outcome in (AdmissionOutcome.PLACED, AdmissionOutcome.REPAIRED) for node in entry.nodes)
     with index.lock:
         if selection.filtering:
             marked.update(node for key, hold in index.ledger.holds.items()

@@ -1,0 +1,6 @@
+"""Admission: an AdmissionReview in, its answer out (admit.py asks the questions, envelope.py
+reads the review and writes the answer)."""
+from .admit import review
+from .envelope import OUTCOMES, AdmissionOutcome, AdmissionResult, MalformedReview, make_review
+
+__all__ = ["OUTCOMES", "AdmissionOutcome", "AdmissionResult", "MalformedReview", "make_review", "review"]
