@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass
 
 from .costmodel import Network, profile_table
-from .engine import JobRecord, RunResult, Runtime
+from .engine import IDEAL, JobRecord, RunResult, Runtime
 from .fabric import HARDWARE, ClusterSpec
 
 BUCKETS = ("1", "2", "3-4", "5-8", "9-64", "65+")
@@ -165,6 +165,13 @@ class Context:
     streams: int = 1  # the job streams' version (bench/traces.py); 1 unless a caller says
 
 
+def _runtime_words(runtime: Runtime) -> str:
+    """The runtime in a few words, as simulate.runtime_text says it."""
+    return (f"releaser every {runtime.releaser_period_s:g} s + {runtime.patch_latency_s * 1e3:g} ms, "
+            f"{100 * runtime.foreign_share:g}% not ours"
+            + ("" if runtime.decide_at_arrival else ", ours decides when the job fits"))
+
+
 def _runtime_method(runtime: Runtime) -> str:
     """What the engine's Runtime did in this run, for the method section."""
     if runtime.decide_at_arrival:
@@ -299,7 +306,11 @@ def render(results: dict, policies: tuple[str, ...], ctx: Context, analysis: str
              f"Regenerate everything on this page and in `bench/plots/`: `{ctx.command}`", "",
              f"This run: {ctx.wall_s:.0f} s wall on {ctx.machine}, {ctx.processes} worker processes; seeds "
              f"{', '.join(map(str, ctx.seeds))}. Main-grid figures are means over the {seeds} seed(s); sweeps use "
-             "the first seed. All numbers are simulated estimates under the stated model, not measurements.", ""]
+             "the first seed. All numbers are simulated estimates under the stated model, not measurements.", "",
+             f"Conditions of every table on this page, unless its heading says otherwise: network 2/4/8 told to ours "
+             "exactly, Kueue preferred only, "
+             f"{'engine.IDEAL' if ctx.runtime == IDEAL else _runtime_words(ctx.runtime)}, streams v{ctx.streams} "
+             "(Method below).", ""]
     ver_rows, ver_misses = verdicts(results, policies)
     alloc_rows, alloc_misses = allocation_checks(results, policies)
     lines += ["## Verdict on the tuning seeds (in-sample)", "",

@@ -444,7 +444,7 @@ def run_tasks(tasks: list[tuple], processes: int) -> dict[tuple[Scenario, str], 
 
 # Written after reading the numbers of a full run; the tables above it are regenerated each time.
 ANALYSIS = """
-## Reading the tuning-seed verdict (written after the run of 22 Nov 2026; the tables above are regenerated)
+## Reading the tuning-seed verdict (written after the run of 22 Nov 2026, engine.IDEAL, streams v1, network 2/4/8, Kueue preferred only; the tables above are regenerated, and under other conditions this reading is not theirs)
 
 The rules were chosen while looking at these seeds and at 1000-1011, so this reading is in-sample; the verdict
 that counts is the evaluation on fresh seeds at the top of this page (`bench/evaluate.py`).
