@@ -73,6 +73,7 @@ def test_after_a_full_list_the_index_is_out_of_the_collectors_way(fake, make_vie
         node = eventually(lambda: next(iter(view.index.nodes.values()), None), what="a node in the index")
         eventually(lambda: gc.get_freeze_count() > 0 and not any(o is node for o in gc.get_objects()),
                    what="the index frozen")
+        assert gc.isenabled(), "the collector, off while the lists were applied, is on again"
     finally:
         gc.unfreeze()  # the rest of the test session collects as usual
 

@@ -12,6 +12,9 @@ Per kind (nodes, pods) one daemon thread runs the reflector loop:
 1. list all objects in pages (`limit`/`continue`) and apply them: upsert every listed object,
    then forget what the index counts that the list no longer has. The index is changed in
    place, never rebuilt, so reservations survive a relist. Remember the list's resourceVersion.
+   The next page is fetched and decoded while this one is applied; a page is applied in one
+   `ClusterIndex.batch()`; while any list is applied the cyclic collector is off (see
+   `_CollectorPause`): so 100,000 nodes and 1M pods list in about half a minute on one core.
 2. watch from that resourceVersion with bookmarks and a server-side timeout; apply every event
    and remember the newest resourceVersion (bookmarks included). When the watch ends at its
    timeout, watch again from there.
@@ -29,8 +32,9 @@ update itself. Nothing happens at import time.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-import json
+import gc
 import logging
 import random
 import threading
@@ -38,6 +42,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import orjson
 from kubernetes import client as k8s_client
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
@@ -72,6 +77,38 @@ def own_namespace() -> str | None:
             return file.read().strip() or None
     except OSError:
         return None
+
+
+class _CollectorPause:
+    """The cyclic collector off while any full list is applied. A list builds much of the index,
+    and each collection on the way walks all of it: at 1M pods they took more of the sync than
+    the pods' own accounting. When the last list in progress ends, what they left behind is
+    collected once and the index frozen out of the collector's reach (it stays for good)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lists = 0
+        self._was_enabled = True
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if not self._lists:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+            self._lists += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._lists -= 1
+                if not self._lists:
+                    out_of_the_collectors_way()
+                    if self._was_enabled:
+                        gc.enable()
+
+
+_collector_paused = _CollectorPause()
 
 
 class Backoff:
@@ -133,11 +170,35 @@ class _DictWatch(k8s_watch.Watch):
         if not data or data.isspace():
             return None
         try:
-            event = json.loads(data)
-        except json.JSONDecodeError:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
             return None
         event["raw_object"] = event.get("object")
         return event
+
+
+class _Ahead(threading.Thread):
+    """One call run on its own daemon thread, its answer (or its exception) read with result().
+    A daemon, so that a feed stopped in the middle of a list leaves it to end with its request."""
+
+    def __init__(self, call: Callable[[], dict], name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._call = call
+        self._answer: dict = {}
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._answer = self._call()
+        except BaseException as err:  # noqa: BLE001 - raised again in the caller's thread by result()
+            self._error = err
+
+    def result(self) -> dict:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._answer
 
 
 class _Stream:
@@ -360,15 +421,22 @@ class ApiFeed:
         return CONNECT_TIMEOUT_SECONDS, self.watch_timeout_seconds + READ_GRACE_SECONDS
 
     def _pages(self, stream: _Stream) -> Iterator[tuple[str | None, list[dict]]]:
-        """(resourceVersion, items) per page of one consistent list."""
-        token = None
-        while True:
+        """(resourceVersion, items) per page of one consistent list. Each next page is asked for
+        and decoded on its own thread while the caller applies this one: the server's time and
+        the wire's overlap the index's, rather than adding to it."""
+        def page(token: str | None) -> dict:
             response = stream.list_call(limit=self.page_size, _continue=token, _preload_content=False,
                                         _request_timeout=self._timeouts())
-            body = json.loads(response.data)
+            return orjson.loads(response.data)
+
+        ahead = _Ahead(functools.partial(page, None), f"clusterview-{stream.kind}-page")
+        while True:
+            body = ahead.result()
             metadata = body.get("metadata") or {}
-            yield metadata.get("resourceVersion"), body.get("items") or []
             token = metadata.get("continue")
+            if token and not self._stop.is_set():
+                ahead = _Ahead(functools.partial(page, token), f"clusterview-{stream.kind}-page")
+            yield metadata.get("resourceVersion"), body.get("items") or []
             if not token or self._stop.is_set():
                 return
 
@@ -376,10 +444,12 @@ class ApiFeed:
         """Apply a full list: upsert everything listed, forget what the list no longer has."""
         seen: set[str] = set()
         resource_version = None
-        for resource_version, items in self._pages(stream):
-            for obj in items:
-                self._apply(stream, stream.upsert, obj)
-                seen.add(stream.key(obj))
+        with _collector_paused():
+            for resource_version, items in self._pages(stream):
+                with self.index.batch():
+                    for obj in items:
+                        self._apply(stream, stream.upsert, obj)
+                        seen.add(stream.key(obj))
         if self._stop.is_set():
             return
         with self.index.lock:
@@ -391,7 +461,6 @@ class ApiFeed:
         stream.synced = True
         stream.last_error = None
         self._progress(stream)
-        out_of_the_collectors_way()  # a full list rebuilt much of the index: it stays for good
         log.info("%s: listed %d at resourceVersion %s", stream.kind, len(seen), resource_version)
         if stream.kind == "resourceslices":
             for warning in self.index.inventory_warnings():

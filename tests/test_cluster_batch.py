@@ -1,0 +1,158 @@
+"""ClusterIndex.batch() (the live view applies each list page in one) and the pods' demand kept by
+shape: changes made in a batch leave the index exactly as the same changes made one by one, and
+the remembered demand of a spec is the one read afresh."""
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from webhook.core.cluster import ClusterIndex, _Demands, demand_shape
+from webhook.core.config import Config
+from webhook.core.gpus import pod_gpus
+from webhook.core.injection import GPU_IDS, RESERVATION, WAITING_FOR
+from webhook.core.model import PlacementRequest, Strategy
+from webhook.core.resources import pod_requests
+from webhook.kube.demo import make_node, make_pod
+
+ZONE, SPINE, LEAF = "topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf"
+# A request whose pods take CPU too: its constrained subset counts free GPUs by what else fits.
+CPU_BOUND = PlacementRequest("Job ml/cpu", 2, 2, Strategy.BALANCED, resources=(("cpu", 8000), ("pods", 1)))
+
+
+def node(index: int, leaf: int, gpus: int, cordoned: bool) -> dict:
+    labels = {ZONE: "z1", SPINE: f"s{leaf // 2}", LEAF: f"l{leaf}"}
+    return make_node(f"n{index}", labels, gpus, unschedulable=cordoned)
+
+
+def pod(index: int, on: int | None, gpus: int, phase: str, cpu: int, hint: str | None, reservation: bool,
+        terminating: bool, waiting: bool) -> dict:
+    annotations = {}
+    if hint:
+        annotations[GPU_IDS] = hint
+    if reservation:
+        annotations[RESERVATION] = f"ml/Job/job-{index % 3}"
+    if waiting:
+        annotations[WAITING_FOR] = f"{LEAF}=l{index % 3}"
+    made = make_pod(f"p{index}", None if on is None else f"n{on}", gpus, "ml", phase, annotations)
+    if cpu:
+        made["spec"]["containers"][0]["resources"]["requests"] = {"cpu": f"{cpu}"}
+    if terminating:
+        made["metadata"]["deletionTimestamp"] = "2026-11-26T00:00:00Z"
+    return made
+
+
+change = st.one_of(
+    st.builds(lambda *a: ("node", node(*a)), st.integers(0, 3), st.integers(0, 3), st.sampled_from([0, 4, 8, 16]),
+              st.booleans()),
+    st.builds(lambda i: ("delete node", f"n{i}"), st.integers(0, 3)),
+    st.builds(lambda *a: ("pod", pod(*a)), st.integers(0, 11), st.one_of(st.none(), st.integers(0, 4)),
+              st.sampled_from([0, 1, 2, 4]), st.sampled_from(["Running", "Pending", "Succeeded"]),
+              st.sampled_from([0, 0, 40, 90]), st.sampled_from([None, "0", "2-3", "0-3", "9"]), st.booleans(),
+              st.booleans(), st.booleans()),
+    st.builds(lambda i: ("delete pod", make_pod(f"p{i}", None, 0, "ml")), st.integers(0, 11)),
+    st.builds(lambda i, on, ids: ("reserve", (f"ml/Job/held-{i}", {f"n{on}": [ids]})), st.integers(0, 2),
+              st.integers(0, 3), st.sampled_from([(0,), (1, 2), (4, 5, 6, 7)])),
+)
+
+
+def apply(index: ClusterIndex, what: str, obj) -> None:
+    try:
+        if what == "node":
+            index.upsert_node(obj)
+        elif what == "delete node":
+            index.delete_node(obj)
+        elif what == "pod":
+            index.upsert_pod(obj)
+        elif what == "delete pod":
+            index.delete_pod(obj)
+        else:
+            index.reserve(*obj)
+    except ValueError:
+        pass  # a hold on a node too small for it: refused alike either way
+
+
+def state(index: ClusterIndex) -> tuple:
+    """Everything the index keeps about nodes and pods, aggregates and constrained subsets included."""
+    def domains(tree) -> dict:
+        return {d.ref.path: (d.free_gpus, d.alloc_gpus, d.nodes, d.partly_used, list(d.cap), list(d.ever),
+                             list(d.free_hist), d.freeing)
+                for d in [tree.root, *(d for level in tree.levels for d in level.values())]}
+    nodes = {n.name: (n.free, n.alloc, dict(n.pods), set(n.terminating), list(n.held), dict(n.requested), n.out)
+             for n in index.nodes.values()}
+    subset = index.restricted_to(CPU_BOUND)
+    return (domains(index.tree), nodes, domains(subset), {n.name: n.free for n in subset.nodes.values()},
+            index.pod_nodes, index.holders, index.pod_reservations, index.orphan_pods, set(index.waiters.pods),
+            set(index.gated.pods), index.ledger.holds, index.ledger.pod_holds, index.counted_pods(),
+            index.stats(), index.preset)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(change, max_size=60), st.integers(1, 12))
+def test_changes_in_a_batch_leave_the_index_as_the_same_changes_one_by_one(changes, batch_size):
+    one_by_one, batched = (ClusterIndex(Config(reservation_ttl_seconds=600), clock=lambda: 0.0) for _ in range(2))
+    for index in (one_by_one, batched):
+        index.restricted_to(CPU_BOUND)  # a constrained subset that each change must keep counted
+    for start in range(0, len(changes), batch_size):
+        page = changes[start:start + batch_size]
+        for what, obj in page:
+            apply(one_by_one, what, obj)
+        with batched.batch():
+            for what, obj in page[:len(page) // 2]:
+                apply(batched, what, obj)
+            with batched.batch():  # inside another batch: the outer one settles
+                for what, obj in page[len(page) // 2:]:
+                    apply(batched, what, obj)
+        assert state(batched) == state(one_by_one)
+
+
+def test_a_batch_settles_each_changed_node_once_when_it_ends_even_one_replaced_in_it():
+    index = ClusterIndex(Config())
+    index.upsert_node(node(0, 0, 8, False))
+    with index.batch():
+        for i in range(3):
+            index.upsert_pod(pod(i, 0, 2, "Running", 0, None, False, False, False))
+        assert index.root.free_gpus == 8, "inside the batch the aggregates still count the node as before"
+    assert index.root.free_gpus == 2 and index.nodes["n0"].free == 2
+    with index.batch():
+        index.upsert_pod(pod(3, 0, 1, "Running", 0, None, False, False, False))
+        index.upsert_node(node(0, 1, 8, False))  # moved to another leaf: a new NodeState, counted afresh
+        index.upsert_pod(pod(4, 0, 1, "Running", 0, None, False, False, False))
+    assert index.root.free_gpus == 0 and index.nodes["n0"].free == 0
+    assert {d.ref.name for d in index.levels[-1].values()} == {"l1"}
+
+
+specs = st.fixed_dictionaries({}, optional={
+    "containers": st.lists(st.fixed_dictionaries({}, optional={"resources": st.fixed_dictionaries({}, optional={
+        "limits": st.dictionaries(st.sampled_from(["nvidia.com/gpu", "cpu", "memory"]),
+                                  st.sampled_from(["1", "2", "500m", "1Gi", 2, "x"]), max_size=2),
+        "requests": st.dictionaries(st.sampled_from(["nvidia.com/gpu", "cpu"]), st.sampled_from(["1", "250m", 1]),
+                                    max_size=2)})}), max_size=2),
+    "initContainers": st.lists(st.fixed_dictionaries(
+        {"resources": st.fixed_dictionaries({"limits": st.dictionaries(
+            st.sampled_from(["nvidia.com/gpu", "cpu"]), st.sampled_from(["1", "4", "100m"]), max_size=2)})},
+        optional={"restartPolicy": st.just("Always")}), max_size=2),
+    "overhead": st.dictionaries(st.just("cpu"), st.sampled_from(["100m", "1"]), max_size=1),
+})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(specs, min_size=1, max_size=8), st.integers(1, 4))
+def test_the_demand_kept_by_shape_is_the_demand_read_afresh(seen, limit):
+    demands = _Demands(limit)
+    for spec in seen + seen:  # each shape again, once remembered (or forgotten past the limit)
+        try:
+            gpus = pod_gpus(spec)
+        except ValueError:
+            gpus = 0
+        shape = demand_shape(spec)
+        assert demands.gpus(shape, spec) == gpus
+        assert demands.requests(shape, spec) == tuple(sorted(pod_requests(spec).items()))
+    assert len(demands._gpus) <= limit and len(demands._requests) <= limit
+
+
+def test_specs_that_differ_only_outside_resources_share_a_shape_and_those_that_differ_inside_do_not():
+    first, second = make_pod("a", "n1", 2)["spec"], make_pod("b", "n2", 2)["spec"]
+    second["containers"][0]["image"] = "other"
+    assert demand_shape(first) == demand_shape(second)
+    second["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 2  # a number, not the text "2"
+    assert demand_shape(first) != demand_shape(second)
