@@ -68,6 +68,7 @@ def serve_fake(conn, nodes: int) -> None:
             server.put_pod(pod)
             pods.append(pod)
     server.compact()  # clients list first; history of the build is not needed
+    server.prepare_lists("nodes", "pods")  # sorted before the clock, as a real apiserver's cache is
     server.start()
     conn.send(server.url)
     def churn(count: int, rate: float) -> None:

@@ -1,17 +1,19 @@
-"""ClusterIndex.batch() (the live view applies each list page in one) and the pods' demand kept by
-shape: changes made in a batch leave the index exactly as the same changes made one by one, and
-the remembered demand of a spec is the one read afresh."""
+"""ClusterIndex.batch() (the live view applies each list page in one) and the answers the index
+remembers: changes made in a batch leave the index exactly as the same changes made one by one,
+and a remembered answer (a pod's demand by its shape, a GPU set picked on a node) is the one
+worked out afresh."""
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.core.cluster import ClusterIndex, _Demands, demand_shape
+from webhook.core.cluster import ClusterIndex, _Memo, demand_shape
 from webhook.core.config import Config
-from webhook.core.gpus import pod_gpus
+from webhook.core.gpus import NVLINK_DOMAINS_ANNOTATION, pod_gpus
 from webhook.core.injection import GPU_IDS, RESERVATION, WAITING_FOR
 from webhook.core.model import PlacementRequest, Strategy
 from webhook.core.resources import pod_requests
+from webhook.core.topology import parse_node
 from webhook.kube.demo import make_node, make_pod
 
 ZONE, SPINE, LEAF = "topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf"
@@ -135,19 +137,33 @@ specs = st.fixed_dictionaries({}, optional={
 })
 
 
+def demand(spec: dict) -> tuple:
+    try:
+        gpus = pod_gpus(spec)
+    except ValueError:
+        gpus = 0
+    return gpus, tuple(sorted(pod_requests(spec).items()))
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(specs, min_size=1, max_size=8), st.integers(1, 4))
-def test_the_demand_kept_by_shape_is_the_demand_read_afresh(seen, limit):
-    demands = _Demands(limit)
+def test_the_demand_remembered_by_shape_is_the_demand_read_afresh(seen, limit):
+    memo = _Memo(limit)
     for spec in seen + seen:  # each shape again, once remembered (or forgotten past the limit)
-        try:
-            gpus = pod_gpus(spec)
-        except ValueError:
-            gpus = 0
-        shape = demand_shape(spec)
-        assert demands.gpus(shape, spec) == gpus
-        assert demands.requests(shape, spec) == tuple(sorted(pod_requests(spec).items()))
-    assert len(demands._gpus) <= limit and len(demands._requests) <= limit
+        assert memo.get(demand_shape(spec), lambda: demand(spec)) == demand(spec)
+    assert len(memo._answers) <= limit
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 4, 8, 16]), st.sampled_from(["", "0-3,4-7", "0-1,2-3", "0-7"]),
+                          st.integers(1, 8), st.sets(st.integers(0, 15), max_size=8)), min_size=1, max_size=12))
+def test_a_gpu_set_remembered_is_the_one_picked_afresh(questions):
+    memo = _Memo(8)
+    for gpus, domains, count, taken in questions + questions:
+        annotations = {NVLINK_DOMAINS_ANNOTATION: domains} if domains else {}
+        node = parse_node(make_node("n", {}, gpus, annotations=annotations), Config())
+        asked = (node.nvlink_domains, node.alloc, count, frozenset(taken))
+        assert memo.get(asked, lambda: node.pick_gpus(count, taken)) == node.pick_gpus(count, taken)
 
 
 def test_specs_that_differ_only_outside_resources_share_a_shape_and_those_that_differ_inside_do_not():

@@ -17,7 +17,7 @@ import gc
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Collection, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Collection, Hashable, Iterable, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 from . import dra
 from .config import HOSTNAME_LABEL, PRESETS, Config, choose_preset, preset_marks
@@ -34,6 +34,7 @@ from .topology import Domain, NodeState, TopologyTree, parse_node, placement_fie
 from .usage import ResourceUsage
 
 _FINISHED_PHASES = ("Succeeded", "Failed")
+T = TypeVar("T")
 # From files, what a kind's count depends on is read before it: slices before the nodes they
 # name, claims and templates before the pods that use them.
 _FEED_ORDER = {"DeviceClass": 0, "ResourceSlice": 1, "Node": 2, "ResourceClaimTemplate": 3, "ResourceClaim": 3,
@@ -80,45 +81,41 @@ def pod_key(pod: Mapping) -> str:
 
 def demand_shape(spec: Mapping) -> str:
     """All that a pod's demand (gpus.pod_gpus, resources.pod_requests) reads of its spec: every
-    container's resources, each init container's with its restartPolicy, and the overhead, as
-    text (repr tells JSON values apart). Pods made from one template share it."""
-    return repr(([container.get("resources") for container in spec.get("containers") or ()],
-                 [(init.get("resources"), init.get("restartPolicy")) for init in spec.get("initContainers") or ()],
-                 spec.get("overhead")))
+    container's resources, then, where the spec has either, each init container's with its
+    restartPolicy and the overhead, as text (repr tells JSON values apart, and a list's repr
+    ends where it ends). Pods made from one template share it."""
+    shape = repr([container.get("resources") for container in spec.get("containers") or ()])
+    if "initContainers" in spec or "overhead" in spec:
+        shape += repr(([(init.get("resources"), init.get("restartPolicy")) for init in spec.get("initContainers") or ()],
+                       spec.get("overhead")))
+    return shape
 
 
-class _Demands:
-    """Pods' demand by shape (demand_shape): reading quantities costs more than the rest of
-    counting a pod, and a cluster's pods come from far fewer templates than there are pods. The
-    requests of one shape are one tuple, shared by all its pods. Forgotten wholesale past
-    `limit` shapes, so that a cluster of ever-new shapes holds no more than that."""
+def _gpus_asked(spec: Mapping) -> int:
+    try:
+        return pod_gpus(spec)
+    except ValueError:
+        return 0
+
+
+class _Memo:
+    """Answers of a pure function by a key that holds all it reads: counting 1M pods asks the
+    same few questions again and again (pods made from one template, empty nodes of one kind),
+    and answering afresh cost more than the rest of counting a pod. Forgotten wholesale past
+    `limit` keys, so that a cluster of ever-new questions holds no more than that."""
 
     def __init__(self, limit: int = 4096) -> None:
         self.limit = limit
-        self._gpus: dict[str, int] = {}
-        self._requests: dict[str, tuple[tuple[str, int], ...]] = {}
+        self._answers: dict[Hashable, Any] = {}
 
-    def gpus(self, shape: str, spec: Mapping) -> int:
-        found = self._gpus.get(shape)
+    def get(self, key: Hashable, answer: Callable[[], T]) -> T:
+        found = self._answers.get(key)
         if found is None:
-            try:
-                found = pod_gpus(spec)
-            except ValueError:
-                found = 0
-            self._remember(self._gpus, shape, found)
+            found = answer()
+            if len(self._answers) >= self.limit:
+                self._answers.clear()
+            self._answers[key] = found
         return found
-
-    def requests(self, shape: str, spec: Mapping) -> tuple[tuple[str, int], ...]:
-        found = self._requests.get(shape)
-        if found is None:
-            found = tuple(sorted(pod_requests(spec).items()))
-            self._remember(self._requests, shape, found)
-        return found
-
-    def _remember(self, table: dict, shape: str, value: object) -> None:
-        if len(table) >= self.limit:
-            table.clear()
-        table[shape] = value
 
 
 def pending_hold(annotations: Mapping, spec: Mapping, gpus: int) -> tuple[str, str, tuple[int, ...]] | None:
@@ -204,7 +201,11 @@ class ClusterIndex:
         self._preset_counts: dict[str, int] = {}
         self.levels_warning: str | None = None
         self._unsettled: dict[str, NodeState] | None = None  # nodes changed in the open batch()
-        self._demands = _Demands()
+        # GPUs and other requests by demand_shape, and GPU sets picked by (NVLink domains, GPUs,
+        # count, taken): what NodeState.pick_gpus reads
+        self._gpus_by_shape: _Memo = _Memo()
+        self._requests_by_shape: _Memo = _Memo()
+        self._picks: _Memo = _Memo()
 
     @classmethod
     def from_objects(cls, config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = (),
@@ -508,8 +509,9 @@ class ClusterIndex:
             node_name = spec.get("nodeName")
             phase = status.get("phase")
             shape = demand_shape(spec)
-            gpus = self._demands.gpus(shape, spec)
-            # covered_by_claim reads only this field, which most pods lack: the call is the dearer part
+            gpus = self._gpus_by_shape.get(shape, lambda: _gpus_asked(spec))
+            # covered_by_claim reads only this field, which most pods lack: looked at first, it spares
+            # them the call (its type checks cost more than the rest of this line)
             through_claims = bool(status.get("extendedResourceClaimStatus")) and dra.covered_by_claim(pod) \
                 or key in self.dra.scheduler_made
             if through_claims:
@@ -528,7 +530,8 @@ class ClusterIndex:
                 else:
                     self._recount(self.ledger.hold_pod(key, hold[0], namespace, hold[1], hold[2]))
                 return
-            self._use(key, node_name, self._demands.requests(shape, spec))
+            self._use(key, node_name, self._requests_by_shape.get(
+                shape, lambda: tuple(sorted(pod_requests(spec).items()))))
             reservation = annotations.get(RESERVATION)
             if gpus <= 0:
                 self._forget_gpus(key)
@@ -591,7 +594,8 @@ class ClusterIndex:
                 wanted = ()
             if len(wanted) == gpus and not taken.intersection(wanted) and all(i < node.alloc for i in wanted):
                 ids = wanted  # the device plugin honoured our hint (or we assume it did)
-        node.pods[key] = (gpus, ids or node.pick_gpus(gpus, taken))
+        node.pods[key] = (gpus, ids or self._picks.get((node.nvlink_domains, node.alloc, gpus, frozenset(taken)),
+                                                       lambda: node.pick_gpus(gpus, taken)))
 
     def delete_pod(self, pod: Mapping) -> None:
         """A pod is gone. A pod placed on its own (not from a workload's template) is its own
