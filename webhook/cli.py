@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 import uuid
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import yaml
 
@@ -46,6 +46,9 @@ from .serving.page.render import page_app, write_page
 PROG = "topology-webhook"
 DEV_CERT_DIR = "certs"
 DEFAULT_METRICS_BIND = "0.0.0.0:9090"
+if TYPE_CHECKING:
+    from flask import Flask
+
 log = logging.getLogger("webhook.cli")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -277,7 +280,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                            max_body_bytes=config.max_body_bytes, multiprocess_dir=metrics_dir(),
                            on_reload=reload_settings)
 
-    def build_app():  # runs in the worker, after the fork, so the watch threads start there; `config` as
+    def build_app() -> Flask:  # runs in the worker, after the fork, so the watch threads start there; `config` as
         # the server process last read it
         metrics = Metrics.create(options.multiprocess_dir)
         decisions = None if args.no_topology_page else RecentDecisions()

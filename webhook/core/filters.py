@@ -14,7 +14,7 @@ import dataclasses
 import heapq
 import json
 from collections import OrderedDict
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from .model import PlacementRequest
 from .topology import NodeState, TopologyTree
@@ -199,7 +199,7 @@ class ConstrainedSubsets:
     def __init__(self) -> None:
         self._subsets: OrderedDict[tuple, tuple[PlacementRequest, TopologyTree]] = OrderedDict()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple[PlacementRequest, TopologyTree]]:
         return iter(self._subsets.values())
 
     def clear(self) -> None:

@@ -8,10 +8,11 @@ import os
 import signal
 import sys
 import threading
+from typing import Any
 
 from .derive import format_matrix, format_publication, publication, unusable_nvlinks
 from .facts import EXIT_OK, EXIT_USAGE, DiscoveryError
-from .nvml import load_nvml, read_node
+from .nvml import Nvml, load_nvml, read_node
 from .publish import NodeApi, publish
 
 
@@ -25,7 +26,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def register(subparsers) -> argparse.ArgumentParser:
+def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "discover", help="read this node's GPU topology with NVML and publish it on the Node",
         description="Read GPUs, NVLinks, P2P, PCIe and NUMA topology with NVML; publish NVLink domains, "
@@ -54,7 +55,7 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def run(args: argparse.Namespace, nvml=None, stop: threading.Event | None = None) -> int:
+def run(args: argparse.Namespace, nvml: Nvml | None = None, stop: threading.Event | None = None) -> int:
     """One discovery (or one every --interval seconds until SIGTERM or `stop`); returns the exit code.
 
     `nvml` replaces the real bindings (tests pass fakes). With --interval, Kubernetes API errors are

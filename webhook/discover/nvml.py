@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import uuid as uuidlib
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from .facts import (EXIT_NO_GPUS, EXIT_NO_LIBRARY, EXIT_NVML, DiscoveryError, Fabric, GpuFacts, NodeTopology, NvLink,
                     PairFacts)
@@ -19,9 +19,13 @@ NVLINK_REMOTE_SWITCH = 2
 FABRIC_STATE_COMPLETED = 3
 CPU_SET_WORDS = 64  # 4096 CPUs: bitmask words of 64 CPUs each; NVML fills what the host has
 NUMA_SET_WORDS = 4  # 256 NUMA nodes
+# The pynvml module, or a fake of it (tests/nvml_fakes.py), and a device handle it gave: the
+# bindings carry no type hints, so neither can be typed closer.
+Nvml = Any
+Handle = Any
 
 
-def load_nvml():
+def load_nvml() -> Nvml:
     """The real NVML bindings (module `pynvml` of nvidia-ml-py), imported only when discovery runs."""
     try:
         import pynvml
@@ -52,7 +56,7 @@ def _bits(words: Iterable[int]) -> tuple[int, ...]:
     return tuple(w * 64 + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1)
 
 
-def read_nvlinks(nvml, handle) -> tuple[NvLink, ...]:
+def read_nvlinks(nvml: Nvml, handle: Handle) -> tuple[NvLink, ...]:
     links = []
     for link in range(nvml.NVML_NVLINK_MAX_LINKS):
         try:
@@ -70,26 +74,26 @@ def read_nvlinks(nvml, handle) -> tuple[NvLink, ...]:
     return tuple(links)
 
 
-def _absent(nvml) -> tuple[type[BaseException], ...]:
+def _absent(nvml: Nvml) -> tuple[type[BaseException], ...]:
     """Errors that mean an optional fact is not there: the GPU lacks it, or the driver predates the call."""
     return nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound
 
 
-def read_cpu_affinity(nvml, handle) -> tuple[int, ...]:
+def read_cpu_affinity(nvml: Nvml, handle: Handle) -> tuple[int, ...]:
     try:
         return _bits(nvml.nvmlDeviceGetCpuAffinity(handle, CPU_SET_WORDS))
     except _absent(nvml):
         return ()
 
 
-def read_numa_nodes(nvml, handle) -> tuple[int, ...]:
+def read_numa_nodes(nvml: Nvml, handle: Handle) -> tuple[int, ...]:
     try:
         return _bits(nvml.nvmlDeviceGetMemoryAffinity(handle, NUMA_SET_WORDS, nvml.NVML_AFFINITY_SCOPE_NODE))
     except _absent(nvml):
         return ()
 
 
-def read_fabric(nvml, handle) -> Fabric | None:
+def read_fabric(nvml: Nvml, handle: Handle) -> Fabric | None:
     """The GPU's multi-node NVLink fabric: only a COMPLETED registration with a non-zero cluster UUID
     counts (single-node NVSwitch systems report COMPLETED with a zero UUID)."""
     info = nvml.c_nvmlGpuFabricInfoV_t()  # sets the struct version the V call checks
@@ -103,7 +107,7 @@ def read_fabric(nvml, handle) -> Fabric | None:
     return Fabric(str(uuidlib.UUID(bytes=raw)), int(info.cliqueId))
 
 
-def read_gpu(nvml, index: int, handle) -> GpuFacts:
+def read_gpu(nvml: Nvml, index: int, handle: Handle) -> GpuFacts:
     return GpuFacts(
         index=index,
         name=_text(nvml.nvmlDeviceGetName(handle)),
@@ -116,11 +120,11 @@ def read_gpu(nvml, index: int, handle) -> GpuFacts:
     )
 
 
-def read_pair(nvml, first, second) -> tuple[PairFacts, list[str]]:
+def read_pair(nvml: Nvml, first: Handle, second: Handle) -> tuple[PairFacts, list[str]]:
     """Pairwise facts; a failed call leaves its fact unknown and says why."""
     problems: list[str] = []
 
-    def ask(what: str, call, *call_args):
+    def ask(what: str, call: Callable[..., Any], *call_args: Any) -> Any:
         try:
             return call(*call_args)
         except nvml.NVMLError as err:
@@ -134,7 +138,7 @@ def read_pair(nvml, first, second) -> tuple[PairFacts, list[str]]:
     ), problems
 
 
-def _start(nvml) -> int:
+def _start(nvml: Nvml) -> int:
     """nvmlInit and the GPU count, with NVML's failures turned into exit codes."""
     try:
         nvml.nvmlInit()
@@ -154,7 +158,7 @@ def _start(nvml) -> int:
     return count
 
 
-def read_node(nvml) -> NodeTopology:
+def read_node(nvml: Nvml) -> NodeTopology:
     """Every fact of this node. A GPU that fails mid-read is reported and left out, not fatal."""
     count = _start(nvml)
     try:

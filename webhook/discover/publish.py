@@ -3,6 +3,7 @@ API: only the keys it owns, and only when they changed."""
 from __future__ import annotations
 
 import json
+from typing import Any, Callable
 
 from .derive import Publication, node_patch
 from .facts import EXIT_API, DiscoveryError
@@ -22,7 +23,7 @@ class NodeApi:
         except KubeconfigError as err:
             raise DiscoveryError(f"Kubernetes {err}", EXIT_API) from None
 
-    def _call(self, what: str, call, *call_args, **kwargs):
+    def _call(self, what: str, call: Callable[..., Any], *call_args: Any, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
