@@ -1,7 +1,7 @@
 """Writes the generated parts of the reference pages from the code, so the two cannot drift apart
 (tests/test_docs.py checks each page is current):
 
-- docs/reference/settings.md: every key of the settings file (webhook.core.config.FILE_KEYS) with
+- docs/reference/settings.md: every key of the settings file (webhook.settings.loading.FILE_KEYS) with
   its type and bounds as the loader checks them, its default and its documentation (the `doc` of
   its Config field), and the built-in hardware and NCCL profiles;
 - docs/reference/metrics.md: every metric the registry of webhook.serving.metrics.Metrics serves,
@@ -63,47 +63,47 @@ def enumerate_words(words: Iterable[str], last: str = "or") -> str:
 
 def setting_allowed(key: str) -> str:
     """The type and bounds of a settings-file key, from the constants the loader checks it with."""
-    from webhook.core import config as c
+    from webhook.settings import config, loading, presets
 
-    if key in c._SCALARS:
-        kind, least, most = c._SCALARS[key]
+    if key in loading._SCALARS:
+        kind, least, most = loading._SCALARS[key]
         return f"{'whole number' if kind is int else 'number'}, {plain(least)} to {plain(most)}"
-    if key in c._FLAGS:
+    if key in loading._FLAGS:
         return "`true` or `false`"
     if key == "levels":
-        _, least, most = c._LEVEL_OVERSUBSCRIPTION
-        level_keys = ", ".join(f.name for f in dataclasses.fields(c.Level))
-        return (f"`auto`, a preset ({enumerate_words(map(code, c.PRESETS))}), or a list, widest level first, of "
+        _, least, most = loading._LEVEL_OVERSUBSCRIPTION
+        level_keys = ", ".join(f.name for f in dataclasses.fields(presets.Level))
+        return (f"`auto`, a preset ({enumerate_words(map(code, presets.PRESETS))}), or a list, widest level first, of "
                 f"node label keys or `{{{level_keys}}}` mappings (`link`: "
-                f"{enumerate_words(map(code, c.LINK_CLASSES))}, by default `leaf`, `spine`, `zone` from the "
+                f"{enumerate_words(map(code, config.LINK_CLASSES))}, by default `leaf`, `spine`, `zone` from the "
                 f"narrowest up, then `cluster`; `oversubscription`: number, {plain(least)} to {plain(most)}, "
-                f"default 1; `{c.HOSTNAME_LABEL}` only last)")
+                f"default 1; `{presets.HOSTNAME_LABEL}` only last)")
     if key == "profiles":
-        profile_keys = ", ".join(f.name for f in dataclasses.fields(c.HardwareProfile))
+        profile_keys = ", ".join(f.name for f in dataclasses.fields(config.HardwareProfile))
         bounds = "; ".join(f"`{name}`: {'whole number' if kind is int else 'number'}, {plain(least)} to {plain(most)}"
-                           for name, (kind, least, most) in c._PROFILE_NUMBERS.items())
-        return (f"list of `{{{profile_keys}}}` ({enumerate_words(map(code, c._PROFILE_REQUIRED), 'and')} "
+                           for name, (kind, least, most) in loading._PROFILE_NUMBERS.items())
+        return (f"list of `{{{profile_keys}}}` ({enumerate_words(map(code, loading._PROFILE_REQUIRED), 'and')} "
                 f"required; {bounds}; `estimate`: `true` or `false`; `match`: a regular expression that cannot "
                 f"backtrack without end, [below](#profile-patterns))")
     if key == "nccl_profiles":
-        classes = "\\|".join(c.DEFAULT_NCCL_PROFILES)
+        classes = "\\|".join(config.DEFAULT_NCCL_PROFILES)
         return (f"`{{{classes}: {{NCCL_VAR: value}}}}`; a variable's name in capitals, digits and `_`; its value, "
-                f"which becomes a container's environment, {c.NCCL_VALUE_RULE}")
+                f"which becomes a container's environment, {loading.NCCL_VALUE_RULE}")
     if key == "scheduler_names":
-        return f"list of scheduler names, each {c.SCHEDULER_NAME_RULE}; may be empty"
+        return f"list of scheduler names, each {loading.SCHEDULER_NAME_RULE}; may be empty"
     if key == "default_scheduler":
-        return f"a scheduler name, {c.SCHEDULER_NAME_RULE}"
+        return f"a scheduler name, {loading.SCHEDULER_NAME_RULE}"
     if key == "provisioning_request_class":
-        return f"`\"\"` (none) or {enumerate_words(map(code, c.PROVISIONING_CLASSES))}"
+        return f"`\"\"` (none) or {enumerate_words(map(code, config.PROVISIONING_CLASSES))}"
     raise SystemExit(f"settings key {key}: say in .ci/reference_docs.py setting_allowed what it takes")
 
 
 def setting_default(key: str) -> str:
-    from webhook.core import config as c
+    from webhook.settings import config, loading, presets
 
-    default = getattr(c.Config(), key)
+    default = getattr(config.Config(), key)
     if key == "levels":
-        return "`auto`" if c.Config().levels_auto else ", ".join(code(lv.label) for lv in default)
+        return "`auto`" if config.Config().levels_auto else ", ".join(code(lv.label) for lv in default)
     if key == "profiles":
         return "the built-in profiles, [below](#built-in-hardware-profiles)"
     if key == "nccl_profiles":
@@ -120,14 +120,14 @@ def setting_default(key: str) -> str:
 
 
 def settings_body(page: pathlib.Path) -> str:
-    from webhook.core import config as c
+    from webhook.settings import config, loading, presets
     from webhook.objects.mutation import CUDA_DEVICE_ORDER
 
-    fields = [f for f in dataclasses.fields(c.Config) if f.name in c.FILE_KEYS]
-    missing = sorted(c.FILE_KEYS - {f.name for f in fields})
+    fields = [f for f in dataclasses.fields(config.Config) if f.name in loading.FILE_KEYS]
+    missing = sorted(loading.FILE_KEYS - {f.name for f in fields})
     undocumented = [f.name for f in fields if not f.metadata.get("doc")]
     if missing or undocumented:
-        raise SystemExit(f"settings keys without a documented Config field (webhook/core/config.py _setting): "
+        raise SystemExit(f"settings keys without a documented Config field (webhook/settings/config.py _setting): "
                          f"{', '.join(missing + undocumented)}")
     out = ["## Keys", ""]
     for f in fields:
@@ -136,9 +136,9 @@ def settings_body(page: pathlib.Path) -> str:
                 relink(f.metadata["doc"], page), ""]
     out += ["## Built-in hardware profiles", "",
             "In the order they are tried; the last, which matches every product name, always stays last.", "",
-            "| " + " | ".join(f.name for f in dataclasses.fields(c.HardwareProfile)) + " |",
-            "|" + "---|" * len(dataclasses.fields(c.HardwareProfile))]
-    for profile in c.DEFAULT_PROFILES:
+            "| " + " | ".join(f.name for f in dataclasses.fields(config.HardwareProfile)) + " |",
+            "|" + "---|" * len(dataclasses.fields(config.HardwareProfile))]
+    for profile in config.DEFAULT_PROFILES:
         values = [code(cell(v)) if isinstance(v, str) and v else '`""`' if isinstance(v, str)
                   else str(v).lower() if isinstance(v, bool) else plain(v)
                   for v in dataclasses.astuple(profile)]
@@ -150,7 +150,7 @@ def settings_body(page: pathlib.Path) -> str:
             "several zones. A workload of one GPU gets none; every GPU container also gets "
             f"{', '.join(code(f'{k}={v}') for k, v in CUDA_DEVICE_ORDER.items())}.", "",
             "| class | variables |", "|---|---|"]
-    for link, variables in c.DEFAULT_NCCL_PROFILES.items():
+    for link, variables in config.DEFAULT_NCCL_PROFILES.items():
         out.append(f"| `{link}` | {', '.join(code(f'{k}={v}') for k, v in variables.items())} |")
     return "\n".join(out) + "\n"
 
@@ -193,7 +193,7 @@ def _filled_registry() -> Any:
     """The registry as a serving webhook has it, with every documented label value counted once
     through the calls the code counts with, so each family shows its labels and their values."""
     from webhook.core.cluster import ClusterIndex
-    from webhook.core.config import Config
+    from webhook.settings.config import Config
     from webhook.kube.demo import demo_cluster
     from webhook.admission import OUTCOMES
     from webhook.serving import metrics as m
@@ -316,7 +316,7 @@ def cli_body(page: pathlib.Path) -> str:
 # ----- the pages ----------------------------------------------------------------------------------
 
 PAGES: dict[str, tuple[str, Callable[[pathlib.Path], str]]] = {
-    "docs/reference/settings.md": ("webhook/core/config.py", settings_body),
+    "docs/reference/settings.md": ("webhook/settings/config.py", settings_body),
     "docs/reference/metrics.md": ("webhook/serving/metrics.py and the constants it counts", metrics_body),
     "docs/reference/cli.md": ("webhook/cli.py build_parser", cli_body),
 }

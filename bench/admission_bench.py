@@ -59,7 +59,7 @@ from webhook.serving import certs
 from webhook.kube import demo
 from webhook.admission import make_review  # noqa: E402
 from webhook.cli import file_index  # noqa: E402
-from webhook.core.config import Config  # noqa: E402
+from webhook.settings.config import Config  # noqa: E402
 
 WORKLOAD_NAMES = 500  # reviews cycle over these, so re-placements replace reservations, not pile up
 START_TIMEOUT_SECONDS = 180

@@ -116,7 +116,8 @@ def measure(nodes: int) -> dict:
     from webhook.admission import make_review
     from webhook.serving.app import create_app
     from webhook.kube.clusterview import ApiFeed
-    from webhook.core.config import MUTATE_PATH, Config
+    from webhook.serving.paths import MUTATE_PATH
+    from webhook.settings.config import Config
     from webhook.serving.metrics import Metrics
     from webhook.core.model import PlacementRequest, Strategy
     from webhook.core.placer import place_and_reserve

@@ -3,14 +3,14 @@
     T = 2(n-1)/n * S / B(P) + 2(n-1) * alpha(P)
 
 B(P) is the bus bandwidth of the bottleneck tier the ring crosses. Per-GPU-class figures (NVLink,
-PCIe, NIC, NICs per node) come from webhook/core/config.py DEFAULT_PROFILES; the oversubscription of the
+PCIe, NIC, NICs per node) come from webhook/settings/config.py DEFAULT_PROFILES; the oversubscription of the
 fabric and the per-hop latencies are parameters of the simulated network (estimates, swept).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from webhook.core.config import HardwareProfile
+from webhook.settings.config import HardwareProfile
 
 from .fabric import (CLUSTER, GPUS_PER_NODE, LEAF, NODE, NVLINK, SPAN_NAMES, SPINE, ZONE, SimCluster,
                      span_level)
@@ -82,7 +82,7 @@ def ideal_placement(cluster: SimCluster, pods: int, gpus_per_pod: int) -> dict[s
 
 def profile_table(profile: HardwareProfile, network: Network, size_bytes: float) -> list[tuple[str, str]]:
     """The figures the estimate used, for printing in RESULTS.md."""
-    rows = [("hardware profile (webhook/core/config.py)", f"{profile.name}{' (has estimates)' if profile.estimate else ''}"),
+    rows = [("hardware profile (webhook/settings/config.py)", f"{profile.name}{' (has estimates)' if profile.estimate else ''}"),
             ("B_nvlink, ring busbw inside one NVLink domain", f"{profile.nvlink_gbs:g} GB/s"),
             ("B_pcie, ring leaving an NVLink domain inside a node", f"{profile.pcie_gbs:g} GB/s"),
             ("B_nic per NIC x NICs per node", f"{profile.nic_gbs:g} GB/s x {profile.nics_per_node}"),

@@ -25,7 +25,7 @@ import time
 import tracemalloc
 
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.core.model import PlacementRequest, Strategy
 from webhook.core.placer import place
 from webhook.kube.demo import gpu_device_class, make_allocated_claim, make_node, make_pod, make_resource_slice

@@ -81,7 +81,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 
-from webhook.core.config import HardwareProfile
+from webhook.settings.config import HardwareProfile
 
 from .costmodel import Network, allreduce_seconds, ideal_placement
 from .fabric import GPUS_PER_NODE, ClusterSpec, SimCluster, dynamic_tightest, span_level, static_tightest

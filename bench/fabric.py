@@ -11,7 +11,7 @@ import bisect
 
 from dataclasses import dataclass, field
 
-from webhook.core.config import DEFAULT_PROFILES, HardwareProfile
+from webhook.settings.config import DEFAULT_PROFILES, HardwareProfile
 from webhook.kube.demo import make_node
 from webhook.core.gpus import NVLINK_DOMAINS_ANNOTATION, format_nvlink_domains, parse_nvlink_domains
 
@@ -26,7 +26,7 @@ SPAN_NAMES = ("nvlink-domain", "node", "leaf", "spine", "zone", "cluster")
 
 
 def profile_named(name: str) -> HardwareProfile:
-    """A hardware profile of webhook/core/config.py by name (the figures are never copied here)."""
+    """A hardware profile of webhook/settings/config.py by name (the figures are never copied here)."""
     for profile in DEFAULT_PROFILES:
         if profile.name == name:
             return profile
@@ -39,7 +39,7 @@ class Hardware:
 
     key: str  # scenario name used in RESULTS.md
     product: str  # nvidia.com/gpu.product label value
-    profile_name: str  # the webhook/core/config.py profile that product matches
+    profile_name: str  # the webhook/settings/config.py profile that product matches
     nvlink_domains: str  # topology.scheduler/nvlink-domains annotation value
 
     @property

@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
 
 from bench.placement_bench import cluster  # noqa: E402
 from webhook.core.cluster import ClusterIndex  # noqa: E402
-from webhook.core.config import Config  # noqa: E402
+from webhook.settings.config import Config  # noqa: E402
 from webhook.serving.page.snapshot import NODE_DETAIL_LIMIT, RecordedDecision, Selection, snapshot  # noqa: E402
 from webhook.serving.page.render import render  # noqa: E402
 

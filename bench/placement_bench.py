@@ -25,7 +25,7 @@ import statistics
 import time
 
 from webhook.core.cluster import ClusterIndex, out_of_the_collectors_way
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.kube.demo import make_node, make_pod
 from webhook.core.model import PlacementRequest, Strategy
 from webhook.core.placer import place

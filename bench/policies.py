@@ -17,7 +17,7 @@ from webhook.core import orderings
 from webhook.core.cluster import ClusterIndex
 from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
 from webhook.core.injection import RESERVATION, WAITING_FOR
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.kube.demo import make_pod
 from webhook.core.gpus import format_gpu_set
 from webhook.core.model import Decision, NodeRequirement, Outcome, PlacementRequest, Strategy

@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 from bench.placement_bench import LEVELS, SHAPES, cluster, decision_times, percentile  # noqa: E402
 from webhook.core.cluster import ClusterIndex, out_of_the_collectors_way  # noqa: E402
-from webhook.core.config import Config  # noqa: E402
+from webhook.settings.config import Config  # noqa: E402
 from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path  # noqa: E402
 from webhook.core.model import PlacementRequest, Strategy  # noqa: E402
 from webhook.kube.demo import make_pod  # noqa: E402

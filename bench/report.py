@@ -469,7 +469,7 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
         "share of the stream's pods) / all idle GPUs, sampled 100 times per run (skipped when no GPU is idle); "
         "wait = start - submit; JCT = finish - submit.",
         "- **Cost model** (busbw as NVIDIA/nccl-tests doc/PERFORMANCE.md defines it, figures from "
-        "webhook/core/config.py DEFAULT_PROFILES; docs/design/cost-model.md): "
+        "webhook/settings/config.py DEFAULT_PROFILES; docs/design/cost-model.md): "
         "ring all-reduce T = 2(n-1)/n x S / B + 2(n-1) x alpha, B the bottleneck tier: NVLink inside one domain, "
         "PCIe across domains of a node, min over nodes of min(GPUs there, NICs) x B_nic (and the node's own "
         "intra-node link) across nodes, divided by rho_leaf across leaves, by rho_leaf x rho_spine across spines, "

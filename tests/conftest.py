@@ -34,7 +34,7 @@ from webhook.serving.app import create_app
 from webhook.admission import make_review
 from webhook.cli import file_index
 from webhook.kube.clusterview import ApiFeed
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.serving.metrics import Metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

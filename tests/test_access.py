@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests.fixtures.builders import gpu_pod
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.kube import demo
 from webhook.kube.access import subject_access_review
 from webhook import admission

@@ -6,7 +6,7 @@ import pytest
 
 from webhook import admission
 from webhook.serving.app import create_app
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.serving.logs import JsonFormatter
 from webhook.serving.metrics import Metrics
 

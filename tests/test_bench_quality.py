@@ -529,7 +529,7 @@ def test_switching_off_fewer_partly_used_switches_it_off_in_the_level_orders_and
     """The best-fit order is written once (orderings.best_fit): the decision's search inside a scope
     and the level orders kept sorted by bestfit both read it, so one switch changes both."""
     from webhook.core.cluster import ClusterIndex
-    from webhook.core.config import Config
+    from webhook.settings.config import Config
     from webhook.core.model import PlacementRequest, Strategy
     from webhook.core.placer import place
     from webhook.kube.demo import make_node, make_pod

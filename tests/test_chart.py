@@ -23,10 +23,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store
 
-from webhook.core.config import (
-    DEFAULT_NCCL_PROFILES, DEFAULT_PORT, FILE_KEYS, HEALTHZ_PATH, LINK_CLASSES, METRICS_PATH, MUTATE_PATH, PRESETS,
-    READYZ_PATH, Config, HardwareProfile, config_from_mapping,
-)
+from webhook.serving.paths import DEFAULT_PORT, HEALTHZ_PATH, METRICS_PATH, MUTATE_PATH, READYZ_PATH
+from webhook.settings.config import DEFAULT_NCCL_PROFILES, LINK_CLASSES, Config, HardwareProfile
+from webhook.settings.loading import FILE_KEYS, config_from_mapping
+from webhook.settings.presets import PRESETS
 
 CHART_DIR = Path(__file__).resolve().parents[1] / "charts" / "topology-webhook"
 RELEASE = "tw"
@@ -190,7 +190,7 @@ def test_wrong_values_fail_at_install_naming_the_key_and_what_is_allowed(values,
 
 
 def test_schema_knows_exactly_the_server_settings():
-    """values.schema.json and webhook.core.config cannot drift: same settings, presets and classes."""
+    """values.schema.json and webhook.settings cannot drift: same settings, presets and classes."""
     config_schema = chart().schema["properties"]["config"]
     # Every key a settings file may hold; levels_auto (set by `levels: auto`) and seal_key (from
     # --gate-key-secret) are Config fields that no file holds.

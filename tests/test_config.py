@@ -7,8 +7,9 @@ import yaml
 
 from webhook.cli import main
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import (DEFAULT_PROFILES, PRESETS, Config, ConfigError, config_from_mapping, levels_from,
-                                  load_config)
+from webhook.settings.config import DEFAULT_PROFILES, Config, ConfigError
+from webhook.settings.loading import config_from_mapping, levels_from, load_config
+from webhook.settings.presets import PRESETS
 from webhook.kube.demo import make_node, make_pod
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
@@ -329,7 +330,7 @@ def test_nccl_values_with_control_characters_are_refused_naming_the_variable(val
 
 def test_settings_yaml_has_only_true_and_false_as_booleans_and_every_reader_uses_it(tmp_path, caplog):
     from webhook.cli import reread
-    from webhook.core.config import read_settings
+    from webhook.settings.loading import read_settings
     assert read_settings("a: yes\nb: On\nc: off\nd: Y\ne: true\nf: FALSE\ng: True\n") == {
         "a": "yes", "b": "On", "c": "off", "d": "Y", "e": True, "f": False, "g": True}
     path = tmp_path / "c.yaml"

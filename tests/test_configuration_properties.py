@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 
 from test_idempotence_properties import allowed_nodes_of
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import HOSTNAME_LABEL, PRESETS, Config, levels_from
+from webhook.settings.config import Config
+from webhook.settings.loading import levels_from
+from webhook.settings.presets import HOSTNAME_LABEL, PRESETS
 from webhook.core.model import Outcome
 from webhook.kube import demo
 from webhook import admission

@@ -16,7 +16,7 @@ from webhook.discover import command, derive, facts
 from webhook.discover import nvml as nvml_reading
 from webhook.core.cluster import ClusterIndex
 from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.kube.demo import make_node, make_pod
 from webhook.discover.derive import (CLIQUE_LABEL, DOMAIN_SIZE_LABEL, LINK_LABEL, MATRIX_ANNOTATION, NUMA_ANNOTATION,
                                     UNREADABLE_ANNOTATION)

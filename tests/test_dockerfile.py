@@ -16,7 +16,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from webhook.core.config import DEFAULT_PORT
+from webhook.serving.paths import DEFAULT_PORT
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / ".ci" / "constraints.txt"

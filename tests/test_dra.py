@@ -14,7 +14,8 @@ from test_metrics import samples
 
 from webhook.cli import main
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import PRESETS, Config
+from webhook.settings.config import Config
+from webhook.settings.presets import PRESETS
 from webhook.core.model import Outcome
 from webhook.kube import demo
 from webhook.admission import review

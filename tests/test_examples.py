@@ -18,7 +18,8 @@ from test_idempotence_properties import allowed_nodes
 from webhook.kube import demo
 from webhook.admission import review
 from webhook.cli import file_index, main
-from webhook.core.config import PRESETS, Config
+from webhook.settings.config import Config
+from webhook.settings.presets import PRESETS
 from webhook.core.dra import DRA_KINDS
 from webhook.objects.workload import pod_templates
 

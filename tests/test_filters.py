@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.core.filters import NodeFilters, node_matches, tolerates
 from webhook.core.model import PlacementRequest
 from webhook.core.topology import parse_node

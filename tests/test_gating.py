@@ -7,7 +7,7 @@ import pytest
 
 from tests.fixtures.builders import PIN, USER_TERM, decision, deep, request, template_of, valid, workload
 from webhook.core import injection
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.core.model import Outcome, Strategy
 from webhook.objects import mutation
 

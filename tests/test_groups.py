@@ -14,7 +14,7 @@ from test_idempotence_properties import allowed_nodes
 from webhook.kube import demo
 from webhook.admission import review
 from webhook.cli import file_index
-from webhook.core.config import Config
+from webhook.settings.config import Config
 
 LEAF = "topology.scheduler/leaf"
 LEAF_OF = {node["metadata"]["name"]: node["metadata"]["labels"][LEAF] for node in demo.leaf_spine_nodes()}

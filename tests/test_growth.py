@@ -16,7 +16,8 @@ from conftest import assert_valid_kubernetes_object, eventually, review_of
 from tests.fixtures.builders import gpu_job
 from webhook.cli import main
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import PRESETS, Config
+from webhook.settings.config import Config
+from webhook.settings.presets import PRESETS
 from webhook.core.filters import expression_matches
 from webhook.core.growth import NODEPOOL_LABEL, nodepool, node_groups
 from webhook.core.model import EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_ROOM_NOW, Outcome, PlacementRequest, Strategy

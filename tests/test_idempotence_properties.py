@@ -15,7 +15,7 @@ from webhook.objects import mutation
 from webhook.kube import demo
 from webhook.admission import make_review
 from webhook.cli import file_index
-from webhook.core.config import Config
+from webhook.settings.config import Config
 
 
 

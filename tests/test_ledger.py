@@ -2,7 +2,7 @@
 and the namespace rule (nothing outside a hold's namespace confirms or releases it)."""
 from webhook.core.cluster import ClusterIndex
 from webhook.core.injection import RESERVATION as RESERVATION_ANNOTATION
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.kube.demo import make_node, make_pod
 from webhook.core.ledger import ReservationLedger
 from webhook.core.model import PlacementRequest, Strategy

@@ -7,7 +7,7 @@ from tests.fixtures.builders import (DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, 
                                      template_of, valid, workload)
 from webhook.core import injection
 from webhook.objects import mutation
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.core.model import Interconnect, Outcome, Strategy
 from webhook.objects.workload import pod_template
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tests.fixtures.builders import (DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep,
                                      schema_error, workload)
 from webhook.objects import mutation, patch
-from webhook.core.config import Config
+from webhook.settings.config import Config
 
 CONFIG = Config()
 

@@ -10,7 +10,7 @@ Cluster used by most cases (2 spines x 4 leaves x 4 nodes x 8 H100, one NVSwitch
 import pytest
 
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.kube.demo import leaf_spine_nodes, make_node, make_pod
 from webhook.core.model import (EXCEEDS_CLUSTER, EXCEEDS_NODES, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Interconnect,
                            NodeRequirement, Outcome, PlacementRequest, Strategy)
@@ -363,7 +363,7 @@ def test_product_table_fallback_without_published_domains():
 
 
 def test_nvl72_preset_treats_a_clique_as_one_nvlink_domain_across_nodes():
-    from webhook.core.config import PRESETS
+    from webhook.settings.presets import PRESETS
     config = Config(levels=PRESETS["nvl72"])
     nodes = [make_node(f"tray-{r}-{i}", {"topology.kubernetes.io/zone": "z", "topology.scheduler/spine": "s",
                                         "nvidia.com/gpu.clique": f"uuid.{r}"}, gpus=4, product="NVIDIA-GB200")

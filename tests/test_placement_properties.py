@@ -8,7 +8,7 @@ from tests.fixtures.builders import gpu_job
 from webhook.objects import mutation, workload
 from webhook.core.cluster import ClusterIndex
 from webhook.core.filters import node_matches
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.kube.demo import make_allocated_claim, make_node, make_pod, make_resource_slice
 from webhook.core.model import Outcome, PlacementRequest, Strategy
 from webhook.core.placer import place

@@ -5,7 +5,7 @@ from tests.fixtures.builders import gpu_job
 
 from webhook import admission
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.kube.demo import make_node
 from webhook.core.model import Outcome, PlacementRequest, Strategy
 from webhook.core.placer import place_and_reserve

@@ -15,7 +15,7 @@ from test_growth import GPU_TOLERATION, NODEPOOL, karpenter_nodes
 
 from tests.fixtures.builders import gpu_job
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.kube.demo import demo_cluster
 from webhook.kube.scaleups import ApiScaleUps
 from webhook.objects import provisioning

@@ -11,7 +11,7 @@ from test_groups import leaves_allowed
 from webhook.kube import demo
 from webhook.admission import review
 from webhook.cli import file_index
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.core.injection import GATE, WAITING_FOR
 
 

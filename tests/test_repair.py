@@ -12,7 +12,7 @@ from webhook.kube import demo
 from webhook.admission import review
 from webhook.serving.app import create_app
 from webhook.cli import file_index
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.serving.metrics import Metrics
 
 SPINE_OF = {node["metadata"]["name"]: node["metadata"]["labels"]["topology.scheduler/spine"]

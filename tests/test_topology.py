@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.core.config import HOSTNAME_LABEL, Config, levels_from
+from webhook.settings.config import Config
+from webhook.settings.loading import levels_from
+from webhook.settings.presets import HOSTNAME_LABEL
 from webhook.core.model import Interconnect
 from webhook.core.topology import Domain, TopologyTree, parse_node
 from webhook.kube.demo import make_node

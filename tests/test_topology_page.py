@@ -15,7 +15,8 @@ from conftest import review_of
 from tests.fixtures.builders import gpu_job, gpu_pod
 from webhook import cli
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import Config, levels_from
+from webhook.settings.config import Config
+from webhook.settings.loading import levels_from
 from webhook.kube import demo
 from webhook import admission
 from webhook.serving.page import snapshot as overview

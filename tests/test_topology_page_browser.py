@@ -14,7 +14,7 @@ import pytest
 
 from tests.fixtures.builders import gpu_job
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.kube import demo
 from webhook import admission
 from webhook.serving.page.snapshot import RecentDecisions, snapshot

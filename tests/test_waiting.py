@@ -10,7 +10,9 @@ import math
 import pytest
 
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import HOSTNAME_LABEL, Config, levels_from
+from webhook.settings.config import Config
+from webhook.settings.loading import levels_from
+from webhook.settings.presets import HOSTNAME_LABEL
 from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path
 from webhook.core.model import NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
 from webhook.core import waiting

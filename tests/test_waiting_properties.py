@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from webhook.core import protection, walk
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path
 from webhook.core.model import Outcome, PlacementRequest, Strategy
 from webhook.core import placer

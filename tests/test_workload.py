@@ -3,7 +3,7 @@ import pytest
 from tests.fixtures.builders import API_VERSIONS, container, template_of, workload
 from webhook.objects import workload as wl
 from webhook.objects.user_annotations import InvalidAnnotation, InvalidWorkload
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.core.model import Strategy
 
 GPU_COUNT = "topology.scheduler/gpu-count"

@@ -23,7 +23,9 @@ import yaml
 
 from . import __version__
 from .core.cluster import ClusterIndex, out_of_the_collectors_way
-from .core.config import DEFAULT_PORT, Config, ConfigError, load_config
+from .serving.paths import DEFAULT_PORT
+from .settings.config import Config, ConfigError
+from .settings.loading import load_config
 from .core.dra import DRA_KINDS, RESOURCE_SLICE_MAX_DEVICES, in_namespace
 from .core.growth import is_growth_object
 from .discover import command as discover_command

@@ -12,7 +12,7 @@ import requests
 from kubernetes.client import ApiClient, Configuration
 
 from webhook.core.cluster import ClusterIndex
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.kube import demo
 from webhook.kube.access import cluster_access
 from webhook import admission

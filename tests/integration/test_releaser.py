@@ -13,7 +13,7 @@ import pytest
 
 from conftest import LEAF, eventually
 from tests.fixtures.builders import workload
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.core.injection import GATE, GATED_REQUEST, PLACEMENT, WAITING_FOR
 from webhook.kube.demo import make_node, make_pod
 from webhook import admission

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..core import injection
-from ..core.config import Config
+from ..settings.config import Config
 from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, GROWS_POOL, UNKNOWN_DOMAIN,
                           UNKNOWN_LEVEL, Decision, Outcome, PlacementRequest, quoted)
 from ..core.ledger import reservation_key

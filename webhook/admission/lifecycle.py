@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core import injection
-from ..core.config import Config
+from ..settings.config import Config
 from ..core.ledger import held_by
 from ..core.placer import release_shared
 from ..objects import mutation, provisioning, workload

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..core import injection
-from ..core.config import Config
+from ..settings.config import Config
 from ..core.gpus import pod_gpus
 from ..core.growth import POOL_LABELS
 from ..core.model import Outcome, Strategy

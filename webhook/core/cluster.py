@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Collection, Hashable, Iterable, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 from . import dra
-from .config import HOSTNAME_LABEL, PRESETS, Config, choose_preset, preset_marks
+from ..settings.config import Config
+from ..settings.presets import HOSTNAME_LABEL, PRESETS, choose_preset, preset_marks
 from .filters import ConstrainedSubsets, NodeFilters
 from .gpus import parse_gpu_set, pod_gpus
 from .gating import GatedGroup, GatedPod, GatedPods

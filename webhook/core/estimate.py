@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .config import HardwareProfile
+from ..settings.config import HardwareProfile
 from .model import Interconnect, NodeAssignment, PlacementRequest
 from .topology import NodeState, TopologyTree
 

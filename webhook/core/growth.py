@@ -28,7 +28,8 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from .config import HOSTNAME_LABEL, LABEL_VALUE_MAX, Config
+from ..settings.config import LABEL_VALUE_MAX, Config
+from ..settings.presets import HOSTNAME_LABEL
 from .filters import tolerates
 from .gpus import quantity_to_int
 from .model import GPU_RESOURCE, PlacementRequest

@@ -27,7 +27,7 @@ import math
 from typing import Callable, Sequence
 
 from . import estimate, orderings, waiting, walk
-from .config import HOSTNAME_LABEL
+from ..settings.presets import HOSTNAME_LABEL
 from .growth import Pool
 from .model import (UNKNOWN_DOMAIN, Decision, DomainRef, Interconnect, NodeAssignment, Outcome, PlacementRequest,
                     Strategy)

@@ -22,7 +22,8 @@ from types import MappingProxyType
 from typing import Callable, Iterator, Mapping
 
 from .bestfit import FIT, OPEN, LevelOrders
-from .config import HOSTNAME_LABEL, Config, HardwareProfile
+from ..settings.config import Config, HardwareProfile
+from ..settings.presets import HOSTNAME_LABEL
 from .gpus import NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_nvlink_domains, quantity_to_int
 from .model import GPU_RESOURCE, DomainRef, Interconnect, PlacementRequest
 from .resources import node_allocatable

@@ -8,7 +8,7 @@ import math
 from typing import Callable, Sequence
 
 from . import estimate, walk
-from .config import HOSTNAME_LABEL
+from ..settings.presets import HOSTNAME_LABEL
 from .filters import expression_matches, node_matches, tolerates
 from .growth import TOPOLOGY_IN_ADVANCE, Pool
 from .model import (EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN,

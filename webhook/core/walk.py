@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, Union
 
-from .config import HOSTNAME_LABEL
+from ..settings.presets import HOSTNAME_LABEL
 from .model import EXCEEDS_MAX_DOMAIN, UNKNOWN_LEVEL, Decision, NodeRequirement, Outcome, PlacementRequest
 from .topology import Domain, NodeState, TopologyTree
 

@@ -49,7 +49,7 @@ from kubernetes.client.exceptions import ApiException
 
 from ..core import dra
 from ..core.cluster import ClusterIndex, out_of_the_collectors_way, pod_key
-from ..core.config import Config
+from ..settings.config import Config
 from ..core.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND, object_key
 from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
 from .scaleups import ApiScaleUps

@@ -15,7 +15,7 @@ from typing import Any
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from ..core.config import ConfigError
+from ..settings.config import ConfigError
 
 KEY_BYTES = 32
 _FIELD = "key"

@@ -6,7 +6,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.config.config_exception import ConfigException
 
-from ..core.config import ConfigError
+from ..settings.config import ConfigError
 
 
 class KubeconfigError(ConfigError):

@@ -36,7 +36,8 @@ import json
 import re
 from typing import Any, Callable, Mapping
 
-from ..core.config import HOSTNAME_LABEL, Config
+from ..settings.config import Config
+from ..settings.presets import HOSTNAME_LABEL
 from ..core.gpus import container_gpus, format_gpu_set
 from ..core.injection import (GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, PREFERRED,
                               REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL, Injection, annotations_of, at,

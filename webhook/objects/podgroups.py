@@ -15,7 +15,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 
-from ..core.config import HOSTNAME_LABEL, Config
+from ..settings.config import Config
+from ..settings.presets import HOSTNAME_LABEL
 from ..core.dra import SCHEDULING_GROUP
 from ..core.model import quoted
 from .user_annotations import MAX_DOMAIN, PEER_REQUIRED, InvalidAnnotation

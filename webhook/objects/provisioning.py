@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from typing import Mapping
 
-from ..core.config import Config
+from ..settings.config import Config
 from ..core.growth import NODEPOOL_KIND
 from ..core.injection import PLACEMENT
 from ..core.model import Decision, Outcome

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..core.config import Config
+from ..settings.config import Config
 from ..core.dra import CLIQUE_LABEL, ClaimDemand, PodGroupFacts, pod_group_of
 from ..core.gpus import pod_gpus
 from ..core.model import ANNOTATION_PREFIX, PlacementRequest, quoted

@@ -17,7 +17,8 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from ..core.cluster import ClusterIndex
-from ..core.config import HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH, Config
+from ..serving.paths import HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH
+from ..settings.config import Config
 from .. import admission
 from .page.snapshot import RecentDecisions
 from .logs import FIELDS
