@@ -22,7 +22,7 @@ from webhook.kube.demo import make_pod
 from webhook.core.gpus import format_gpu_set
 from webhook.core.model import Decision, NodeRequirement, Outcome, PlacementRequest, Strategy
 from webhook.core.placer import place, place_gated
-from webhook.objects.mutation import gates, pins, waiting_for
+from webhook.core.enforce import gates, pins, waited_domain
 
 from .costmodel import Network
 from .fabric import GPUS_PER_NODE, SimCluster, SimNode, pick_gpus
@@ -361,7 +361,7 @@ def core_config(network: Network) -> Config:
 class Ours(Policy):
     """Our placement core, webhook.core.placement.place, on a ClusterIndex fed the same Node objects and
     the simulator's bound pods. What the cluster then does with each answer follows what the
-    mutation writes (webhook.objects.mutation.pins):
+    mutation writes (webhook.core.enforce.pins):
 
     - Placed: the pods are bound to the nodes and GPU ids of our assignment. For consolidated that is
       kube-scheduler inside the pinned domain picking our nodes; for balanced it assumes the
@@ -377,7 +377,7 @@ class Ours(Policy):
       kube-scheduler places them pod by pod (`kube_scheduler_with_preference`) instead of waiting.
 
     - Wait, gated (`gate_waits`: what would be pinned is held by a scheduling gate instead,
-      mutation.gates): the releaser decides the job again at every release, oldest first (the
+      enforce.gates): the releaser decides the job again at every release, oldest first (the
       engine's pass), and starts it in its domain or in one no wider as soon as one holds it
       (placer.place_gated).
 
@@ -430,7 +430,7 @@ class Ours(Policy):
                     self.gated.add(job.job_id)
                 elif not self.anywhere_for(decision):
                     self.held[job.job_id] = frozenset(self.cluster.nodes[i].name for i in nodes)
-                domain = waiting_for(decision, self.config)
+                domain = waited_domain(decision)
                 if domain is not None:
                     for pod in self._pods(job, [(None, (0,) * job.gpus_per_pod)] * job.pods):
                         pod["metadata"]["annotations"][WAITING_FOR] = domain

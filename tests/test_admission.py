@@ -333,11 +333,11 @@ def test_no_node_matching_the_selector_waits_for_one(index):
 
 # -- waiting ------------------------------------------------------------------------------------------
 
-def full_index() -> ClusterIndex:
+def full_index(config: Config = CONFIG) -> ClusterIndex:
     """One leaf of 4 nodes x 8 GPUs and 4 more nodes elsewhere, every node half used."""
     nodes = leaf_spine_nodes(spines=1, leaves=2, nodes=4)
     pods = [make_pod(f"busy-{n['metadata']['name']}", n["metadata"]["name"], 4) for n in nodes]
-    return ClusterIndex.from_objects(CONFIG, nodes, pods)
+    return ClusterIndex.from_objects(config, nodes, pods)
 
 
 PINNED = Config(gate_waits=False)
@@ -354,7 +354,7 @@ PINNED = Config(gate_waits=False)
 ])
 def test_no_room_now(strategy, config, held, fragment):
     obj = workload("Job", replicas=4, annotations={"topology.scheduler/placement-strategy": strategy})
-    result = run(obj, full_index(), config)
+    result = run(obj, full_index(config), config)  # as `serve` does: the index and the admission read one config
     assert result.outcome == "waiting"
     assert any(fragment in w for w in result.warnings)
     spec = template_of(valid(patched(obj, result)))["spec"]

@@ -8,6 +8,7 @@ import pytest
 from tests.fixtures.builders import PIN, USER_TERM, decision, deep, request, template_of, valid, workload
 from webhook.core import injection
 from webhook.settings.config import Config
+from webhook.core import enforce
 from webhook.core.model import Outcome, Strategy
 from webhook.objects import mutation
 
@@ -15,8 +16,10 @@ GATED = Config(gate_waits=True)
 GATE = {"name": injection.GATE}
 
 
-def waiting(strategy=Strategy.CONSOLIDATED, **change):
-    return dataclasses.replace(decision(request(pods=2, strategy=strategy), Outcome.WAIT), **change)
+def waiting(strategy=Strategy.CONSOLIDATED, config=GATED, **change):
+    """A wait for room, held as `config` says once `change` is made to it."""
+    return enforce.enforced(dataclasses.replace(decision(request(pods=2, strategy=strategy), Outcome.WAIT), **change),
+                            config)
 
 
 def spec_of(obj):
@@ -39,12 +42,12 @@ def test_a_pinned_wait_for_room_is_gated_instead_of_pinned():
     assert "preferredDuringSchedulingIgnoredDuringExecution" not in spec["affinity"]["nodeAffinity"]
     assert annotations(out)[injection.WAITING_FOR].endswith("topology.scheduler/leaf=leaf-3")  # protection sees it
     assert injection.loads_request(annotations(out)[injection.GATED_REQUEST]) == waiting().request
-    assert "held by scheduling gate topology.scheduler/placement" in mutation.warnings(waiting(), GATED)[0]
+    assert "held by scheduling gate topology.scheduler/placement" in mutation.warnings(waiting())[0]
     assert mutation.mutate(out, "Job", waiting(), GATED, "ml/Job/train") == out  # our own output: no change
 
 
 @pytest.mark.parametrize("wait, config", [
-    pytest.param(waiting(), Config(gate_waits=False), id="gate_waits off: pinned as before"),
+    pytest.param(waiting(config=Config(gate_waits=False)), Config(gate_waits=False), id="gate_waits off: pinned as before"),
     pytest.param(waiting(code="GrowsPool"), GATED, id="a wait for a pool to grow: gates never trigger autoscalers"),
     pytest.param(waiting(code="ExceedsNodes"), GATED, id="a wait for nodes to be added"),
     pytest.param(waiting(request=dataclasses.replace(request(pods=2), may_pin_wait=False)), GATED,

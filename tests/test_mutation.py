@@ -6,6 +6,7 @@ import pytest
 from tests.fixtures.builders import (DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep, request,
                                      template_of, valid, workload)
 from webhook.core import injection
+from webhook.core import enforce
 from webhook.objects import mutation
 from webhook.settings.config import Config
 from webhook.core.model import Interconnect, Outcome, Strategy
@@ -64,7 +65,7 @@ def test_required_or_preferred(strategy, outcome, settings, pinned):
     config = Config(**settings)
     obj = workload("Job", spec={"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 5, "preference": {"matchExpressions": [USER_TERM]}}]}}})
-    out = valid(mutation.mutate(obj, "Job", decision(request(strategy=strategy), outcome), config))
+    out = valid(mutation.mutate(obj, "Job", decision(request(strategy=strategy), outcome, config=config), config))
     affinity = node_affinity(out)
     preferred = affinity["preferredDuringSchedulingIgnoredDuringExecution"]
     if pinned:
@@ -83,8 +84,8 @@ def test_required_or_preferred(strategy, outcome, settings, pinned):
 ])
 def test_a_balanced_wait_stays_a_preference_unless_it_waits_for_room_where_waiting_pays(change):
     waiting = dataclasses.replace(decision(request(strategy=Strategy.BALANCED), Outcome.WAIT), **change)
-    assert mutation.pins(dataclasses.replace(waiting, code="NoRoomNow", locality_pays=True), CONFIG)
-    assert not mutation.pins(waiting, CONFIG) and mutation.waiting_for(waiting, CONFIG) is None
+    assert enforce.pins(dataclasses.replace(waiting, code="NoRoomNow", locality_pays=True), CONFIG)
+    assert not enforce.pins(waiting, CONFIG) and enforce.waited_domain(enforce.enforced(waiting, CONFIG)) is None
 
 
 def test_the_preference_weight_is_a_setting():
@@ -95,15 +96,15 @@ def test_the_preference_weight_is_a_setting():
 
 def test_waiting_warnings_say_what_happens():
     waiting = decision(request(strategy=Strategy.CONSOLIDATED), Outcome.WAIT)
-    assert "held by scheduling gate topology.scheduler/placement until leaf leaf-3" in mutation.warnings(waiting, CONFIG)[0]
-    assert "pinned to leaf leaf-3" in mutation.warnings(waiting, dataclasses.replace(CONFIG, gate_waits=False))[0]
-    assert "may start scattered" in mutation.warnings(waiting, Config(pin_when_waiting=False))[0]
+    assert "held by scheduling gate topology.scheduler/placement until leaf leaf-3" in mutation.warnings(waiting)[0]
+    assert "pinned to leaf leaf-3" in mutation.warnings(enforce.enforced(waiting, dataclasses.replace(CONFIG, gate_waits=False)))[0]
+    assert "may start scattered" in mutation.warnings(enforce.enforced(waiting, Config(pin_when_waiting=False)))[0]
 
 
 def test_several_pods_on_one_node_are_warned_about():
     crowded = decision(request(pods=4, gpus=2), nodes=("gpu-1",), pods_per_node=4)
-    assert any("4 pods share node gpu-1" in w and "NVLink" in w for w in mutation.warnings(crowded, CONFIG))
-    assert mutation.warnings(decision(request(pods=2), nodes=("gpu-1", "gpu-2")), CONFIG) == ()
+    assert any("4 pods share node gpu-1" in w and "NVLink" in w for w in mutation.warnings(crowded))
+    assert mutation.warnings(decision(request(pods=2), nodes=("gpu-1", "gpu-2"))) == ()
 
 
 def test_distributed_spreads_with_a_selector_that_matches_the_pods():

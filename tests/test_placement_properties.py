@@ -10,7 +10,7 @@ from webhook.core.cluster import ClusterIndex
 from webhook.core.filters import node_matches
 from webhook.settings.config import Config
 from webhook.kube.demo import make_allocated_claim, make_node, make_pod, make_resource_slice
-from webhook.core.model import Outcome, PlacementRequest, Strategy
+from webhook.core.model import Hold, Outcome, PlacementRequest, Strategy
 from webhook.core.placer import place
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")
@@ -206,12 +206,14 @@ def test_max_domain_is_a_ceiling_the_decision_never_crosses(nodes, shape, ceilin
         key = (path + (name,))[: depth + 1]
         idle[key] = idle.get(key, 0) + total // gpus
     if max(idle.values()) < pods:  # no domain of that level could ever hold it
-        assert decision.outcome is Outcome.NEVER
+        assert decision.outcome is Outcome.NEVER and decision.hold is None
         return
     if not any(c >= pods for c in groups[depth].values()):
         assert decision.outcome is Outcome.WAIT  # waits rather than spilling wider
+        assert decision.hold in (Hold.PIN, Hold.GATE)  # a ceiling only a requirement (or the gate) keeps
         return
     assert decision.outcome is Outcome.PLACED and decision.scope.level >= depth
+    assert decision.hold is Hold.PIN  # a preference could let the scheduler spill it wider
     paths = {name: path + (name,) for name, path, _, _ in nodes}
     assert len({paths[a.node][: depth + 1] for a in decision.assignment}) == 1
 

@@ -114,9 +114,11 @@ def test_kueue_and_kai_annotations_place_as_the_equivalent_ones_of_ours(peer, ou
 
 
 def test_max_domain_leaf_waits_rather_than_spanning_leaves(demo_index):
-    for name in ("a", "b"):  # the two idle leaves taken
-        assert placed_job({"topology.scheduler/placement-strategy": "consolidated"}, demo_index, 4, name).outcome \
-            == "placed"
+    no_gates, _ = file_index(Config(gate_waits=False), demo.demo_cluster())
+    for index in (demo_index, no_gates):
+        for name in ("a", "b"):  # the two idle leaves taken
+            assert placed_job({"topology.scheduler/placement-strategy": "consolidated"}, index, 4, name).outcome \
+                == "placed"
     capped = placed_job({"topology.scheduler/max-domain": "leaf"}, demo_index, 4, "capped")
     assert capped.outcome == "waiting"
     template = capped.admitted["spec"]["template"]
@@ -125,7 +127,7 @@ def test_max_domain_leaf_waits_rather_than_spanning_leaves(demo_index):
     assert capped.decision.scope.level_name == "leaf"
     assert template["metadata"]["annotations"][WAITING_FOR].endswith(f"={capped.decision.scope.name}")
     pinned = review(review_of(workload("Job", name="capped", replicas=4, template_annotations={
-        "topology.scheduler/max-domain": "leaf"})), demo_index, Config(gate_waits=False))
+        "topology.scheduler/max-domain": "leaf"})), no_gates, Config(gate_waits=False))
     assert len(leaves_allowed(pinned.admitted["spec"]["template"])) == 1  # without the gate: pinned to that leaf
     spanning = placed_job({"topology.scheduler/placement-strategy": "consolidated"}, demo_index, 4, "spanning")
     assert spanning.outcome == "placed" and len(spanning.decision.domains) > 1  # without the cap: across leaves

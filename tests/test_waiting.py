@@ -18,6 +18,7 @@ from webhook.core.model import NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
 from webhook.core import waiting
 from webhook.core.placer import place, place_and_reserve, place_gated
 from webhook.kube.demo import leaf_spine_nodes, make_pod
+from webhook.core import enforce
 from webhook.objects import mutation
 from webhook.objects.workload import read
 
@@ -56,10 +57,10 @@ def test_a_one_pod_wait_only_prefers_the_node_that_frees_first(clock):
     assert (decision.outcome, decision.code, decision.locality_pays) == (Outcome.WAIT, NO_ROOM_NOW, False)
     assert decision.scope.name == "gpu-s1-l2-n3"  # the node closest to fitting
     assert any("one pod runs alike on any node" in r for r in decision.reasons)
-    assert not mutation.pins(decision, Config())  # written as a preference for that node
-    assert mutation.waiting_for(decision, Config()) is None
+    assert not enforce.pins(decision, Config())  # written as a preference for that node
+    assert enforce.waited_domain(enforce.enforced(decision, Config())) is None
     pinned = place(busy_cluster(clock, {"gpu-s1-l2-n3": 4}, Config(pin_only_where_locality_pays=False)), request(1))
-    assert pinned.locality_pays and mutation.pins(pinned, Config()) and pinned.scope == decision.scope
+    assert pinned.locality_pays and enforce.pins(pinned, Config()) and pinned.scope == decision.scope
 
 
 def test_a_multi_pod_wait_is_pinned_as_wide_as_the_cost_model_allows(clock):
@@ -67,7 +68,7 @@ def test_a_multi_pod_wait_is_pinned_as_wide_as_the_cost_model_allows(clock):
     assert decision.outcome is Outcome.WAIT and decision.locality_pays
     assert decision.scope.level_name == "spine"  # leaves of one spine cost the same; spines do not
     assert any("no less bandwidth anywhere in spine spine-1 than in leaf leaf-2" in r for r in decision.reasons)
-    assert mutation.waiting_for(decision, Config()) == format_domain_path(SPINE_1)
+    assert enforce.waited_domain(enforce.enforced(decision, Config())) == format_domain_path(SPINE_1)
     oversubscribed = Config(levels=tuple(dataclasses.replace(lv, oversubscription=2.0) if lv.name == "spine" else lv
                                          for lv in Config().levels), levels_auto=False)
     chatty = dataclasses.replace(oversubscribed, communication_share=1.0)
@@ -88,12 +89,12 @@ def test_a_wait_spills_a_level_wider_where_the_wait_it_saves_outweighs_the_slowe
     assert decision.scope.name == "spine-1"
     assert any("leaf leaf-2 is expected to take 0.33 run times, in spine spine-1 0.07, and spanning it "
                "stretches the run by at most 0.09 (communication share 0.1)" in r for r in decision.reasons)
-    assert mutation.waiting_for(decision, spine_2x) == format_domain_path(SPINE_1)
+    assert enforce.waited_domain(enforce.enforced(decision, spine_2x)) == format_domain_path(SPINE_1)
     kept = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}, spine_2x), request(2, max_domain="leaf"))
     assert kept.scope.name == "leaf-2" and kept.locality_pays  # never wider than max-domain
     silent = dataclasses.replace(spine_2x, communication_share=0.0)
     anywhere = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}, silent), request(2))
-    assert anywhere.outcome is Outcome.WAIT and not anywhere.locality_pays and not mutation.pins(anywhere, silent)
+    assert anywhere.outcome is Outcome.WAIT and not anywhere.locality_pays and not enforce.pins(anywhere, silent)
     assert anywhere.scope.name == "leaf-2"  # still names where it fits first, as a preference
 
 
@@ -120,12 +121,12 @@ def test_a_balanced_wait_is_pinned_where_waiting_pays_and_else_only_prefers(cloc
     balanced = place(index, request(2, strategy=Strategy.BALANCED))
     consolidated = place(index, request(2))
     assert (balanced.scope, balanced.locality_pays) == (consolidated.scope, True)
-    assert mutation.pins(balanced, Config()) and mutation.waiting_for(balanced, Config()) == format_domain_path(SPINE_1)
+    assert enforce.pins(balanced, Config()) and enforce.waited_domain(enforce.enforced(balanced, Config())) == format_domain_path(SPINE_1)
     one_pod = place(busy_cluster(clock, {"gpu-s1-l2-n3": 4}), request(1, strategy=Strategy.BALANCED))
-    assert not one_pod.locality_pays and not mutation.pins(one_pod, Config())
+    assert not one_pod.locality_pays and not enforce.pins(one_pod, Config())
     unweighed = Config(pin_only_where_locality_pays=False)
     before = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}, unweighed), request(2, strategy=Strategy.BALANCED))
-    assert not mutation.pins(before, unweighed) and mutation.waiting_for(before, unweighed) is None
+    assert not enforce.pins(before, unweighed) and enforce.waited_domain(enforce.enforced(before, unweighed)) is None
 
 
 def test_pods_that_fit_one_node_wait_wider_where_its_nics_are_all_they_would_share(clock):
@@ -141,14 +142,14 @@ def test_pods_that_fit_one_node_wait_wider_where_its_nics_are_all_they_would_sha
                for r in decision.reasons), decision.reasons
     silent = Config(communication_share=0.0)
     anywhere = place(busy_cluster(clock, {"gpu-s1-l2-n3": 4}, silent), request(2, gpus=4))
-    assert not anywhere.locality_pays and not mutation.pins(anywhere, silent)
+    assert not anywhere.locality_pays and not enforce.pins(anywhere, silent)
 
 
 def test_a_wait_the_whole_cluster_names_says_so_and_is_not_pinned(clock):
     """Without topology levels (hostname only), a job no node holds waits for the whole cluster."""
     only_hosts = Config(levels=levels_from([HOSTNAME_LABEL]), levels_auto=False)
     decision = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}, only_hosts), request(2))
-    assert decision.outcome is Outcome.WAIT and not decision.locality_pays and not mutation.pins(decision, only_hosts)
+    assert decision.outcome is Outcome.WAIT and not decision.locality_pays and not enforce.pins(decision, only_hosts)
     assert all(r and not r.startswith(":") for r in decision.reasons)
 
 
@@ -166,13 +167,13 @@ def test_a_balanced_wait_is_pinned_only_for_work_that_ends_and_no_preference_of_
     assert request_.strategy is Strategy.BALANCED and request_.may_pin_wait is may_pin
     assert read("Pod", workload("Pod"), "ml").request.may_pin_wait  # a pod's work ends
     decision = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}), dataclasses.replace(request_, preferred_domain=None))
-    assert decision.outcome is Outcome.WAIT and mutation.pins(decision, Config()) is may_pin
+    assert decision.outcome is Outcome.WAIT and enforce.pins(decision, Config()) is may_pin
 
 
 def test_max_domain_keeps_a_one_pod_wait_pinned(clock):
     decision = place(busy_cluster(clock, {"gpu-s1-l2-n3": 4}), request(1, max_domain="leaf"))
     assert decision.outcome is Outcome.WAIT and decision.scope.level_name in ("node", "leaf")
-    assert mutation.pins(decision, Config())
+    assert enforce.pins(decision, Config())
 
 
 # -- protecting the waiting ---------------------------------------------------------------------

@@ -144,7 +144,7 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
         alone = [*alone, note]
     outcome = _WAITS_BY_CODE.get(decision.code or "", _OUTCOMES[decision.outcome])
     return answer(request, outcome, decision=decision, mutated=mutated,
-                   warnings=[*wanted.warnings, *mutation.warnings(decision, config), *alone])
+                   warnings=[*wanted.warnings, *mutation.warnings(decision), *alone])
 
 
 def _pod_group(request: Request, obj: dict, config: Config) -> AdmissionResult:

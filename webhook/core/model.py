@@ -29,6 +29,14 @@ class Outcome(str, enum.Enum):
     NEVER = "never"  # no amount of waiting or growing helps (or refuse_unplaceable): deny
 
 
+class Hold(str, enum.Enum):
+    """How a decision keeps its workload to the domain it names: what the mutation writes."""
+
+    PIN = "pin"  # required node affinity: the scheduler may use no other node
+    PREFER = "prefer"  # preferred node affinity: the scheduler may spill it elsewhere
+    GATE = "gate"  # our scheduling gate, until the releaser pins it where it starts
+
+
 # Why a decision did not place, as stable codes that callers and tests compare against.
 NO_ROOM_NOW = "NoRoomNow"  # WAIT: the topology could hold it once running work finishes
 # WAIT (NEVER with refuse_unplaceable): nodeSelector/affinity/taints/bandwidth leave no GPU node now
@@ -149,6 +157,8 @@ class Decision:
     locality_pays: bool = True
     code: str | None = None  # one of the reason codes above when the outcome is not PLACED
     reasons: tuple[str, ...] = ()  # short sentences for people, most important first
+    # How it is kept there (enforce.py, from the settings); None while undecided, and for NEVER.
+    hold: Hold | None = None
 
     @property
     def gpu_ids(self) -> tuple[int, ...]:

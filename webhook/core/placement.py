@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 from . import estimate, orderings, waiting, walk
 from ..settings.presets import HOSTNAME_LABEL
+from .enforce import enforced
 from .growth import Pool
 from .model import (UNKNOWN_DOMAIN, Decision, DomainRef, Interconnect, NodeAssignment, Outcome, PlacementRequest,
                     Strategy)
@@ -40,8 +41,14 @@ def decide(index: TopologyTree, request: PlacementRequest, subset: TopologyTree,
     """The decision for `request`, reading the whole tree `index` and `subset`, the part of it the
     request may use (`ClusterIndex.restricted_to`: the whole tree when nothing filters), with its
     best-fit orders caught up for the request's pod size, and, when the nodes there are have no
-    room for it, the `pools` that can add nodes (read only then). Pure: it takes no lock and
-    writes nothing; the caller holds the index still while it runs."""
+    room for it, the `pools` that can add nodes (read only then), carrying how it is held
+    (enforce.py). Pure: it takes no lock and writes nothing; the caller holds the index still
+    while it runs."""
+    return enforced(_decision(index, request, subset, pools), index.config)
+
+
+def _decision(index: TopologyTree, request: PlacementRequest, subset: TopologyTree,
+              pools: Callable[[], Sequence[Pool]]) -> Decision:
     gpus, pods = request.gpus_per_pod, request.pods
     if gpus < 1 or pods < 1:
         raise ValueError(f"a placement needs at least one pod and one GPU per pod, got {pods} x {gpus}")

@@ -6,16 +6,14 @@ reinvocation, a controller copying the template, an UPDATE) can tell our items f
 ours are replaced in place or removed, the user's are never touched, even when identical to one
 of ours, and applying the same decision to our own output changes nothing.
 
-What goes where:
-- Placed `consolidated` and `distributed` workloads are pinned (required nodeAffinity, the
-  expressions added to every existing nodeSelectorTerm because terms are ORed; an empty term `{}`
-  matches no node in Kubernetes and is left as it is); so is a waiting `consolidated` one when
-  `pin_when_waiting` is on and waiting buys it bandwidth. Everything else only prefers the domain.
-- With `gate_waits`, a pinned wait for room in a workload whose work ends is held by our
-  scheduling gate instead of the pin, with the request it was decided as (`gated-request`): the
-  releaser (webhook/kube/releaser.py) decides it again when room opens and `released` writes
-  the pin it chose then and lifts the gate. Waits for nodes to be added are never gated: a gated
-  pod never triggers an autoscaler.
+What goes where (how a decision is held, pin, prefer or gate, is decided in core/enforce.py and
+carried on the Decision; it is written here):
+- A pinned decision becomes required nodeAffinity, the expressions added to every existing
+  nodeSelectorTerm because terms are ORed (an empty term `{}` matches no node in Kubernetes and
+  is left as it is); a preferring one, preferred nodeAffinity.
+- A gated wait gets our scheduling gate instead of the pin, with the request it was decided as
+  (`gated-request`): the releaser (webhook/kube/releaser.py) decides it again when room opens
+  and `released` writes the pin it chose then and lifts the gate.
 - `distributed` adds topologySpreadConstraints on the decision's spread keys, selecting the pods
   by the template label `topology.scheduler/workload`; a (topologyKey, whenUnsatisfiable) pair
   the user already has is left alone (the API rejects duplicates).
@@ -38,11 +36,12 @@ from typing import Any, Callable, Mapping
 
 from ..settings.config import Config
 from ..settings.presets import HOSTNAME_LABEL
+from ..core.enforce import waited_domain
 from ..core.gpus import container_gpus, format_gpu_set
 from ..core.injection import (GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, PREFERRED,
                               REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL, Injection, annotations_of, at,
-                              dumps_request, format_domain_path, recorded, seal_gate)
-from ..core.model import ANNOTATION_PREFIX, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, Decision, Outcome, Strategy
+                              dumps_request, recorded, seal_gate)
+from ..core.model import ANNOTATION_PREFIX, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, Decision, Hold, Outcome, Strategy
 from .workload import pod_templates
 
 __all__ = ["GPU_IDS", "INJECTED", "PLACEMENT", "RESERVATION", "WAITING_FOR", "WORKLOAD_LABEL", "Injection"]  # for callers
@@ -57,8 +56,10 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
     removes what we added before and only resets our scheduler name."""
     outputs: dict[str, str | None] = dict.fromkeys(OUTPUT_ANNOTATIONS)
     if decision is not None:
-        waiting = waiting_for(decision, config)
-        request = dumps_request(decision.request) if gates(decision, config) else None
+        if decision.hold is None and decision.outcome is not Outcome.NEVER:
+            raise ValueError("a decision without its hold (core/enforce.py decides it): nothing to write")
+        waiting = waited_domain(decision)
+        request = dumps_request(decision.request) if decision.hold is Hold.GATE else None
         outputs.update({PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
                         RESERVATION: reservation, WAITING_FOR: waiting, GATED_REQUEST: request,
                         GATE_SEAL: seal_gate(config.seal_key, reservation, request, waiting)
@@ -68,7 +69,7 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
 
 
 def released(pod: Mapping, decision: Decision) -> dict:
-    """A gated pod (see `gates`) let go where `decision` places it: the decision's domain added as
+    """A gated pod (see `enforce.gates`) let go where `decision` places it: the decision's domain added as
     required node affinity, its GPU ids and summary written, our gate removed. Nothing else
     changes: a pod's containers are fixed at creation, and while it is gated the API allows only
     narrowing its node affinity (KEP-3838), so the pin is required even for a balanced wait."""
@@ -139,44 +140,6 @@ def without_injection(obj: Mapping, kind: str) -> Mapping:
     return _rewrite(obj, kind, lambda *_: Injection(), lambda _: dict.fromkeys(OUTPUT_ANNOTATIONS), None)
 
 
-def pins(decision: Decision, config: Config) -> bool:
-    """Whether the decision becomes required node affinity rather than a preference: placed
-    consolidated and distributed workloads are pinned to their domain (distributed to the scope
-    its spread runs in), balanced ones only prefer it. A waiting consolidated one is pinned to
-    where it waits when `pin_when_waiting` is on, unless waiting for locality does not pay
-    (`Decision.locality_pays`); so is a balanced one waiting for room where
-    `pin_only_where_locality_pays` weighed its wait and the request allows it (no preference of the
-    user's, a workload whose work ends: `PlacementRequest.may_pin_wait`); else it only prefers. A workload
-    with a max-domain is always pinned: a preference could let the scheduler spill it wider."""
-    strategy = decision.request.strategy
-    if decision.request.max_domain is not None:
-        return decision.outcome in (Outcome.PLACED, Outcome.WAIT)  # a ceiling only a requirement can keep
-    if decision.outcome is Outcome.PLACED:
-        return strategy in (Strategy.CONSOLIDATED, Strategy.DISTRIBUTED)
-    if decision.outcome is not Outcome.WAIT or not config.pin_when_waiting or not decision.locality_pays:
-        return False
-    return strategy is Strategy.CONSOLIDATED or (strategy is Strategy.BALANCED and decision.code == NO_ROOM_NOW
-                                                 and decision.request.may_pin_wait
-                                                 and config.pin_only_where_locality_pays)
-
-
-def gates(decision: Decision, config: Config) -> bool:
-    """Whether a pinned wait is held by our scheduling gate instead (`gate_waits`): a wait for
-    room, in a workload whose work ends (`PlacementRequest.may_pin_wait`: a Deployment's template
-    would gate its pods for good) that names its domain."""
-    return (config.gate_waits and decision.outcome is Outcome.WAIT and decision.code == NO_ROOM_NOW
-            and decision.scope is not None and bool(decision.scope.path) and decision.request.may_pin_wait
-            and pins(decision, config))
-
-
-def waiting_for(decision: Decision, config: Config) -> str | None:
-    """The WAITING_FOR annotation: the domain a pinned wait for room waits in (not one for nodes
-    to be added), which the cluster index protects for it (core/protection.py)."""
-    if decision.outcome is not Outcome.WAIT or decision.code != NO_ROOM_NOW or decision.scope is None:
-        return None
-    return format_domain_path(decision.scope.path) if decision.scope.path and pins(decision, config) else None
-
-
 def summary(decision: Decision) -> str:
     """One line for people: the `placement` annotation."""
     request = decision.request
@@ -199,7 +162,7 @@ def summary(decision: Decision) -> str:
     return text
 
 
-def warnings(decision: Decision, config: Config) -> tuple[str, ...]:
+def warnings(decision: Decision) -> tuple[str, ...]:
     """Short notes for the user about what the decision means for their job."""
     request = decision.request
     who = request.workload
@@ -209,10 +172,10 @@ def warnings(decision: Decision, config: Config) -> tuple[str, ...]:
         out.append(reason if reason.startswith(who) else f"{who}: {reason}")
     elif decision.outcome is Outcome.WAIT:
         where = str(decision.scope) if decision.scope else "the domain that fits first"
-        if gates(decision, config):
+        if decision.hold is Hold.GATE:
             out.append(f"{who}: no room now for {request.total_gpus} GPUs in one domain; held by scheduling gate "
                        f"{GATE} until {where} or a domain no wider has room, then pinned there")
-        elif pins(decision, config):
+        elif decision.hold is Hold.PIN:
             out.append(f"{who}: no room now for {request.total_gpus} GPUs in one domain; pinned to {where}, "
                        "so it waits for locality instead of scattering")
         else:
@@ -246,10 +209,10 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
     expressions = tuple(r.expression for r in decision.requirements)
     required: tuple[tuple[dict, ...], ...] = ()
     preferred = None
-    gated = gates(decision, config)  # then neither: the releaser writes the pin where it starts it
-    if expressions and not gated and pins(decision, config):
+    # A gated wait gets neither: the releaser writes the pin where it starts it.
+    if expressions and decision.hold is Hold.PIN:
         required = (expressions,)  # the same expressions for every term: _apply_required spreads them
-    elif expressions and not gated:
+    elif expressions and decision.hold is Hold.PREFER:
         preferred = {"weight": config.preferred_weight, "preference": {"matchExpressions": list(expressions)}}
     label = None
     spread: tuple[dict, ...] = ()
@@ -271,7 +234,7 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
     profile.update(CUDA_DEVICE_ORDER)
     profile = dict(sorted(profile.items()))  # the record keeps names sorted: so does the container
     env = {c["name"]: profile for c in _gpu_containers(spec)}
-    return Injection(required, preferred, spread, env, label, gated)
+    return Injection(required, preferred, spread, env, label, decision.hold is Hold.GATE)
 
 
 def _gpu_containers(spec: Mapping) -> list[dict]:

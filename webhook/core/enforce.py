@@ -1,0 +1,67 @@
+"""How a decision is held to its domain (pin, prefer or gate), decided from the settings: placed
+consolidated and distributed workloads are pinned, balanced ones prefer; a wait is pinned, gated or
+only preferred as `pin_when_waiting`, `pin_only_where_locality_pays` and `gate_waits` say, and as
+waiting pays for the workload. The decision carries the answer (`Decision.hold`): the mutation
+writes it, the simulator reads it, and neither decides it again."""
+from __future__ import annotations
+
+import dataclasses
+
+from ..settings.config import Config
+from .injection import format_domain_path
+from .model import NO_ROOM_NOW, Decision, Hold, Outcome, Strategy
+
+
+def enforced(decision: Decision, config: Config) -> Decision:
+    """`decision` carrying how it is held (None for NEVER: nothing is written)."""
+    return dataclasses.replace(decision, hold=how_held(decision, config))
+
+
+def how_held(decision: Decision, config: Config) -> Hold | None:
+    if decision.outcome is Outcome.NEVER:
+        return None
+    if gates(decision, config):
+        return Hold.GATE
+    return Hold.PIN if pins(decision, config) else Hold.PREFER
+
+
+def pins(decision: Decision, config: Config) -> bool:
+    """Whether the decision becomes required node affinity rather than a preference: placed
+    consolidated and distributed workloads are pinned to their domain (distributed to the scope
+    its spread runs in), balanced ones only prefer it. A waiting consolidated one is pinned to
+    where it waits when `pin_when_waiting` is on, unless waiting for locality does not pay
+    (`Decision.locality_pays`); so is a balanced one waiting for room where
+    `pin_only_where_locality_pays` weighed its wait and the request allows it (no preference of the
+    user's, a workload whose work ends: `PlacementRequest.may_pin_wait`); else it only prefers. A workload
+    with a max-domain is always pinned: a preference could let the scheduler spill it wider."""
+    strategy = decision.request.strategy
+    if decision.request.max_domain is not None:
+        return decision.outcome in (Outcome.PLACED, Outcome.WAIT)  # a ceiling only a requirement can keep
+    if decision.outcome is Outcome.PLACED:
+        return strategy in (Strategy.CONSOLIDATED, Strategy.DISTRIBUTED)
+    if decision.outcome is not Outcome.WAIT or not config.pin_when_waiting or not decision.locality_pays:
+        return False
+    return strategy is Strategy.CONSOLIDATED or (strategy is Strategy.BALANCED and decision.code == NO_ROOM_NOW
+                                                 and decision.request.may_pin_wait
+                                                 and config.pin_only_where_locality_pays)
+
+
+def gates(decision: Decision, config: Config) -> bool:
+    """Whether a pinned wait is held by our scheduling gate instead (`gate_waits`): a wait for
+    room, in a workload whose work ends (`PlacementRequest.may_pin_wait`: a Deployment's template
+    would gate its pods for good) that names its domain."""
+    return (config.gate_waits and decision.outcome is Outcome.WAIT and decision.code == NO_ROOM_NOW
+            and decision.scope is not None and bool(decision.scope.path) and decision.request.may_pin_wait
+            and pins(decision, config))
+
+
+
+
+def waited_domain(decision: Decision) -> str | None:
+    """The WAITING_FOR annotation of a decision that carries its hold: the domain a pinned or
+    gated wait for room waits in (not one for nodes to be added), which the cluster index
+    protects for it (core/protection.py)."""
+    if decision.outcome is not Outcome.WAIT or decision.code != NO_ROOM_NOW or decision.scope is None:
+        return None
+    held = decision.hold in (Hold.PIN, Hold.GATE)
+    return format_domain_path(decision.scope.path) if decision.scope.path and held else None
