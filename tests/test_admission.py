@@ -396,7 +396,7 @@ def test_an_exception_inside_fails_open(index, monkeypatch, caplog):
     def broken(*args):
         raise KeyError("boom")
     monkeypatch.setattr(admission.admit, "place_shared", broken)
-    with caplog.at_level(logging.ERROR, logger="webhook.objects.admission"):
+    with caplog.at_level(logging.ERROR, logger="webhook.admission"):
         result = run(job(), index)
     assert result.outcome == "failed-open" and result.review["response"]["allowed"] is True
     assert "patch" not in result.review["response"]

@@ -101,9 +101,9 @@ def test_each_admission_logs_one_json_line_without_the_object(client, caplog):
     pod = gpu_pod("trainer", 2)
     pod["spec"]["containers"][0]["env"] = [{"name": "WANDB_API_KEY", "value": "s3cr3t-token"}]
     review = review_of(pod)
-    with caplog.at_level(logging.INFO, logger="webhook.objects.admission"):
+    with caplog.at_level(logging.INFO, logger="webhook.admission"):
         post(client, review)
-    records = [r for r in caplog.records if r.name == "webhook.objects.admission"]
+    records = [r for r in caplog.records if r.name == "webhook.admission"]
     assert len(records) == 1
     entry = json.loads(JsonFormatter().format(records[0]))
     assert entry["level"] == "info" and entry["time"].endswith("Z")

@@ -8,7 +8,7 @@ from webhook.cli import main
 
 def test_a_forged_name_stays_inside_its_one_json_line(capsys):
     logs.configure("json", "info")
-    logging.getLogger("webhook.objects.admission").info("admission placed", extra={logs.FIELDS: {
+    logging.getLogger("webhook.admission").info("admission placed", extra={logs.FIELDS: {
         "name": 'x"}\n{"level":"error","message":"forged'}})
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1

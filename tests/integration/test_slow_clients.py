@@ -131,7 +131,7 @@ def test_every_log_line_under_load_is_a_json_object_with_time_and_level(server):
         entry = json.loads(line)
         assert isinstance(entry, dict) and entry["time"].endswith("Z") and entry["level"] in (
             "debug", "info", "warning", "error", "critical")
-    assert {"webhook.cli", "gunicorn.error", "webhook.objects.admission"} <= {json.loads(line)["logger"] for line in lines}
+    assert {"webhook.cli", "gunicorn.error", "webhook.admission"} <= {json.loads(line)["logger"] for line in lines}
     names = [json.loads(line).get("name") for line in lines]
     assert hostile["metadata"]["name"] in names  # escaped inside its line, not a line of its own
     assert len(lines) < 200  # the deep object wrote a bounded number of lines

@@ -25,7 +25,7 @@ from .logs import FIELDS
 from .metrics import Metrics
 
 Readiness = Callable[[], "tuple[bool, str]"]
-log = logging.getLogger("webhook.objects.admission")
+log = logging.getLogger("webhook.admission")
 # Why a request to /mutate was answered 4xx (topology_admission_rejected_requests_total's `reason`;
 # docs/reference/metrics.md is generated from it).
 REJECTED_REASONS: Mapping[str, str] = {

@@ -364,7 +364,7 @@ def start_metrics_server(listener: socket.socket, registry: CollectorRegistry, w
     """/metrics on its own port, in daemon threads of the worker: scrapers reach this port and the
     apiserver the TLS one, so a NetworkPolicy can tell them apart. /healthz and /readyz answer here
     too (from the webhook app), without authentication: with --client-ca, kubelet's probes carry
-    no client certificate, so they are pointed at this port. The topology page (topology_page.py)
+    no client certificate, so they are pointed at this port. The topology page (page/render.py)
     is here, beside the metrics it draws, and read-only (None: not served). /mutate is never
     served here.
 
