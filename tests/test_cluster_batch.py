@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from webhook.core.cluster import ClusterIndex, _Memo, demand_shape
-from webhook.core.config import Config
+from webhook.settings.config import Config
 from webhook.core.gpus import NVLINK_DOMAINS_ANNOTATION, pod_gpus
 from webhook.core.injection import GPU_IDS, RESERVATION, WAITING_FOR
 from webhook.core.model import PlacementRequest, Strategy

@@ -166,7 +166,7 @@ class _DictWatch(k8s_watch.Watch):
     the model conversion.
     """
 
-    def unmarshal_event(self, data: str, return_type):  # noqa: ARG002 - objects stay dicts
+    def unmarshal_event(self, data: str, return_type: object) -> dict | None:  # noqa: ARG002 - objects stay dicts
         if not data or data.isspace():
             return None
         try:
