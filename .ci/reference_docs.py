@@ -192,7 +192,7 @@ def _label_meanings() -> dict[tuple[str, str], Mapping[str, str] | str]:
 def _filled_registry() -> Any:
     """The registry as a serving webhook has it, with every documented label value counted once
     through the calls the code counts with, so each family shows its labels and their values."""
-    from webhook.core.cluster import ClusterIndex
+    from webhook.state.index import ClusterIndex
     from webhook.settings.config import Config
     from webhook.kube.demo import demo_cluster
     from webhook.admission import OUTCOMES

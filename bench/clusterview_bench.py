@@ -120,7 +120,7 @@ def measure(nodes: int) -> dict:
     from webhook.settings.config import Config
     from webhook.serving.metrics import Metrics
     from webhook.core.model import PlacementRequest, Strategy
-    from webhook.core.placer import place_and_reserve
+    from webhook.placement.placer import place_and_reserve
 
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe()

@@ -24,10 +24,10 @@ import statistics
 import time
 import tracemalloc
 
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.core.model import PlacementRequest, Strategy
-from webhook.core.placer import place
+from webhook.placement.placer import place
 from webhook.kube.demo import gpu_device_class, make_allocated_claim, make_node, make_pod, make_resource_slice
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")

@@ -22,7 +22,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.placement_bench import cluster  # noqa: E402
-from webhook.core.cluster import ClusterIndex  # noqa: E402
+from webhook.state.index import ClusterIndex  # noqa: E402
 from webhook.settings.config import Config  # noqa: E402
 from webhook.serving.page.snapshot import NODE_DETAIL_LIMIT, RecordedDecision, Selection, snapshot  # noqa: E402
 from webhook.serving.page.render import render  # noqa: E402

@@ -24,11 +24,11 @@ import random
 import statistics
 import time
 
-from webhook.core.cluster import ClusterIndex, out_of_the_collectors_way
+from webhook.state.index import ClusterIndex, out_of_the_collectors_way
 from webhook.settings.config import Config
 from webhook.kube.demo import make_node, make_pod
 from webhook.core.model import PlacementRequest, Strategy
-from webhook.core.placer import place
+from webhook.placement.placer import place
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")
 SHAPES = ((1, 1), (1, 4), (1, 8), (2, 8), (4, 8), (16, 8))  # (pods, GPUs per pod)

@@ -14,15 +14,15 @@ import random
 from typing import Callable
 
 from webhook.core import orderings
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
 from webhook.core.injection import RESERVATION, WAITING_FOR
 from webhook.settings.config import Config
 from webhook.kube.demo import make_pod
 from webhook.core.gpus import format_gpu_set
 from webhook.core.model import Decision, NodeRequirement, Outcome, PlacementRequest, Strategy
-from webhook.core.placer import place, place_gated
-from webhook.core.enforce import gates, pins, waited_domain
+from webhook.placement.placer import place, place_gated
+from webhook.placement.enforce import gates, pins, waited_domain
 
 from .costmodel import Network
 from .fabric import GPUS_PER_NODE, SimCluster, SimNode, pick_gpus
@@ -359,9 +359,9 @@ def core_config(network: Network) -> Config:
 
 
 class Ours(Policy):
-    """Our placement core, webhook.core.placement.place, on a ClusterIndex fed the same Node objects and
+    """Our placement core, webhook.placement.decide.place, on a ClusterIndex fed the same Node objects and
     the simulator's bound pods. What the cluster then does with each answer follows what the
-    mutation writes (webhook.core.enforce.pins):
+    mutation writes (webhook.placement.enforce.pins):
 
     - Placed: the pods are bound to the nodes and GPU ids of our assignment. For consolidated that is
       kube-scheduler inside the pinned domain picking our nodes; for balanced it assumes the

@@ -7,7 +7,7 @@ third idle, the rest partly used). Each waiting workload is 2-32 pending pods of
 `waiting-for` a zone, a spine or a leaf (a fixed seed picks which), as the mutation writes them on
 a pinned wait; the index sees them as the live view would. Every placed decision whose nodes lie
 in a domain something waits in then works out the GPUs set aside and, where it takes some, decides
-again with them held (webhook/core/protection.py). placement_bench has no waiters: this is the
+again with them held (webhook/placement/protection.py). placement_bench has no waiters: this is the
 part of the decision path it does not time. Compare trees by running each tree's own copy of this
 file (it imports the tree it sits in).
 """
@@ -24,7 +24,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.placement_bench import LEVELS, SHAPES, cluster, decision_times, percentile  # noqa: E402
-from webhook.core.cluster import ClusterIndex, out_of_the_collectors_way  # noqa: E402
+from webhook.state.index import ClusterIndex, out_of_the_collectors_way  # noqa: E402
 from webhook.settings.config import Config  # noqa: E402
 from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path  # noqa: E402
 from webhook.core.model import PlacementRequest, Strategy  # noqa: E402

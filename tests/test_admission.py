@@ -12,7 +12,7 @@ from tests.fixtures.builders import (container, deep, gpu_job, load_json, schema
                                      valid, workload)
 from webhook import admission
 from webhook.objects import mutation
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.kube.demo import demo_cluster, leaf_spine_nodes, make_pod
 

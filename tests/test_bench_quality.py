@@ -9,7 +9,7 @@ from webhook.core import orderings
 
 from bench import ablation, costmodel, engine, evaluate, fabric, policies, report, simulate, traces
 from webhook.core.model import PlacementRequest, Strategy
-from webhook.core.placer import place
+from webhook.placement.placer import place
 
 H100 = fabric.ClusterSpec(zones=1, spines_per_zone=1, leaves_per_spine=2, nodes_per_leaf=8)
 A100_ISLANDS = fabric.ClusterSpec(zones=1, spines_per_zone=1, leaves_per_spine=1, nodes_per_leaf=2,
@@ -528,10 +528,10 @@ def test_each_ablated_rule_is_off_only_inside_its_variants_decisions():
 def test_switching_off_fewer_partly_used_switches_it_off_in_the_level_orders_and_the_scoped_search_alike():
     """The best-fit order is written once (orderings.best_fit): the decision's search inside a scope
     and the level orders kept sorted by bestfit both read it, so one switch changes both."""
-    from webhook.core.cluster import ClusterIndex
+    from webhook.state.index import ClusterIndex
     from webhook.settings.config import Config
     from webhook.core.model import PlacementRequest, Strategy
-    from webhook.core.placer import place
+    from webhook.placement.placer import place
     from webhook.kube.demo import make_node, make_pod
     # Two leaves that each hold a 2 x 8 job with 20 GPUs free; only a has a partly used node.
     labels = {"topology.scheduler/spine": "s"}

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from webhook.core import orderings
-from webhook.core.bestfit import FIT, OPEN, LevelOrders
+from webhook.state.bestfit import FIT, OPEN, LevelOrders
 
 
 class FakeDomain:

@@ -7,13 +7,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.core.cluster import ClusterIndex, _Memo, demand_shape
+from webhook.state.index import ClusterIndex, _Memo, demand_shape
 from webhook.settings.config import Config
 from webhook.core.gpus import NVLINK_DOMAINS_ANNOTATION, pod_gpus
 from webhook.core.injection import GPU_IDS, RESERVATION, WAITING_FOR
 from webhook.core.model import PlacementRequest, Strategy
 from webhook.core.resources import pod_requests
-from webhook.core.topology import parse_node
+from webhook.state.tree import parse_node
 from webhook.kube.demo import make_node, make_pod
 
 ZONE, SPINE, LEAF = "topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf"

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from webhook.cli import main
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import DEFAULT_PROFILES, Config, ConfigError
 from webhook.settings.loading import config_from_mapping, levels_from, load_config
 from webhook.settings.presets import PRESETS

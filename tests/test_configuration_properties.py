@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from test_idempotence_properties import allowed_nodes_of
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.settings.loading import levels_from
 from webhook.settings.presets import HOSTNAME_LABEL, PRESETS

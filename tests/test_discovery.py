@@ -14,7 +14,7 @@ import yaml
 
 from webhook.discover import command, derive, facts
 from webhook.discover import nvml as nvml_reading
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
 from webhook.settings.config import Config
 from webhook.kube.demo import make_node, make_pod
@@ -22,7 +22,7 @@ from webhook.discover.derive import (CLIQUE_LABEL, DOMAIN_SIZE_LABEL, LINK_LABEL
                                     UNREADABLE_ANNOTATION)
 from webhook.core.gpus import NVLINK_DOMAINS_ANNOTATION, parse_nvlink_domains
 from webhook.core.model import EXCEEDS_CLUSTER, Interconnect, Outcome, PlacementRequest
-from webhook.core.placer import place
+from webhook.placement.placer import place
 
 import nvml_fakes as fakes
 

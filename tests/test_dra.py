@@ -13,7 +13,7 @@ from conftest import eventually, review_of
 from test_metrics import samples
 
 from webhook.cli import main
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.settings.presets import PRESETS
 from webhook.core.model import Outcome

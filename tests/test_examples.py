@@ -20,7 +20,7 @@ from webhook.admission import review
 from webhook.cli import file_index, main
 from webhook.settings.config import Config
 from webhook.settings.presets import PRESETS
-from webhook.core.dra import DRA_KINDS
+from webhook.state.dra import DRA_KINDS
 from webhook.objects.workload import pod_templates
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""core/filters.py on its own: a request's node constraints as kube-scheduler reads them, and the
+"""state/filters.py on its own: a request's node constraints as kube-scheduler reads them, and the
 inverted indexes that answer "does this leave any node out?" without visiting nodes, which must
 never be wrong in the direction that matters (a node left out, or a matching node not listed)."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from webhook.settings.config import Config
-from webhook.core.filters import NodeFilters, node_matches, tolerates
+from webhook.state.filters import NodeFilters, node_matches, tolerates
 from webhook.core.model import PlacementRequest
-from webhook.core.topology import parse_node
+from webhook.state.tree import parse_node
 from webhook.kube.demo import make_node
 
 CONFIG = Config()

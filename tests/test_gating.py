@@ -8,7 +8,7 @@ import pytest
 from tests.fixtures.builders import PIN, USER_TERM, decision, deep, request, template_of, valid, workload
 from webhook.core import injection
 from webhook.settings.config import Config
-from webhook.core import enforce
+from webhook.placement import enforce
 from webhook.core.model import Outcome, Strategy
 from webhook.objects import mutation
 
@@ -107,7 +107,7 @@ def test_a_request_survives_its_annotation_and_a_foreign_one_reads_as_none():
         assert injection.loads_request(foreign) is None
 
 
-# -- which gated workloads the releaser decides (core/gating.py) -------------------------------
+# -- which gated workloads the releaser decides (state/gated.py) -------------------------------
 
 KEY = GATED.seal_key
 
@@ -128,7 +128,7 @@ def pod_named(name, **changes):
 
 
 def test_a_gated_workload_is_ready_once_all_its_pods_exist_and_a_replacement_starts_alone():
-    from webhook.core.gating import GatedPods
+    from webhook.state.gated import GatedPods
     pods = GatedPods(KEY)
     assert pods.note("a/train-1", pod_named("train-1"), now=5.0)
     assert pods.ready({}) == []  # 1 of its 2 pods: its controller is still making them
@@ -143,7 +143,7 @@ def test_a_gated_workload_is_ready_once_all_its_pods_exist_and_a_replacement_sta
 
 
 def test_pods_not_held_by_our_gate_or_unreadable_are_not_kept():
-    from webhook.core.gating import GatedPods, gated
+    from webhook.state.gated import GatedPods, gated
     pod = gated_pod()
     assert isinstance(gated(pod, KEY), injection.GateRecord)
     lifted = deep(pod)
@@ -157,7 +157,7 @@ def test_pods_not_held_by_our_gate_or_unreadable_are_not_kept():
 
 
 def test_groups_are_decided_oldest_first():
-    from webhook.core.gating import GatedPods
+    from webhook.state.gated import GatedPods
     pods = GatedPods(KEY)
     for key, reservation, now in (("p1", "ml/Job/late", 9.0), ("p2", "ml/Job/early", 1.0)):
         for index in range(2):
@@ -175,7 +175,7 @@ def test_groups_are_decided_oldest_first():
     (injection.GATE_SEAL, "forged"),
 ])
 def test_an_edited_record_is_refused_and_never_decided(field, value):
-    from webhook.core.gating import GatedPods
+    from webhook.state.gated import GatedPods
     pod = gated_pod()
     if value is None:  # a request the core cannot decide fails even under a valid seal
         text = pod["metadata"]["annotations"][injection.GATED_REQUEST].replace('"pods":2', '"pods":0')
@@ -207,7 +207,7 @@ def test_a_record_names_only_its_own_namespace():
 
 
 def test_a_gated_workload_follows_its_owners_size():
-    from webhook.core.gating import GatedPods
+    from webhook.state.gated import GatedPods
     pods = GatedPods(KEY)
     for i in range(3):  # a Job decided for 2 pods, scaled to 3 while gated
         pods.note(f"ml/train-{i}", pod_named(f"train-{i}"), now=float(i))
@@ -230,7 +230,7 @@ def test_a_gated_workload_follows_its_owners_size():
 
 
 def test_without_its_owners_word_a_workload_waits_for_as_many_fewer_as_were_deleted_while_gated():
-    from webhook.core.gating import GatedPods
+    from webhook.state.gated import GatedPods
     pods = GatedPods(KEY)
     for i in range(2):
         pods.note(f"ml/train-{i}", pod_named(f"train-{i}"), now=float(i))
@@ -264,7 +264,7 @@ def test_a_release_changes_only_gates_affinity_and_our_annotations_whatever_the_
 
 
 def test_a_replacement_for_a_pod_deleted_while_gated_restores_the_size():
-    from webhook.core.gating import GatedPods
+    from webhook.state.gated import GatedPods
     pods = GatedPods(KEY)
     for i in range(2):
         pods.note(f"ml/train-{i}", pod_named(f"train-{i}"), now=float(i))

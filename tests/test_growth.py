@@ -15,13 +15,13 @@ import yaml
 from conftest import assert_valid_kubernetes_object, eventually, review_of
 from tests.fixtures.builders import gpu_job
 from webhook.cli import main
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.settings.presets import PRESETS
-from webhook.core.filters import expression_matches
-from webhook.core.growth import NODEPOOL_LABEL, nodepool, node_groups
+from webhook.state.filters import expression_matches
+from webhook.state.growth import NODEPOOL_LABEL, nodepool, node_groups
 from webhook.core.model import EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
-from webhook.core.placer import place
+from webhook.placement.placer import place
 from webhook.kube.demo import make_node, make_pod
 from webhook.admission import review
 

@@ -1,12 +1,12 @@
 """The reservation ledger on its own: holds, confirmation by bound pods, expiry by its own clock,
 and the namespace rule (nothing outside a hold's namespace confirms or releases it)."""
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.core.injection import RESERVATION as RESERVATION_ANNOTATION
 from webhook.settings.config import Config
 from webhook.kube.demo import make_node, make_pod
-from webhook.core.ledger import ReservationLedger
+from webhook.state.holds import ReservationLedger
 from webhook.core.model import PlacementRequest, Strategy
-from webhook.core.placer import place_and_reserve
+from webhook.placement.placer import place_and_reserve
 
 TTL = 300.0
 

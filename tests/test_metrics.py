@@ -135,7 +135,7 @@ def test_4xx_answers_are_counted_by_reason(client, metrics):
 
 
 def test_per_domain_gauges_leave_out_domains_of_one_node():
-    from webhook.core.cluster import ClusterIndex
+    from webhook.state.index import ClusterIndex
     from webhook.settings.config import Config
     from webhook.settings.presets import PRESETS
     from webhook.kube.demo import make_node

@@ -12,8 +12,8 @@ import yaml
 
 from tests.fixtures.builders import gpu_job
 from webhook.cli import CLUSTER_FILE_MAX_BYTES, MANIFEST_FILE_MAX_BYTES, OBJECT_MAX_BYTES, main
-from webhook.core.cluster import ClusterIndex
-from webhook.core import growth
+from webhook.state.index import ClusterIndex
+from webhook.state import growth
 from webhook.settings.config import Config
 from webhook.settings.presets import PRESETS
 from webhook.kube import demo

@@ -6,7 +6,7 @@ import pytest
 from tests.fixtures.builders import (DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep, request,
                                      template_of, valid, workload)
 from webhook.core import injection
-from webhook.core import enforce
+from webhook.placement import enforce
 from webhook.objects import mutation
 from webhook.settings.config import Config
 from webhook.core.model import Interconnect, Outcome, Strategy

@@ -9,12 +9,12 @@ Cluster used by most cases (2 spines x 4 leaves x 4 nodes x 8 H100, one NVSwitch
 """
 import pytest
 
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.kube.demo import leaf_spine_nodes, make_node, make_pod
 from webhook.core.model import (EXCEEDS_CLUSTER, EXCEEDS_NODES, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Interconnect,
                            NodeRequirement, Outcome, PlacementRequest, Strategy)
-from webhook.core.placer import place, place_and_reserve
+from webhook.placement.placer import place, place_and_reserve
 
 
 def request(pods, gpus=8, strategy=Strategy.CONSOLIDATED, **kw):

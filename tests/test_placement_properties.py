@@ -6,12 +6,12 @@ from hypothesis import strategies as st
 
 from tests.fixtures.builders import gpu_job
 from webhook.objects import mutation, workload
-from webhook.core.cluster import ClusterIndex
-from webhook.core.filters import node_matches
+from webhook.state.index import ClusterIndex
+from webhook.state.filters import node_matches
 from webhook.settings.config import Config
 from webhook.kube.demo import make_allocated_claim, make_node, make_pod, make_resource_slice
 from webhook.core.model import Hold, Outcome, PlacementRequest, Strategy
-from webhook.core.placer import place
+from webhook.placement.placer import place
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")
 

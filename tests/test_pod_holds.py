@@ -4,11 +4,11 @@ from conftest import patched_object, review_of
 from tests.fixtures.builders import gpu_job
 
 from webhook import admission
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.kube.demo import make_node
 from webhook.core.model import Outcome, PlacementRequest, Strategy
-from webhook.core.placer import place_and_reserve
+from webhook.placement.placer import place_and_reserve
 
 NODES = [make_node(f"n{i}", {"topology.scheduler/leaf": f"l{i}"}, 8) for i in range(3)]
 

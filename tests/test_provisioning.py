@@ -14,7 +14,7 @@ from test_groups import pytorchjob_pods
 from test_growth import GPU_TOLERATION, NODEPOOL, karpenter_nodes
 
 from tests.fixtures.builders import gpu_job
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.kube.demo import demo_cluster
 from webhook.kube.scaleups import ApiScaleUps

@@ -2,11 +2,11 @@
 filter beside the GPUs that placement optimises."""
 import pytest
 
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.kube.demo import make_node, make_pod
 from webhook.core.model import NO_MATCHING_NODES, NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
-from webhook.core.placer import place
+from webhook.placement.placer import place
 from webhook.core.resources import pod_requests, quantity
 
 GiB = 2**30

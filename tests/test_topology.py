@@ -1,4 +1,4 @@
-"""core/topology.py on its own: where a node sits in the tree, and the per-domain aggregates kept
+"""state/tree.py on its own: where a node sits in the tree, and the per-domain aggregates kept
 incrementally as nodes come and go and their free GPUs move, checked against a recount."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from webhook.settings.config import Config
 from webhook.settings.loading import levels_from
 from webhook.settings.presets import HOSTNAME_LABEL
 from webhook.core.model import Interconnect
-from webhook.core.topology import Domain, TopologyTree, parse_node
+from webhook.state.tree import Domain, TopologyTree, parse_node
 from webhook.kube.demo import make_node
 
 CONFIG = Config(levels=levels_from(["example.com/spine", "example.com/leaf"]), levels_auto=False)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from conftest import review_of
 from tests.fixtures.builders import gpu_job, gpu_pod
 from webhook import cli
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.settings.loading import levels_from
 from webhook.kube import demo

@@ -13,7 +13,7 @@ import zlib
 import pytest
 
 from tests.fixtures.builders import gpu_job
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.kube import demo
 from webhook import admission

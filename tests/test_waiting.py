@@ -9,16 +9,16 @@ import math
 
 import pytest
 
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.settings.loading import levels_from
 from webhook.settings.presets import HOSTNAME_LABEL
 from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path
 from webhook.core.model import NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
-from webhook.core import waiting
-from webhook.core.placer import place, place_and_reserve, place_gated
+from webhook.placement import waiting
+from webhook.placement.placer import place, place_and_reserve, place_gated
 from webhook.kube.demo import leaf_spine_nodes, make_pod
-from webhook.core import enforce
+from webhook.placement import enforce
 from webhook.objects import mutation
 from webhook.objects.workload import read
 

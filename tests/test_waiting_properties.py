@@ -7,13 +7,13 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from webhook.core import protection, walk
-from webhook.core.cluster import ClusterIndex
+from webhook.placement import protection, walk
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path
 from webhook.core.model import Outcome, PlacementRequest, Strategy
-from webhook.core import placer
-from webhook.core.placer import place, place_gated
+from webhook.placement import placer
+from webhook.placement.placer import place, place_gated
 from webhook.kube.demo import leaf_spine_nodes, make_pod
 
 EXAMPLES = int(os.environ.get("PROPERTY_EXAMPLES", "300"))

@@ -22,28 +22,28 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import yaml
 
 from . import __version__
-from .core.cluster import ClusterIndex, out_of_the_collectors_way
-from .serving.paths import DEFAULT_PORT
-from .settings.config import Config, ConfigError
-from .settings.loading import load_config
-from .core.dra import DRA_KINDS, RESOURCE_SLICE_MAX_DEVICES, in_namespace
-from .core.growth import is_growth_object
+from . import admission
 from .discover import command as discover_command
 from .kube import certbootstrap, demo, ungate
 from .kube.access import cluster_access
 from .kube.claims import DEFAULT_BUDGET_SECONDS
-from .kube.gatekey import ensure_gate_key
 from .kube.clusterview import ApiFeed, own_namespace
+from .kube.gatekey import ensure_gate_key
 from .kube.kubeclient import api_client_from
-from . import admission
 from .objects.manifests import ManifestError, read_objects
-from .serving.page.snapshot import RecentDecisions
 from .serving import certs, logs
 from .serving.app import Readiness, create_app
 from .serving.metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
 from .serving.metrics_port import METRICS_BACKLOG, start_metrics_server
-from .serving.server import THREADS_PER_WORKER, ServeOptions, WebhookServer
 from .serving.page.render import page_app, write_page
+from .serving.page.snapshot import RecentDecisions
+from .serving.paths import DEFAULT_PORT
+from .serving.server import THREADS_PER_WORKER, ServeOptions, WebhookServer
+from .settings.config import Config, ConfigError
+from .settings.loading import load_config
+from .state.dra import DRA_KINDS, RESOURCE_SLICE_MAX_DEVICES, in_namespace
+from .state.growth import is_growth_object
+from .state.index import ClusterIndex, out_of_the_collectors_way
 
 PROG = "topology-webhook"
 DEV_CERT_DIR = "certs"
@@ -110,7 +110,7 @@ def read_cluster(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
 def node_file(path: str) -> list[dict]:
     """Node objects, with the autoscaler objects that say how the cluster can grow among them, as
     `kubectl get nodes,nodepools -o yaml` prints them (plus cluster-autoscaler's status ConfigMap),
-    and any of the DRA kinds (core/dra.py), as `kubectl get nodes,resourceslices,deviceclasses`."""
+    and any of the DRA kinds (state/dra.py), as `kubectl get nodes,resourceslices,deviceclasses`."""
     objects = read_objects(path, max_bytes=CLUSTER_FILE_MAX_BYTES)
     for obj in objects:
         if obj["kind"] != "Node" and obj["kind"] not in DRA_KINDS and not is_growth_object(obj):

@@ -11,7 +11,7 @@ from conftest import LABELS, LEAF, eventually
 from webhook.kube.claims import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
 from webhook.kube.demo import make_node
 from webhook.core.model import Outcome, PlacementRequest, Strategy
-from webhook.core.placer import place_group, place_shared, release_shared
+from webhook.placement.placer import place_group, place_shared, release_shared
 
 NAMESPACE = "tw"
 LEASE = f"{NAMESPACE}/{LEASE_NAME}"

@@ -20,7 +20,7 @@ from webhook.settings.config import Config, ConfigError
 from webhook.kube.kubeclient import api_client_from
 from webhook.kube.demo import demo_cluster, make_node, make_pod
 from webhook.core.model import Outcome, PlacementRequest, Strategy
-from webhook.core.placer import place_and_reserve
+from webhook.placement.placer import place_and_reserve
 
 def status_of(view: ApiFeed, kind: str):
     return next(s for s in view.status() if s.kind == kind)

@@ -11,7 +11,7 @@ import pytest
 import requests
 from kubernetes.client import ApiClient, Configuration
 
-from webhook.core.cluster import ClusterIndex
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.kube import demo
 from webhook.kube.access import cluster_access

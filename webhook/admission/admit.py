@@ -23,18 +23,18 @@ from ..core import injection
 from ..settings.config import Config
 from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, GROWS_POOL, UNKNOWN_DOMAIN,
                           UNKNOWN_LEVEL, Decision, Outcome, PlacementRequest, quoted)
-from ..core.ledger import reservation_key
-from ..core.placer import group_decision, place_group, place_shared
 from ..objects import alignment, mutation, podgroups, provisioning, workload
 from ..objects.groups import GROUP_SIZE
 from ..objects.kinds import KINDS
 from ..objects.user_annotations import GPU_COUNT, MAX_DOMAIN, PEER_REQUIRED, PREFERRED_DOMAIN, InvalidWorkload
+from ..placement.placer import group_decision, place_group, place_shared
+from ..state.holds import reservation_key
 from .envelope import AdmissionOutcome, AdmissionResult, Request, answer, denied, parse
 from .lifecycle import kept, released
 from .repair import placed_by_owner, repaired
 
 if TYPE_CHECKING:
-    from ..core.cluster import ClusterIndex, ScaleUps
+    from ..state.index import ClusterIndex, ScaleUps
 
 log = logging.getLogger(__name__)
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core import injection
-from ..settings.config import Config
-from ..core.ledger import held_by
-from ..core.placer import release_shared
 from ..objects import mutation, provisioning, workload
 from ..objects.kinds import KINDS
 from ..objects.user_annotations import InvalidWorkload
+from ..placement.placer import release_shared
+from ..settings.config import Config
+from ..state.holds import held_by
 from .envelope import AdmissionOutcome, AdmissionResult, Request, answer
 
 if TYPE_CHECKING:
-    from ..core.cluster import ClusterIndex
+    from ..state.index import ClusterIndex
 
 
 def kept(request: Request, old: dict, index: "ClusterIndex", config: Config, wanted: workload.Workload

@@ -7,18 +7,18 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..core import injection
-from ..settings.config import Config
 from ..core.gpus import pod_gpus
-from ..core.growth import POOL_LABELS
 from ..core.model import Outcome, Strategy
-from ..core.placer import place
 from ..objects import mutation, workload
 from ..objects.kinds import KINDS
 from ..objects.user_annotations import InvalidWorkload
+from ..placement.placer import place
+from ..settings.config import Config
+from ..state.growth import POOL_LABELS
 from .envelope import AdmissionOutcome, AdmissionResult, Request, answer
 
 if TYPE_CHECKING:
-    from ..core.cluster import ClusterIndex
+    from ..state.index import ClusterIndex
 
 
 def repaired(request: Request, obj: dict, index: "ClusterIndex", config: Config) -> AdmissionResult:

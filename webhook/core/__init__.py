@@ -1,1 +1,2 @@
-"""The placement core: pure Python, no I/O. Cluster model, per-domain capacity index, ledger, decision."""
+"""The vocabulary every layer above shares: the placement model (requests, decisions, reasons),
+GPU sets, resource arithmetic, the record of what we inject, and the named orderings. Pure: no I/O."""

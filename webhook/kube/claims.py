@@ -37,9 +37,9 @@ from typing import Any, Callable, Mapping
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from ..core.cluster import ClusterIndex
 from ..core.gpus import format_gpu_set, parse_gpu_set
-from ..core.placer import CONFLICT
+from ..placement.placer import CONFLICT
+from ..state.index import ClusterIndex
 
 log = logging.getLogger(__name__)
 

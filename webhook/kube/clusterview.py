@@ -47,13 +47,13 @@ from kubernetes import client as k8s_client
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
-from ..core import dra
-from ..core.cluster import ClusterIndex, out_of_the_collectors_way, pod_key
 from ..settings.config import Config
-from ..core.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND, object_key
+from ..state import dra
+from ..state.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND, object_key
+from ..state.index import ClusterIndex, out_of_the_collectors_way, pod_key
 from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
-from .scaleups import ApiScaleUps
 from .releaser import Releaser
+from .scaleups import ApiScaleUps
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class StreamStatus:
 
 def _growth_streams(index: ClusterIndex, core: k8s_client.CoreV1Api,
                     custom: k8s_client.CustomObjectsApi) -> tuple[_Stream, ...]:
-    """What autoscalers publish about how the cluster can grow (webhook/core/growth.py): Karpenter
+    """What autoscalers publish about how the cluster can grow (webhook/state/growth.py): Karpenter
     NodePools, and cluster-autoscaler's status ConfigMap (only that one, by name). Either may be
     missing: a cluster without that autoscaler."""
     nodepools = functools.partial(custom.list_cluster_custom_object, NODEPOOL_GROUP, NODEPOOL_VERSION, "nodepools")
@@ -561,7 +561,7 @@ def _pod_group_lists(api: k8s_client.ApiClient) -> _FirstServed:
 
 
 # (stream name, the kind, the API's list-for-all-namespaces call) per kind the inventory reads
-# (core/dra.py); NVIDIA's ComputeDomains name their channel templates before these exist
+# (state/dra.py); NVIDIA's ComputeDomains name their channel templates before these exist
 DRA_LISTS = (
     ("resourceslices", "ResourceSlice", lambda api: k8s_client.ResourceV1Api(api).list_resource_slice),
     ("deviceclasses", "DeviceClass", lambda api: k8s_client.ResourceV1Api(api).list_device_class),

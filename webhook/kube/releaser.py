@@ -29,13 +29,13 @@ from typing import Any, Callable, Mapping
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from ..core.cluster import ClusterIndex
-from ..core.gating import GatedGroup
 from ..core.injection import GATE
 from ..core.model import Decision
-from ..core.placer import release_shared, start_gated
 from ..objects import mutation
 from ..objects.patch import make_patch
+from ..placement.placer import release_shared, start_gated
+from ..state.gated import GatedGroup
+from ..state.index import ClusterIndex
 
 log = logging.getLogger(__name__)
 JSON_PATCH = "application/json-patch+json"

@@ -36,7 +36,7 @@ PLURAL = "provisioningrequests"
 
 
 class ApiScaleUps:
-    """`ScaleUps` (webhook/core/cluster.py) through the API; `on_result` counts each outcome, one
+    """`ScaleUps` (webhook/state/index.py) through the API; `on_result` counts each outcome, one
     of RESULTS."""
 
     def __init__(self, api_client: k8s_client.ApiClient, on_result: Callable[[str], None] = lambda _: None) -> None:

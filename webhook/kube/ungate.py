@@ -17,9 +17,9 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from ..core import injection
-from ..core.gating import holds_our_gate
 from ..objects import mutation
 from ..objects.patch import make_patch
+from ..state.gated import holds_our_gate
 from .kubeclient import KubeconfigError, api_client_from
 
 JSON_PATCH = "application/json-patch+json"

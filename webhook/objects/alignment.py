@@ -20,8 +20,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping
 
-from ..core.dra import CHANNEL_CLASS, RESOURCE_GROUP
 from ..core.model import quoted
+from ..state.dra import CHANNEL_CLASS, RESOURCE_GROUP
 from .user_annotations import ALIGN, InvalidAnnotation
 from .workload import display_name, mapping_of
 

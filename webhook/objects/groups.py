@@ -21,9 +21,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..core.dra import pod_group_of
-from ..core.ledger import reservation_key
 from ..core.model import ANNOTATION_PREFIX, quoted
+from ..state.dra import pod_group_of
+from ..state.holds import reservation_key
 
 GROUP = ANNOTATION_PREFIX + "group"
 GROUP_SIZE = ANNOTATION_PREFIX + "group-size"

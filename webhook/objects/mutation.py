@@ -6,7 +6,7 @@ reinvocation, a controller copying the template, an UPDATE) can tell our items f
 ours are replaced in place or removed, the user's are never touched, even when identical to one
 of ours, and applying the same decision to our own output changes nothing.
 
-What goes where (how a decision is held, pin, prefer or gate, is decided in core/enforce.py and
+What goes where (how a decision is held, pin, prefer or gate, is decided in placement/enforce.py and
 carried on the Decision; it is written here):
 - A pinned decision becomes required nodeAffinity, the expressions added to every existing
   nodeSelectorTerm because terms are ORed (an empty term `{}` matches no node in Kubernetes and
@@ -34,10 +34,10 @@ import json
 import re
 from typing import Any, Callable, Mapping
 
+from ..core.gpus import container_gpus, format_gpu_set
+from ..placement.enforce import waited_domain
 from ..settings.config import Config
 from ..settings.presets import HOSTNAME_LABEL
-from ..core.enforce import waited_domain
-from ..core.gpus import container_gpus, format_gpu_set
 from ..core.injection import (GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, PREFERRED,
                               REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL, Injection, annotations_of, at,
                               dumps_request, recorded, seal_gate)
@@ -57,7 +57,7 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
     outputs: dict[str, str | None] = dict.fromkeys(OUTPUT_ANNOTATIONS)
     if decision is not None:
         if decision.hold is None and decision.outcome is not Outcome.NEVER:
-            raise ValueError("a decision without its hold (core/enforce.py decides it): nothing to write")
+            raise ValueError("a decision without its hold (placement/enforce.py decides it): nothing to write")
         waiting = waited_domain(decision)
         request = dumps_request(decision.request) if decision.hold is Hold.GATE else None
         outputs.update({PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,

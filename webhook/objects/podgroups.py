@@ -15,10 +15,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 
+from ..core.model import quoted
 from ..settings.config import Config
 from ..settings.presets import HOSTNAME_LABEL
-from ..core.dra import SCHEDULING_GROUP
-from ..core.model import quoted
+from ..state.dra import SCHEDULING_GROUP
 from .user_annotations import MAX_DOMAIN, PEER_REQUIRED, InvalidAnnotation
 from .workload import display_name, mapping_of
 

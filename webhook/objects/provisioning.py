@@ -16,10 +16,10 @@ from __future__ import annotations
 import hashlib
 from typing import Mapping
 
-from ..settings.config import Config
-from ..core.growth import NODEPOOL_KIND
 from ..core.injection import PLACEMENT
 from ..core.model import Decision, Outcome
+from ..settings.config import Config
+from ..state.growth import NODEPOOL_KIND
 from .workload import pod_templates
 
 GROUP = "autoscaling.x-k8s.io"

@@ -5,7 +5,7 @@ Pure: takes the object as the API sends it and returns values. How many GPUs a w
 - `per_pod` is what the pod template's containers ask for (`nvidia.com/gpu` limits, counted the
   way kube-scheduler counts them) plus the GPUs of its `resourceClaims` (Dynamic Resource
   Allocation: the ResourceClaimTemplates and ResourceClaims they name, as the cluster view knows
-  them, webhook/core/dra.py), `replicas` the pods the controller runs at once (Job and
+  them, webhook/state/dra.py), `replicas` the pods the controller runs at once (Job and
   CronJob: parallelism, default 1, capped by completions; Deployment, StatefulSet, ReplicaSet:
   replicas, default 1; Pod: 1).
 - Without `gpu-count`: pods = replicas, each with per_pod GPUs.
@@ -23,12 +23,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..settings.config import Config
-from ..core.dra import CLIQUE_LABEL, ClaimDemand, PodGroupFacts, pod_group_of
 from ..core.gpus import pod_gpus
 from ..core.model import ANNOTATION_PREFIX, PlacementRequest, quoted
-from ..core.placer import on_nodes
 from ..core.resources import pod_requests
+from ..placement.placer import on_nodes
+from ..settings.config import Config
+from ..state.dra import CLIQUE_LABEL, ClaimDemand, PodGroupFacts, pod_group_of
 from . import groups
 from . import user_annotations as asked
 from .groups import GROUP_SIZE, InvalidGroup, Membership, membership
@@ -190,7 +190,7 @@ def check_shape(kind: str, obj: Mapping, namespace: str) -> None:
 
 class ClusterFacts(Protocol):
     """What a workload's request depends on besides the object itself: the cluster view's DRA
-    objects and PodGroups (webhook/core/cluster.py)."""
+    objects and PodGroups (webhook/state/index.py)."""
 
     def claims_demand(self, namespace: str, spec: Mapping) -> ClaimDemand: ...  # GPUs of its resourceClaims
     def pod_group(self, key: str) -> PodGroupFacts | None: ...  # a PodGroup, by namespace/name

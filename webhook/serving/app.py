@@ -16,13 +16,13 @@ from typing import Any, Callable, Mapping
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from ..core.cluster import ClusterIndex
-from ..serving.paths import HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH
-from ..settings.config import Config
 from .. import admission
-from .page.snapshot import RecentDecisions
+from ..settings.config import Config
+from ..state.index import ClusterIndex
 from .logs import FIELDS
 from .metrics import Metrics
+from .page.snapshot import RecentDecisions
+from .paths import HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH
 
 Readiness = Callable[[], "tuple[bool, str]"]
 log = logging.getLogger("webhook.admission")

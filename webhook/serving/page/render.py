@@ -21,10 +21,10 @@ from typing import Callable, Iterable
 from urllib.parse import parse_qs, urlencode
 
 from ...admission import AdmissionOutcome
-from ...core.cluster import ClusterIndex
-from ...serving.paths import TOPOLOGY_JSON_PATH
-from .snapshot import FREE, HELD, OUT, USED, RecentDecisions, Selection, namespaces_present, snapshot
+from ...state.index import ClusterIndex
 from ..access import EVERYTHING, SCOPE_ENVIRON_KEY, PageScope, visible_namespaces
+from ..paths import TOPOLOGY_JSON_PATH
+from .snapshot import FREE, HELD, OUT, USED, RecentDecisions, Selection, namespaces_present, snapshot
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence, cast
 
-from ...core.cluster import ClusterIndex
-from ...core.topology import Domain, NodeState
 from ...admission import AdmissionOutcome, AdmissionResult
+from ...state.index import ClusterIndex
+from ...state.tree import Domain, NodeState
 
 SCHEMA_VERSION = 1
 RECENT_DECISIONS = 500  # decisions kept for the page, newest last

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Iterator, Mapping
 
-from .bestfit import FIT, OPEN, LevelOrders
+from ..core.gpus import NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_nvlink_domains, quantity_to_int
+from ..core.model import GPU_RESOURCE, DomainRef, Interconnect, PlacementRequest
+from ..core.resources import node_allocatable
 from ..settings.config import Config, HardwareProfile
 from ..settings.presets import HOSTNAME_LABEL
-from .gpus import NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_nvlink_domains, quantity_to_int
-from .model import GPU_RESOURCE, DomainRef, Interconnect, PlacementRequest
-from .resources import node_allocatable
+from .bestfit import FIT, OPEN, LevelOrders
 
 BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth"
 PRODUCT_LABEL = "nvidia.com/gpu.product"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..core.injection import format_domain_path
+from ..core.model import NO_ROOM_NOW, Decision, Hold, Outcome, Strategy
 from ..settings.config import Config
-from .injection import format_domain_path
-from .model import NO_ROOM_NOW, Decision, Hold, Outcome, Strategy
 
 
 def enforced(decision: Decision, config: Config) -> Decision:
@@ -60,7 +60,7 @@ def gates(decision: Decision, config: Config) -> bool:
 def waited_domain(decision: Decision) -> str | None:
     """The WAITING_FOR annotation of a decision that carries its hold: the domain a pinned or
     gated wait for room waits in (not one for nodes to be added), which the cluster index
-    protects for it (core/protection.py)."""
+    protects for it (placement/protection.py)."""
     if decision.outcome is not Outcome.WAIT or decision.code != NO_ROOM_NOW or decision.scope is None:
         return None
     held = decision.hold in (Hold.PIN, Hold.GATE)

@@ -7,13 +7,12 @@ import heapq
 import math
 from typing import Callable, Sequence
 
-from . import estimate, walk
+from ..core.model import EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Decision, DomainRef, NodeRequirement, Outcome, PlacementRequest, Strategy
 from ..settings.presets import HOSTNAME_LABEL
-from .filters import expression_matches, node_matches, tolerates
-from .growth import TOPOLOGY_IN_ADVANCE, Pool
-from .model import (EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN,
-                    Decision, DomainRef, NodeRequirement, Outcome, PlacementRequest, Strategy)
-from .topology import Domain, NodeState, TopologyTree
+from ..state.filters import expression_matches, node_matches, tolerates
+from ..state.growth import TOPOLOGY_IN_ADVANCE, Pool
+from ..state.tree import Domain, NodeState, TopologyTree
+from . import estimate, walk
 from .walk import Member
 
 

@@ -28,12 +28,12 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
+from ..core.gpus import quantity_to_int
+from ..core.model import GPU_RESOURCE, PlacementRequest
 from ..settings.config import LABEL_VALUE_MAX, Config
 from ..settings.presets import HOSTNAME_LABEL
 from .filters import tolerates
-from .gpus import quantity_to_int
-from .model import GPU_RESOURCE, PlacementRequest
-from .topology import NodeState
+from .tree import NodeState
 
 NODEPOOL_KIND = "NodePool"
 NODEPOOL_GROUP = "karpenter.sh"

@@ -16,8 +16,8 @@ import json
 from collections import OrderedDict
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from .model import PlacementRequest
-from .topology import NodeState, TopologyTree
+from ..core.model import PlacementRequest
+from .tree import NodeState, TopologyTree
 
 MAX_SUBSETS = 32
 

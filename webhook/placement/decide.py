@@ -26,13 +26,13 @@ import heapq
 import math
 from typing import Callable, Sequence
 
-from . import estimate, orderings, waiting, walk
+from ..core import orderings
+from ..core.model import UNKNOWN_DOMAIN, Decision, DomainRef, Interconnect, NodeAssignment, Outcome, PlacementRequest, Strategy
 from ..settings.presets import HOSTNAME_LABEL
+from ..state.growth import Pool
+from ..state.tree import NodeState, TopologyTree
+from . import estimate, waiting, walk
 from .enforce import enforced
-from .growth import Pool
-from .model import (UNKNOWN_DOMAIN, Decision, DomainRef, Interconnect, NodeAssignment, Outcome, PlacementRequest,
-                    Strategy)
-from .topology import NodeState, TopologyTree
 from .walk import Member
 
 

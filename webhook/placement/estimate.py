@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
+from ..core.model import Interconnect, NodeAssignment, PlacementRequest
 from ..settings.config import HardwareProfile
-from .model import Interconnect, NodeAssignment, PlacementRequest
-from .topology import NodeState, TopologyTree
+from ..state.tree import NodeState, TopologyTree
 
 
 def bus_bandwidth(subset: TopologyTree, request: PlacementRequest, assignment: list[NodeAssignment]

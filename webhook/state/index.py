@@ -19,20 +19,20 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Hashable, Iterable, Iterator, Mapping, Protocol, Sequence, TypeVar
 
-from . import dra
+from ..core.gpus import parse_gpu_set, pod_gpus
+from ..core.injection import GPU_IDS, RESERVATION, WAITING_FOR, parse_domain_path
+from ..core.model import GPU_RESOURCE, PlacementRequest
+from ..core.resources import pod_requests
 from ..settings.config import Config
 from ..settings.presets import HOSTNAME_LABEL, PRESETS, choose_preset, preset_marks
+from . import dra
 from .filters import ConstrainedSubsets, NodeFilters
-from .gpus import parse_gpu_set, pod_gpus
-from .gating import GatedGroup, GatedPod, GatedPods
+from .gated import GatedGroup, GatedPod, GatedPods
 from .growth import GrowthState, Pool, is_growth_object, object_key
-from .injection import GPU_IDS, RESERVATION, WAITING_FOR, parse_domain_path
-from .ledger import ReservationLedger, held_by, in_namespace
-from .model import GPU_RESOURCE, PlacementRequest
-from .protection import Waiter, Waiting
-from .resources import pod_requests
-from .topology import Domain, NodeState, TopologyTree, parse_node, placement_fields, with_gpus
+from .holds import ReservationLedger, held_by, in_namespace
+from .tree import Domain, NodeState, TopologyTree, parse_node, placement_fields, with_gpus
 from .usage import ResourceUsage
+from .waits import Waiter, Waiting
 
 _FINISHED_PHASES = ("Succeeded", "Failed")
 T = TypeVar("T")

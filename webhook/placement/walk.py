@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, Union
 
+from ..core.model import EXCEEDS_MAX_DOMAIN, UNKNOWN_LEVEL, Decision, NodeRequirement, Outcome, PlacementRequest
 from ..settings.presets import HOSTNAME_LABEL
-from .model import EXCEEDS_MAX_DOMAIN, UNKNOWN_LEVEL, Decision, NodeRequirement, Outcome, PlacementRequest
-from .topology import Domain, NodeState, TopologyTree
+from ..state.tree import Domain, NodeState, TopologyTree
 
 Member = Union[Domain, NodeState]  # a place in the tree: a domain or a node
 MAX_NAMED_NODES = 256  # nodes a pin may name one by one

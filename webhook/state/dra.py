@@ -40,7 +40,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from .model import GPU_RESOURCE
+from ..core.model import GPU_RESOURCE
 
 RESOURCE_GROUP = "resource.k8s.io"
 SCHEDULING_GROUP = "scheduling.k8s.io"

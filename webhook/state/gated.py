@@ -13,8 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Collection, Mapping
 
-from .injection import GATE, GateRecord, gate_record
-from .model import PlacementRequest
+from ..core.injection import GATE, GateRecord, gate_record
+from ..core.model import PlacementRequest
 
 
 @dataclass(frozen=True)

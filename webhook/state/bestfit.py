@@ -18,7 +18,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from typing import Callable, Generic, Mapping, Protocol, TypeVar
 
-from . import orderings
+from ..core import orderings
 
 
 class Tracked(orderings.Ranked, Protocol):

@@ -16,12 +16,12 @@ import time
 import zlib
 from typing import Callable
 
+from ..core.model import GROUP_MISMATCH, Decision, DomainRef, Outcome, PlacementRequest, Strategy
+from ..state.gated import GatedGroup
+from ..state.index import ClusterIndex
+from ..state.tree import TopologyTree
 from . import protection
-from .cluster import ClusterIndex
-from .gating import GatedGroup
-from .model import GROUP_MISMATCH, Decision, DomainRef, Outcome, PlacementRequest, Strategy
-from .placement import decide
-from .topology import TopologyTree
+from .decide import decide
 from .walk import Member
 
 CONFLICT = "conflict"  # a claim's answer when another replica wrote first
