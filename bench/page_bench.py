@@ -54,7 +54,7 @@ class TimedLock:
 def build(size: int) -> tuple[ClusterIndex, list[RecordedDecision]]:
     nodes, pods = cluster(size)
     index = ClusterIndex.from_objects(Config(), nodes, pods)
-    idle = [name for name, node in index.nodes.items() if node.free == node.alloc]
+    idle = [name for name, node in index.nodes.items() if node.free == node.gpus]
     decisions = []
     for i, name in enumerate(idle[::NODES_PER_HOLD]):
         index.reserve(f"ml/Job/job-{i}", {name: [tuple(range(8))]})

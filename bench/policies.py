@@ -545,11 +545,11 @@ ABLATIONS: dict[str, tuple[str, Callable]] = {
     # a single-node pod goes to a node whose NVLink domain holds it whole, among equally full ones
     "aligned-first": ("aligned_first", lambda node, gpus: node.name),
     # a single-node pod goes down the tree where small jobs already run (else: the fullest first)
-    "small-jobs-first": ("with_small_jobs_first", lambda domain, gpus: (domain.fits(gpus), domain.free_gpus,
+    "small-jobs-first": ("with_small_jobs_first", lambda domain, gpus: (domain.fits_now(gpus), domain.free_gpus,
                                                                           domain.path)),
     # among equally fitting domains, a multi-node job takes the one with fewer partly used nodes
     # (the key keeps its shape: the level orders read the path from its fourth place)
-    "fewer-partly-used": ("best_fit", lambda domain, gpus: (domain.fits(gpus), 0, domain.free_gpus, domain.path)),
+    "fewer-partly-used": ("best_fit", lambda domain, gpus: (domain.fits_now(gpus), 0, domain.free_gpus, domain.path)),
 }
 
 

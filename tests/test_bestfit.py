@@ -18,7 +18,7 @@ class FakeDomain:
         self.width = width
         self.touched = -1
 
-    def fits(self, gpus: int) -> int:
+    def fits_now(self, gpus: int) -> int:
         return sum(free // gpus for free in self.free_by_node)
 
     def slots(self, gpus: int) -> int:
@@ -51,7 +51,7 @@ def test_an_order_caught_up_after_any_changes_answers_as_a_full_sort_would(round
             level.touch(by_index[which])
         level.catch_up(FIT, gpus)
         level.catch_up(OPEN, gpus)
-        fitting = [d for d in domains.values() if d.fits(gpus) >= pods]
+        fitting = [d for d in domains.values() if d.fits_now(gpus) >= pods]
         want = min(fitting, key=lambda d: orderings.best_fit(d, gpus)) if fitting else None
         assert level.best_fit(gpus, pods) is want
         open_ones = sorted((d for d in domains.values() if d.slots(gpus)), key=lambda d: orderings.roomiest(d, gpus))

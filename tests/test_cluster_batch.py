@@ -76,10 +76,10 @@ def apply(index: ClusterIndex, what: str, obj) -> None:
 def state(index: ClusterIndex) -> tuple:
     """Everything the index keeps about nodes and pods, aggregates and constrained subsets included."""
     def domains(tree) -> dict:
-        return {d.ref.path: (d.free_gpus, d.alloc_gpus, d.nodes, d.partly_used, list(d.cap), list(d.ever),
+        return {d.ref.path: (d.free_gpus, d.alloc_gpus, d.nodes, d.partly_used, list(d.pods_now), list(d.pods_idle),
                              list(d.free_hist), d.freeing)
                 for d in [tree.root, *(d for level in tree.levels for d in level.values())]}
-    nodes = {n.name: (n.free, n.alloc, dict(n.pods), set(n.terminating), list(n.held), dict(n.requested), n.out)
+    nodes = {n.name: (n.free, n.gpus, dict(n.pods), set(n.terminating), list(n.held), dict(n.requested), n.out)
              for n in index.nodes.values()}
     subset = index.restricted_to(CPU_BOUND)
     return (domains(index.tree), nodes, domains(subset), {n.name: n.free for n in subset.nodes.values()},
@@ -162,7 +162,7 @@ def test_a_gpu_set_remembered_is_the_one_picked_afresh(questions):
     for gpus, domains, count, taken in questions + questions:
         annotations = {NVLINK_DOMAINS_ANNOTATION: domains} if domains else {}
         node = parse_node(make_node("n", {}, gpus, annotations=annotations), Config())
-        asked = (node.nvlink_domains, node.alloc, count, frozenset(taken))
+        asked = (node.nvlink_domains, node.gpus, count, frozenset(taken))
         assert memo.get(asked, lambda: node.pick_gpus(count, taken)) == node.pick_gpus(count, taken)
 
 

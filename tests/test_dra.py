@@ -67,8 +67,8 @@ def test_a_dra_only_cluster_counts_slices_and_claims_as_the_device_plugin_cluste
     dra_index = ClusterIndex.from_objects(Config(), *dra_cluster)
     plugin_index = ClusterIndex.from_objects(Config(), *demo.demo_cluster())
     assert dra_index.stats() == plugin_index.stats()
-    assert {n: (s.alloc, s.free) for n, s in dra_index.nodes.items()} == \
-        {n: (s.alloc, s.free) for n, s in plugin_index.nodes.items()}
+    assert {n: (s.gpus, s.free) for n, s in dra_index.nodes.items()} == \
+        {n: (s.gpus, s.free) for n, s in plugin_index.nodes.items()}
 
 
 def test_on_a_dra_only_cluster_a_4x8_consolidated_job_goes_to_a_leaf_of_four_wholly_free_nodes(dra_cluster):
@@ -108,7 +108,7 @@ def test_a_cluster_mixing_device_plugin_and_dra_nodes_counts_both(dra_cluster):
                                       [o for o in mixed if o["kind"] == "Pod"])
     plugin_index = ClusterIndex.from_objects(Config(), plugin_nodes, pods)
     assert index.stats() == plugin_index.stats()
-    assert index.nodes["gpu-s1-l1-n2"].devices == () and index.nodes["gpu-s2-l5-n2"].alloc == 8
+    assert index.nodes["gpu-s1-l1-n2"].devices == () and index.nodes["gpu-s2-l5-n2"].gpus == 8
     first = placed_leaves(index, gpu_job("first", 4, 8, placement_strategy="consolidated"))
     second = placed_leaves(index, gpu_job("second", 4, 8, placement_strategy="consolidated"))
     assert first | second == FREE_LEAVES  # one leaf of device-plugin nodes, one of DRA nodes
@@ -118,7 +118,7 @@ def test_a_cluster_mixing_device_plugin_and_dra_nodes_counts_both(dra_cluster):
 def test_a_node_with_allocatable_gpus_and_slices_is_counted_once_with_a_warning():
     node = demo.make_node("both", {LEAF: "leaf-1"}, gpus=8)
     index = ClusterIndex.from_objects(Config(), [node, demo.make_resource_slice("both", gpus=8)])
-    assert index.nodes["both"].alloc == 8
+    assert index.nodes["both"].gpus == 8
     assert index.inventory_warnings() == [
         "node both has allocatable nvidia.com/gpu and GPU devices in ResourceSlices; its GPUs are counted once, "
         "from allocatable"]
@@ -158,22 +158,22 @@ def test_only_the_newest_generation_of_a_pool_counts_and_an_incomplete_pool_coun
     node = demo.make_node("n1", {LEAF: "leaf-1"}, dra=True)
     old = demo.make_resource_slice("n1", gpus=8, generation=1)
     index = ClusterIndex.from_objects(Config(), [node, old])
-    assert index.nodes["n1"].alloc == 8
+    assert index.nodes["n1"].gpus == 8
     index.upsert(demo.make_resource_slice("n1", gpus=4, generation=2))
-    assert index.nodes["n1"].alloc == 4  # generation 1 is stale once generation 2 is seen
+    assert index.nodes["n1"].gpus == 4  # generation 1 is stale once generation 2 is seen
     half = demo.make_resource_slice("n1", generation=3, slice_count=2, devices=["gpu-0", "gpu-1"])
     index.upsert(half)
-    assert index.nodes["n1"].alloc == 0
+    assert index.nodes["n1"].gpus == 0
     assert index.inventory_warnings() == [
         "ResourceSlice pool n1 of gpu.nvidia.com has 1 of its 2 slices at generation 3: its GPUs are unknown "
         "until the rest arrive, so none are counted"]
     rest = demo.make_resource_slice("n1", generation=3, slice_count=2, devices=["gpu-2", "gpu-3", "gpu-10"])
     index.upsert(rest)
-    assert index.nodes["n1"].alloc == 5 and not index.inventory_warnings()
+    assert index.nodes["n1"].gpus == 5 and not index.inventory_warnings()
     assert index.nodes["n1"].devices == (("n1", ("gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-10")),)
     for obj in (old, half, rest, demo.make_resource_slice("n1", gpus=4, generation=2)):
         index.delete(obj)
-    assert index.nodes["n1"].alloc == 0 and index.stats().gpus_total == 0
+    assert index.nodes["n1"].gpus == 0 and index.stats().gpus_total == 0
 
 
 def test_mig_devices_are_not_gpus_and_an_allocated_one_takes_its_parent_gpu():
@@ -184,7 +184,7 @@ def test_mig_devices_are_not_gpus_and_an_allocated_one_takes_its_parent_gpu():
     valid_137(published)
     claim = demo.make_allocated_claim("mig", "n1", ["gpu-1-mig-1g10gb-0-0"])
     index = ClusterIndex.from_objects(Config(), [node, published], [claim])
-    assert index.nodes["n1"].alloc == 2 and index.nodes["n1"].taken_ids == {1}
+    assert index.nodes["n1"].gpus == 2 and index.nodes["n1"].taken_ids == {1}
 
 
 def test_claims_of_other_drivers_and_unallocated_claims_take_no_gpu():

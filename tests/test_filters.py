@@ -71,7 +71,7 @@ def test_the_indexes_never_leave_out_a_node_a_request_may_use(specs, wanted):
         state = parse_node(make_node(f"n{i}", labels, gpus, taints=taints), CONFIG)
         nodes[state.name] = state
         filters.count(state, +1)
-    gpu_nodes = {name: n for name, n in nodes.items() if n.alloc > 0}
+    gpu_nodes = {name: n for name, n in nodes.items() if n.gpus > 0}
     matching = {name for name, n in gpu_nodes.items() if node_matches(n, wanted)}
     if filters.filters_nothing(wanted, gpu_nodes):
         assert matching == set(gpu_nodes)  # "nothing filtered" is only said when it is true

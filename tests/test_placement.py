@@ -324,7 +324,7 @@ def test_incremental_updates_match_a_rebuild(cluster):
     for name, node in cluster.nodes.items():
         rebuilt.upsert_node(make_node(name, dict(node.labels)))
     a, b = cluster.root, rebuilt.root
-    aggregates = lambda d: (d.cap, d.ever, d.free_hist, d.free_gpus, d.partly_used)  # noqa: E731
+    aggregates = lambda d: (d.pods_now, d.pods_idle, d.free_hist, d.free_gpus, d.partly_used)  # noqa: E731
     assert aggregates(a) == aggregates(b)
     assert set(cluster.levels[2]) == set(rebuilt.levels[2])
 
@@ -451,7 +451,7 @@ def test_changed_nodes_move_in_and_out_of_constrained_subsets_which_stay_exact(c
     rebuilt.upsert_pod(ending)
     rebuilt.upsert_node({**make_node("gpu-s1-l2-n3", dict(cluster.nodes["gpu-s1-l2-n3"].labels)),
                          "spec": {"unschedulable": True}})
-    aggregates = lambda d: (d.cap, d.ever, d.free_hist, d.free_gpus, d.alloc_gpus, d.nodes, d.partly_used,  # noqa: E731
+    aggregates = lambda d: (d.pods_now, d.pods_idle, d.free_hist, d.free_gpus, d.alloc_gpus, d.nodes, d.partly_used,  # noqa: E731
                             d.freeing)
     assert subset.root.freeing == 4
     assert sorted(subset.nodes) == sorted(rebuilt.nodes) == ["gpu-s1-l2-n1", "gpu-s1-l2-n3", "gpu-s1-l3-n1"]
@@ -500,7 +500,7 @@ def test_best_fit_orders_follow_nodes_that_move_between_leaves_and_leaves_that_g
         cluster.tree.catch_up(g)
         for pods in (1, 2, 4, 5):
             leaves = cluster.levels[2].values()
-            scanned = min((d for d in leaves if d.fits(g) >= pods),
-                          key=lambda d: (d.fits(g), d.partly_used, d.free_gpus, d.path), default=None)
+            scanned = min((d for d in leaves if d.fits_now(g) >= pods),
+                          key=lambda d: (d.fits_now(g), d.partly_used, d.free_gpus, d.path), default=None)
             assert cluster.tree.orders[2].best_fit(g, pods) is scanned
     assert all(d.ref.name != "leaf-1" for d in cluster.levels[2].values())

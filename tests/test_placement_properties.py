@@ -177,17 +177,17 @@ def test_incremental_index_equals_a_rebuild(nodes, events):
     rebuilt = build(nodes)
     for pod in live.values():
         rebuilt.upsert_pod(pod)
-    assert index.root.cap == rebuilt.root.cap and index.root.free_hist == rebuilt.root.free_hist
+    assert index.root.pods_now == rebuilt.root.pods_now and index.root.free_hist == rebuilt.root.free_hist
     for level, domains in enumerate(index.levels):
-        assert {p: (d.cap, d.partly_used) for p, d in domains.items()} == {
-            p: (d.cap, d.partly_used) for p, d in rebuilt.levels[level].items()}
+        assert {p: (d.pods_now, d.partly_used) for p, d in domains.items()} == {
+            p: (d.pods_now, d.partly_used) for p, d in rebuilt.levels[level].items()}
     assert math.isclose(index.stats().allocation_ratio, rebuilt.stats().allocation_ratio)
     for g in (1, 2, 4, 8):  # best fit and roomiest from the level orders equal a scan of the level
         index.tree.catch_up(g, spread=True)
         for level, domains in enumerate(index.levels):
             for pods in (1, 2, 5):
-                fitting = [d for d in domains.values() if d.fits(g) >= pods]
-                scanned = min(fitting, key=lambda d: (d.fits(g), d.partly_used, d.free_gpus, d.path), default=None)
+                fitting = [d for d in domains.values() if d.fits_now(g) >= pods]
+                scanned = min(fitting, key=lambda d: (d.fits_now(g), d.partly_used, d.free_gpus, d.path), default=None)
                 assert index.tree.orders[level].best_fit(g, pods) is scanned
                 roomiest = sorted((d for d in domains.values() if d.slots(g)), key=lambda d: (-d.slots(g), d.path))
                 assert index.tree.orders[level].roomiest(g, pods) == roomiest[:pods]
@@ -271,10 +271,10 @@ def test_slices_and_claims_applied_one_by_one_count_as_the_final_objects_do(node
     gpu_objects = [o for name, path, gpus, _ in nodes for o in gpu_node(name, dict(zip(LEVELS, path)), gpus)]
     rebuilt = ClusterIndex.from_objects(Config(), gpu_objects, [
         *(in_use(name, used) for name, _, _, used in nodes if used), *objects.values()])
-    assert {n: (s.alloc, s.free, sorted(s.claimed)) for n, s in index.nodes.items()} == {
-        n: (s.alloc, s.free, sorted(s.claimed)) for n, s in rebuilt.nodes.items()}
+    assert {n: (s.gpus, s.free, sorted(s.claimed)) for n, s in index.nodes.items()} == {
+        n: (s.gpus, s.free, sorted(s.claimed)) for n, s in rebuilt.nodes.items()}
     # a node that once had more GPUs widened the index's aggregates for good: compare what they hold
-    assert trimmed(index.root.cap) == trimmed(rebuilt.root.cap)
+    assert trimmed(index.root.pods_now) == trimmed(rebuilt.root.pods_now)
     assert trimmed(index.root.free_hist) == trimmed(rebuilt.root.free_hist)
     assert index.inventory_warnings() == rebuilt.inventory_warnings()
 

@@ -100,7 +100,7 @@ def test_the_constrained_subset_stays_exact_as_pods_come_and_go():
     rebuilt = ClusterIndex.from_objects(Config(), nodes, events).restricted_to(wanted)
     assert {n: c.free for n, c in subset.nodes.items()} == {n: c.free for n, c in rebuilt.nodes.items()} == {
         "a": 8, "b": 0, "c": 4}  # b: 6 cores left, no room for an 8-core pod
-    assert (subset.root.cap, subset.root.free_hist) == (rebuilt.root.cap, rebuilt.root.free_hist)
+    assert (subset.root.pods_now, subset.root.free_hist) == (rebuilt.root.pods_now, rebuilt.root.free_hist)
 
 
 def test_a_workload_asks_for_its_pods_resources_beside_its_gpus():

@@ -33,15 +33,15 @@ def test_a_missing_label_above_one_the_node_carries_is_a_shared_unnamed_domain_a
 
 def recount(domain: Domain) -> tuple:
     nodes = list(_nodes(domain)) if domain.children else []
-    width = len(domain.cap) - 1
-    return (sum(n.free for n in nodes), sum(n.alloc for n in nodes if n.eligible), len(nodes),
-            sum(1 for n in nodes if 0 < n.free < (n.alloc if n.eligible else 0)),
+    width = len(domain.pods_now) - 1
+    return (sum(n.free for n in nodes), sum(n.gpus for n in nodes if n.eligible), len(nodes),
+            sum(1 for n in nodes if 0 < n.free < (n.gpus if n.eligible else 0)),
             [0] + [sum(n.free // g for n in nodes) for g in range(1, width + 1)],
-            [0] + [sum(n.alloc // g for n in nodes) for g in range(1, width + 1)])
+            [0] + [sum(n.gpus // g for n in nodes) for g in range(1, width + 1)])
 
 
 def aggregates(domain: Domain) -> tuple:
-    return domain.free_gpus, domain.alloc_gpus, domain.nodes, domain.partly_used, domain.cap, domain.ever
+    return domain.free_gpus, domain.alloc_gpus, domain.nodes, domain.partly_used, domain.pods_now, domain.pods_idle
 
 
 def _nodes(member):
@@ -77,7 +77,7 @@ def test_aggregates_kept_by_events_equal_a_recount_of_the_nodes_below(events):
         elif kind == "detach" and present is not None:
             tree.detach(present)
         elif kind == "shift" and present is not None:
-            after = min(rest[0], present.alloc)
+            after = min(rest[0], present.gpus)
             tree.shift_free(present, present.free, after)
     assert aggregates(tree.root) == recount(tree.root)
     for domain in (d for level in tree.levels for d in level.values()):

@@ -253,11 +253,11 @@ def test_every_domain_sums_its_nodes_and_every_node_its_gpus(cluster):
     data = snapshot(index, [], now=0.0)
     check_sums(data["tree"])
     drawn = json_nodes(data["tree"])
-    assert set(drawn) == {name for name, node in index.nodes.items() if node.alloc > 0}
+    assert set(drawn) == {name for name, node in index.nodes.items() if node.gpus > 0}
     for name, node in drawn.items():
         state = index.nodes[name]
         gpus = node["gpus"]
-        assert gpus["free"] == state.free and gpus["total"] == state.alloc
+        assert gpus["free"] == state.free and gpus["total"] == state.gpus
         assert gpus["used"] + gpus["held"] + gpus["free"] + gpus["out"] == gpus["total"]
         assert [len(group) for group in node["nvlink"]] == [len(group) for group in state.nvlink_groups()]
         letters = "".join(node["nvlink"])

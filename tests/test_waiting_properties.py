@@ -124,7 +124,7 @@ def test_protection_reads_the_free_capacity_index_as_a_sort_of_every_node_would(
         node = index.nodes[name]
         ids = [i for ids in sets for i in ids]
         assert [len(ids) for ids in sets] == taken[name]
-        assert len(set(ids)) == len(ids) and not set(ids) & node.taken_ids and all(0 <= i < node.alloc for i in ids)
+        assert len(set(ids)) == len(ids) and not set(ids) & node.taken_ids and all(0 <= i < node.gpus for i in ids)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])

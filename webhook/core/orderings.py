@@ -23,7 +23,7 @@ class Ranked(Protocol):
     @property
     def path(self) -> tuple: ...
 
-    def fits(self, gpus: int) -> int: ...
+    def fits_now(self, gpus: int) -> int: ...
 
     def slots(self, gpus: int) -> int: ...
 
@@ -45,7 +45,7 @@ def best_fit(domain: Ranked, gpus: int) -> tuple:
     """Consolidated: the domain with the least room that still holds the pods (pods of `gpus` GPUs
     that fit), then the one with fewer partly used nodes, so jobs that span nodes stay apart from
     where small jobs run (the mirror of with_small_jobs_first), then the fewest free GPUs."""
-    return domain.fits(gpus), domain.partly_used, domain.free_gpus, domain.path
+    return domain.fits_now(gpus), domain.partly_used, domain.free_gpus, domain.path
 
 
 def roomiest(domain: Ranked, gpus: int) -> tuple:
@@ -62,4 +62,4 @@ def with_small_jobs_first(domain: Ranked, gpus: int) -> tuple:
     """A single-node pod on its way down the tree: where small jobs already run, then the fullest.
     The gaps of a domain that a big job holds would break that domain up when the job ends
     (bench/RESULTS.md measures this)."""
-    return -domain.partly_used, domain.fits(gpus), domain.free_gpus, domain.path
+    return -domain.partly_used, domain.fits_now(gpus), domain.free_gpus, domain.path

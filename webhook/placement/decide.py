@@ -36,33 +36,33 @@ from .enforce import enforced
 from .walk import Member
 
 
-def decide(index: TopologyTree, request: PlacementRequest, subset: TopologyTree,
+def decide(tree: TopologyTree, request: PlacementRequest, subset: TopologyTree,
            pools: Callable[[], Sequence[Pool]] = tuple) -> Decision:
-    """The decision for `request`, reading the whole tree `index` and `subset`, the part of it the
+    """The decision for `request`, reading the whole `tree` and `subset`, the part of it the
     request may use (`ClusterIndex.restricted_to`: the whole tree when nothing filters), with its
     best-fit orders caught up for the request's pod size, and, when the nodes there are have no
     room for it, the `pools` that can add nodes (read only then), carrying how it is held
     (enforce.py). Pure: it takes no lock and writes nothing; the caller holds the index still
     while it runs."""
-    return enforced(_decision(index, request, subset, pools), index.config)
+    return enforced(_decision(tree, request, subset, pools), tree.config)
 
 
-def _decision(index: TopologyTree, request: PlacementRequest, subset: TopologyTree,
+def _decision(tree: TopologyTree, request: PlacementRequest, subset: TopologyTree,
               pools: Callable[[], Sequence[Pool]]) -> Decision:
     gpus, pods = request.gpus_per_pod, request.pods
     if gpus < 1 or pods < 1:
         raise ValueError(f"a placement needs at least one pod and one GPU per pod, got {pods} x {gpus}")
     shape = f"{pods} pod(s) x {gpus} GPU(s)"
     if subset.root.fits_idle(gpus) < pods:
-        return (waiting.invalid_domain(index, subset, request) or waiting.onto_growth(subset, request, pools())
-                or waiting.beyond_the_nodes(index, subset, request))
+        return (waiting.invalid_domain(tree, subset, request) or waiting.onto_growth(subset, request, pools())
+                or waiting.beyond_the_nodes(tree, subset, request))
     narrowest = walk.max_level(subset, request)
     if isinstance(narrowest, Decision):
         return narrowest
     chain: list[Member] = [subset.root]
     preferred: Member | None = None
     if request.preferred_domain:
-        found = walk.resolve(index, subset, request.preferred_domain)
+        found = walk.resolve(tree, subset, request.preferred_domain)
         if isinstance(found, str):
             return Decision(Outcome.NEVER, request, None, code=UNKNOWN_DOMAIN, reasons=(found,))
         preferred = found
@@ -77,7 +77,7 @@ def _decision(index: TopologyTree, request: PlacementRequest, subset: TopologyTr
         return decision
     honoured = decision.scope is not None and walk.is_under(decision.scope.path, preferred.path)
     note = (f"preferred {preferred.label} honoured" if honoured else
-            f"preferred {preferred.label} cannot hold {shape} now ({preferred.fits(gpus)} fit); "
+            f"preferred {preferred.label} cannot hold {shape} now ({preferred.fits_now(gpus)} fit); "
             f"nearest domain with room by topology: {decision.scope}")
     return dataclasses.replace(decision, preferred_honoured=honoured, reasons=(note,) + decision.reasons)
 
@@ -88,7 +88,7 @@ def _consolidated(subset: TopologyTree, request: PlacementRequest, chain: list[M
         target = _tightest_fit(subset, scope, pods, gpus)
         if target is not None and target.ref.level >= narrowest:  # never wider than max-domain
             return _placed(subset, request, target, _split(target, pods, gpus))
-    return waiting.decide(subset, request, chain, narrowest)
+    return waiting.wait_decision(subset, request, chain, narrowest)
 
 
 def _tightest_fit(subset: TopologyTree, scope: Member, pods: int, gpus: int) -> Member | None:
@@ -102,10 +102,10 @@ def _tightest_fit(subset: TopologyTree, scope: Member, pods: int, gpus: int) -> 
             if best is not None:
                 return best
             continue
-        fitting = [d for d in walk.at_level(scope, level) if d.fits(gpus) >= pods]
+        fitting = [d for d in walk.at_level(scope, level) if d.fits_now(gpus) >= pods]
         if fitting:
             return min(fitting, key=lambda d: orderings.best_fit(d, gpus))
-    return scope if scope.fits(gpus) >= pods else None
+    return scope if scope.fits_now(gpus) >= pods else None
 
 
 def _tightest_node(subset: TopologyTree, scope: Member, need: int, gpus: int) -> NodeState | None:
@@ -134,8 +134,8 @@ def _split(member: Member, pods: int, gpus: int) -> list[tuple[NodeState, int]]:
     fewest partly used leaves behind (Kueue's BestFit does the same)."""
     if not member.children:
         return [(walk.as_node(member), pods)]
-    kids = sorted((c for c in member.children.values() if c.fits(gpus) > 0),
-                  key=lambda c: (-c.fits(gpus), c.free_gpus, c.path))
+    kids = sorted((c for c in member.children.values() if c.fits_now(gpus) > 0),
+                  key=lambda c: (-c.fits_now(gpus), c.free_gpus, c.path))
     if not kids[0].children:  # across nodes
         chosen, shares = _balanced(kids, pods, gpus)
     else:
@@ -151,7 +151,7 @@ def _fewest(kids: list[Member], pods: int, gpus: int) -> int:
     """How many of `kids` (roomiest first) it takes to hold the pods."""
     total = 0
     for count, kid in enumerate(kids, start=1):
-        total += kid.fits(gpus)
+        total += kid.fits_now(gpus)
         if total >= pods:
             return count
     return len(kids)
@@ -160,15 +160,15 @@ def _fewest(kids: list[Member], pods: int, gpus: int) -> int:
 def _balanced(kids: list[Member], pods: int, gpus: int) -> tuple[list[Member], list[int]]:
     count = _fewest(kids, pods, gpus)
     share = math.ceil(pods / count)
-    even = [c for c in kids if c.fits(gpus) >= share]
+    even = [c for c in kids if c.fits_now(gpus) >= share]
     if len(even) >= count:  # best fit among the children that can take an even share
-        chosen = sorted(even, key=lambda c: (c.fits(gpus), c.free_gpus, c.path))[:count]
+        chosen = sorted(even, key=lambda c: (c.fits_now(gpus), c.free_gpus, c.path))[:count]
         return chosen, [pods // count + (1 if i < pods % count else 0) for i in range(count)]
     # Uneven capacities: water-fill from the smallest so the minimum share is as large as possible.
-    chosen = sorted(kids[:count], key=lambda c: (c.fits(gpus), c.path))
+    chosen = sorted(kids[:count], key=lambda c: (c.fits_now(gpus), c.path))
     shares, left = [], pods
     for i, kid in enumerate(chosen):
-        give = min(kid.fits(gpus), math.ceil(left / (count - i)))
+        give = min(kid.fits_now(gpus), math.ceil(left / (count - i)))
         shares.append(give)
         left -= give
     return chosen, shares
@@ -179,12 +179,12 @@ def _roomiest_then_tightest(kids: list[Member], pods: int, gpus: int) -> tuple[l
     shares: list[int] = []
     left = pods
     for i, kid in enumerate(kids):
-        if kid.fits(gpus) >= left:  # the rest fits in one child: the tightest that holds it
-            last = min(kids[i:], key=lambda c: (c.fits(gpus) < left, c.fits(gpus), c.free_gpus, c.path))
+        if kid.fits_now(gpus) >= left:  # the rest fits in one child: the tightest that holds it
+            last = min(kids[i:], key=lambda c: (c.fits_now(gpus) < left, c.fits_now(gpus), c.free_gpus, c.path))
             return chosen + [last], shares + [left]
         chosen.append(kid)
-        shares.append(kid.fits(gpus))
-        left -= kid.fits(gpus)
+        shares.append(kid.fits_now(gpus))
+        left -= kid.fits_now(gpus)
     return chosen, shares
 
 
@@ -197,20 +197,20 @@ def _distributed(subset: TopologyTree, request: PlacementRequest, chain: list[Me
         # (one per node if it can), nearest the preferred domain; wider levels only if none does.
         for anchor in chain:
             for level in range(max(0, depth - 2), -1, -1):
-                fitting = [d for d in walk.members_at(anchor, level) if d.fits(gpus) >= pods]
+                fitting = [d for d in walk.members_at(anchor, level) if d.fits_now(gpus) >= pods]
                 if fitting:
                     scope = min(fitting, key=lambda d: (d.slots(gpus) < pods, d.slots(gpus), d.free_gpus, d.path))
                     break
             if scope is not None:
                 break
-        scope = scope or (subset.root if subset.root.fits(gpus) >= pods else None)
+        scope = scope or (subset.root if subset.root.fits_now(gpus) >= pods else None)
     else:
-        scope = next((m for m in chain if m.fits(gpus) >= pods), None)
+        scope = next((m for m in chain if m.fits_now(gpus) >= pods), None)
     if scope is not None and scope.ref.level < narrowest:  # max-domain: the roomiest domain of that level
-        fitting = [d for anchor in chain for d in walk.members_at(anchor, narrowest) if d.fits(gpus) >= pods]
+        fitting = [d for anchor in chain for d in walk.members_at(anchor, narrowest) if d.fits_now(gpus) >= pods]
         scope = min(fitting, key=lambda d: (-d.slots(gpus), d.free_gpus, d.path)) if fitting else None
     if scope is None:
-        return waiting.decide(subset, request, chain)
+        return waiting.wait_decision(subset, request, chain)
     used = _spread(subset, scope, pods, gpus, depth)
     placed = [(subset.nodes[name], n) for name, n in used.items()]
     spread_label = subset.config.levels[-1].label if depth else None
@@ -296,4 +296,4 @@ def _why(subset: TopologyTree, request: PlacementRequest, scope: Member, domains
         return (f"{shape} in {scope.label} across {', '.join(d.name for d in domains)}: "
                 f"no single {domains[0].level_name} holds them; fewest {domains[0].level_name}s, balanced")
     return (f"{shape} in {scope.label}: the tightest {scope.ref.level_name} that holds them "
-            f"({scope.fits(request.gpus_per_pod)} such pod(s) fit there)")
+            f"({scope.fits_now(request.gpus_per_pod)} such pod(s) fit there)")

@@ -35,7 +35,7 @@ def bus_bandwidth(subset: TopologyTree, request: PlacementRequest, assignment: l
 def _nics_of_one_node(node: NodeState, gpus_per_pod: int) -> float:
     """What the pods of one job on one node reach each other through: ranks in different pods share
     no NVLink (NCCL needs one host and /dev/shm), so the NICs, each pod its share of them."""
-    return max(1, node.profile.nics_per_node * gpus_per_pod // max(node.alloc, 1)) * node.profile.nic_gbs
+    return max(1, node.profile.nics_per_node * gpus_per_pod // max(node.gpus, 1)) * node.profile.nic_gbs
 
 
 def crossing(subset: TopologyTree, level: int) -> tuple[str, float]:

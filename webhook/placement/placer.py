@@ -70,7 +70,7 @@ def _holds_no_wider(subset: TopologyTree, request: PlacementRequest, level: int)
     frontier: list[Member] = [subset.root]
     while frontier:
         member = frontier.pop()
-        if member.fits(gpus) >= pods:
+        if member.fits_now(gpus) >= pods:
             if member.ref.level >= level:
                 return True
             frontier.extend(member.children.values())

@@ -58,7 +58,7 @@ class Protected:
         for name, counts in self.takes.items():
             node = tree.nodes[name]
             taken = node.taken_ids
-            free = [i for i in range(node.alloc) if i not in taken]
+            free = [i for i in range(node.gpus) if i not in taken]
             ends = list(itertools.accumulate(counts))
             sets[name] = [tuple(free[end - count:end]) for count, end in zip(counts, ends)]
         return sets

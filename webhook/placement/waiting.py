@@ -28,14 +28,14 @@ def onto_growth(subset: TopologyTree, request: PlacementRequest, pools: Sequence
                                        and ceiling not in pool.choices and not (ceiling == HOSTNAME_LABEL and pods == 1)):
             continue  # a max-domain ceiling is kept only where the pool fixes that level in advance
         if not pool.room_for(request, 0) and not pool.room_for(request, sum(  # its nodes only when needed
-                subset.nodes[name].fits(gpus) for name in pool.members if name in subset.nodes)):
+                subset.nodes[name].fits_now(gpus) for name in pool.members if name in subset.nodes)):
             continue
         pins = _pool_pins(subset, request, pool)
         inside = ", ".join(f"{r.key}={r.values[0]}" for r in pins[1:])
         size = f" of {pool.gpus_per_node} GPUs" if pool.gpus_per_node is not None else ""
         room = f", {pool.room_nodes} more at most" if pool.room_nodes is not None else ""
         reason = (f"{request.workload} needs {pods} pod(s) x {gpus} GPU(s); the nodes it may use hold "
-                  f"{subset.root.fits(gpus)} such pod(s) now, {subset.root.fits_idle(gpus)} when idle; {pool} can add "
+                  f"{subset.root.fits_now(gpus)} such pod(s) now, {subset.root.fits_idle(gpus)} when idle; {pool} can add "
                   f"nodes{size}{room}: steered to it" + (f", inside {inside}" if inside else ""))
         return Decision(Outcome.WAIT, request, DomainRef(-1, pool.kind, (pool.identity,)), requirements=pins,
                         code=GROWS_POOL, reasons=(reason,))
@@ -48,11 +48,11 @@ def _ceiling_label(subset: TopologyTree, max_domain: str) -> str | None:
     return (labels | {"node": HOSTNAME_LABEL, HOSTNAME_LABEL: HOSTNAME_LABEL}).get(max_domain.strip())
 
 
-def invalid_domain(index: TopologyTree, subset: TopologyTree, request: PlacementRequest) -> Decision | None:
+def invalid_domain(tree: TopologyTree, subset: TopologyTree, request: PlacementRequest) -> Decision | None:
     """The denial of a preferred-domain or max-domain that names nothing: invalid input, whatever
     the capacity."""
     if request.preferred_domain:
-        found = walk.resolve(index, subset, request.preferred_domain)
+        found = walk.resolve(tree, subset, request.preferred_domain)
         if isinstance(found, str):
             return Decision(Outcome.NEVER, request, None, code=UNKNOWN_DOMAIN, reasons=(found,))
     if request.max_domain is not None and _ceiling_label(subset, request.max_domain) is None:
@@ -89,7 +89,7 @@ def _request_allows(request: PlacementRequest, key: str, value: str) -> bool:
         for term in request.required_node_terms)
 
 
-def beyond_the_nodes(index: TopologyTree, subset: TopologyTree, request: PlacementRequest) -> Decision:
+def beyond_the_nodes(tree: TopologyTree, subset: TopologyTree, request: PlacementRequest) -> Decision:
     """The nodes the request may use cannot hold it even when idle. Kubernetes keeps such pods
     Pending until nodes are added, so this is a WAIT pinned to nothing (a pin on the labels of the
     nodes there are would keep the new ones out). NEVER when no node could take even one pod by
@@ -99,14 +99,14 @@ def beyond_the_nodes(index: TopologyTree, subset: TopologyTree, request: Placeme
     shape = f"{pods} pod(s) x {gpus} GPU(s)"
     if subset.root.fits_idle(1) == 0:
         refused_code = waiting_code = NO_MATCHING_NODES
-        reason = f"no GPU node is open to {request.workload}: " + exclusions(index, request)
-        too_large = _no_node_holds_one_pod(index, request)
+        reason = f"no GPU node is open to {request.workload}: " + exclusions(tree, request)
+        too_large = _no_node_holds_one_pod(tree, request)
     else:
         ceiling = walk.max_level(subset, request)
         if isinstance(ceiling, Decision):
             return ceiling
         refused_code, waiting_code = EXCEEDS_CLUSTER, EXCEEDS_NODES
-        largest = max((n.alloc for n in subset.nodes.values()), default=0)
+        largest = max((n.gpus for n in subset.nodes.values()), default=0)
         reason = (f"{request.workload} needs {shape}; even with every GPU free the nodes it may use hold "
                   f"{subset.root.fits_idle(gpus)} such pod(s) (largest node: {largest} GPUs)")
         too_large = subset.root.fits_idle(gpus) == 0
@@ -119,18 +119,18 @@ def beyond_the_nodes(index: TopologyTree, subset: TopologyTree, request: Placeme
     return Decision(Outcome.WAIT, request, None, code=waiting_code, reasons=tuple(reasons))
 
 
-def _no_node_holds_one_pod(index: TopologyTree, request: PlacementRequest) -> bool:
+def _no_node_holds_one_pod(tree: TopologyTree, request: PlacementRequest) -> bool:
     """Whether no GPU node of the cluster, whatever its labels and taints, could take one pod by
     its size: its GPUs, and the other resources it requests. False when the cluster has no GPU
     node at all: then there is no node type to judge by. The slow path only (a scan)."""
     gpus = request.gpus_per_pod
-    if index.root.fits_idle(1) == 0:
+    if tree.root.fits_idle(1) == 0:
         return False
-    if index.root.fits_idle(gpus) == 0:
+    if tree.root.fits_idle(gpus) == 0:
         return True
     return bool(request.resources) and not any(
-        node.alloc >= gpus and all(node.allocatable.get(name, 0) >= amount for name, amount in request.resources)
-        for node in index.nodes.values())
+        node.gpus >= gpus and all(node.other_allocatable.get(name, 0) >= amount for name, amount in request.resources)
+        for node in tree.nodes.values())
 
 
 def _out_of_service(subset: TopologyTree) -> list[str]:
@@ -152,7 +152,7 @@ def _per_level(subset: TopologyTree, pods: int, fitting: Callable[[Domain], int]
     return lines
 
 
-def decide(subset: TopologyTree, request: PlacementRequest, chain: list[Member], narrowest: int = -1) -> Decision:
+def wait_decision(subset: TopologyTree, request: PlacementRequest, chain: list[Member], narrowest: int = -1) -> Decision:
     """Name the domain that will fit first: the deepest level with a domain that could ever hold
     the workload, and in it the domain closest to fitting now; say per level how much fits. With
     `pin_only_where_locality_pays`, a consolidated or balanced wait names the domain worth
@@ -167,7 +167,7 @@ def decide(subset: TopologyTree, request: PlacementRequest, chain: list[Member],
         for level in range(len(subset.levels) - 1, scope.ref.level, -1):
             able = [d for d in walk.at_level(scope, level) if d.fits_idle(gpus) >= pods]
             if able:
-                target = min(able, key=lambda d: (-d.fits(gpus), -d.freeing, -d.free_gpus, d.path))
+                target = min(able, key=lambda d: (-d.fits_now(gpus), -d.freeing, -d.free_gpus, d.path))
                 break
         if target is not None:
             break
@@ -177,7 +177,7 @@ def decide(subset: TopologyTree, request: PlacementRequest, chain: list[Member],
     target = target or subset.root
     freeing = f", {target.freeing} GPU(s) there being freed by terminating pods" if target.freeing else ""
     reasons = [f"no domain has room for {pods} pod(s) x {gpus} GPU(s) now; {target.label} will fit first "
-               f"({target.fits(gpus)} of {pods} fit now, {target.fits_idle(gpus)} when idle{freeing})"]
+               f"({target.fits_now(gpus)} of {pods} fit now, {target.fits_idle(gpus)} when idle{freeing})"]
     locality_pays = True
     weighed = request.strategy is Strategy.CONSOLIDATED or (request.strategy is Strategy.BALANCED
                                                             and request.may_pin_wait)
@@ -190,7 +190,7 @@ def decide(subset: TopologyTree, request: PlacementRequest, chain: list[Member],
         if why:
             reasons.append(why)
     reasons.extend(_out_of_service(subset))
-    reasons.extend(_per_level(subset, pods, lambda d: d.fits(gpus)))
+    reasons.extend(_per_level(subset, pods, lambda d: d.fits_now(gpus)))
     return Decision(Outcome.WAIT, request, target.ref, domains=(target.ref,), locality_pays=locality_pays,
                     requirements=walk.requirements(subset, target), code=NO_ROOM_NOW, reasons=tuple(reasons))
 
@@ -254,7 +254,7 @@ def expected_wait(member: Member, gpus: int, pods: int) -> float:
     when: each is taken to end after an exponential time of mean one run, independently
     (memoryless), so the k-th of n frees after H(n) - H(n-k). Places being freed by terminating
     pods count as free; places on nodes out of service count as taken (they may return)."""
-    now = member.fits(gpus)
+    now = member.fits_now(gpus)
     ever = member.fits_idle(gpus)
     if ever < pods:
         return math.inf
@@ -286,7 +286,7 @@ def _node_first_to_fit(scope: Member, gpus: int, pods: int) -> NodeState | None:
     Best first, not a scan of every node: a domain's priority, from its freest node and every GPU
     being freed beneath it, is never worse than that of a node beneath it, so the first node taken
     off the heap is the answer, and a wait on a full cluster looks at the domains on the way to it."""
-    need = gpus * pods  # a node holds all pods once idle iff alloc >= need: ever[need] > 0 below
+    need = gpus * pods  # a node holds all pods once idle iff its gpus >= need: pods_idle[need] > 0 below
     if not scope.fits_idle(need):
         return None
     if isinstance(scope, NodeState):
@@ -317,11 +317,11 @@ def _wait_key(free: int, freeing: int, gpus: int) -> tuple[int, int, int]:
     return -(free // gpus), -((free + freeing) // gpus), -free
 
 
-def exclusions(index: TopologyTree, request: PlacementRequest) -> str:
+def exclusions(tree: TopologyTree, request: PlacementRequest) -> str:
     """Why nodes were left out, counted per cause in a stable order (the slow path only)."""
     causes: dict[str, int] = {}
-    for node in index.nodes.values():
-        if node.alloc <= 0:
+    for node in tree.nodes.values():
+        if node.gpus <= 0:
             cause = "no GPUs"
         elif any(not tolerates(request.tolerations, t) for t in node.taints):
             cause = "untolerated taint"
@@ -331,4 +331,4 @@ def exclusions(index: TopologyTree, request: PlacementRequest) -> str:
             continue
         causes[cause] = causes.get(cause, 0) + 1
     counted = "; ".join(f"{cause}: {n}" for cause, n in sorted(causes.items()))
-    return f"{len(index.nodes)} node(s), excluded by {counted or 'nothing'}"
+    return f"{len(tree.nodes)} node(s), excluded by {counted or 'nothing'}"

@@ -52,18 +52,18 @@ def is_under(path: tuple, ancestor: tuple) -> bool:
     return path[: len(ancestor)] == ancestor
 
 
-def resolve(index: TopologyTree, subset: TopologyTree, text: str) -> Member | str:
+def resolve(tree: TopologyTree, subset: TopologyTree, text: str) -> Member | str:
     """A preferred-domain value -> the member of `subset` nearest to it, or an error sentence."""
     level_name, _, value = text.strip().rpartition("=")
-    paths = sorted(index.by_value.get(value, ()))
+    paths = sorted(tree.by_value.get(value, ()))
     if level_name:
-        paths = [p for p in paths if level_name_of(index, p) == level_name or p[-1][0] == level_name]
+        paths = [p for p in paths if level_name_of(tree, p) == level_name or p[-1][0] == level_name]
     if len(paths) != 1:
         if paths:
-            options = ", ".join(f"{level_name_of(index, p)}={value}" for p in paths)
+            options = ", ".join(f"{level_name_of(tree, p)}={value}" for p in paths)
             return f"preferred-domain {text!r} is ambiguous; write one of: {options}"
-        known = [f"{lv.name}: {listed(sorted({d.ref.name for d in index.levels[i].values()}))}"
-                 for i, lv in enumerate(index.config.levels) if index.levels[i]]
+        known = [f"{lv.name}: {listed(sorted({d.ref.name for d in tree.levels[i].values()}))}"
+                 for i, lv in enumerate(tree.config.levels) if tree.levels[i]]
         return (f"preferred-domain {text!r} matches no domain; allowed: a label value at any level or "
                 f"LEVEL=VALUE ({'; '.join(known) or 'the cluster has no labelled domains'})")
     path = paths[0]
@@ -80,8 +80,8 @@ def listed(names: list[str], most: int = 12) -> str:
     return shown if len(names) <= most else f"{shown}, ... and {len(names) - most} more"
 
 
-def level_name_of(index: TopologyTree, path: tuple) -> str:
-    return index.config.levels[len(path) - 1].name if len(path) <= len(index.config.levels) else "node"
+def level_name_of(tree: TopologyTree, path: tuple) -> str:
+    return tree.config.levels[len(path) - 1].name if len(path) <= len(tree.config.levels) else "node"
 
 
 def lookup(subset: TopologyTree, path: tuple) -> Member | None:
@@ -114,12 +114,12 @@ def nodes_fitting(member: Member, gpus: int) -> list[NodeState]:
     domain that has none: under load most of a large domain is full, and its free capacity index
     says so. (A loop, not nested generators: a decision may run it over a zone's nodes.)"""
     if not member.children:
-        return [as_node(member)] if member.fits(gpus) else []
+        return [as_node(member)] if member.fits_now(gpus) else []
     found: list[NodeState] = []
     domains = [member]
     while domains:
         for child in domains.pop().children.values():
-            if child.fits(gpus):
+            if child.fits_now(gpus):
                 if child.children:
                     domains.append(child)
                 else:

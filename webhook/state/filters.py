@@ -70,7 +70,7 @@ def node_matches(node: NodeState, request: PlacementRequest) -> bool:
     if request.min_bandwidth_gbps and (node.bandwidth_gbps or 0) < request.min_bandwidth_gbps:
         return False
     # A pod the node cannot hold even when idle; one that does not fit now only has to wait.
-    return all(node.allocatable.get(name, 0) >= amount for name, amount in request.resources)
+    return all(node.other_allocatable.get(name, 0) >= amount for name, amount in request.resources)
 
 
 class NodeFilters:
@@ -94,7 +94,7 @@ class NodeFilters:
         self._headroom_changed.add(name)
 
     def count(self, node: NodeState, sign: int) -> None:
-        if node.alloc <= 0:
+        if node.gpus <= 0:
             return
         self.gpu_nodes += sign
         for item in node.labels.items():
@@ -107,23 +107,23 @@ class NodeFilters:
             self.taint_counts[taint] = self.taint_counts.get(taint, 0) + sign
         bandwidth = node.bandwidth_gbps or 0.0
         self.bandwidth_counts[bandwidth] = self.bandwidth_counts.get(bandwidth, 0) + sign
-        for name in node.allocatable:
+        for name in node.other_allocatable:
             self.resource_nodes[name] = self.resource_nodes.get(name, 0) + sign
 
     def _note_headroom(self, node: NodeState, nodes: Mapping[str, NodeState]) -> None:
-        for name in node.allocatable:
+        for name in node.other_allocatable:
             heap = self.headroom_per_gpu.setdefault(name, [])
             heapq.heappush(heap, (node.headroom(name) / node.free, node.name))
             if len(heap) > 4 * len(nodes) + 1024:  # mostly stale entries: keep the current ones
                 heap[:] = [(n.headroom(name) / n.free, n.name) for n in nodes.values()
-                           if n.free > 0 and name in n.allocatable]
+                           if n.free > 0 and name in n.other_allocatable]
                 heapq.heapify(heap)
 
     def _least_headroom_per_gpu(self, resource: str, nodes: Mapping[str, NodeState]) -> float | None:
         """The lowest headroom per free GPU of `resource` over nodes with free GPUs (None: none)."""
         for changed in self._headroom_changed:  # noted here, not on every pod event
             node = nodes.get(changed)
-            if node is not None and node.free > 0 and node.alloc > 0:
+            if node is not None and node.free > 0 and node.gpus > 0:
                 self._note_headroom(node, nodes)
         self._headroom_changed.clear()
         heap = self.headroom_per_gpu.get(resource, [])
@@ -211,7 +211,7 @@ class ConstrainedSubsets:
                      request.resources, request.gpus_per_pod if request.resources else 0)
         cached = self._subsets.get(signature)
         if cached is None:
-            subset = TopologyTree(tree.config, tree.width, fit=request)
+            subset = TopologyTree(tree.config, tree.width, serves=request)
             for node in filters.candidates(request, tree.nodes):
                 if node_matches(node, request):
                     subset.attach(dataclasses.replace(node, parent=None))  # shares pods and holds

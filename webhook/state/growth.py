@@ -86,7 +86,7 @@ class Pool:
     catalog_keys: bool = False  # Karpenter: well-known labels not named here are still chosen for the pod
     taints: tuple[tuple[str, str, str], ...] = ()
     gpus_per_node: int | None = None  # None: not known before a node exists
-    allocatable: Mapping[str, int] = field(default_factory=dict)  # other resources of a node ({}: unknown)
+    other_allocatable: Mapping[str, int] = field(default_factory=dict)  # other resources of a node ({}: unknown)
     bandwidth_gbps: float | None = None
     room_nodes: int | None = None  # nodes it may still add; None: no limit known
     room_gpus: int | None = None
@@ -140,7 +140,7 @@ class Pool:
         taints, bandwidth, and one pod's size."""
         if self.gpus_per_node is not None and request.gpus_per_pod > self.gpus_per_node:
             return False
-        if any(self.allocatable.get(name, amount) < amount for name, amount in request.resources):
+        if any(self.other_allocatable.get(name, amount) < amount for name, amount in request.resources):
             return False
         if request.min_bandwidth_gbps and (self.bandwidth_gbps or 0) < request.min_bandwidth_gbps:
             return False
@@ -309,8 +309,8 @@ def node_group(member: tuple[str, str], sample: list[NodeState], headroom: int, 
     bandwidths = {node.bandwidth_gbps for node in sample}
     return Pool("node group", member[1], member, fixed, choices, frozenset(unknown),
                 taints=tuple(sorted(set.intersection(*(set(n.taints) for n in sample)))),
-                gpus_per_node=min(node.alloc for node in sample),
-                allocatable={k: min(n.allocatable.get(k, 0) for n in sample) for k in sample[0].allocatable},
+                gpus_per_node=min(node.gpus for node in sample),
+                other_allocatable={k: min(n.other_allocatable.get(k, 0) for n in sample) for k in sample[0].other_allocatable},
                 bandwidth_gbps=bandwidths.pop() if len(bandwidths) == 1 else None,
                 room_nodes=headroom, members=frozenset(n.name for n in sample))
 
@@ -381,7 +381,7 @@ def _gpus_per_node(fixed: Mapping[str, str], choices: Mapping[str, tuple[str, ..
     types = [fixed[_INSTANCE_TYPE]] if _INSTANCE_TYPE in fixed else list(choices.get(_INSTANCE_TYPE, ()))
     if types and all(t in INSTANCE_GPUS for t in types):
         return max(INSTANCE_GPUS[t] for t in types)
-    return max((n.alloc for n in members), default=None)
+    return max((n.gpus for n in members), default=None)
 
 
 def _field(obj: Mapping, key: str) -> Mapping[str, Any]:

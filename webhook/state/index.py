@@ -214,7 +214,7 @@ class ClusterIndex:
         """The index of these objects: Nodes and Pods, and any of the DRA kinds (dra.DRA_KINDS)
         mixed in, as `kubectl get nodes,resourceslices,deviceclasses -o yaml` prints them."""
         objects = [*nodes, *pods]
-        width = max([8] + [parse_node(n, config).alloc for n in objects if n.get("kind", "Node") == "Node"])
+        width = max([8] + [parse_node(n, config).gpus for n in objects if n.get("kind", "Node") == "Node"])
         index = cls(config, width, clock)
         for obj in sorted(objects, key=_feed_order):  # what a pod's GPUs depend on comes first
             index.upsert(obj)
@@ -311,9 +311,9 @@ class ClusterIndex:
 
     def _install(self, old: NodeState | None, fresh: NodeState) -> None:
         """Put `fresh` in the tree in place of `old` (None: a new node), keeping what runs and is held there."""
-        if fresh.alloc > self.tree.width:
+        if fresh.gpus > self.tree.width:
             self.subsets.clear()  # built for the old width; rebuilt on next use
-            self.tree.grow(fresh.alloc)
+            self.tree.grow(fresh.gpus)
         if old is not None:
             fresh.pods, fresh.terminating = old.pods, old.terminating
             self.filters.count(old, -1)
@@ -381,7 +381,7 @@ class ClusterIndex:
         else:
             self.both_sources.discard(node.name)
         if node.plugin_gpus or not gpus:
-            return node if node.alloc == node.plugin_gpus and not node.devices else with_gpus(node, node.plugin_gpus)
+            return node if node.gpus == node.plugin_gpus and not node.devices else with_gpus(node, node.plugin_gpus)
         counted = with_gpus(node, sum(len(names) for _, names in gpus), gpus)
         counted.claimed.update(self.dra.claimed(node.name, gpus))
         return counted
@@ -441,7 +441,7 @@ class ClusterIndex:
             if not demand.whole_node:
                 return demand
             # every GPU of one node: of the largest nodes (the widest g any node holds a pod of)
-            ever = self.tree.root.ever
+            ever = self.tree.root.pods_idle
             largest = next((g for g in range(len(ever) - 1, 0, -1) if ever[g] > 0), 0)
             return dataclasses.replace(demand, per_pod=demand.per_pod + largest)
 
@@ -593,9 +593,9 @@ class ClusterIndex:
                 wanted = parse_gpu_set(hinted)
             except ValueError:
                 wanted = ()
-            if len(wanted) == gpus and not taken.intersection(wanted) and all(i < node.alloc for i in wanted):
+            if len(wanted) == gpus and not taken.intersection(wanted) and all(i < node.gpus for i in wanted):
                 ids = wanted  # the device plugin honoured our hint (or we assume it did)
-        node.pods[key] = (gpus, ids or self._picks.get((node.nvlink_domains, node.alloc, gpus, frozenset(taken)),
+        node.pods[key] = (gpus, ids or self._picks.get((node.nvlink_domains, node.gpus, gpus, frozenset(taken)),
                                                        lambda: node.pick_gpus(gpus, taken)))
 
     def delete_pod(self, pod: Mapping) -> None:
@@ -724,7 +724,7 @@ class ClusterIndex:
                 node = self.tree.nodes.get(name)
                 if node is not None and node.eligible and all(node.labels.get(k) in values for k, values in wanted) \
                         and absent.isdisjoint(node.labels):
-                    room += (node.alloc - siblings.get(name, 0)) // gpus
+                    room += (node.gpus - siblings.get(name, 0)) // gpus
             return room
 
     def stats(self) -> ClusterStats:
@@ -732,7 +732,7 @@ class ClusterIndex:
             total = self.tree.root.alloc_gpus
             free = self.tree.root.free_gpus
             reserved = sum(n.held_gpus for n in self.nodes.values() if n.eligible)
-            stranded = sum(n.free for n in self.nodes.values() if 0 < n.free < n.alloc)
+            stranded = sum(n.free for n in self.nodes.values() if 0 < n.free < n.gpus)
             # Domains of several nodes only: a level whose domains are single hosts (GKE's host
             # level, nodes missing a label) would give a series per node, without bound.
             utilization = tuple(

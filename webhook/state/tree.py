@@ -3,8 +3,8 @@
 Each change of a node's free GPUs is pushed up its chain of domains (node -> leaf -> spine ->
 zone -> cluster), so the placement core reads per-domain capacities in O(1) instead of rescanning
 nodes. Per domain the tree keeps, for every pod size g (GPUs per pod):
-  cap[g]  = sum over its nodes of floor(free / g)   -- pods of size g that fit whole, right now
-  ever[g] = sum over its nodes of floor(alloc / g)  -- the same with every running pod gone
+  pods_now[g]  = sum over its nodes of floor(free / g)   -- pods of size g that fit whole, right now
+  pods_idle[g] = sum over its nodes of floor(gpus / g)   -- the same with every running pod gone
 and a histogram of nodes by free GPUs. Summing per-node floors (not floors of the summed free
 GPUs) is what keeps a 2-GPU pod from "fitting" two nodes with one free GPU each.
 
@@ -46,7 +46,7 @@ class Domain:
     has_free, partly_used, path, ref, label, children), so placement walks the tree without asking
     which one it holds; a node is the tree's leaf, with no children."""
 
-    __slots__ = ("ref", "parent", "children", "free_hist", "cap", "ever", "free_gpus", "alloc_gpus", "nodes", "freeing",
+    __slots__ = ("ref", "parent", "children", "free_hist", "pods_now", "pods_idle", "free_gpus", "alloc_gpus", "nodes", "freeing",
                  "partly_used", "touched")
 
     def __init__(self, ref: DomainRef, parent: "Domain | None", width: int):
@@ -54,8 +54,8 @@ class Domain:
         self.parent = parent
         self.children: dict[str, "Domain | NodeState"] = {}  # keyed by the child's label value / node name
         self.free_hist = [0] * (width + 1)  # nodes by free GPUs
-        self.cap = [0] * (width + 1)  # cap[g]: pods of g GPUs that fit whole now
-        self.ever = [0] * (width + 1)  # ever[g]: the same on an idle cluster with every node in service
+        self.pods_now = [0] * (width + 1)  # pods_now[g]: pods of g GPUs that fit whole now
+        self.pods_idle = [0] * (width + 1)  # pods_idle[g]: the same on an idle cluster with every node in service
         self.free_gpus = 0
         self.alloc_gpus = 0  # GPUs of nodes in service
         self.freeing = 0  # GPUs of terminating pods: free once they are gone
@@ -63,14 +63,14 @@ class Domain:
         self.partly_used = 0  # nodes with some GPUs taken and some free: where small jobs run
         self.touched = -1  # bestfit.LevelOrders bookkeeping
 
-    def fits(self, gpus: int) -> int:
+    def fits_now(self, gpus: int) -> int:
         """Pods of `gpus` GPUs that fit whole now."""
-        return self.cap[gpus] if gpus < len(self.cap) else 0
+        return self.pods_now[gpus] if gpus < len(self.pods_now) else 0
 
     def fits_idle(self, gpus: int) -> int:
         """Pods of `gpus` GPUs that would fit with every running pod gone and every node back in
         service: what no amount of waiting can exceed."""
-        return self.ever[gpus] if gpus < len(self.ever) else 0
+        return self.pods_idle[gpus] if gpus < len(self.pods_idle) else 0
 
     def slots(self, gpus: int) -> int:
         """Nodes that can take one more pod of `gpus` GPUs (distributed placement counts these)."""
@@ -109,11 +109,11 @@ class NodeState:
     labels: Mapping[str, str]
     out: str  # why it is out of service for now ("cordoned", "NotReady", a lifecycle taint); "" in service
     taints: tuple[tuple[str, str, str], ...]  # (key, value, effect) with NoSchedule/NoExecute
-    alloc: int  # its GPUs: allocatable nvidia.com/gpu (device plugin), else its DRA GPU devices (dra.py)
+    gpus: int  # its GPUs: allocatable nvidia.com/gpu (device plugin), else its DRA GPU devices (dra.py)
     nvlink_domains: tuple[tuple[int, ...], ...]
     profile: HardwareProfile
     bandwidth_gbps: float | None
-    allocatable: Mapping[str, int] = field(default_factory=dict)  # every resource but GPUs (resources.py)
+    other_allocatable: Mapping[str, int] = field(default_factory=dict)  # every resource but GPUs (resources.py)
     parent: Domain | None = None
     free: int = 0  # GPUs a new workload may count on; refreshed whenever the node is (re)counted
     pods: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)  # pod key -> (gpus, ids)
@@ -133,11 +133,11 @@ class NodeState:
     # -- the read-only interface shared with Domain -------------------------------------------
     children = _NO_CHILDREN
 
-    def fits(self, gpus: int) -> int:
+    def fits_now(self, gpus: int) -> int:
         return self.free // gpus
 
     def fits_idle(self, gpus: int) -> int:
-        return self.alloc // gpus
+        return self.gpus // gpus
 
     @property
     def free_gpus(self) -> int:
@@ -151,7 +151,7 @@ class NodeState:
 
     @property
     def partly_used(self) -> int:
-        return 1 if 0 < self.free < self.alloc else 0
+        return 1 if 0 < self.free < self.gpus else 0
 
     @property
     def domain(self) -> Domain:
@@ -177,7 +177,7 @@ class NodeState:
         return not self.out
 
     def headroom(self, resource: str) -> int:
-        return self.allocatable.get(resource, 0) - self.requested.get(resource, 0)
+        return self.other_allocatable.get(resource, 0) - self.requested.get(resource, 0)
 
     def pods_fitting(self, wanted: tuple[tuple[str, int], ...]) -> int:
         """How many more pods of this per-pod request (GPUs aside) the node takes now."""
@@ -196,7 +196,7 @@ class NodeState:
         return sum(len(ids) for ids in self.held)
 
     def compute_free(self) -> int:
-        return max(0, self.alloc - self.used - self.held_gpus) if self.eligible else 0
+        return max(0, self.gpus - self.used - self.held_gpus) if self.eligible else 0
 
     @property
     def taken_ids(self) -> set[int]:
@@ -208,7 +208,7 @@ class NodeState:
     def nvlink_groups(self) -> list[tuple[int, ...]]:
         """Every GPU index in exactly one group: the NVLink domains plus singletons for the rest."""
         listed = {i for d in self.nvlink_domains for i in d}
-        return list(self.nvlink_domains) + [(i,) for i in range(self.alloc) if i not in listed]
+        return list(self.nvlink_domains) + [(i,) for i in range(self.gpus) if i not in listed]
 
     def link_for(self, ids: tuple[int, ...]) -> Interconnect:
         """The slowest link between a pod's GPUs here: NVLINK when one NVLink domain holds them all."""
@@ -219,7 +219,7 @@ class NodeState:
     def pick_gpus(self, count: int, taken: set[int]) -> tuple[int, ...]:
         """An NVLink-aligned set: the smallest group that holds `count` (best fit), else the
         fullest groups first, so a pod spans as few NVLink domains as possible."""
-        groups = [[i for i in g if i not in taken and i < self.alloc] for g in self.nvlink_groups()]
+        groups = [[i for i in g if i not in taken and i < self.gpus] for g in self.nvlink_groups()]
         groups = [g for g in groups if g]
         fitting = [g for g in groups if len(g) >= count]
         if fitting:
@@ -263,9 +263,9 @@ def parse_node(node: Mapping, config: Config) -> NodeState:
         bandwidth = parse_bandwidth_gbps(labels[BANDWIDTH_LABEL])
     except (KeyError, ValueError):
         bandwidth = None
-    return NodeState(name=meta.get("name", ""), labels=labels, out=out, taints=taints, alloc=alloc,
+    return NodeState(name=meta.get("name", ""), labels=labels, out=out, taints=taints, gpus=alloc,
                      nvlink_domains=_nvlink_domains(declared, profile, alloc), profile=profile,
-                     bandwidth_gbps=bandwidth, allocatable=node_allocatable(status), plugin_gpus=alloc,
+                     bandwidth_gbps=bandwidth, other_allocatable=node_allocatable(status), plugin_gpus=alloc,
                      declared_domains=declared)
 
 
@@ -281,23 +281,23 @@ def _nvlink_domains(declared: tuple[tuple[int, ...], ...] | None, profile: Hardw
 def with_gpus(node: NodeState, gpus: int, devices: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> NodeState:
     """The node counted with `gpus` GPUs (its DRA devices, or back to its allocatable), unattached;
     what it runs and holds is the index's to carry over."""
-    return dataclasses.replace(node, alloc=gpus, devices=devices, parent=None, claimed=set(),
+    return dataclasses.replace(node, gpus=gpus, devices=devices, parent=None, claimed=set(),
                                nvlink_domains=_nvlink_domains(node.declared_domains, node.profile, gpus))
 
 
 def placement_fields(node: NodeState) -> tuple:
     """What placement reads of a node: an update that changes none of it changes nothing."""
-    return (node.labels, node.out, node.taints, node.alloc, node.nvlink_domains, node.profile,
-            node.bandwidth_gbps, node.allocatable, node.devices)
+    return (node.labels, node.out, node.taints, node.gpus, node.nvlink_domains, node.profile,
+            node.bandwidth_gbps, node.other_allocatable, node.devices)
 
 
 class TopologyTree:
-    """Domains and nodes with their aggregates. `fit`: in a constrained subset, the request whose
+    """Domains and nodes with their aggregates. `serves`: in a constrained subset, the request whose
     pods it counts GPUs for (see usable_free); None for the whole cluster."""
 
-    def __init__(self, config: Config, width: int = 8, fit: PlacementRequest | None = None):
+    def __init__(self, config: Config, width: int = 8, serves: PlacementRequest | None = None):
         self.config = config
-        self.fit = fit
+        self.serves = serves
         self.width = width  # largest GPU count of any node seen; aggregates are sized to it
         self.root = Domain(DomainRef(-1, "cluster", ()), None, width)
         self.levels: list[dict[tuple, Domain]] = [{} for _ in config.levels]  # per level: path -> domain
@@ -360,8 +360,8 @@ class TopologyTree:
             orders.reset()
         for domain in [self.root, *(d for level in self.levels for d in level.values())]:
             domain.free_hist = [0] * (width + 1)
-            domain.cap = [0] * (width + 1)
-            domain.ever = [0] * (width + 1)
+            domain.pods_now = [0] * (width + 1)
+            domain.pods_idle = [0] * (width + 1)
             domain.free_gpus = domain.alloc_gpus = domain.nodes = domain.partly_used = domain.freeing = 0
         for node in self.nodes.values():
             self._account(node, +1)
@@ -370,18 +370,18 @@ class TopologyTree:
         """Free GPUs as this tree counts them: all of them, or in a constrained subset only what
         its request's pods can use alongside the node's other resources."""
         free = node.compute_free()
-        if self.fit is None or not self.fit.resources:
+        if self.serves is None or not self.serves.resources:
             return free
-        return min(free, node.pods_fitting(self.fit.resources) * self.fit.gpus_per_pod)
+        return min(free, node.pods_fitting(self.serves.resources) * self.serves.gpus_per_pod)
 
     def _account(self, node: NodeState, sign: int) -> None:
         """Add (sign=+1) or remove (-1) a node's contribution along its chain of domains."""
         if sign > 0:
             node.free = self.usable_free(node)
         free = node.free
-        alloc = node.alloc if node.eligible else 0
+        alloc = node.gpus if node.eligible else 0
         caps = [0] + [free // g for g in range(1, self.width + 1)]
-        evers = [0] + [node.alloc // g for g in range(1, self.width + 1)]  # out of service may return
+        evers = [0] + [node.gpus // g for g in range(1, self.width + 1)]  # out of service may return
         bucket = min(free, self.width)
         partly = sign * (0 < free < alloc)
         freeing = sign * node.freeing
@@ -391,7 +391,7 @@ class TopologyTree:
             domain.freeing += freeing
             domain.free_hist[bucket] += sign
             domain.partly_used += partly
-            cap, ever = domain.cap, domain.ever
+            cap, ever = domain.pods_now, domain.pods_idle
             for g in range(1, self.width + 1):
                 cap[g] += sign * caps[g]
                 ever[g] += sign * evers[g]
@@ -405,7 +405,7 @@ class TopologyTree:
         node.free = after
         deltas = [0] + [after // g - before // g for g in range(1, self.width + 1)]
         old_bucket, new_bucket = min(before, self.width), min(after, self.width)
-        partly = (0 < after < node.alloc) - (0 < before < node.alloc)
+        partly = (0 < after < node.gpus) - (0 < before < node.gpus)
         for domain in self.ancestors(node):
             if domain.parent is not None:
                 orders = self.orders[domain.ref.level]
@@ -414,13 +414,13 @@ class TopologyTree:
             domain.free_hist[old_bucket] -= 1
             domain.free_hist[new_bucket] += 1
             domain.partly_used += partly
-            cap = domain.cap
+            cap = domain.pods_now
             for g in range(1, self.width + 1):
                 cap[g] += deltas[g]
             domain.free_gpus += after - before
 
     def attach(self, node: NodeState) -> None:
-        if node.out and node.alloc > 0:
+        if node.out and node.gpus > 0:
             self.out_of_service[node.name] = node.out
         node.parent = self._domain_for(self.node_path(node))
         node.parent.children[node.name] = node

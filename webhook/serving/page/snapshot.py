@@ -120,9 +120,9 @@ def node_counts(node: NodeState) -> dict[str, int]:
     first (a pod the scheduler bound onto held GPUs is real, the hold is a promise) and what
     neither takes on an out-of-service node is out."""
     free = node.free
-    used = min(node.used, node.alloc - free)
-    held = min(node.held_gpus, node.alloc - free - used)
-    return {"total": node.alloc, "used": used, "held": held, "free": free, "out": node.alloc - free - used - held}
+    used = min(node.used, node.gpus - free)
+    held = min(node.held_gpus, node.gpus - free - used)
+    return {"total": node.gpus, "used": used, "held": held, "free": free, "out": node.gpus - free - used - held}
 
 
 def gpu_states(node: NodeState, counts: dict[str, int]) -> list[str]:
@@ -166,7 +166,7 @@ class _Reader:
         self.marked = marked
         self.width = index.tree.width
         self.sizes = sorted({g for g in (1, 2, 4, 8, 16, 32, 64) if g <= self.width} | {self.width})
-        self.gpu_nodes = sum(1 for node in index.nodes.values() if node.alloc > 0)
+        self.gpu_nodes = sum(1 for node in index.nodes.values() if node.gpus > 0)
         self.draw_all = self.gpu_nodes <= NODE_DETAIL_LIMIT
         levels = index.levels
         # The deepest level drawn as blocks; below it only a focused domain opens.
@@ -186,7 +186,7 @@ class _Reader:
                 extra = self.extra.setdefault(id(domain), {"held": 0, "out": 0, "out_total": 0})
                 extra["held"] += counts["held"]
                 extra["out"] += counts["out"]
-                extra["out_total"] += node.alloc if node.out else 0
+                extra["out_total"] += node.gpus if node.out else 0
         for name in marked:
             node = index.nodes.get(name)
             if node is not None:
@@ -204,9 +204,9 @@ class _Reader:
                      "out": extra["out"]},
             "utilization": round(1 - domain.free_gpus / domain.alloc_gpus, 4) if domain.alloc_gpus else 0.0,
             "partly_used_nodes": domain.partly_used,
-            "pods_fitting": {str(g): domain.fits(g) for g in self.sizes},
+            "pods_fitting": {str(g): domain.fits_now(g) for g in self.sizes},
             "largest_pod_gpus": largest_pod,
-            "largest_job_gpus": self.width * domain.fits(self.width),
+            "largest_job_gpus": self.width * domain.fits_now(self.width),
             "marked": id(domain) in self.marked_domains,
         }
         open_nodes = open_nodes or self.draw_all or (bool(self.selection.focus) and domain.ref.name == self.selection.focus
@@ -223,8 +223,8 @@ class _Reader:
                 block["hidden_domains"] = len(deeper)
         elif open_nodes:
             nodes = sorted(cast("list[NodeState]", children), key=lambda node: natural(node.name))
-            block["node_list"] = [self.node(node) for node in nodes if node.alloc > 0]
-            block["nodes_without_gpus"] = sum(1 for node in nodes if node.alloc == 0)
+            block["node_list"] = [self.node(node) for node in nodes if node.gpus > 0]
+            block["nodes_without_gpus"] = sum(1 for node in nodes if node.gpus == 0)
         return block
 
     def node(self, node: NodeState) -> dict:
@@ -263,7 +263,7 @@ class _Reader:
         rows = []
         for name in sorted(out, key=natural)[:LIST_LIMIT]:
             node = self.index.nodes[name]
-            rows.append({"node": name, "reason": out[name], "gpus": node.alloc,
+            rows.append({"node": name, "reason": out[name], "gpus": node.gpus,
                          "domain": node.parent.ref.name if node.parent is not None else ""})
         return rows, len(out)
 
