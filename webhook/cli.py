@@ -26,7 +26,7 @@ from . import admission
 from .discover import command as discover_command
 from .kube import certbootstrap, demo, ungate
 from .kube.access import cluster_access
-from .kube.claims import DEFAULT_BUDGET_SECONDS
+from .kube.shared_claims import DEFAULT_BUDGET_SECONDS
 from .kube.clusterview import ApiFeed, own_namespace
 from .kube.gatekey import ensure_gate_key
 from .kube.kubeclient import api_client_from

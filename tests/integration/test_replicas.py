@@ -1,5 +1,5 @@
 """Replicas that agree: two real `serve --kubeconfig --claims-namespace` processes against one fake
-API server, sharing holds through the claims Lease (webhook/kube/claims.py).
+API server, sharing holds through the claims Lease (webhook/kube/shared_claims.py).
 
 Each replica is the real gunicorn server over TLS with its live view of tests/integration/fakeapiserver.py;
 requests go to them as the apiserver's Service would spread them. Waits are bounded polls.
@@ -16,7 +16,7 @@ from conftest import (LABELS, LEAF, RunningServer, eventually, patched_object, r
 from tests.fixtures.builders import gpu_job
 from test_admission import deletion
 
-from webhook.kube.claims import CLAIMS_ANNOTATION, LEASE_NAME
+from webhook.kube.shared_claims import CLAIMS_ANNOTATION, LEASE_NAME
 from webhook.kube.demo import make_node
 
 NAMESPACE = "topology-webhook"

@@ -24,7 +24,7 @@ Per kind (nodes, pods) one daemon thread runs the reflector loop:
 
 A third thread expires reservations whose time-to-live has passed. When replicas share their
 claims (`claims_namespace`), a third stream lists and watches the claims Lease in that namespace
-the same way and applies each version to the ledger (webhook/kube/claims.py).
+the same way and applies each version to the ledger (webhook/kube/shared_claims.py).
 
 Objects are handled as the plain dicts the API sends (the shape `ClusterIndex` reads): watch
 events are not turned into client model objects, which would cost far more than the index
@@ -51,7 +51,7 @@ from ..settings.config import Config
 from ..state import dra
 from ..state.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND, object_key
 from ..state.index import ClusterIndex, out_of_the_collectors_way, pod_key
-from .claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
+from .shared_claims import DEFAULT_BUDGET_SECONDS, LEASE_NAME, ApiClaims, describe
 from .releaser import Releaser
 from .scaleups import ApiScaleUps
 

@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from ..objects.provisioning import GROUP, VERSION
-from .claims import describe
+from .shared_claims import describe
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ it can be), reserve, in that order.
 The placement core decides and writes nothing; this is where a decision meets the state that
 other requests and the watch threads change, so it is the one place that takes the index's lock.
 
-With replicas sharing claims (`index.claims`, webhook/kube/claims.py over the API), a placed decision
+With replicas sharing claims (`index.shared_claims`, webhook/kube/shared_claims.py over the API), a placed decision
 is also written there, against the version of the claims it was made with: when another replica
 wrote first, decide again. Past the claims' time budget the decision stands alone, and says so.
 """
@@ -136,7 +136,7 @@ def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None
     """`place_and_reserve`, and the hold claimed for every replica when they share claims: at
     most one write when nobody else wrote meanwhile, a new decision for every 409. Returns the
     decision and the warnings to give (a decision made alone)."""
-    if index.claims is None or key is None:
+    if index.shared_claims is None or key is None:
         return place_and_reserve(index, request, key), []
     decision, alone = _shared(index, key, request.workload, lambda: place_and_reserve(index, request, key))
     assert decision is not None
@@ -169,7 +169,7 @@ def _shared(index: ClusterIndex, key: str, who: str, decide: Callable[[], Decisi
     """Decide and claim the placement for every replica (when they share claims), deciding again
     after each 409 within the claims' time budget; a placement claimed by nobody comes back with
     the warning that it was made alone."""
-    claims = index.claims
+    claims = index.shared_claims
     if claims is None:
         return decide(), []
     deadline = time.monotonic() + claims.budget_seconds
@@ -238,7 +238,7 @@ def on_nodes(request: PlacementRequest, nodes: list[str]) -> PlacementRequest:
 def release_shared(index: ClusterIndex, key: str) -> None:
     """A workload is deleted: drop its hold here, and its claim for every replica."""
     index.release(key)
-    claims = index.claims
+    claims = index.shared_claims
     if claims is not None:
         problem = claims.unclaim(key, time.monotonic() + claims.budget_seconds)
         if problem is not None:

@@ -146,7 +146,7 @@ def pending_hold(annotations: Mapping, spec: Mapping, gpus: int) -> tuple[str, s
 
 
 class SharedClaims(Protocol):
-    """Holds shared with other replicas; see webhook/kube/claims.py."""
+    """Holds shared with other replicas; see webhook/kube/shared_claims.py."""
 
     budget_seconds: float
 
@@ -181,7 +181,7 @@ class ClusterIndex:
         self.filters = NodeFilters()
         self.subsets = ConstrainedSubsets()
         self.ledger = ReservationLedger(config.reservation_ttl_seconds, clock)
-        self.claims: SharedClaims | None = None  # holds shared with other replicas (share_claims)
+        self.shared_claims: SharedClaims | None = None  # holds shared with other replicas (share_claims)
         self.orphan_pods: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {}  # pods bound to unknown nodes
         self.pod_nodes: dict[str, str] = {}  # pod key -> node name its GPUs are counted on
         self.usage = ResourceUsage()  # bound pods' requests of every resource but GPUs
@@ -691,7 +691,7 @@ class ClusterIndex:
 
     def share_claims(self, claims: SharedClaims) -> None:
         """Holds from now on also go through `claims`, shared with the other replicas."""
-        self.claims = claims
+        self.shared_claims = claims
 
     def restricted_to(self, request: PlacementRequest) -> TopologyTree:
         """The whole tree, or the constrained subset holding only the nodes the request may use."""

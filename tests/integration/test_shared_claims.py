@@ -8,7 +8,7 @@ import time
 import pytest
 from conftest import LABELS, LEAF, eventually
 
-from webhook.kube.claims import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
+from webhook.kube.shared_claims import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
 from webhook.kube.demo import make_node
 from webhook.core.model import Outcome, PlacementRequest, Strategy
 from webhook.placement.placer import place_group, place_shared, release_shared
@@ -114,11 +114,11 @@ def test_serve_refuses_claims_it_cannot_keep(flags, message, capsys, tmp_path, m
 
 def test_a_claim_decided_before_another_replicas_claims_arrived_is_decided_again_without_a_write(fake, views):
     a, b = views
-    stale = b.index.claims.basis()
+    stale = b.index.shared_claims.basis()
     place_shared(a.index, whole_node("a"), "ml/Job/a")
-    eventually(lambda: b.index.claims.basis() != stale, what="a's claim on b")
+    eventually(lambda: b.index.shared_claims.basis() != stale, what="a's claim on b")
     writes = len(fake.writes)
-    assert b.index.claims.claim("ml/Job/b", stale, time.monotonic() + 5) == "conflict"
+    assert b.index.shared_claims.claim("ml/Job/b", stale, time.monotonic() + 5) == "conflict"
     assert len(fake.writes) == writes
 
 
