@@ -1,5 +1,5 @@
 """Writes charts/topology-webhook/README.md: the chart's values table from values.yaml's own
-comments, so the two cannot drift apart (tests/test_chart.py checks the file is current).
+comments, so the two cannot drift apart (tests/artifacts/test_chart.py checks the file is current).
 
     python .ci/chart_readme.py            # rewrite the README
 """

@@ -1,5 +1,5 @@
 """Writes the generated parts of the reference pages from the code, so the two cannot drift apart
-(tests/test_docs.py checks each page is current):
+(tests/artifacts/test_docs.py checks each page is current):
 
 - docs/reference/settings.md: every key of the settings file (webhook.settings.loading.FILE_KEYS) with
   its type and bounds as the loader checks them, its default and its documentation (the `doc` of

@@ -22,7 +22,7 @@ Two stream versions (`STREAM_VERSIONS`; `sample_stream(..., version=...)`):
 - **1, the streams of every run before issue 38** (`--streams 1`), drawn exactly as then: size drawn
   independently of duration, durations lognormal with the trace's median and sigma redrawn above
   min(p99, cap_s) (3 h in the full grid), every multi-node job whole 8-GPU pods, every job the
-  scenario's one communication share. tests/test_bench_quality.py pins these streams for a few seeds.
+  scenario's one communication share. tests/simulator/test_bench_quality.py pins these streams for a few seeds.
 
 Sources: size shares by job count and by share of GPU time, per bucket, read from the vector paths of
 the published CDF figures (about +-0.3 points; checked against the mean GPUs per job of AcmeTrace

@@ -1,5 +1,5 @@
 """Every manifest we ship, accepted by the real kube-apiserver (hack/local-cluster): each example in
-examples/ and every chart render the tests make (tests/test_chart.py's VALUE_SETS, rendered as
+examples/ and every chart render the tests make (tests/artifacts/test_chart.py's VALUE_SETS, rendered as
 there), through `kubectl apply --dry-run=server` with kubectl's strict field validation, after our
 own webhook (registered as the chart registers it) has had its say.
 
@@ -35,11 +35,11 @@ CLUSTER_SCOPED = {"NodePool"}
 
 EXCLUDED = {
     ("cert-manager.io/v1", "Certificate"): "cert-manager publishes no CRD schema in tests/fixtures/crds; "
-                                           "tests/test_chart.py checks these objects field by field",
+                                           "tests/artifacts/test_chart.py checks these objects field by field",
     ("cert-manager.io/v1", "Issuer"): "as Certificate",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "Prometheus Operator's CRDs are not in tests/fixtures/crds; "
-                                                    "tests/test_chart.py checks these objects field by field",
-    ("monitoring.coreos.com/v1", "PrometheusRule"): "as ServiceMonitor; tests/test_alerts.py runs its rules",
+                                                    "tests/artifacts/test_chart.py checks these objects field by field",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "as ServiceMonitor; tests/artifacts/test_alerts.py runs its rules",
     ("resource.nvidia.com/v1beta1", "ComputeDomain"): "NVIDIA's DRA driver CRD is not in tests/fixtures/crds; "
                                                       "the webhook only reads a ComputeDomain, never writes one",
     ("kubeflow.org/v1", "PyTorchJob"): "no CRD schema at a version we pin (tests/fixtures/crds/README.md); its "

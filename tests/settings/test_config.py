@@ -12,7 +12,7 @@ from webhook.settings.loading import config_from_mapping, levels_from, load_conf
 from webhook.settings.presets import PRESETS
 from webhook.kube.demo import make_node, make_pod
 
-FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures"
 
 
 def test_default_levels_are_zone_spine_leaf():

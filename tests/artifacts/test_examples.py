@@ -12,9 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 from conftest import assert_valid_kubernetes_object, review_of
-from test_groups import LEAF_OF, admit, lws_pods
-from test_idempotence_properties import allowed_nodes
 
+from tests.fixtures.shared import LEAF_OF, admit, allowed_nodes, lws_pods
 from webhook.kube import demo
 from webhook.admission import review
 from webhook.cli import file_index, main
@@ -23,8 +22,8 @@ from webhook.settings.presets import PRESETS
 from webhook.state.dra import DRA_KINDS
 from webhook.objects.workload import pod_templates
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-CRDS = pathlib.Path(__file__).parent / "fixtures" / "crds"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CRDS = pathlib.Path(__file__).parents[1] / "fixtures" / "crds"
 
 
 def example(name: str) -> dict:

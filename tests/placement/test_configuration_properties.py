@@ -17,7 +17,7 @@ import jsonpatch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from test_idempotence_properties import allowed_nodes_of
+from tests.fixtures.shared import allowed_nodes_of
 from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.settings.loading import levels_from
@@ -38,7 +38,7 @@ LEVEL_KEYS = sorted({lv.label for preset in PRESETS.values() for lv in preset}
 VALUES = ("a", "b", "c")
 KINDS = ("Pod", "Job", "Deployment", "StatefulSet", "ReplicaSet", "CronJob", "operator")
 # The operators' kinds (JobSet, PyTorchJob, MPIJob, LeaderWorkerSet, RayCluster) as the examples write them.
-OPERATOR_OBJECTS = [o for path in sorted((pathlib.Path(__file__).parents[1] / "examples").glob("*.yaml"))
+OPERATOR_OBJECTS = [o for path in sorted((pathlib.Path(__file__).parents[2] / "examples").glob("*.yaml"))
                     for o in read_objects(str(path)) if o["kind"] not in KINDS]
 
 

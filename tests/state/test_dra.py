@@ -10,8 +10,8 @@ import kubernetes_validate
 import pytest
 import yaml
 from conftest import eventually, review_of
-from test_metrics import samples
 
+from tests.fixtures.shared import samples
 from webhook.cli import main
 from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config

@@ -5,9 +5,8 @@ import copy
 
 from conftest import review_of
 from fixtures.builders import workload
-from test_groups import LEAF_OF, leaves_allowed
-from test_idempotence_properties import allowed_nodes
 
+from tests.fixtures.shared import LEAF_OF, allowed_nodes, leaves_allowed
 from webhook.kube import demo
 from webhook.admission import review
 from webhook.serving.app import create_app

@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 
 from webhook.serving.paths import DEFAULT_PORT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONSTRAINTS = ROOT / ".ci" / "constraints.txt"
 
 
@@ -188,7 +188,7 @@ def test_build_context_holds_what_the_builder_copies():
 
 @pytest.mark.parametrize("path", [
     "certs/ca.pem", "certs/tls.key", "webhook/__pycache__/config.cpython-311.pyc", ".git/config",
-    ".venv/bin/python", "tests/test_chart.py", "charts/topology-webhook/values.yaml", ".ci/run",
+    ".venv/bin/python", "tests/artifacts/test_chart.py", "charts/topology-webhook/values.yaml", ".ci/run",
 ])
 def test_build_context_leaves_out_keys_caches_and_everything_else(path):
     assert not sent_to_the_build(path)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from tests.fixtures.builders import (container, deep, gpu_job, load_json, schema_error, seed_manifests, template_of,
                                      valid, workload)
+from tests.fixtures.shared import deletion
 from webhook import admission
 from webhook.objects import mutation
 from webhook.state.index import ClusterIndex
@@ -257,12 +258,6 @@ def test_a_cronjob_is_placed_without_reserving_and_its_job_is_placed_afresh(inde
     valid(patched(made, job_result))
 
 
-def deletion(obj: dict, dry_run: bool = False) -> dict:
-    """A DELETE review as the apiserver sends it: no object, the stored object as oldObject."""
-    body = admission.make_review(obj, operation="DELETE", dry_run=dry_run, uid=f"delete-{dry_run}")
-    body["request"].update(object=None, oldObject=body["request"]["object"], name=obj["metadata"]["name"],
-                           options={"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"})
-    return body
 
 
 def test_deleting_a_placed_workload_releases_its_reservation_and_is_allowed(index):

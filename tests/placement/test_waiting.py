@@ -19,7 +19,6 @@ from webhook.placement import waiting
 from webhook.placement.placer import place, place_and_reserve, place_gated
 from webhook.kube.demo import leaf_spine_nodes, make_pod
 from webhook.placement import enforce
-from webhook.objects import mutation
 from webhook.objects.workload import read
 
 from tests.fixtures.builders import workload

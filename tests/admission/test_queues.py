@@ -6,8 +6,8 @@ import copy
 import pytest
 from conftest import review_of
 from fixtures.builders import workload
-from test_groups import leaves_allowed
 
+from tests.fixtures.shared import leaves_allowed
 from webhook.kube import demo
 from webhook.admission import review
 from webhook.cli import file_index

@@ -9,7 +9,7 @@ import sys
 import tarfile
 import zipfile
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def install_requires() -> list[str]:

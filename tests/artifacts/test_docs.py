@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 README_LIMIT_BYTES = 12 * 1024
 DOCS = sorted([ROOT / "README.md", ROOT / "bench" / "README.md", ROOT / "charts" / "topology-webhook" / "README.md",
                *(ROOT / "docs").rglob("*.md")])

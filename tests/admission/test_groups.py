@@ -9,52 +9,20 @@ import threading
 import pytest
 from conftest import review_of
 from fixtures.builders import container, workload
-from test_idempotence_properties import allowed_nodes
 
+from tests.fixtures.shared import admit, allowed_nodes, leaves_allowed, lws_pods, operator_pod, pytorchjob_pods
 from webhook.kube import demo
 from webhook.admission import review
 from webhook.cli import file_index
 from webhook.settings.config import Config
 
 LEAF = "topology.scheduler/leaf"
-LEAF_OF = {node["metadata"]["name"]: node["metadata"]["labels"][LEAF] for node in demo.leaf_spine_nodes()}
 
 
-def operator_pod(name: str, labels: dict, annotations: dict, gpus: int = 8, owner: tuple[str, str] | None = None,
-                 namespace: str = "ml") -> dict:
-    """A Pod as an operator creates it: labels and annotations copied from its replica template."""
-    meta: dict = {"name": name, "namespace": namespace, "labels": dict(labels), "annotations": dict(annotations)}
-    if owner:
-        meta["ownerReferences"] = [{"apiVersion": "kubeflow.org/v1", "kind": owner[0], "name": owner[1],
-                                    "uid": f"uid-{owner[1]}", "controller": True, "blockOwnerDeletion": True}]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"containers": [container(gpus=gpus)], "restartPolicy": "OnFailure"}}
 
 
-def pytorchjob_pods(job: str, workers: int = 3, gpus: int = 8) -> list[dict]:
-    """1 master + `workers` workers, as the training operator makes them from a PyTorchJob whose
-    replica templates carry our annotations (gpu-count: the whole job's GPUs)."""
-    annotations = {"topology.scheduler/gpu-count": str((workers + 1) * gpus),
-                   "topology.scheduler/placement-strategy": "consolidated"}
-    pods = []
-    for role, index in [("master", 0)] + [("worker", i) for i in range(workers)]:
-        labels = {"training.kubeflow.org/job-name": job, "training.kubeflow.org/replica-type": role,
-                  "training.kubeflow.org/replica-index": str(index), "training.kubeflow.org/operator-name": "pytorchjob-controller"}
-        pods.append(operator_pod(f"{job}-{role}-{index}", labels, annotations, gpus, owner=("PyTorchJob", job)))
-    return pods
 
 
-def lws_pods(name: str, group: int, size: int = 4, gpus: int = 8) -> list[dict]:
-    """One LeaderWorkerSet group: leader (worker-index 0) and workers, as the LWS controller makes them."""
-    pods = []
-    for worker in range(size):
-        labels = {"leaderworkerset.sigs.k8s.io/name": name, "leaderworkerset.sigs.k8s.io/group-index": str(group),
-                  "leaderworkerset.sigs.k8s.io/worker-index": str(worker)}
-        annotations = {"leaderworkerset.sigs.k8s.io/size": str(size),
-                       "topology.scheduler/placement-strategy": "consolidated"}
-        pod_name = f"{name}-{group}" + (f"-{worker}" if worker else "")
-        pods.append(operator_pod(pod_name, labels, annotations, gpus))
-    return pods
 
 
 @pytest.fixture
@@ -63,14 +31,8 @@ def fresh_index():
     return index
 
 
-def admit(pod: dict, index, config: Config | None = None):
-    result = review(review_of(pod), index, config or Config())
-    assert result.review["response"]["allowed"], result.review["response"]
-    return result
 
 
-def leaves_allowed(pod: dict) -> set[str]:
-    return {LEAF_OF[name] for name in allowed_nodes(pod)}
 
 
 @pytest.mark.parametrize("order", list(itertools.permutations(range(4)))[::5])

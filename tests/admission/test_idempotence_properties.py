@@ -10,6 +10,7 @@ import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.fixtures.shared import LABELS, allowed_nodes
 from webhook import admission
 from webhook.objects import mutation
 from webhook.kube import demo
@@ -17,49 +18,11 @@ from webhook.admission import make_review
 from webhook.cli import file_index
 from webhook.settings.config import Config
 
-
-
 CONFIG = Config()
 NODES, PODS = demo.demo_cluster()
-LABELS = {n["metadata"]["name"]: {**n["metadata"]["labels"], "kubernetes.io/hostname": n["metadata"]["name"]}
-          for n in NODES}
 KEYS = sorted({"topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf",
                "kubernetes.io/hostname", "example.com/absent"})
 VALUES = sorted({v for labels in LABELS.values() for k, v in labels.items() if k in KEYS})
-
-
-# ----- Kubernetes' node selection, as kube-scheduler evaluates it --------------------------------
-
-def expression_matches(expr: dict, labels: dict) -> bool:
-    key, op, values = expr["key"], expr["operator"], expr.get("values") or []
-    if op == "In":
-        return key in labels and labels[key] in values
-    if op == "NotIn":
-        return key not in labels or labels[key] not in values
-    if op == "Exists":
-        return key in labels
-    return key not in labels  # DoesNotExist
-
-
-def term_matches(term: dict, labels: dict) -> bool:
-    """An empty term (no expressions, no fields) matches no node."""
-    expressions = term.get("matchExpressions") or []
-    return bool(expressions or term.get("matchFields")) and all(expression_matches(e, labels) for e in expressions)
-
-
-def allowed_nodes_of(pod: dict, node_labels: dict[str, dict]) -> set[str]:
-    """The nodes (name -> labels) a pod or pod template's nodeSelector and required node affinity allow."""
-    spec = pod["spec"]
-    terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms")
-    selector = spec.get("nodeSelector") or {}
-    return {name for name, labels in node_labels.items()
-            if all(labels.get(k) == v for k, v in selector.items())
-            and (terms is None or any(term_matches(t, labels) for t in terms))}
-
-
-def allowed_nodes(pod: dict) -> set[str]:
-    return allowed_nodes_of(pod, LABELS)
 
 
 # ----- generated workloads ------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import yaml
 
 from conftest import assert_valid_kubernetes_object, eventually, review_of
 from tests.fixtures.builders import gpu_job
+from tests.fixtures.shared import GPU_TOLERATION, NODEPOOL, karpenter_nodes
 from webhook.cli import main
 from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
@@ -29,27 +30,6 @@ ZONE = "topology.kubernetes.io/zone"
 SPINE, LEAF = "topology.scheduler/spine", "topology.scheduler/leaf"
 GKE_POOL = "cloud.google.com/gke-nodepool"
 BLOCK, SUBBLOCK, HOST = (lv.label for lv in PRESETS["gke"])
-# What Karpenter's docs show for a GPU NodePool (https://karpenter.sh/docs/concepts/nodepools/).
-NODEPOOL = {
-    "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "gpu-h100"},
-    "spec": {
-        "weight": 50,
-        "template": {
-            "metadata": {"labels": {"example.com/gpu-pool": "h100"}},
-            "spec": {
-                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "gpu"},
-                "taints": [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}],
-                "requirements": [
-                    {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5.48xlarge"]},
-                    {"key": "karpenter.k8s.aws/instance-gpu-count", "operator": "In", "values": ["8"]},
-                    {"key": ZONE, "operator": "In", "values": ["us-east-1b", "us-east-1a"]},
-                    {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["reserved", "on-demand"]},
-                ]}},
-        "limits": {"nvidia.com/gpu": "128", "nodes": "16"}},
-    "status": {"nodes": 4, "resources": {"nvidia.com/gpu": "32"},
-               "conditions": [{"type": "Ready", "status": "True"}]},
-}
-GPU_TOLERATION = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
 def scheduler_allows(pod_spec: dict, labels: dict) -> bool:
@@ -68,13 +48,6 @@ def required_keys(pod_spec: dict) -> set[str]:
     return {e["key"] for term in required["nodeSelectorTerms"] for e in term["matchExpressions"]}
 
 
-def karpenter_nodes(count: int = 4) -> list[dict]:
-    """Nodes the NodePool launched: its labels, plus the network layers the cloud adds at launch."""
-    return [make_node(f"ip-10-0-0-{i}", {NODEPOOL_LABEL: "gpu-h100", "example.com/gpu-pool": "h100",
-                                        "node.kubernetes.io/instance-type": "p5.48xlarge", ZONE: "us-east-1a",
-                                        SPINE: "nn-spine-1", LEAF: f"nn-leaf-{i // 2}"},
-                      taints=[{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}])
-            for i in range(count)]
 
 
 def node_karpenter_would_add(pod_spec: dict) -> dict:

@@ -8,6 +8,7 @@ import pytest
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.fixtures.shared import samples
 from webhook import __version__
 from webhook.admission import AdmissionOutcome
 from webhook.serving.metrics import Metrics
@@ -25,10 +26,6 @@ class Stats:
     preset: str = "gke"
 
 
-def samples(metrics: Metrics) -> dict:
-    text = metrics.render()[0].decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def test_decisions_are_counted_by_kind_strategy_and_outcome_and_ignored_ones_only_timed():
@@ -66,7 +63,7 @@ def test_cluster_gauges_are_read_from_the_view_at_scrape_time():
     assert got[("topology_levels_info", (("levels", levels), ("preset", "gke")))] == 1
 
 
-ROOT = str(pathlib.Path(__file__).parents[1])
+ROOT = str(pathlib.Path(__file__).parents[2])
 WORKER = """
 import sys
 from webhook.admission import AdmissionOutcome

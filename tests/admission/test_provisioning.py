@@ -9,11 +9,9 @@ import pathlib
 
 import jsonschema
 from conftest import assert_valid_kubernetes_object, review_of
-from test_admission import deletion
-from test_groups import pytorchjob_pods
-from test_growth import GPU_TOLERATION, NODEPOOL, karpenter_nodes
 
 from tests.fixtures.builders import gpu_job
+from tests.fixtures.shared import GPU_TOLERATION, NODEPOOL, deletion, karpenter_nodes, pytorchjob_pods
 from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.kube.demo import demo_cluster
@@ -24,7 +22,7 @@ from webhook.objects.workload import pod_template
 
 ATOMIC = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 CONFIG = Config(provisioning_request_class=ATOMIC)
-SCHEMA = json.loads(gzip.decompress((pathlib.Path(__file__).parent / "fixtures" / "crds" /
+SCHEMA = json.loads(gzip.decompress((pathlib.Path(__file__).parents[1] / "fixtures" / "crds" /
                                      "autoscaling.x-k8s.io_v1_ProvisioningRequest.json.gz").read_bytes()))
 
 

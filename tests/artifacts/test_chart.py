@@ -28,7 +28,7 @@ from webhook.settings.config import DEFAULT_NCCL_PROFILES, LINK_CLASSES, Config,
 from webhook.settings.loading import FILE_KEYS, config_from_mapping
 from webhook.settings.presets import PRESETS
 
-CHART_DIR = Path(__file__).resolve().parents[1] / "charts" / "topology-webhook"
+CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "topology-webhook"
 RELEASE = "tw"
 NAMESPACE = "gpu-infra"
 FULLNAME = "tw-topology-webhook"
