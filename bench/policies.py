@@ -20,9 +20,9 @@ from webhook.core.injection import RESERVATION, WAITING_FOR
 from webhook.settings.config import Config
 from webhook.kube.demo import make_pod
 from webhook.core.gpus import format_gpu_set
-from webhook.core.model import Decision, NodeRequirement, Outcome, PlacementRequest, Strategy
+from webhook.core.model import Decision, Hold, NodeRequirement, Outcome, PlacementRequest, Strategy
 from webhook.placement.placer import place, place_gated
-from webhook.placement.enforce import gates, pins, waited_domain
+from webhook.placement.enforce import waited_domain
 
 from .costmodel import Network
 from .fabric import GPUS_PER_NODE, SimCluster, SimNode, pick_gpus
@@ -377,7 +377,7 @@ class Ours(Policy):
       kube-scheduler places them pod by pod (`kube_scheduler_with_preference`) instead of waiting.
 
     - Wait, gated (`gate_waits`: what would be pinned is held by a scheduling gate instead,
-      enforce.gates): the releaser decides the job again at every release, oldest first (the
+      `Hold.GATE`): the releaser decides the job again at every release, oldest first (the
       engine's pass), and starts it in its domain or in one no wider as soon as one holds it
       (placer.place_gated).
 
@@ -416,7 +416,7 @@ class Ours(Policy):
 
     def anywhere_for(self, wait: Decision) -> bool:
         """Whether a job told `wait` may still go anywhere (only prefers the domain it names)."""
-        return not pins(wait, self.config)
+        return wait.hold is Hold.PREFER
 
     def place(self, job: Job) -> list[PodPlacement] | None:
         if job.job_id in self.waiting:
@@ -426,7 +426,7 @@ class Ours(Policy):
             if self.pinned and decision.scope is not None and decision.requirements:
                 nodes = self._nodes_of(decision)
                 self.waiting[job.job_id] = (decision, nodes)
-                if gates(decision, self.config):
+                if decision.hold is Hold.GATE:
                     self.gated.add(job.job_id)
                 elif not self.anywhere_for(decision):
                     self.held[job.job_id] = frozenset(self.cluster.nodes[i].name for i in nodes)

@@ -69,7 +69,7 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
 
 
 def released(pod: Mapping, decision: Decision) -> dict:
-    """A gated pod (see `enforce.gates`) let go where `decision` places it: the decision's domain added as
+    """A gated pod (see `Hold.GATE`, placement/enforce.py) let go where `decision` places it: the decision's domain added as
     required node affinity, its GPU ids and summary written, our gate removed. Nothing else
     changes: a pod's containers are fixed at creation, and while it is gated the API allows only
     narrowing its node affinity (KEP-3838), so the pin is required even for a balanced wait."""

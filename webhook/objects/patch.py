@@ -45,7 +45,8 @@ def changed_parts(received: Any, mutated: Any) -> tuple[Any, Any]:
     paths (`/spec/containers/0/env`), and what differs inside an item is patched inside it, never
     by replacing the list. Lists of different lengths are kept whole, for the diff to match up."""
     if isinstance(received, list) and isinstance(mutated, list) and len(received) == len(mutated):
-        received, mutated = dict(zip(map(str, range(len(received))), received)), dict(zip(map(str, range(len(mutated))), mutated))
+        indices = [str(i) for i in range(len(received))]
+        received, mutated = dict(zip(indices, received)), dict(zip(indices, mutated))
     if not (isinstance(received, dict) and isinstance(mutated, dict)):
         return received, mutated
     kept_received, kept_mutated = {}, {}

@@ -20,9 +20,9 @@ def enforced(decision: Decision, config: Config) -> Decision:
 def how_held(decision: Decision, config: Config) -> Hold | None:
     if decision.outcome is Outcome.NEVER:
         return None
-    if gates(decision, config):
-        return Hold.GATE
-    return Hold.PIN if pins(decision, config) else Hold.PREFER
+    if not pins(decision, config):
+        return Hold.PREFER
+    return Hold.GATE if _gated(decision, config) else Hold.PIN
 
 
 def pins(decision: Decision, config: Config) -> bool:
@@ -46,15 +46,12 @@ def pins(decision: Decision, config: Config) -> bool:
                                                  and config.pin_only_where_locality_pays)
 
 
-def gates(decision: Decision, config: Config) -> bool:
+def _gated(decision: Decision, config: Config) -> bool:
     """Whether a pinned wait is held by our scheduling gate instead (`gate_waits`): a wait for
     room, in a workload whose work ends (`PlacementRequest.may_pin_wait`: a Deployment's template
     would gate its pods for good) that names its domain."""
     return (config.gate_waits and decision.outcome is Outcome.WAIT and decision.code == NO_ROOM_NOW
-            and decision.scope is not None and bool(decision.scope.path) and decision.request.may_pin_wait
-            and pins(decision, config))
-
-
+            and decision.scope is not None and bool(decision.scope.path) and decision.request.may_pin_wait)
 
 
 def waited_domain(decision: Decision) -> str | None:
