@@ -15,7 +15,8 @@ import pytest
 from tests.integration.fakeapiserver import FakeApiServer
 from conftest import LABELS, LEAF, ApiServer, eventually, start_server, stop_server, write_kubeconfig
 from webhook.core.injection import RESERVATION as RESERVATION_ANNOTATION
-from webhook.kube.clusterview import Backoff, ApiFeed
+from webhook.kube.clusterview import ApiFeed
+from webhook.kube.streams import Backoff
 from webhook.settings.config import Config, ConfigError
 from webhook.kube.kubeclient import api_client_from
 from webhook.kube.demo import demo_cluster, make_node, make_pod

@@ -1,0 +1,118 @@
+"""Which streams the `ApiFeed` (webhook/kube/clusterview.py) runs besides the nodes', per kind: how
+each kind is listed and watched, and how its objects reach the index: the pods, the claims Lease
+(webhook/kube/shared_claims.py), what autoscalers publish about how the cluster can grow, and the
+DRA kinds and PodGroups. The machinery each stream runs on is webhook/kube/streams.py. Nothing
+happens at import time.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+from kubernetes import client as k8s_client
+from kubernetes.client.exceptions import ApiException
+
+from ..state import dra
+from ..state.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND, object_key
+from ..state.index import ClusterIndex, pod_key
+from .shared_claims import LEASE_NAME, ApiClaims
+from .streams import NOT_FOUND, Stream
+
+GROWTH_STREAMS = ("nodepools", "autoscaler-status")
+NODEPOOL_VERSION = "v1"
+
+
+def pod_stream(index: ClusterIndex, core: k8s_client.CoreV1Api) -> Stream:
+    """Every pod of every namespace, each counted under its `pod_key`."""
+    return Stream("pods", core.list_pod_for_all_namespaces, pod_key, index.upsert_pod, index.delete_pod,
+                  index.counted_pods, lambda key: index.delete_pod({"metadata": {"uid": key}}))
+
+
+def claims_stream(claims: ApiClaims, api_client: k8s_client.ApiClient, claims_namespace: str) -> Stream:
+    """The claims Lease applied to the ledger. Only that Lease: other Leases of the namespace
+    (leader elections) are none of ours."""
+    leases = functools.partial(k8s_client.CoordinationV1Api(api_client).list_namespaced_lease,
+                               claims_namespace, field_selector=f"metadata.name={LEASE_NAME}")
+    return Stream("leases", leases, lambda lease: (lease.get("metadata") or {}).get("name", ""), claims.apply,
+                  claims.deleted, claims.names, claims.forget)
+
+
+def growth_streams(index: ClusterIndex, core: k8s_client.CoreV1Api,
+                   custom: k8s_client.CustomObjectsApi) -> tuple[Stream, ...]:
+    """What autoscalers publish about how the cluster can grow (webhook/state/growth.py): Karpenter
+    NodePools, and cluster-autoscaler's status ConfigMap (only that one, by name). Either may be
+    missing: a cluster without that autoscaler."""
+    nodepools = functools.partial(custom.list_cluster_custom_object, NODEPOOL_GROUP, NODEPOOL_VERSION, "nodepools")
+    status = functools.partial(core.list_namespaced_config_map, CA_STATUS_NAMESPACE,
+                               field_selector=f"metadata.name={CA_STATUS_NAME}")
+    calls: tuple[tuple[str, Callable], ...] = ((NODEPOOL_KIND, nodepools), ("ConfigMap", status))
+    return tuple(Stream(kind, call, object_key, index.upsert_growth, index.delete_growth,
+                        functools.partial(index.growth_keys, object_kind), index.forget_growth, optional=True)
+                for kind, (object_kind, call) in zip(GROWTH_STREAMS, calls))
+
+
+# ----- Dynamic Resource Allocation and PodGroups ------------------------------------------------------
+
+# The scheduling.k8s.io versions that serve PodGroups, newest first: v1beta1 from Kubernetes 1.37,
+# v1alpha2 in 1.36 only. What we read of them (gang minCount, annotations, resourceClaims) is the same in both.
+POD_GROUP_VERSIONS = ("v1beta1", "v1alpha2")
+
+
+class _FirstServed:
+    """The list call of a kind that one of several API versions serves: each list (its first page)
+    asks the versions in order until one is served (a 404 means not served), so a cluster
+    upgraded in place moves on at its next relist; the list's further pages and the watch after
+    it ask the version that list found. Not served by any: the last 404, as for any optional kind."""
+
+    def __init__(self, calls: tuple[Callable, ...]) -> None:
+        self.calls = calls
+        self.served = 0  # index in `calls` of the version the last list found
+
+    def __call__(self, **kwargs: object) -> object:
+        if kwargs.get("watch") or kwargs.get("_continue"):
+            return self.calls[self.served](**kwargs)
+        for at, call in enumerate(self.calls[:-1]):
+            try:
+                response = call(**kwargs)
+            except ApiException as err:
+                if err.status != NOT_FOUND:
+                    raise
+                continue
+            self.served = at
+            return response
+        self.served = len(self.calls) - 1
+        return self.calls[-1](**kwargs)
+
+
+def _pod_group_lists(api: k8s_client.ApiClient) -> _FirstServed:
+    custom = k8s_client.CustomObjectsApi(api)
+    return _FirstServed(tuple(functools.partial(custom.list_cluster_custom_object, dra.SCHEDULING_GROUP, version,
+                                                "podgroups") for version in POD_GROUP_VERSIONS))
+
+
+# (stream name, the kind, the API's list-for-all-namespaces call) per kind the inventory reads
+# (state/dra.py); NVIDIA's ComputeDomains name their channel templates before these exist
+DRA_LISTS = (
+    ("resourceslices", "ResourceSlice", lambda api: k8s_client.ResourceV1Api(api).list_resource_slice),
+    ("deviceclasses", "DeviceClass", lambda api: k8s_client.ResourceV1Api(api).list_device_class),
+    ("resourceclaims", "ResourceClaim",
+     lambda api: k8s_client.ResourceV1Api(api).list_resource_claim_for_all_namespaces),
+    ("resourceclaimtemplates", "ResourceClaimTemplate",
+     lambda api: k8s_client.ResourceV1Api(api).list_resource_claim_template_for_all_namespaces),
+    ("podgroups", "PodGroup", _pod_group_lists),
+    ("computedomains", "ComputeDomain", lambda api: functools.partial(
+        k8s_client.CustomObjectsApi(api).list_cluster_custom_object, "resource.nvidia.com", "v1beta1", "computedomains")),
+)
+
+
+def dra_streams(api_client: k8s_client.ApiClient, index: ClusterIndex) -> tuple[Stream, ...]:
+    """List+watch of every DRA kind and PodGroups, each optional (an API the cluster does not
+    serve has none). List items carry no kind, so each stream names its own."""
+    def stream(plural: str, kind: str, list_call: Callable) -> Stream:
+        def forget(key: str) -> None:
+            namespace, _, name = key.rpartition("/")
+            index.put_dra(kind, {"metadata": {"name": name, "namespace": namespace or None}}, present=False)
+        return Stream(plural, list_call, dra.object_key, lambda obj: index.put_dra(kind, obj, present=True),
+                      lambda obj: index.put_dra(kind, obj, present=False), lambda: index.dra_keys(kind),
+                      forget, optional=True)
+    return tuple(stream(plural, kind, make(api_client)) for plural, kind, make in DRA_LISTS)
