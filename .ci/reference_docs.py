@@ -318,7 +318,7 @@ def cli_body(page: pathlib.Path) -> str:
 PAGES: dict[str, tuple[str, Callable[[pathlib.Path], str]]] = {
     "docs/reference/settings.md": ("webhook/settings/config.py", settings_body),
     "docs/reference/metrics.md": ("webhook/serving/metrics.py and the constants it counts", metrics_body),
-    "docs/reference/cli.md": ("webhook/cli.py build_parser", cli_body),
+    "docs/reference/cli.md": ("webhook/cli/ (build_parser and each command's register)", cli_body),
 }
 
 
