@@ -192,14 +192,14 @@ def _label_meanings() -> dict[tuple[str, str], Mapping[str, str] | str]:
 def _filled_registry() -> Any:
     """The registry as a serving webhook has it, with every documented label value counted once
     through the calls the code counts with, so each family shows its labels and their values."""
-    from webhook.state.index import ClusterIndex
+    from webhook.objects.feed import index_of
     from webhook.settings.config import Config
     from webhook.kube.demo import demo_cluster
     from webhook.admission import OUTCOMES
     from webhook.serving import metrics as m
 
     metrics = m.Metrics.create()
-    metrics.watch_cluster(ClusterIndex.from_objects(Config(), *demo_cluster()).stats)
+    metrics.watch_cluster(index_of(Config(), *demo_cluster()).stats)
     metrics.watch_feed(lambda: 1.0)
     for outcome in OUTCOMES:  # "ignored" too: it must not show
         metrics.record_admission("Job", "balanced", outcome, 0.001)

@@ -24,6 +24,7 @@ import statistics
 import time
 import tracemalloc
 
+from webhook.objects.feed import index_of
 from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.core.model import PlacementRequest, Strategy
@@ -57,7 +58,7 @@ def build(objects: list[dict]) -> tuple[ClusterIndex, int]:
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    index = ClusterIndex.from_objects(Config(), [o for o in objects if o["kind"] != "Pod"],
+    index = index_of(Config(), [o for o in objects if o["kind"] != "Pod"],
                                       [o for o in objects if o["kind"] == "Pod"])
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - before

@@ -22,6 +22,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.placement_bench import cluster  # noqa: E402
+from webhook.objects.feed import index_of  # noqa: E402
 from webhook.state.index import ClusterIndex  # noqa: E402
 from webhook.settings.config import Config  # noqa: E402
 from webhook.serving.page.snapshot import NODE_DETAIL_LIMIT, RecordedDecision, Selection, snapshot  # noqa: E402
@@ -53,7 +54,7 @@ class TimedLock:
 
 def build(size: int) -> tuple[ClusterIndex, list[RecordedDecision]]:
     nodes, pods = cluster(size)
-    index = ClusterIndex.from_objects(Config(), nodes, pods)
+    index = index_of(Config(), nodes, pods)
     idle = [name for name, node in index.nodes.items() if node.free == node.gpus]
     decisions = []
     for i, name in enumerate(idle[::NODES_PER_HOLD]):

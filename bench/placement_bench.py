@@ -24,6 +24,8 @@ import random
 import statistics
 import time
 
+from webhook.objects.feed import index_of
+from webhook.objects import feed
 from webhook.state.index import ClusterIndex, out_of_the_collectors_way
 from webhook.settings.config import Config
 from webhook.kube.demo import make_node, make_pod
@@ -83,7 +85,7 @@ def percentile(values: list[float], q: float) -> float:
 def run(size: int, repeat: int) -> dict[str, float]:
     nodes, pods = cluster(size)
     started = time.perf_counter()
-    index = ClusterIndex.from_objects(Config(), nodes, pods)
+    index = index_of(Config(), nodes, pods)
     build = time.perf_counter() - started
     out_of_the_collectors_way()  # as `serve` does once the index is built
     flat = [(n.name, tuple(n.labels[k] for k in LEVELS), n.free) for n in index.nodes.values()]
@@ -119,7 +121,7 @@ def run(size: int, repeat: int) -> dict[str, float]:
     for i in range(repeat // 3):
         node = nodes[i * 7919 % len(nodes)]
         t0 = time.perf_counter()
-        index.upsert_node(node)
+        feed.upsert(index, node, "Node")
         t1 = time.perf_counter()
         place(index, zone_pinned)
         after_update.append(time.perf_counter() - t1)
@@ -128,15 +130,15 @@ def run(size: int, repeat: int) -> dict[str, float]:
     events = [make_pod(f"ev{i}", names[i * 7919 % len(names)], 1 + i % 4) for i in range(2000)]
     t0 = time.perf_counter()
     for pod in events:
-        index.upsert_pod(pod)
+        feed.upsert(index, pod, "Pod")
     for pod in events:
-        index.delete_pod(pod)
+        feed.delete(index, pod, "Pod")
     per_event = (time.perf_counter() - t0) / (2 * len(events))
     # Waits: every node filled, so nothing fits now; the decision names the node (one pod) or the
     # domain (several) that will fit first.
     for name, node in index.nodes.items():
         if node.free:
-            index.upsert_pod(make_pod(f"fill-{name}", name, node.free))
+            feed.upsert(index, make_pod(f"fill-{name}", name, node.free), "Pod")
     waits = decision_times(index, [PlacementRequest("bench", pods_, gpus, Strategy.CONSOLIDATED)
                                    for pods_, gpus in WAIT_SHAPES], repeat)
     return {"nodes": size, "build_s": build, "p50_ms": percentile(ours, .5) * 1e3, "p99_ms": percentile(ours, .99) * 1e3,

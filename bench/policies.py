@@ -13,8 +13,9 @@ import dataclasses
 import random
 from typing import Callable
 
+from webhook.objects.feed import index_of
+from webhook.objects import feed
 from webhook.core import orderings
-from webhook.state.index import ClusterIndex
 from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
 from webhook.core.injection import RESERVATION, WAITING_FOR
 from webhook.settings.config import Config
@@ -398,7 +399,7 @@ class Ours(Policy):
 
     def reset(self, cluster: SimCluster, seed: int) -> None:
         super().reset(cluster, seed)
-        self.index = ClusterIndex.from_objects(self.config, cluster.node_objects, [], clock=lambda: self.now)
+        self.index = index_of(self.config, cluster.node_objects, [], clock=lambda: self.now)
         self.labels = [o["metadata"]["labels"] for o in cluster.node_objects]
         self.admitted: dict[tuple[NodeRequirement, ...], list[int]] = {}  # node affinity -> positions of its nodes
         self.waiting: dict[str, tuple[Decision, list[int]]] = {}  # job id -> its wait and the nodes it names
@@ -434,7 +435,7 @@ class Ours(Policy):
                 if domain is not None:
                     for pod in self._pods(job, [(None, (0,) * job.gpus_per_pod)] * job.pods):
                         pod["metadata"]["annotations"][WAITING_FOR] = domain
-                        self.index.upsert_pod(pod)
+                        feed.upsert(self.index, pod, "Pod")
             return None
         return self._assignment(decision)
 
@@ -491,11 +492,11 @@ class Ours(Policy):
         self.held.pop(job.job_id, None)
         self.gated.discard(job.job_id)
         for pod in self._pods(job, pods):
-            self.index.upsert_pod(pod)
+            feed.upsert(self.index, pod, "Pod")
 
     def finished(self, job: Job, pods: list[PodPlacement]) -> None:
         for pod in self._pods(job, pods):
-            self.index.delete_pod(pod)
+            feed.delete(self.index, pod, "Pod")
 
     @staticmethod
     def _pods(job: Job, pods: list[tuple[str | None, tuple[int, ...]]]) -> list[dict]:

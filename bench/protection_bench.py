@@ -24,7 +24,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.placement_bench import LEVELS, SHAPES, cluster, decision_times, percentile  # noqa: E402
-from webhook.state.index import ClusterIndex, out_of_the_collectors_way  # noqa: E402
+from webhook.objects.feed import index_of  # noqa: E402
+from webhook.state.index import out_of_the_collectors_way  # noqa: E402
 from webhook.settings.config import Config  # noqa: E402
 from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path  # noqa: E402
 from webhook.core.model import PlacementRequest, Strategy  # noqa: E402
@@ -47,7 +48,7 @@ def run(size: int, workloads: int, repeat: int) -> tuple[int, float, float]:
     """(waiting pods, median ms, p99 ms) of `repeat` consolidated decisions over placement_bench's shapes."""
     nodes, bound = cluster(size)
     waiting = waiting_pods(nodes, workloads)
-    index = ClusterIndex.from_objects(Config(), nodes, bound + waiting)
+    index = index_of(Config(), nodes, bound + waiting)
     out_of_the_collectors_way()  # as `serve` does once the index is built
     requests = [PlacementRequest("bench", pods, gpus, Strategy.CONSOLIDATED) for pods, gpus in SHAPES]
     decision_times(index, requests, len(requests))  # the first decision per pod size sorts each level once (bestfit.py)

@@ -434,7 +434,7 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
     return [
         f"- **Cluster (synthetic; no public trace records racks):** {spec.describe()}. Nodes are real Node objects "
         "(webhook.kube.demo.make_node) with zone/spine/leaf labels and the NVLink-domain annotation; our core reads them "
-        "through `ClusterIndex.from_objects`, baselines through the simulator's own per-node free-GPU table.",
+        "through `webhook.objects.feed.index_of`, baselines through the simulator's own per-node free-GPU table.",
         *_streams_method(ctx),
         "- **Queue (identical for all):** FIFO with backfill, no reservation, gang placement (all pods of a job or "
         "none). Each arrival and completion triggers one pass over the whole queue in submit order, as "
@@ -450,7 +450,7 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
         "multi-pod jobs "
         "`podset-preferred-topology` at leaf (BestFit, escalate a level at a time, greedy with tightest last domain, "
         "pooled descent), single-pod jobs unconstrained (LeastFreeCapacity at hostname); *ours* = "
-        "`webhook.placement.decide.place` on a `ClusterIndex` kept current with `upsert_pod`/`delete_pod`. All baselines get "
+        "`webhook.placement.decide.place` on a `ClusterIndex` kept current with the feed's `upsert`/`delete`. All baselines get "
         "NVLink-aware GPU ids inside a node (the device plugin's preferred allocation); ours uses its own GPU-id hint.",
         "- **Honest limits of 'ours':** the webhook pins a domain (consolidated) or prefers it (balanced) and "
         "kube-scheduler picks nodes inside; the simulator uses our assignment's nodes and GPU ids for both, i.e. "

@@ -27,7 +27,6 @@ import pickle
 import statistics
 import sys
 import time
-from dataclasses import replace
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

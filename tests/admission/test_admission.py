@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from tests.fixtures.builders import (container, deep, gpu_job, load_json, schema_error, seed_manifests, template_of,
                                      valid, workload)
 from tests.fixtures.shared import deletion
+from webhook.objects.feed import index_of
 from webhook import admission
 from webhook.objects import mutation
 from webhook.state.index import ClusterIndex
@@ -23,7 +24,7 @@ AUDIT_KEY = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 
 @pytest.fixture
 def index() -> ClusterIndex:
-    return ClusterIndex.from_objects(CONFIG, *demo_cluster())
+    return index_of(CONFIG, *demo_cluster())
 
 
 def run(obj_or_review: dict, index: ClusterIndex, config: Config = CONFIG, **review_args) -> admission.AdmissionResult:
@@ -310,7 +311,7 @@ def test_more_than_the_cluster_waits_for_nodes_and_refuse_unplaceable_denies_it(
     assert result.review["response"]["auditAnnotations"]["reason"] == "ExceedsNodes"
     assert index.ledger.holds == {}
     refusing = Config(refuse_unplaceable=True)
-    result = run(obj, ClusterIndex.from_objects(refusing, *demo_cluster()), refusing)
+    result = run(obj, index_of(refusing, *demo_cluster()), refusing)
     assert result.outcome == "denied" and result.review["response"]["allowed"] is False
     message = result.review["response"]["status"]["message"]
     for fragment in ("Job ml/train", "topology.scheduler/gpu-count", '"4096"', "even with every GPU free"):
@@ -323,7 +324,7 @@ def test_no_node_matching_the_selector_waits_for_one(index):
     assert result.outcome == "waiting-for-nodes" and result.decision.code == "NoMatchingNodes"
     assert "nodeSelector" not in str(result.decision.requirements)
     refusing = Config(refuse_unplaceable=True)
-    assert run(obj, ClusterIndex.from_objects(refusing, *demo_cluster()), refusing).outcome == "denied"
+    assert run(obj, index_of(refusing, *demo_cluster()), refusing).outcome == "denied"
 
 
 # -- waiting ------------------------------------------------------------------------------------------
@@ -332,7 +333,7 @@ def full_index(config: Config = CONFIG) -> ClusterIndex:
     """One leaf of 4 nodes x 8 GPUs and 4 more nodes elsewhere, every node half used."""
     nodes = leaf_spine_nodes(spines=1, leaves=2, nodes=4)
     pods = [make_pod(f"busy-{n['metadata']['name']}", n["metadata"]["name"], 4) for n in nodes]
-    return ClusterIndex.from_objects(config, nodes, pods)
+    return index_of(config, nodes, pods)
 
 
 PINNED = Config(gate_waits=False)

@@ -11,6 +11,7 @@ from conftest import review_of
 from fixtures.builders import container, workload
 
 from tests.fixtures.shared import admit, allowed_nodes, leaves_allowed, lws_pods, operator_pod, pytorchjob_pods
+from webhook.objects import feed
 from webhook.kube import demo
 from webhook.admission import review
 from webhook.cli import file_index
@@ -169,7 +170,7 @@ def test_bound_members_confirm_the_groups_hold_one_by_one(fresh_index):
     for pod, node in zip(admitted[:2], nodes):
         bound = {**pod, "metadata": {**pod["metadata"], "uid": f"uid-{pod['metadata']['name']}"},
                  "spec": {**pod["spec"], "nodeName": node}, "status": {"phase": "Running"}}
-        fresh_index.upsert_pod(bound)
+        feed.upsert(fresh_index, bound, "Pod")
     stats = fresh_index.stats()
     assert stats.gpus_reserved == 16  # two pods bound (and counted as used), two still held
 

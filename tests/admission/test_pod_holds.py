@@ -3,6 +3,8 @@ replaces its workload's hold instead of adding to it, and stops holding once bou
 from conftest import patched_object, review_of
 from tests.fixtures.builders import gpu_job
 
+from webhook.objects.feed import index_of
+from webhook.objects import feed
 from webhook import admission
 from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
@@ -29,13 +31,13 @@ def whole_node(name: str) -> PlacementRequest:
 
 def test_pending_pods_replace_their_jobs_hold_and_survive_a_restart(clock):
     config = Config()
-    index = ClusterIndex.from_objects(config, NODES, [], clock)
+    index = index_of(config, NODES, [], clock)
     pod = admitted_pod(index, config, "a")
     held_node = next(iter(index.ledger.holds["ml/Job/a"].sets))
-    index.upsert_pod(pod)
+    feed.upsert(index, pod, "Pod")
     assert index.stats().gpus_reserved == 8, "the Job's pod replaces the Job's hold, it does not add to it"
 
-    restarted = ClusterIndex.from_objects(config, NODES, [pod], clock)  # a replica that never saw the Job
+    restarted = index_of(config, NODES, [pod], clock)  # a replica that never saw the Job
     assert restarted.stats().gpus_reserved == 8 and restarted.ledger.holds == {}
     taken = {place_and_reserve(restarted, whole_node(n), f"ml/Job/{n}").nodes for n in ("b", "c")}
     assert (held_node,) not in taken, "the pending pod's node is not given again"
@@ -47,29 +49,29 @@ def test_pending_pods_replace_their_jobs_hold_and_survive_a_restart(clock):
 
     bound = {**pod, "spec": {**pod["spec"], "nodeName": held_node}, "status": {"phase": "Running"}}
     for view in (index, restarted):
-        view.upsert_pod(bound)
+        feed.upsert(view, bound, "Pod")
     assert index.stats().gpus_reserved == 0 and index.stats().gpus_used == 8
     assert restarted.stats().gpus_used == 8 and restarted.stats().gpus_reserved == 16  # b and c
 
 
 def test_a_pending_pod_deleted_or_of_another_namespace_holds_nothing(clock):
     config = Config()
-    index = ClusterIndex.from_objects(config, NODES, [], clock)
-    pod = admitted_pod(ClusterIndex.from_objects(config, NODES, [], clock), config, "a")
+    index = index_of(config, NODES, [], clock)
+    pod = admitted_pod(index_of(config, NODES, [], clock), config, "a")
     forged = {**pod, "metadata": {**pod["metadata"], "namespace": "attacker", "uid": "uid-forged"}}
-    index.upsert_pod(forged)
+    feed.upsert(index, forged, "Pod")
     assert index.stats().gpus_reserved == 0
-    index.upsert_pod(pod)
+    feed.upsert(index, pod, "Pod")
     assert index.stats().gpus_reserved == 8
-    index.delete_pod(pod)
+    feed.delete(index, pod, "Pod")
     assert index.stats().gpus_reserved == 0
 
 
 def test_a_pod_pinned_to_a_domain_of_several_nodes_names_no_node(clock):
     config = Config()
-    pod = admitted_pod(ClusterIndex.from_objects(config, NODES, [], clock), config, "a")
+    pod = admitted_pod(index_of(config, NODES, [], clock), config, "a")
     pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] = {
         "nodeSelectorTerms": [{"matchExpressions": [{"key": "topology.scheduler/leaf", "operator": "In",
                                                      "values": ["l1"]}]}]}
     pod["spec"]["affinity"]["nodeAffinity"].pop("preferredDuringSchedulingIgnoredDuringExecution", None)
-    assert ClusterIndex.from_objects(config, NODES, [pod], clock).stats().gpus_reserved == 0
+    assert index_of(config, NODES, [pod], clock).stats().gpus_reserved == 0

@@ -12,6 +12,7 @@ from conftest import assert_valid_kubernetes_object, review_of
 
 from tests.fixtures.builders import gpu_job
 from tests.fixtures.shared import GPU_TOLERATION, NODEPOOL, deletion, karpenter_nodes, pytorchjob_pods
+from webhook.objects.feed import index_of
 from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.kube.demo import demo_cluster
@@ -43,7 +44,7 @@ class Recorded:
 
 
 def demo_index(config: Config = CONFIG, scale_ups=None) -> ClusterIndex:
-    index = ClusterIndex.from_objects(config, *demo_cluster())
+    index = index_of(config, *demo_cluster())
     index.scale_ups = scale_ups
     return index
 
@@ -92,7 +93,7 @@ def test_no_request_for_a_dry_run_one_pod_a_placed_job_karpenter_or_without_a_cl
     review(review_of(gpu_job("one", 1, 8, placement_strategy="consolidated")), demo_index(scale_ups=scale_ups), CONFIG)  # single pods need no atomicity
     review(review_of(gpu_job("fits", 4, 8, placement_strategy="consolidated")), demo_index(scale_ups=scale_ups), CONFIG)
     review(review_of(big), demo_index(Config(), scale_ups), Config())
-    karpenter = ClusterIndex.from_objects(CONFIG, [*karpenter_nodes(), NODEPOOL])
+    karpenter = index_of(CONFIG, [*karpenter_nodes(), NODEPOOL])
     karpenter.scale_ups = scale_ups
     job = gpu_job("grow", 6, 8, placement_strategy="consolidated")
     job["spec"]["template"]["spec"]["tolerations"] = GPU_TOLERATION

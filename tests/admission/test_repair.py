@@ -7,6 +7,8 @@ from conftest import review_of
 from fixtures.builders import workload
 
 from tests.fixtures.shared import LEAF_OF, allowed_nodes, leaves_allowed
+from webhook.objects import feed
+from webhook.state.index import NodeGone
 from webhook.kube import demo
 from webhook.admission import review
 from webhook.serving.app import create_app
@@ -40,10 +42,10 @@ def running_job_that_lost_a_node(annotations: dict):
     assert len(nodes) == 4 and len({LEAF_OF[n] for n in nodes}) == 1
     for i, node in enumerate(nodes[:3]):
         assert review(review_of(pod_of(job, i)), index, Config()).outcome == "ignored"
-        index.upsert_pod(bound(pod_of(job, i), node))
+        feed.upsert(index, bound(pod_of(job, i), node), "Pod")
     waiting = review(review_of(pod_of(job, 3)), index, Config())
     assert waiting.outcome == "ignored" and not waiting.patch  # its node is there: it waits as placed
-    index.delete_node(nodes[3])
+    index.apply(NodeGone(nodes[3]))
     return index, job, nodes
 
 
@@ -83,11 +85,11 @@ def test_a_leaf_with_room_keeps_the_pod_busy_or_not_and_cordoned_nodes_are_no_ro
     job = review(review_of(workload("Job", replicas=2, template_annotations={
         "topology.scheduler/placement-strategy": "consolidated"})), index, Config()).admitted
     nodes = sorted(allowed_nodes(job["spec"]["template"]))
-    index.upsert_pod(bound(pod_of(job, 0), nodes[0]))
+    feed.upsert(index, bound(pod_of(job, 0), nodes[0]), "Pod")
     result = review(review_of(pod_of(job, 1)), index, Config())
     assert result.outcome == "ignored" and not result.patch  # nodes[1] can hold it: it waits there
     # every other node of the leaf cordoned (out of service, as a deleted one): no room left
     for node in demo.leaf_spine_nodes():
         if LEAF_OF[node["metadata"]["name"]] == LEAF_OF[nodes[0]] and node["metadata"]["name"] != nodes[0]:
-            index.upsert_node({**node, "spec": {"unschedulable": True}})
+            feed.upsert(index, {**node, "spec": {"unschedulable": True}}, "Node")
     assert review(review_of(pod_of(job, 1)), index, Config()).outcome == "repaired"

@@ -14,6 +14,7 @@ import yaml
 from conftest import assert_valid_kubernetes_object, review_of
 
 from tests.fixtures.shared import LEAF_OF, admit, allowed_nodes, lws_pods
+from webhook.objects import feed
 from webhook.kube import demo
 from webhook.admission import review
 from webhook.cli import file_index, main
@@ -128,7 +129,7 @@ def admit_all(docs: list[dict], index, config: Config = Config()) -> list:
         result = review(review_of(doc), index, config)
         results.append(result)
         if doc["kind"] in DRA_KINDS:
-            index.upsert(result.admitted)
+            feed.upsert(index, result.admitted)
     return results
 
 

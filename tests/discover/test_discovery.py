@@ -12,9 +12,9 @@ import pynvml
 import pytest
 import yaml
 
+from webhook.objects.feed import index_of
 from webhook.discover import command, derive, facts
 from webhook.discover import nvml as nvml_reading
-from webhook.state.index import ClusterIndex
 from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
 from webhook.settings.config import Config
 from webhook.kube.demo import make_node, make_pod
@@ -424,7 +424,7 @@ def place_one_pod(node: dict, gpus: int, busy: str | None = None):
     """Place a single pod of `gpus` GPUs on `node`, where a running pod may hold the GPU set `busy`."""
     pods = [make_pod("running", "gpu-1", len(parse_nvlink_domains(busy)[0]),
                      annotations={GPU_IDS_ANNOTATION: busy})] if busy else []
-    index = ClusterIndex.from_objects(Config(), [node], pods)
+    index = index_of(Config(), [node], pods)
     return place(index, PlacementRequest(workload="Pod ml/trainer", pods=1, gpus_per_pod=gpus))
 
 

@@ -11,7 +11,7 @@ import pytest
 import requests
 from kubernetes.client import ApiClient, Configuration
 
-from webhook.state.index import ClusterIndex
+from webhook.objects.feed import index_of
 from webhook.settings.config import Config
 from webhook.kube import demo
 from webhook.kube.access import cluster_access
@@ -53,7 +53,7 @@ def metrics_port(tmp_path_factory, api: FakeApiServer | None) -> tuple[str, cert
     """A metrics port on 127.0.0.1 over the demo cluster with one workload placed in each of two
     namespaces: HTTPS and checked by `api`, or plain and open (None)."""
     paths = certs.write_certs(str(tmp_path_factory.mktemp("metrics-tls")), "topology-webhook", "default")
-    index = ClusterIndex.from_objects(Config(), *demo.demo_cluster())
+    index = index_of(Config(), *demo.demo_cluster())
     decisions = RecentDecisions()
     for name, namespace in ((OWN, "team-a"), (OTHER, "team-b")):
         result = admission.review(admission.make_review(gpu_pod(name, 2, namespace=namespace,

@@ -73,7 +73,7 @@ def test_a_gated_job_starts_in_an_equal_domain_that_frees_first(fake, make_view)
     waited = pods[0]["metadata"]["annotations"][WAITING_FOR]
     for pod in pods:
         fake.put_pod(pod)
-    eventually(lambda: len(view.index.gated) == 2, what="both pods seen gated")
+    eventually(lambda: len(view.index.pods.gated) == 2, what="both pods seen gated")
     assert waited.endswith("spine=spine-0-0")  # the first of equal spines fits first
     fake.delete("pods", "default/busy-gpu-z1-s0-n0")
     fake.delete("pods", "default/busy-gpu-z1-s0-n1")
@@ -84,7 +84,7 @@ def test_a_gated_job_starts_in_an_equal_domain_that_frees_first(fake, make_view)
     assert "behind its scheduling gate" not in annotations[PLACEMENT]  # the summary says where, not why
     eventually(lambda: results, what="the release counted")  # counted once its last patch is answered
     assert results == ["released"]
-    eventually(lambda: len(view.index.gated) == 0, what="the index no longer counts them gated")
+    eventually(lambda: len(view.index.pods.gated) == 0, what="the index no longer counts them gated")
 
 
 def test_a_gated_job_waits_while_only_a_wider_span_has_room(fake, make_view):
@@ -95,7 +95,7 @@ def test_a_gated_job_waits_while_only_a_wider_span_has_room(fake, make_view):
     pods = gated_job(view)
     for pod in pods:
         fake.put_pod(pod)
-    eventually(lambda: len(view.index.gated) == 2, what="both pods seen gated")
+    eventually(lambda: len(view.index.pods.gated) == 2, what="both pods seen gated")
     fake.delete("pods", "default/busy-gpu-z0-s0-n0")  # one node free in each zone: only both would hold it
     fake.delete("pods", "default/busy-gpu-z1-s0-n0")
     eventually(lambda: view.index.stats().gpus_used == 16, what="the frees seen")
@@ -115,13 +115,13 @@ def test_two_replicas_release_a_workload_once(fake, make_view):
     for pod in pods:
         fake.put_pod(pod)
     for view in views:
-        eventually(lambda: len(view.index.gated) == 2, what="both pods seen gated by both replicas")
+        eventually(lambda: len(view.index.pods.gated) == 2, what="both pods seen gated by both replicas")
     for spine in range(2):
         for node in range(2):
             fake.delete("pods", f"default/busy-gpu-z0-s{spine}-n{node}")
     first, second = (eventually(lambda: released(fake, pod["metadata"]["name"]), what="released") for pod in pods)
     assert leaf_pinned(first) == leaf_pinned(second)
-    eventually(lambda: all(len(view.index.gated) == 0 for view in views), what="both replicas see them released")
+    eventually(lambda: all(len(view.index.pods.gated) == 0 for view in views), what="both replicas see them released")
     # the watch can bring the released pods before the releasing thread has counted its release
     eventually(lambda: results.count("released") == 1, what="the release counted")
     assert results.count("released") == 1 and "failed" not in results, results
@@ -167,7 +167,7 @@ def test_one_edited_gated_pod_stops_no_other_release_and_is_reported(fake, make_
         fake.put_pod(pod)
     for pod in victim:
         fake.put_pod(pod)
-    eventually(lambda: len(view.index.gated) == 2 and len(view.index.gated.refused) == 3, what="all seen")
+    eventually(lambda: len(view.index.pods.gated) == 2 and len(view.index.pods.gated.refused) == 3, what="all seen")
     for spine in range(2):
         for node in range(2):
             fake.delete("pods", f"default/busy-gpu-z0-s{spine}-n{node}")
@@ -200,7 +200,7 @@ def test_a_pod_of_another_namespace_neither_takes_nor_steers_a_gated_workload(fa
         fake.put_pod(pod)
     for pod in victim:
         fake.put_pod(pod)
-    eventually(lambda: len(view.index.gated) == 2 and len(view.index.gated.refused) == 2, what="all seen")
+    eventually(lambda: len(view.index.pods.gated) == 2 and len(view.index.pods.gated.refused) == 2, what="all seen")
     assert not view.index.ledger.hold("ml/Job/victim")
     for spine in range(2):
         for node in range(2):
@@ -240,10 +240,10 @@ def test_a_job_scaled_while_gated_is_released_at_its_new_size(fake, make_view, b
         pods.append(extra)  # the Job controller's new pod, from the same (gated) template
     for pod in pods:
         fake.put_pod(pod)
-    eventually(lambda: len(view.index.gated) == len(pods), what="the pods seen gated")
+    eventually(lambda: len(view.index.pods.gated) == len(pods), what="the pods seen gated")
     for pod in pods[after:]:  # scaled down: the Job controller deletes the pods left over
         fake.delete("pods", f"ml/{pod['metadata']['name']}")
-    eventually(lambda: len(view.index.gated) == after, what="the pods left seen gated")
+    eventually(lambda: len(view.index.pods.gated) == after, what="the pods left seen gated")
     for spine in range(2):
         for node in range(2):
             fake.delete("pods", f"default/busy-gpu-z0-s{spine}-n{node}")
@@ -265,7 +265,7 @@ def test_replicas_sharing_claims_release_no_more_than_the_room(fake, make_view, 
         for pod in pods:
             fake.put_pod(pod)
     for view in views:
-        eventually(lambda: len(view.index.gated) == 24, what="every pod seen gated by every replica")
+        eventually(lambda: len(view.index.pods.gated) == 24, what="every pod seen gated by every replica")
     for spine in range(2):  # room for 2 jobs of 2x8: 4 nodes, in 2 leaves
         for node in range(2):
             fake.delete("pods", f"default/busy-gpu-z0-s{spine}-n{node}")
@@ -294,7 +294,7 @@ def test_a_release_the_api_refuses_is_left_and_the_pass_goes_on(fake, make_view)
     for pods in (first, second):
         for pod in pods:
             fake.put_pod(pod)
-    eventually(lambda: len(view.index.gated) == 4, what="all seen gated")
+    eventually(lambda: len(view.index.pods.gated) == 4, what="all seen gated")
     refused = {f"ml/{p['metadata']['name']}" for p in first}
     patch = fake._patch
 

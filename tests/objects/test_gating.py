@@ -11,6 +11,7 @@ from webhook.settings.config import Config
 from webhook.placement import enforce
 from webhook.core.model import Outcome, Strategy
 from webhook.objects import mutation
+from webhook.objects.feed import gated
 
 GATED = Config(gate_waits=True)
 GATE = {"name": injection.GATE}
@@ -112,6 +113,11 @@ def test_a_request_survives_its_annotation_and_a_foreign_one_reads_as_none():
 KEY = GATED.seal_key
 
 
+def note(pods, key, pod, now, seal_key=KEY):
+    """What the index does with a pod it reads: the feed reads its gate, the gated pods keep it."""
+    return pods.note(key, gated(pod, seal_key), pod, now)
+
+
 def sealed(pod):
     """The pod with its record sealed as the webhook seals it (for records a test writes itself)."""
     meta = pod["metadata"]["annotations"]
@@ -129,11 +135,11 @@ def pod_named(name, **changes):
 
 def test_a_gated_workload_is_ready_once_all_its_pods_exist_and_a_replacement_starts_alone():
     from webhook.state.gated import GatedPods
-    pods = GatedPods(KEY)
-    assert pods.note("a/train-1", pod_named("train-1"), now=5.0)
+    pods = GatedPods()
+    assert note(pods, "a/train-1", pod_named("train-1"), now=5.0)
     assert pods.ready({}) == []  # 1 of its 2 pods: its controller is still making them
-    assert not pods.note("a/train-1", pod_named("train-1"), now=9.0)  # seen before: keeps its time
-    pods.note("a/train-0", pod_named("train-0"), now=7.0)
+    assert not note(pods, "a/train-1", pod_named("train-1"), now=9.0)  # seen before: keeps its time
+    note(pods, "a/train-0", pod_named("train-0"), now=7.0)
     (group,) = pods.ready({})
     assert [p.name for p in group.pods] == ["train-0", "train-1"] and group.request.pods == 2
     assert min(p.since for p in group.pods) == 5.0
@@ -143,25 +149,25 @@ def test_a_gated_workload_is_ready_once_all_its_pods_exist_and_a_replacement_sta
 
 
 def test_pods_not_held_by_our_gate_or_unreadable_are_not_kept():
-    from webhook.state.gated import GatedPods, gated
+    from webhook.state.gated import GatedPods
     pod = gated_pod()
     assert isinstance(gated(pod, KEY), injection.GateRecord)
     lifted = deep(pod)
     lifted["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
     unreadable = deep(pod)
     unreadable["metadata"]["annotations"][injection.GATED_REQUEST] = "{}"
-    pods = GatedPods(KEY)
-    assert gated(lifted, KEY) is None and not pods.note("a", lifted, now=0.0)
-    assert "does not match" in gated(unreadable, KEY) and not pods.note("b", unreadable, now=0.0)
+    pods = GatedPods()
+    assert gated(lifted, KEY) is None and not note(pods, "a", lifted, now=0.0)
+    assert "does not match" in gated(unreadable, KEY) and not note(pods, "b", unreadable, now=0.0)
     assert len(pods) == 0 and list(pods.refused) == ["b"]  # kept apart, to be reported
 
 
 def test_groups_are_decided_oldest_first():
     from webhook.state.gated import GatedPods
-    pods = GatedPods(KEY)
+    pods = GatedPods()
     for key, reservation, now in (("p1", "ml/Job/late", 9.0), ("p2", "ml/Job/early", 1.0)):
         for index in range(2):
-            pods.note(f"{key}-{index}", pod_named(f"{key}-{index}", **{injection.RESERVATION: reservation}), now)
+            note(pods, f"{key}-{index}", pod_named(f"{key}-{index}", **{injection.RESERVATION: reservation}), now)
     assert [g.reservation for g in pods.ready({})] == ["ml/Job/early", "ml/Job/late"]
 
 
@@ -183,10 +189,10 @@ def test_an_edited_record_is_refused_and_never_decided(field, value):
         sealed(pod)
     else:
         pod["metadata"]["annotations"][field] = value
-    pods = GatedPods(KEY)
-    assert not pods.note("ml/train-0", pod, now=0.0)
+    pods = GatedPods()
+    assert not note(pods, "ml/train-0", pod, now=0.0)
     assert pods.ready({}) == [] and "ml/train-0" in pods.refused
-    assert GatedPods(b"another key").note("x", gated_pod(), now=0.0) is False  # a key we do not hold: refused
+    assert note(GatedPods(), "x", gated_pod(), now=0.0, seal_key=b"another key") is False  # a key we do not hold: refused
 
 
 @pytest.mark.parametrize("change", [
@@ -208,9 +214,9 @@ def test_a_record_names_only_its_own_namespace():
 
 def test_a_gated_workload_follows_its_owners_size():
     from webhook.state.gated import GatedPods
-    pods = GatedPods(KEY)
+    pods = GatedPods()
     for i in range(3):  # a Job decided for 2 pods, scaled to 3 while gated
-        pods.note(f"ml/train-{i}", pod_named(f"train-{i}"), now=float(i))
+        note(pods, f"ml/train-{i}", pod_named(f"train-{i}"), now=float(i))
     assert list(pods.unsure({})) == ["ml/Job/train"]
     assert [len(g.pods) for g in pods.ready({})] == [3]  # without its owner's word: the pods made
     assert [len(g.pods) for g in pods.ready({}, sizes={"ml/Job/train": 2})] == [2]  # the owner's word wins
@@ -223,7 +229,7 @@ def test_a_gated_workload_follows_its_owners_size():
     assert group.request.pods == 1 and [p.name for p in group.pods] == ["train-0"]
     # released, then scaled up again: the new pod joins under a hold of its own, and the one
     # released is not decided again
-    pods.note("ml/train-5", pod_named("train-5"), now=9.0)
+    note(pods, "ml/train-5", pod_named("train-5"), now=9.0)
     (group,) = pods.ready({}, started={"ml/train-0"}, sizes={"ml/Job/train": 2})
     assert [p.name for p in group.pods] == ["train-5"] and group.request.pods == 1
     assert group.hold == "ml/Job/train+train-5"
@@ -231,9 +237,9 @@ def test_a_gated_workload_follows_its_owners_size():
 
 def test_without_its_owners_word_a_workload_waits_for_as_many_fewer_as_were_deleted_while_gated():
     from webhook.state.gated import GatedPods
-    pods = GatedPods(KEY)
+    pods = GatedPods()
     for i in range(2):
-        pods.note(f"ml/train-{i}", pod_named(f"train-{i}"), now=float(i))
+        note(pods, f"ml/train-{i}", pod_named(f"train-{i}"), now=float(i))
     pods.deleted("ml/train-1")  # its Job scaled 2 to 1
     (group,) = pods.ready({})
     assert group.request.pods == 1 and [p.name for p in group.pods] == ["train-0"]
@@ -265,10 +271,10 @@ def test_a_release_changes_only_gates_affinity_and_our_annotations_whatever_the_
 
 def test_a_replacement_for_a_pod_deleted_while_gated_restores_the_size():
     from webhook.state.gated import GatedPods
-    pods = GatedPods(KEY)
+    pods = GatedPods()
     for i in range(2):
-        pods.note(f"ml/train-{i}", pod_named(f"train-{i}"), now=float(i))
+        note(pods, f"ml/train-{i}", pod_named(f"train-{i}"), now=float(i))
     pods.deleted("ml/train-1")  # deleted by hand: its Job makes a replacement
-    pods.note("ml/train-2", pod_named("train-2"), now=5.0)
+    note(pods, "ml/train-2", pod_named("train-2"), now=5.0)
     (group,) = pods.ready({})
     assert group.request.pods == 2 and [p.name for p in group.pods] == ["train-0", "train-2"]

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from tests.fixtures.builders import gpu_job
+from webhook.objects.feed import index_of
 from webhook.cli import CLUSTER_FILE_MAX_BYTES, MANIFEST_FILE_MAX_BYTES, OBJECT_MAX_BYTES, main
-from webhook.state.index import ClusterIndex
 from webhook.state import growth
 from webhook.settings.config import Config
 from webhook.settings.presets import PRESETS
@@ -150,7 +150,7 @@ def test_node_groups_are_matched_to_pools_by_name_not_each_against_every_pool(mo
                   {"name": f"gke-prod-pool{i}-{i:08x}-grp", "health": {"status": "Healthy", "cloudProviderTarget": 1,
                                                                          "minSize": 0, "maxSize": 2}}
                   for i in range(pools)]})}}
-    index = ClusterIndex.from_objects(Config(levels=PRESETS["gke"]), [*nodes, status])
+    index = index_of(Config(levels=PRESETS["gke"]), [*nodes, status])
     looked_up = []
     runs = growth._dash_runs
     monkeypatch.setattr(growth, "_dash_runs", lambda group: [looked_up.append(r) or r for r in runs(group)])

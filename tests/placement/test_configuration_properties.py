@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.shared import allowed_nodes_of
+from webhook.objects.feed import index_of
 from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.settings.loading import levels_from
@@ -144,7 +145,7 @@ def cases(draw):
 @given(cases())
 def test_no_configuration_fails_open_pins_stay_inside_the_decision_and_a_second_pass_changes_nothing(case):
     config, nodes, pods, obj = case
-    index = ClusterIndex.from_objects(config, nodes, pods)
+    index = index_of(config, nodes, pods)
     labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in nodes}
     first = admission.review(make_review(obj, uid=str(uuid.uuid4())), index, config)
     assert first.outcome != "failed-open", first.error

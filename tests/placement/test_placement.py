@@ -9,6 +9,9 @@ Cluster used by most cases (2 spines x 4 leaves x 4 nodes x 8 H100, one NVSwitch
 """
 import pytest
 
+from webhook.objects.feed import index_of
+from webhook.objects import feed
+from webhook.state.index import NodeGone
 from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.kube.demo import leaf_spine_nodes, make_node, make_pod
@@ -23,7 +26,7 @@ def request(pods, gpus=8, strategy=Strategy.CONSOLIDATED, **kw):
 
 @pytest.fixture
 def cluster(clock):
-    return ClusterIndex.from_objects(Config(), leaf_spine_nodes(), [], clock)
+    return index_of(Config(), leaf_spine_nodes(), [], clock)
 
 
 def leaves_of(index, decision):
@@ -60,8 +63,8 @@ def test_eight_nodes_pin_the_two_leaves_and_say_why(cluster):
 
 def test_a_small_job_opens_a_node_where_small_jobs_run_not_in_the_gap_of_a_big_one(cluster):
     for n in (1, 2, 3):  # a 3-node job holds leaf-1 but its last node
-        cluster.upsert_pod(make_pod(f"big-{n}", f"gpu-s1-l1-n{n}", 8))
-    cluster.upsert_pod(make_pod("small", "gpu-s2-l5-n1", 7))  # small jobs run in leaf-5
+        feed.upsert(cluster, make_pod(f"big-{n}", f"gpu-s1-l1-n{n}", 8), "Pod")
+    feed.upsert(cluster, make_pod("small", "gpu-s2-l5-n1", 7), "Pod")  # small jobs run in leaf-5
     decision = place(cluster, request(1, gpus=2))
     # Every node with room is idle; leaf-1's idle node is the fullest domain's, but a job there
     # would keep leaf-1 from being whole again when the big job ends.
@@ -69,14 +72,14 @@ def test_a_small_job_opens_a_node_where_small_jobs_run_not_in_the_gap_of_a_big_o
 
 
 def test_a_multi_node_job_keeps_apart_from_where_small_jobs_run(cluster):
-    cluster.upsert_pod(make_pod("small-1", "gpu-s1-l1-n1", 7))
-    cluster.upsert_pod(make_pod("small-2", "gpu-s1-l1-n2", 7))
-    cluster.upsert_pod(make_pod("small-3", "gpu-s1-l2-n1", 4))
-    cluster.upsert_pod(make_pod("big", "gpu-s1-l2-n2", 8))
+    feed.upsert(cluster, make_pod("small-1", "gpu-s1-l1-n1", 7), "Pod")
+    feed.upsert(cluster, make_pod("small-2", "gpu-s1-l1-n2", 7), "Pod")
+    feed.upsert(cluster, make_pod("small-3", "gpu-s1-l2-n1", 4), "Pod")
+    feed.upsert(cluster, make_pod("big", "gpu-s1-l2-n2", 8), "Pod")
     for leaf in range(3, 9):  # only leaf-1 and leaf-2 are left with exactly two whole nodes
-        cluster.upsert_pod(make_pod(f"big-{leaf}", f"gpu-s{1 if leaf <= 4 else 2}-l{leaf}-n1", 8))
-        cluster.upsert_pod(make_pod(f"other-{leaf}", f"gpu-s{1 if leaf <= 4 else 2}-l{leaf}-n2", 8))
-        cluster.upsert_pod(make_pod(f"third-{leaf}", f"gpu-s{1 if leaf <= 4 else 2}-l{leaf}-n3", 8))
+        feed.upsert(cluster, make_pod(f"big-{leaf}", f"gpu-s{1 if leaf <= 4 else 2}-l{leaf}-n1", 8), "Pod")
+        feed.upsert(cluster, make_pod(f"other-{leaf}", f"gpu-s{1 if leaf <= 4 else 2}-l{leaf}-n2", 8), "Pod")
+        feed.upsert(cluster, make_pod(f"third-{leaf}", f"gpu-s{1 if leaf <= 4 else 2}-l{leaf}-n3", 8), "Pod")
     # leaf-1 has fewer free GPUs (18 against 20) but two nodes where small jobs run; leaf-2 one.
     assert leaves_of(cluster, place(cluster, request(2))) == ["leaf-2"]
 
@@ -90,7 +93,7 @@ def test_second_two_node_job_reuses_the_half_used_leaf(cluster):
 
 def test_preferred_full_leaf_falls_back_to_nearest_leaf_and_says_so(cluster):
     for i in range(1, 5):
-        cluster.upsert_pod(make_pod(f"busy-{i}", f"gpu-s2-l6-n{i}", 8))
+        feed.upsert(cluster, make_pod(f"busy-{i}", f"gpu-s2-l6-n{i}", 8), "Pod")
     decision = place(cluster, request(2, preferred_domain="leaf-6"))
     assert decision.preferred_honoured is False
     assert spines_of(cluster, decision) == ["spine-2"]  # a sibling leaf, not another spine
@@ -112,14 +115,14 @@ def test_unknown_preferred_domain_is_never_and_lists_what_exists(cluster):
 
 def test_a_long_list_of_allowed_domains_says_how_many_it_leaves_out():
     nodes = [make_node(f"n{i}", {"topology.scheduler/leaf": f"rack-{i:02d}"}) for i in range(20)]
-    decision = place(ClusterIndex.from_objects(Config(), nodes), request(1, preferred_domain="rack-99"))
+    decision = place(index_of(Config(), nodes), request(1, preferred_domain="rack-99"))
     assert "rack-00, rack-01," in decision.reasons[0] and "rack-11, ... and 8 more" in decision.reasons[0]
 
 
 def test_per_pod_accounting_two_single_gpu_holes_do_not_hold_a_two_gpu_pod():
     nodes = [make_node(f"n{i}", {"topology.scheduler/leaf": "rack"}, gpus=8) for i in range(2)]
     pods = [make_pod(f"p{i}", f"n{i}", 7) for i in range(2)]
-    index = ClusterIndex.from_objects(Config(), nodes, pods)
+    index = index_of(Config(), nodes, pods)
     decision = place(index, request(1, gpus=2))
     assert decision.outcome is Outcome.WAIT and decision.code == NO_ROOM_NOW
 
@@ -133,11 +136,11 @@ def test_more_than_the_cluster_waits_for_nodes_unpinned_and_says_what_fits_where
 
 
 def test_refuse_unplaceable_restores_the_refusal(clock):
-    index = ClusterIndex.from_objects(Config(refuse_unplaceable=True), leaf_spine_nodes(), [], clock)
+    index = index_of(Config(refuse_unplaceable=True), leaf_spine_nodes(), [], clock)
     decision = place(index, request(33))
     assert (decision.outcome, decision.code) == (Outcome.NEVER, EXCEEDS_CLUSTER)
     assert "32" in decision.reasons[0]
-    only_tainted = ClusterIndex.from_objects(Config(refuse_unplaceable=True), [make_node("t", {}, taints=[
+    only_tainted = index_of(Config(refuse_unplaceable=True), [make_node("t", {}, taints=[
         {"key": "dedicated", "value": "infer", "effect": "NoSchedule"}])])
     assert place(only_tainted, request(1)).outcome is Outcome.NEVER
 
@@ -154,7 +157,7 @@ def test_a_pod_larger_than_every_node_is_never_whatever_the_setting(cluster):
 def test_nothing_fits_now_names_the_domain_that_fits_first(cluster):
     for node in list(cluster.nodes.values()):
         keep_free = 1 if node.labels["topology.scheduler/leaf"] == "leaf-3" else 0
-        cluster.upsert_pod(make_pod(f"busy-{node.name}", node.name, 8 - keep_free))
+        feed.upsert(cluster, make_pod(f"busy-{node.name}", node.name, 8 - keep_free), "Pod")
     decision = place(cluster, request(1, gpus=2))
     assert decision.outcome is Outcome.WAIT
     assert decision.scope.level_name == "node"
@@ -168,7 +171,7 @@ def test_nothing_fits_now_names_the_domain_that_fits_first(cluster):
 def test_single_pod_gets_smallest_nvlink_domain_best_fit():
     node = make_node("pcie-box", {}, gpus=8, product="NVIDIA-H100-PCIe",
                      annotations={"topology.scheduler/nvlink-domains": "0-3,4-7"})
-    index = ClusterIndex.from_objects(Config(), [node], [make_pod("a", "pcie-box", 3)])
+    index = index_of(Config(), [node], [make_pod("a", "pcie-box", 3)])
     decision = place(index, request(1, gpus=4))
     assert decision.gpu_ids == (4, 5, 6, 7)  # the untouched island, not 3 + 1 across PCIe
     assert decision.interconnect is Interconnect.NVLINK
@@ -179,7 +182,7 @@ def test_single_pod_gets_smallest_nvlink_domain_best_fit():
 def test_pod_wider_than_any_nvlink_domain_crosses_pcie():
     node = make_node("islands", {}, gpus=8, product="NVIDIA-A100-PCIE-40GB",
                      annotations={"topology.scheduler/nvlink-domains": "0-3,4-7"})
-    decision = place(ClusterIndex.from_objects(Config(), [node]), request(1, gpus=8))
+    decision = place(index_of(Config(), [node]), request(1, gpus=8))
     assert decision.interconnect is Interconnect.PCIE
     assert decision.bus_bandwidth_gbs == pytest.approx(25.0)
 
@@ -203,13 +206,13 @@ def test_distributed_latency_sensitive_stays_in_one_spine(cluster):
 def test_cordoned_and_notready_nodes_hold_nothing_now_but_make_a_wait_not_a_denial():
     nodes = [make_node("cordoned", {}, unschedulable=True), make_node("down", {}, ready=False),
              make_node("tainted", {}, taints=[{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}])]
-    index = ClusterIndex.from_objects(Config(), nodes)
+    index = index_of(Config(), nodes)
     decision = place(index, request(1))
     assert (decision.outcome, decision.code) == (Outcome.WAIT, NO_ROOM_NOW)
     assert "2 GPU node(s) out of service for now may return: cordoned (cordoned), down (NotReady)" in decision.reasons
     tolerant = request(1, tolerations=({"key": "dedicated", "operator": "Exists"},))
     assert place(index, tolerant).nodes == ("tainted",)
-    only_tainted = ClusterIndex.from_objects(Config(), nodes[2:])
+    only_tainted = index_of(Config(), nodes[2:])
     decision = place(only_tainted, request(1))  # a node it tolerates may be added: it waits
     assert (decision.outcome, decision.code) == (Outcome.WAIT, NO_MATCHING_NODES)
     assert "untolerated taint: 1" in decision.reasons[0]
@@ -218,15 +221,15 @@ def test_cordoned_and_notready_nodes_hold_nothing_now_but_make_a_wait_not_a_deni
 def test_a_drained_node_makes_a_job_wait_and_uncordoning_places_it_there():
     nodes = [make_node("a", {"topology.scheduler/leaf": "l1"}),
              make_node("b", {"topology.scheduler/leaf": "l1"}, unschedulable=True)]
-    index = ClusterIndex.from_objects(Config(), nodes)
+    index = index_of(Config(), nodes)
     decision = place(index, request(2))
     assert (decision.outcome, decision.code) == (Outcome.WAIT, NO_ROOM_NOW)
     assert any("b (cordoned)" in reason for reason in decision.reasons)
     unreachable = make_node("b", {"topology.scheduler/leaf": "l1"},
                             taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}])
-    index.upsert_node(unreachable)
+    feed.upsert(index, unreachable, "Node")
     assert place(index, request(2)).outcome is Outcome.WAIT
-    index.upsert_node(make_node("b", {"topology.scheduler/leaf": "l1"}))  # uncordoned and reachable
+    feed.upsert(index, make_node("b", {"topology.scheduler/leaf": "l1"}), "Node")  # uncordoned and reachable
     decision = place(index, request(2))
     assert decision.outcome is Outcome.PLACED and sorted(decision.nodes) == ["a", "b"]
 
@@ -235,19 +238,19 @@ def test_a_node_whose_pods_are_terminating_is_the_wait_target():
     nodes = [make_node(name, {"topology.scheduler/leaf": "l1"}) for name in ("busy", "ending")]
     ending = make_pod("old-train", "ending", 8)
     ending["metadata"]["deletionTimestamp"] = "2026-11-24T04:00:00Z"
-    index = ClusterIndex.from_objects(Config(), nodes, [make_pod("serve", "busy", 8), make_pod("old-train", "ending", 8)])
+    index = index_of(Config(), nodes, [make_pod("serve", "busy", 8), make_pod("old-train", "ending", 8)])
     assert place(index, request(1)).nodes == () and place(index, request(1)).scope.name == "busy"  # by name
-    index.upsert_pod(ending)  # the same pod, now being deleted
+    feed.upsert(index, ending, "Pod")  # the same pod, now being deleted
     decision = place(index, request(1))
     assert decision.outcome is Outcome.WAIT and decision.scope.name == "ending"
     assert "8 GPU(s) there being freed by terminating pods" in decision.reasons[0]
-    index.delete_pod(ending)
+    feed.delete(index, ending, "Pod")
     assert place(index, request(1)).nodes == ("ending",)
 
 
 def test_node_selector_affinity_and_bandwidth_filter_before_counting(cluster):
-    cluster.upsert_node(make_node("fast", {"topology.scheduler/leaf": "leaf-9",
-                                           "topology.scheduler/network-bandwidth": "800Gb"}))
+    feed.upsert(cluster, make_node("fast", {"topology.scheduler/leaf": "leaf-9",
+                                           "topology.scheduler/network-bandwidth": "800Gb"}), "Node")
     assert place(cluster, request(1, min_bandwidth_gbps=800)).nodes == ("fast",)
     terms = ({"matchExpressions": [{"key": "topology.scheduler/leaf", "operator": "In", "values": ["leaf-8"]}]},)
     assert leaves_of(cluster, place(cluster, request(2, required_node_terms=terms))) == ["leaf-8"]
@@ -256,7 +259,7 @@ def test_node_selector_affinity_and_bandwidth_filter_before_counting(cluster):
 
 def test_nodes_missing_a_level_label_are_alone_at_that_level():
     nodes = [make_node(f"bare-{i}", {"topology.kubernetes.io/zone": "z"}) for i in range(2)]
-    index = ClusterIndex.from_objects(Config(), nodes)
+    index = index_of(Config(), nodes)
     decision = place(index, request(2))
     # Two unlabelled nodes share no leaf or spine: the job spans the zone, and says so.
     assert decision.outcome is Outcome.PLACED and decision.scope.level_name == "zone"
@@ -270,8 +273,8 @@ def test_reservations_confirm_expire_and_never_double_book(cluster, clock):
     other = place_and_reserve(cluster, request(4), "ns/Job/b")
     assert not set(decision.nodes) & set(other.nodes)
     pod = make_pod("a-0", decision.nodes[0], 8, "ns", annotations={"topology.scheduler/reservation": "ns/Job/a"})
-    cluster.upsert_pod(pod)
-    cluster.upsert_pod(pod)  # status updates do not confirm twice
+    feed.upsert(cluster, pod, "Pod")
+    feed.upsert(cluster, pod, "Pod")  # status updates do not confirm twice
     assert cluster.stats().gpus_reserved == 56 and cluster.stats().gpus_used == 8
     clock.now += Config().reservation_ttl_seconds
     cluster.expire_reservations()
@@ -282,10 +285,10 @@ def test_deleting_a_pending_pod_ends_its_own_reservation_but_not_its_owners(clus
     place_and_reserve(cluster, request(1), "ml/Pod/solo")
     place_and_reserve(cluster, request(2), "ml/Job/train")
     assert cluster.stats().gpus_reserved == 24
-    cluster.upsert_pod(make_pod("train-0", None, 8, "ml", annotations={"topology.scheduler/reservation": "ml/Job/train"}))
-    cluster.delete_pod(make_pod("train-0", None, 8, "ml", annotations={"topology.scheduler/reservation": "ml/Job/train"}))
+    feed.upsert(cluster, make_pod("train-0", None, 8, "ml", annotations={"topology.scheduler/reservation": "ml/Job/train"}), "Pod")
+    feed.delete(cluster, make_pod("train-0", None, 8, "ml", annotations={"topology.scheduler/reservation": "ml/Job/train"}), "Pod")
     assert set(cluster.ledger.holds) == {"ml/Pod/solo", "ml/Job/train"}  # the Job makes another pod
-    cluster.delete_pod(make_pod("solo", None, 8, "ml", annotations={"topology.scheduler/reservation": "ml/Pod/solo"}))
+    feed.delete(cluster, make_pod("solo", None, 8, "ml", annotations={"topology.scheduler/reservation": "ml/Pod/solo"}), "Pod")
     assert set(cluster.ledger.holds) == {"ml/Job/train"} and cluster.stats().gpus_reserved == 16
 
 
@@ -314,15 +317,15 @@ def test_dry_run_reserves_nothing(cluster):
 
 
 def test_incremental_updates_match_a_rebuild(cluster):
-    cluster.upsert_pod(make_pod("p", "gpu-s1-l1-n1", 4))
-    cluster.upsert_node(make_node("gpu-s1-l1-n2", {"topology.kubernetes.io/zone": "zone-a",
+    feed.upsert(cluster, make_pod("p", "gpu-s1-l1-n1", 4), "Pod")
+    feed.upsert(cluster, make_node("gpu-s1-l1-n2", {"topology.kubernetes.io/zone": "zone-a",
                                                    "topology.scheduler/spine": "spine-2",
-                                                   "topology.scheduler/leaf": "leaf-5"}))  # relabelled
-    cluster.delete_node("gpu-s1-l1-n3")
-    cluster.upsert_pod({**make_pod("p", "gpu-s1-l1-n1", 4), "status": {"phase": "Succeeded"}})
+                                                   "topology.scheduler/leaf": "leaf-5"}), "Node")  # relabelled
+    cluster.apply(NodeGone("gpu-s1-l1-n3"))
+    feed.upsert(cluster, {**make_pod("p", "gpu-s1-l1-n1", 4), "status": {"phase": "Succeeded"}}, "Pod")
     rebuilt = ClusterIndex(Config())
     for name, node in cluster.nodes.items():
-        rebuilt.upsert_node(make_node(name, dict(node.labels)))
+        feed.upsert(rebuilt, make_node(name, dict(node.labels)), "Node")
     a, b = cluster.root, rebuilt.root
     aggregates = lambda d: (d.pods_now, d.pods_idle, d.free_hist, d.free_gpus, d.partly_used)  # noqa: E731
     assert aggregates(a) == aggregates(b)
@@ -345,7 +348,7 @@ def test_constrained_views_stay_exact_through_pod_events_and_reservations(cluste
     constrained = request(2, required_node_terms=pinned)
     assert leaves_of(cluster, place(cluster, constrained)) == ["leaf-2"]
     place_and_reserve(cluster, request(2, required_node_terms=pinned), "ns/Job/a")
-    cluster.upsert_pod(make_pod("x", "gpu-s1-l2-n3", 8))
+    feed.upsert(cluster, make_pod("x", "gpu-s1-l2-n3", 8), "Pod")
     decision = place(cluster, constrained)  # leaf-2 has one free node left: it must wait
     assert decision.outcome is Outcome.WAIT
     cluster.release("ns/Job/a")
@@ -355,7 +358,7 @@ def test_constrained_views_stay_exact_through_pod_events_and_reservations(cluste
 def test_product_table_fallback_without_published_domains():
     sxm = make_node("sxm", {}, product="NVIDIA-A100-SXM4-80GB")
     pcie = make_node("pcie", {}, gpus=2, product="NVIDIA-A100-PCIE-40GB")
-    index = ClusterIndex.from_objects(Config(), [sxm, pcie])
+    index = index_of(Config(), [sxm, pcie])
     assert index.nodes["sxm"].nvlink_domains == (tuple(range(8)),)  # one NVSwitch domain
     assert index.nodes["pcie"].nvlink_domains == ()  # no NVLink assumed
     decision = place(index, request(1, gpus=2, node_selector={"kubernetes.io/hostname": "pcie"}))
@@ -368,7 +371,7 @@ def test_nvl72_preset_treats_a_clique_as_one_nvlink_domain_across_nodes():
     nodes = [make_node(f"tray-{r}-{i}", {"topology.kubernetes.io/zone": "z", "topology.scheduler/spine": "s",
                                         "nvidia.com/gpu.clique": f"uuid.{r}"}, gpus=4, product="NVIDIA-GB200")
              for r in range(2) for i in range(18)]
-    index = ClusterIndex.from_objects(config, nodes)
+    index = index_of(config, nodes)
     decision = place(index, request(16, gpus=4))
     assert decision.scope.level_name == "clique" and decision.interconnect is Interconnect.NVLINK
     assert len({index.nodes[n].labels["nvidia.com/gpu.clique"] for n in decision.nodes}) == 1
@@ -382,7 +385,7 @@ def test_spanning_leaves_fills_the_roomiest_and_keeps_the_next_leaf_whole():
     nodes = [make_node(f"{leaf}{i}", {"topology.kubernetes.io/zone": "z", "topology.scheduler/spine": "s",
                                       "topology.scheduler/leaf": leaf})
              for leaf, count in (("a", 6), ("b", 5), ("c", 3)) for i in range(count)]
-    index = ClusterIndex.from_objects(Config(), nodes)
+    index = index_of(Config(), nodes)
     decision = place(index, request(8))
     assert leaves_of(index, decision) == ["a", "c"]
     assert sum(1 for n in decision.nodes if n.startswith("a")) == 6
@@ -392,13 +395,13 @@ def test_split_over_nodes_is_balanced():
     """One leaf, nodes with 7, 4 and 4 free GPUs; 8 one-GPU pods need two nodes: 4 + 4, not 7 + 1."""
     nodes = [make_node(f"n{i}", {"topology.scheduler/leaf": "l"}) for i in range(3)]
     pods = [make_pod("a", "n0", 1), make_pod("b", "n1", 4), make_pod("c", "n2", 4)]
-    decision = place(ClusterIndex.from_objects(Config(), nodes, pods), request(8, gpus=1))
+    decision = place(index_of(Config(), nodes, pods), request(8, gpus=1))
     assert sorted(a.pods for a in decision.assignment) == [4, 4]
 
 
 def test_a_leaf_label_groups_nodes_even_without_zone_and_spine_labels():
     nodes = [make_node(f"n{i}", {"topology.scheduler/leaf": "rack-7"}) for i in range(2)]
-    decision = place(ClusterIndex.from_objects(Config(), nodes), request(2))
+    decision = place(index_of(Config(), nodes), request(2))
     assert decision.scope.name == "rack-7" and decision.interconnect is Interconnect.LEAF
     # The nodes without zone and spine labels, in rack-7: a rack-7 under a labelled spine is another leaf.
     assert [r.expression for r in decision.requirements] == [
@@ -411,7 +414,7 @@ def test_a_pin_into_an_unnamed_domain_excludes_the_same_leaf_name_under_a_labell
     nodes = [make_node(f"n{i}", {"topology.scheduler/leaf": "rack-7"}) for i in range(2)]
     nodes += [make_node(f"m{i}", {"topology.scheduler/spine": "s1", "topology.scheduler/leaf": "rack-7"}, gpus=4)
               for i in range(2)]
-    decision = place(ClusterIndex.from_objects(Config(), nodes), request(2))
+    decision = place(index_of(Config(), nodes), request(2))
     assert set(decision.nodes) <= {"n0", "n1"}
     spine = next(r for r in decision.requirements if r.key == "topology.scheduler/spine")
     assert spine.expression == {"key": "topology.scheduler/spine", "operator": "DoesNotExist"}
@@ -421,7 +424,7 @@ def test_an_unchanged_node_update_changes_nothing_and_keeps_the_constrained_subs
     pinned = ({"matchExpressions": [{"key": "topology.scheduler/leaf", "operator": "In", "values": ["leaf-2"]}]},)
     subset = cluster.restricted_to(request(2, required_node_terms=pinned))
     node = cluster.nodes["gpu-s1-l2-n1"]
-    cluster.upsert_node(make_node("gpu-s1-l2-n1", dict(node.labels)))  # a kubelet status update
+    feed.upsert(cluster, make_node("gpu-s1-l2-n1", dict(node.labels)), "Node")  # a kubelet status update
     assert cluster.nodes["gpu-s1-l2-n1"] is node
     assert cluster.restricted_to(request(2, required_node_terms=pinned)) is subset
 
@@ -430,27 +433,27 @@ def test_changed_nodes_move_in_and_out_of_constrained_subsets_which_stay_exact(c
     pool_a = request(2, node_selector={"pool": "a"})
     moved = {name: dict(node.labels) for name, node in cluster.nodes.items() if "-l2-" in name}
     for name, labels in moved.items():
-        cluster.upsert_node(make_node(name, {**labels, "pool": "a"}))
+        feed.upsert(cluster, make_node(name, {**labels, "pool": "a"}), "Node")
     subset = cluster.restricted_to(pool_a)
     assert sorted(subset.nodes) == sorted(moved)
-    cluster.upsert_pod(make_pod("busy", "gpu-s1-l2-n1", 8))
+    feed.upsert(cluster, make_pod("busy", "gpu-s1-l2-n1", 8), "Pod")
     ending = make_pod("ending", "gpu-s1-l3-n1", 4)
     ending["metadata"]["deletionTimestamp"] = "2026-11-24T04:00:00Z"
-    cluster.upsert_pod(ending)
-    cluster.upsert_node(make_node("gpu-s1-l3-n1", {**dict(cluster.nodes["gpu-s1-l3-n1"].labels), "pool": "a"}))
-    cluster.upsert_node(make_node("gpu-s1-l2-n2", {**moved["gpu-s1-l2-n2"], "pool": "b"}))  # leaves pool a
-    cluster.upsert_node({**make_node("gpu-s1-l2-n3", {**moved["gpu-s1-l2-n3"], "pool": "a"}),
-                         "spec": {"unschedulable": True}})  # cordoned: stays, with no capacity
-    cluster.delete_node("gpu-s1-l2-n4")
+    feed.upsert(cluster, ending, "Pod")
+    feed.upsert(cluster, make_node("gpu-s1-l3-n1", {**dict(cluster.nodes["gpu-s1-l3-n1"].labels), "pool": "a"}), "Node")
+    feed.upsert(cluster, make_node("gpu-s1-l2-n2", {**moved["gpu-s1-l2-n2"], "pool": "b"}), "Node")  # leaves pool a
+    feed.upsert(cluster, {**make_node("gpu-s1-l2-n3", {**moved["gpu-s1-l2-n3"], "pool": "a"}),
+                         "spec": {"unschedulable": True}}, "Node")  # cordoned: stays, with no capacity
+    cluster.apply(NodeGone("gpu-s1-l2-n4"))
     assert cluster.restricted_to(pool_a) is subset  # kept, not rebuilt
     rebuilt = ClusterIndex(Config())
     for name, node in cluster.nodes.items():
         if node.labels.get("pool") == "a":
-            rebuilt.upsert_node(make_node(name, dict(node.labels)))
-    rebuilt.upsert_pod(make_pod("busy", "gpu-s1-l2-n1", 8))
-    rebuilt.upsert_pod(ending)
-    rebuilt.upsert_node({**make_node("gpu-s1-l2-n3", dict(cluster.nodes["gpu-s1-l2-n3"].labels)),
-                         "spec": {"unschedulable": True}})
+            feed.upsert(rebuilt, make_node(name, dict(node.labels)), "Node")
+    feed.upsert(rebuilt, make_pod("busy", "gpu-s1-l2-n1", 8), "Pod")
+    feed.upsert(rebuilt, ending, "Pod")
+    feed.upsert(rebuilt, {**make_node("gpu-s1-l2-n3", dict(cluster.nodes["gpu-s1-l2-n3"].labels)),
+                         "spec": {"unschedulable": True}}, "Node")
     aggregates = lambda d: (d.pods_now, d.pods_idle, d.free_hist, d.free_gpus, d.alloc_gpus, d.nodes, d.partly_used,  # noqa: E731
                             d.freeing)
     assert subset.root.freeing == 4
@@ -463,7 +466,7 @@ def test_changed_nodes_move_in_and_out_of_constrained_subsets_which_stay_exact(c
 def test_a_node_pin_uses_the_hostname_label_where_kubelet_set_it_apart_from_the_name():
     node = make_node("ip-10-0-0-7.ec2.internal", {"topology.scheduler/leaf": "l1"})
     node["metadata"]["labels"]["kubernetes.io/hostname"] = "ip-10-0-0-7"
-    index = ClusterIndex.from_objects(Config(), [node, make_node("other", {"topology.scheduler/leaf": "l1"})],
+    index = index_of(Config(), [node, make_node("other", {"topology.scheduler/leaf": "l1"})],
                                       [make_pod("busy", "other", 8)])
     decision = place(index, request(1))
     assert decision.nodes == ("ip-10-0-0-7.ec2.internal",)
@@ -481,7 +484,7 @@ def test_a_split_over_racks_of_two_spines_is_pinned_to_those_racks_not_the_whole
                                               "topology.scheduler/leaf": rack}))
                 if rack == "r4":
                     pods.append(make_pod(f"busy-{name}", name, 8))
-    index = ClusterIndex.from_objects(Config(), nodes, pods)
+    index = index_of(Config(), nodes, pods)
     decision = place(index, request(6))
     assert decision.outcome is Outcome.PLACED and decision.scope.level_name == "zone"
     assert NodeRequirement("topology.scheduler/leaf", ("r1", "r2", "r3")) in decision.requirements
@@ -492,10 +495,10 @@ def test_best_fit_orders_follow_nodes_that_move_between_leaves_and_leaves_that_g
         cluster.tree.catch_up(g)
     leaf1 = [name for name, node in cluster.nodes.items() if node.labels["topology.scheduler/leaf"] == "leaf-1"]
     for name in leaf1[:-1]:
-        cluster.delete_node(name)
+        cluster.apply(NodeGone(name))
     last = dict(cluster.nodes[leaf1[-1]].labels)
-    cluster.upsert_node(make_node(leaf1[-1], {**last, "topology.scheduler/leaf": "leaf-9"}))  # leaf-1 is gone
-    cluster.upsert_pod(make_pod("half", leaf1[-1], 4))
+    feed.upsert(cluster, make_node(leaf1[-1], {**last, "topology.scheduler/leaf": "leaf-9"}), "Node")  # leaf-1 is gone
+    feed.upsert(cluster, make_pod("half", leaf1[-1], 4), "Pod")
     for g in (2, 8):
         cluster.tree.catch_up(g)
         for pods in (1, 2, 4, 5):

@@ -5,8 +5,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.builders import gpu_job
+from webhook.objects.feed import index_of
+from webhook.objects import feed
 from webhook.objects import mutation, workload
-from webhook.state.index import ClusterIndex
 from webhook.state.filters import node_matches
 from webhook.settings.config import Config
 from webhook.kube.demo import make_allocated_claim, make_node, make_pod, make_resource_slice
@@ -49,7 +50,7 @@ def in_use(name: str, used: int) -> dict:
 
 def build(nodes, config=Config()):
     objs = [obj for name, path, gpus, _ in nodes for obj in gpu_node(name, dict(zip(LEVELS, path)), gpus)]
-    return ClusterIndex.from_objects(config, objs, [in_use(name, used) for name, _, _, used in nodes if used])
+    return index_of(config, objs, [in_use(name, used) for name, _, _, used in nodes if used])
 
 
 def oracle_levels(nodes, pods, gpus):
@@ -122,7 +123,7 @@ def test_the_emitted_pod_spec_allows_exactly_the_lowest_domains_a_consolidated_d
         if i in renamed:
             labels["kubernetes.io/hostname"] = f"host-{name}"
         objs.extend(gpu_node(name, labels, total))
-    index = ClusterIndex.from_objects(Config(), objs, [in_use(n, u) for n, _, _, u in nodes if u])
+    index = index_of(Config(), objs, [in_use(n, u) for n, _, _, u in nodes if u])
     decision = place(index, PlacementRequest("Job ml/x", pods, gpus, Strategy.CONSOLIDATED))
     if decision.outcome is not Outcome.PLACED:
         return
@@ -169,14 +170,14 @@ def test_incremental_index_equals_a_rebuild(nodes, events):
         name = names[which % len(names)]
         pod = make_pod(f"ev{which % 5}", name if bind else None, gpus)
         if gpus == 0:
-            index.delete_pod(pod)
+            feed.delete(index, pod, "Pod")
             live.pop(f"ev{which % 5}", None)
         else:
-            index.upsert_pod(pod)
+            feed.upsert(index, pod, "Pod")
             live[f"ev{which % 5}"] = pod
     rebuilt = build(nodes)
     for pod in live.values():
-        rebuilt.upsert_pod(pod)
+        feed.upsert(rebuilt, pod, "Pod")
     assert index.root.pods_now == rebuilt.root.pods_now and index.root.free_hist == rebuilt.root.free_hist
     for level, domains in enumerate(index.levels):
         assert {p: (d.pods_now, d.partly_used) for p, d in domains.items()} == {
@@ -265,11 +266,11 @@ def test_slices_and_claims_applied_one_by_one_count_as_the_final_objects_do(node
             obj = make_allocated_claim(f"{name}-c{b}", name, [f"gpu-{a}"])
         if present:
             objects[(obj["kind"], obj["metadata"]["name"])] = obj
-            index.upsert(obj)
+            feed.upsert(index, obj)
         elif objects:  # a deletion takes one of the objects there are
-            index.delete(objects.pop(sorted(objects)[which % len(objects)]))
+            feed.delete(index, objects.pop(sorted(objects)[which % len(objects)]))
     gpu_objects = [o for name, path, gpus, _ in nodes for o in gpu_node(name, dict(zip(LEVELS, path)), gpus)]
-    rebuilt = ClusterIndex.from_objects(Config(), gpu_objects, [
+    rebuilt = index_of(Config(), gpu_objects, [
         *(in_use(name, used) for name, _, _, used in nodes if used), *objects.values()])
     assert {n: (s.gpus, s.free, sorted(s.claimed)) for n, s in index.nodes.items()} == {
         n: (s.gpus, s.free, sorted(s.claimed)) for n, s in rebuilt.nodes.items()}
@@ -308,7 +309,7 @@ def test_a_pool_that_can_grow_takes_what_the_nodes_cannot_and_its_new_nodes_are_
     request = PlacementRequest("Job p/x", pods, gpus, strategy)
     without = place(build(nodes), request)
     index = build(nodes)
-    index.upsert_growth(pool)
+    feed.upsert(index, pool)
     decision = place(index, request)
     requirements = pool["spec"]["template"]["spec"]["requirements"]
     node_gpus = int(requirements[0]["values"][0])

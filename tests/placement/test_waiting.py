@@ -9,6 +9,8 @@ import math
 
 import pytest
 
+from webhook.objects.feed import index_of
+from webhook.objects import feed
 from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.settings.loading import levels_from
@@ -36,7 +38,7 @@ def busy_cluster(clock, free: dict[str, int], config=Config()) -> ClusterIndex:
     nodes = leaf_spine_nodes()
     pods = [make_pod(f"busy-{n['metadata']['name']}", n["metadata"]["name"], 8 - free.get(n["metadata"]["name"], 0))
             for n in nodes if free.get(n["metadata"]["name"], 0) < 8]
-    return ClusterIndex.from_objects(config, nodes, pods, clock)
+    return index_of(config, nodes, pods, clock)
 
 
 def add_waiter(index: ClusterIndex, path=SPINE_1, pods=2, gpus=8, key=WAITER_KEY) -> list[dict]:
@@ -44,7 +46,7 @@ def add_waiter(index: ClusterIndex, path=SPINE_1, pods=2, gpus=8, key=WAITER_KEY
     waiting = [make_pod(f"{key.rsplit('/', 1)[-1]}-{i}", None, gpus, "ml", phase="Pending",
                         annotations={WAITING_FOR: format_domain_path(path), RESERVATION: key}) for i in range(pods)]
     for pod in waiting:
-        index.upsert_pod(pod)
+        feed.upsert(index, pod, "Pod")
     return waiting
 
 
@@ -109,7 +111,7 @@ def test_expected_wait_counts_taken_places_terminating_ones_as_free(clock):
             sum(1 / k for k in range(33 - pods, 33)), abs=1e-9)
     ending = make_pod("busy-gpu-s1-l2-n3", "gpu-s1-l2-n3", 8)
     ending["metadata"]["deletionTimestamp"] = "2026-11-25T12:00:00Z"
-    index.upsert_pod(ending)  # terminating: its node counts as free
+    feed.upsert(index, ending, "Pod")  # terminating: its node counts as free
     assert waiting.expected_wait(leaf, 8, 1) == 0.0 and waiting.expected_wait(leaf, 8, 2) == pytest.approx(1 / 3)
 
 
@@ -226,8 +228,8 @@ def test_a_workload_is_not_kept_off_its_own_wait_and_a_bound_waiter_is_forgotten
     waiting = add_waiter(index)
     assert place(index, request(1, 4), WAITER_KEY).nodes == ("gpu-s1-l1-n1",)
     for pod in waiting:
-        index.upsert_pod({**pod, "spec": {**pod["spec"], "nodeName": "gpu-s1-l2-n1"}})
-    assert not index.waiters
+        feed.upsert(index, {**pod, "spec": {**pod["spec"], "nodeName": "gpu-s1-l2-n1"}}, "Pod")
+    assert not index.pods.waiters
     assert place(index, request(1, 4)).nodes == ("gpu-s1-l1-n1",)
 
 

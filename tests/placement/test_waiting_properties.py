@@ -7,6 +7,8 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from webhook.objects.feed import index_of
+from webhook.objects import feed
 from webhook.placement import protection, walk
 from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
@@ -47,12 +49,12 @@ def scenarios(draw):
     return nodes, busy, waiters, ages, request, draw(st.sampled_from([600.0, 1800.0]))
 
 
-def index_of(config, nodes, busy, waiters, ages) -> ClusterIndex:
+def waited_index(config, nodes, busy, waiters, ages) -> ClusterIndex:
     clock = [0.0]
-    index = ClusterIndex.from_objects(config, nodes, busy, lambda: clock[0])
+    index = index_of(config, nodes, busy, lambda: clock[0])
     for pod, age in zip(waiters, ages):
         clock[0] = NOW - age
-        index.upsert_pod(pod)
+        feed.upsert(index, pod, "Pod")
     clock[0] = NOW
     return index
 
@@ -62,15 +64,15 @@ def index_of(config, nodes, busy, waiters, ages) -> ClusterIndex:
 def test_protection_only_moves_a_placement_to_one_as_tight(scenario):
     nodes, busy, waiters, ages, request, seconds = scenario
     config = Config(protect_waiting_seconds=seconds)
-    alone = place(index_of(config, nodes, busy, [], []), request)
-    index = index_of(config, nodes, busy, waiters, ages)
+    alone = place(waited_index(config, nodes, busy, [], []), request)
+    index = waited_index(config, nodes, busy, waiters, ages)
     decision = place(index, request)
     assert (decision.outcome is Outcome.PLACED) == (alone.outcome is Outcome.PLACED)
     if decision.outcome is not Outcome.PLACED:
         assert decision == alone  # waits and denials are left as they are
         return
     assert decision.scope.level >= alone.scope.level
-    shield = protection.protected(index.tree, protection.needs(index.waiters, NOW, seconds, None))
+    shield = protection.protected(index.tree, protection.needs(index.pods.waiters, NOW, seconds, None))
     if request.pods == 1 and shield.taken_by(decision):  # then no node had room for it beside what is set aside
         assert not any(shield.room.get(name, node.free) >= request.gpus_per_pod for name, node in index.nodes.items())
 
@@ -80,8 +82,8 @@ def test_protection_only_moves_a_placement_to_one_as_tight(scenario):
 def test_with_both_settings_off_waiters_change_nothing(scenario):
     nodes, busy, waiters, ages, request, _ = scenario
     config = Config(protect_waiting_seconds=0, pin_only_where_locality_pays=False)
-    decision = place(index_of(config, nodes, busy, waiters, ages), request)
-    assert decision == place(index_of(config, nodes, busy, [], []), request)
+    decision = place(waited_index(config, nodes, busy, waiters, ages), request)
+    assert decision == place(waited_index(config, nodes, busy, [], []), request)
     assert decision.locality_pays
 
 
@@ -115,9 +117,9 @@ def test_protection_reads_the_free_capacity_index_as_a_sort_of_every_node_would(
     says they may hold the next node due, instead of sorting every node; overlapping waits (a node,
     its leaf, its spine) must still be served the same GPUs, and the GPUs held for them are free."""
     nodes, busy, waiters, ages, _, seconds = scenario
-    index = index_of(Config(protect_waiting_seconds=seconds), nodes, busy, waiters, ages)
-    shield = protection.protected(index.tree, protection.needs(index.waiters, NOW, seconds, None))
-    taken, room = most_free_first_by_sorting(index.tree, index.waiters.pods.values(), NOW, seconds)
+    index = waited_index(Config(protect_waiting_seconds=seconds), nodes, busy, waiters, ages)
+    shield = protection.protected(index.tree, protection.needs(index.pods.waiters, NOW, seconds, None))
+    taken, room = most_free_first_by_sorting(index.tree, index.pods.waiters.pods.values(), NOW, seconds)
     assert shield.takes == taken
     assert dict(shield.room) == room
     for name, sets in shield.gpu_sets(index.tree).items():
@@ -135,7 +137,7 @@ def test_a_gated_wait_is_set_aside_only_where_no_placement_no_wider_exists(scena
     That shortcut must never hide a placement: whatever the core would place, with the waited-in
     domain preferred or not, no wider than the wait, the shortcut lets through."""
     nodes, busy, waiters, ages, request, seconds = scenario
-    index = index_of(Config(protect_waiting_seconds=seconds), nodes, busy, waiters, ages)
+    index = waited_index(Config(protect_waiting_seconds=seconds), nodes, busy, waiters, ages)
     node = data.draw(st.sampled_from(sorted(index.nodes)))
     path = index.nodes[node].path[:data.draw(st.integers(1, len(index.nodes[node].path)))]
     level = len(path) - 1

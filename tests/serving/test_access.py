@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.builders import gpu_pod
-from webhook.state.index import ClusterIndex
+from webhook.objects.feed import index_of
+from webhook.objects import feed
 from webhook.settings.config import Config
 from webhook.kube import demo
 from webhook.kube.access import subject_access_review
@@ -226,7 +227,7 @@ def clusters(draw):
                                                         ("z1", "s2", "l3")]))))
         nodes.append(demo.make_node(f"n{i}", labels, draw(st.sampled_from([0, 4, 8])),
                                     unschedulable=draw(st.booleans()) and draw(st.booleans())))
-    index = ClusterIndex.from_objects(Config(), nodes, [])
+    index = index_of(Config(), nodes, [])
     decisions = RecentDecisions()
     names: dict[str, set[str]] = {namespace: set() for namespace in NAMESPACES}
     for i in range(draw(st.integers(0, 12))):
@@ -240,7 +241,7 @@ def clusters(draw):
         decisions.record(result, float(i))
         if result.outcome == "placed" and draw(st.booleans()):  # its pod exists, pending: held until it binds
             index.release(f"{namespace}/Pod/{name}")
-            index.upsert_pod({**result.admitted, "metadata": {**result.admitted["metadata"], "uid": f"u{i}"}})
+            feed.upsert(index, {**result.admitted, "metadata": {**result.admitted["metadata"], "uid": f"u{i}"}}, "Pod")
     gpu_nodes = [node["metadata"]["name"] for node in nodes if int(node["status"]["allocatable"].get(
         "nvidia.com/gpu", "0"))]
     for i in range(draw(st.integers(0, 3))):  # holds whose decisions another replica made

@@ -9,6 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.shared import samples
+from webhook.objects.feed import index_of
 from webhook import __version__
 from webhook.admission import AdmissionOutcome
 from webhook.serving.metrics import Metrics
@@ -132,7 +133,6 @@ def test_4xx_answers_are_counted_by_reason(client, metrics):
 
 
 def test_per_domain_gauges_leave_out_domains_of_one_node():
-    from webhook.state.index import ClusterIndex
     from webhook.settings.config import Config
     from webhook.settings.presets import PRESETS
     from webhook.kube.demo import make_node
@@ -140,5 +140,5 @@ def test_per_domain_gauges_leave_out_domains_of_one_node():
     nodes = [make_node(f"host-{i}", {"cloud.google.com/gce-topology-block": "b1",
                                       "cloud.google.com/gce-topology-subblock": f"sb{i // 2}",
                                       "cloud.google.com/gce-topology-host": f"h{i}"}) for i in range(4)]
-    levels = {level for level, _, _ in ClusterIndex.from_objects(config, nodes).stats().domain_utilization}
+    levels = {level for level, _, _ in index_of(config, nodes).stats().domain_utilization}
     assert levels == {"block", "subblock"}  # no series per host, which is a node

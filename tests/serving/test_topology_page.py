@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from conftest import review_of
 from tests.fixtures.builders import gpu_job, gpu_pod
+from webhook.objects.feed import index_of
+from webhook.objects import feed
 from webhook import cli
 from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
@@ -39,7 +41,7 @@ def admit(index: ClusterIndex, obj: dict, decisions: RecentDecisions, at: float 
 
 @pytest.fixture
 def demo_index(clock) -> ClusterIndex:
-    return ClusterIndex.from_objects(Config(), *demo.demo_cluster(), clock=clock)
+    return index_of(Config(), *demo.demo_cluster(), clock=clock)
 
 
 @pytest.fixture
@@ -123,7 +125,7 @@ def test_a_pending_pod_that_carries_our_placement_is_listed_as_held_until_it_bin
     decisions = RecentDecisions()
     result = admit(demo_index, gpu_pod("solo", 2, placement_strategy="consolidated"), decisions)
     demo_index.release("ml/Pod/solo")  # the admission's own hold gone: the pod's own stands in
-    demo_index.upsert_pod({**result.admitted, "metadata": {**result.admitted["metadata"], "uid": "u-solo"}})
+    feed.upsert(demo_index, {**result.admitted, "metadata": {**result.admitted["metadata"], "uid": "u-solo"}}, "Pod")
     [hold] = snapshot(demo_index, decisions.entries(), now=0.0)["holds"]
     assert (hold["name"], hold["gpus"], hold["expires_in_s"], hold["source"]) == ("solo", 2, None, "pending pods")
 
@@ -132,7 +134,7 @@ def test_out_of_service_nodes_say_why_and_count_their_idle_gpus_as_out():
     nodes, pods = demo.demo_cluster()
     nodes[0]["spec"]["unschedulable"] = True  # gpu-s1-l1-n1, 8 GPUs in use
     nodes[2]["status"]["conditions"][0]["status"] = "False"  # gpu-s1-l1-n3, idle
-    index = ClusterIndex.from_objects(Config(), nodes, pods)
+    index = index_of(Config(), nodes, pods)
     data = snapshot(index, [], now=0.0)
     drawn = json_nodes(data["tree"])
     assert drawn["gpu-s1-l1-n1"]["out"] == "cordoned"
@@ -148,7 +150,7 @@ def test_a_pod_bound_onto_held_gpus_shows_the_counts_placement_uses(demo_index, 
     data = snapshot(demo_index, placed.entries(), now=0.0)
     node_name = data["holds"][0]["nodes"][0]
     intruder = demo.make_pod("intruder", node_name, 2, annotations={"topology.scheduler/gpu-ids": "0,1"})
-    demo_index.upsert_pod(intruder)  # the scheduler knows nothing of our holds
+    feed.upsert(demo_index, intruder, "Pod")  # the scheduler knows nothing of our holds
     node = json_nodes(snapshot(demo_index, placed.entries(), now=0.0)["tree"])[node_name]
     assert node["gpus"] == {"total": 8, "used": 2, "held": 6, "free": 0, "out": 0}
     assert sorted("".join(node["nvlink"])) == sorted("uuhhhhhh")
@@ -179,7 +181,7 @@ def test_only_each_workloads_latest_decision_is_listed_and_ignored_objects_are_n
 
 def test_a_large_cluster_is_drawn_down_to_leaves_and_a_focused_leaf_opens(monkeypatch, clock):
     monkeypatch.setattr(overview, "NODE_DETAIL_LIMIT", 10)
-    index = ClusterIndex.from_objects(Config(), *demo.demo_cluster(), clock=clock)
+    index = index_of(Config(), *demo.demo_cluster(), clock=clock)
     data = snapshot(index, [], now=0.0)
     assert not data["nodes_drawn"] and json_nodes(data["tree"]) == {}
     leaves = [leaf for spine in data["tree"]["children"][0]["children"] for leaf in spine["children"]]
@@ -198,7 +200,7 @@ def test_nodes_and_domains_without_gpus_are_counted_not_drawn_nor_counted_agains
            for i in range(3)]
     cpu += [demo.make_node(f"cpu-pool-{i}", {LEVELS[0]: "zone-cpu", LEVELS[1]: "cpu", LEVELS[2]: "cpu"}, gpus=0)
             for i in range(3)]
-    data = snapshot(ClusterIndex.from_objects(Config(), nodes + cpu, pods), [], now=0.0)
+    data = snapshot(index_of(Config(), nodes + cpu, pods), [], now=0.0)
     assert data["nodes_drawn"] and (data["node_count"], data["gpu_node_count"]) == (38, 32)
     assert [zone["name"] for zone in data["tree"]["children"]] == ["zone-a"]
     assert data["tree"]["domains_without_gpus"] == 1
@@ -247,7 +249,7 @@ def check_sums(block: dict) -> dict:
 @given(clusters())
 def test_every_domain_sums_its_nodes_and_every_node_its_gpus(cluster):
     config, nodes, pods, holds = cluster
-    index = ClusterIndex.from_objects(config, nodes, pods)
+    index = index_of(config, nodes, pods)
     for key, sets in holds.items():
         index.reserve(key, sets)
     data = snapshot(index, [], now=0.0)
@@ -271,7 +273,7 @@ def test_every_domain_sums_its_nodes_and_every_node_its_gpus(cluster):
 def test_a_workload_and_a_node_named_with_html_show_as_text(clock):
     nodes, pods = demo.demo_cluster()
     nodes[0]["metadata"]["name"] = "<b>n</b>"
-    index = ClusterIndex.from_objects(Config(), nodes, [], clock=clock)
+    index = index_of(Config(), nodes, [], clock=clock)
     decisions = RecentDecisions()
     admit(index, gpu_pod(SCRIPT_NAME, 1, namespace='x" onmouseover="1', placement_strategy="consolidated"), decisions)
     page = render(snapshot(index, decisions.entries(), now=0.0, selection=Selection.of(workload="<script>")))
@@ -293,7 +295,7 @@ def test_the_page_names_every_leaf_and_loads_nothing_from_elsewhere(demo_index, 
 def test_the_page_of_ten_thousand_nodes_stays_under_two_megabytes():
     nodes = [demo.make_node(f"n{i:05d}", dict(zip(LEVELS, (f"z{i // 4096}", f"s{i // 512}", f"l{i // 32}"))))
              for i in range(10_000)]
-    index = ClusterIndex.from_objects(Config(), nodes)
+    index = index_of(Config(), nodes)
     page = render(snapshot(index, [], now=0.0))
     assert len(page.encode()) < MAX_PAGE_BYTES
     assert len(read_page(page).domains) == 1 + 3 + 20 + 313  # cluster, zones, spines, leaves

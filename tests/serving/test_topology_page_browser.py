@@ -13,7 +13,7 @@ import zlib
 import pytest
 
 from tests.fixtures.builders import gpu_job
-from webhook.state.index import ClusterIndex
+from webhook.objects.feed import index_of
 from webhook.settings.config import Config
 from webhook.kube import demo
 from webhook import admission
@@ -83,7 +83,7 @@ def long_runs(rows: list[list[tuple[int, int, int]]], colour: tuple[int, int, in
 
 
 def test_the_demo_page_with_a_placed_job_shows_its_leaves_and_gpus_in_a_browser(tmp_path):
-    index = ClusterIndex.from_objects(Config(), *demo.demo_cluster())
+    index = index_of(Config(), *demo.demo_cluster())
     decisions = RecentDecisions()
     job = gpu_job("train", 4, 8, placement_strategy="consolidated")
     decisions.record(admission.review(admission.make_review(job), index, Config()), 0.0)

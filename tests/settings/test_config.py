@@ -5,8 +5,10 @@ import pathlib
 import pytest
 import yaml
 
+from webhook.objects.feed import index_of
+from webhook.objects import feed
+from webhook.state.index import NodeGone
 from webhook.cli import main
-from webhook.state.index import ClusterIndex
 from webhook.settings.config import DEFAULT_PROFILES, Config, ConfigError
 from webhook.settings.loading import config_from_mapping, levels_from, load_config
 from webhook.settings.presets import PRESETS
@@ -170,7 +172,7 @@ def test_levels_auto_picks_the_preset_the_nodes_are_labelled_for(labels, preset)
     config = config_from_mapping({"levels": "auto"})
     assert config.levels_auto
     nodes = [make_node(f"n{i}", labels) for i in range(3)] + [make_node("bare", {})]
-    index = ClusterIndex.from_objects(config, nodes)
+    index = index_of(config, nodes)
     assert index.config.levels == PRESETS[preset] and index.preset == preset and index.levels_warning is None
 
 
@@ -178,13 +180,13 @@ def test_levels_auto_is_the_default_and_explicit_levels_turn_it_off():
     assert Config().levels_auto and load_config(None).levels_auto
     assert not config_from_mapping({"levels": "gke"}).levels_auto
     assert not config_from_mapping({"levels": ["example.com/rack"]}).levels_auto
-    index = ClusterIndex.from_objects(config_from_mapping({"levels": "default"}),
+    index = index_of(config_from_mapping({"levels": "default"}),
                                       [make_node("g", {"cloud.google.com/gce-topology-block": "b1"})])
     assert index.preset is None and index.config.levels == PRESETS["default"]
 
 
 def test_levels_auto_on_an_unlabelled_cluster_warns_and_keeps_the_default():
-    index = ClusterIndex.from_objects(Config(), [make_node("a", {}), make_node("b", {})])
+    index = index_of(Config(), [make_node("a", {}), make_node("b", {})])
     assert index.config.levels == PRESETS["default"]
     assert "levels: auto found none of" in index.levels_warning and "on 2 node(s)" in index.levels_warning
 
@@ -196,7 +198,7 @@ def test_gke_nodes_with_no_configuration_keep_a_four_node_job_in_one_sub_block()
                                              "cloud.google.com/gce-topology-subblock": f"b{block}-sb{sub}",
                                              "cloud.google.com/gce-topology-host": f"h{block}{sub}{i}"})
              for block in range(2) for sub in range(2) for i in range(4)]
-    index = ClusterIndex.from_objects(Config(), nodes)
+    index = index_of(Config(), nodes)
     job = gpu_job("train", 4, 8, placement_strategy="consolidated")
     result = admission.review(admission.make_review(job), index, Config())
     assert result.outcome == "placed"
@@ -207,19 +209,19 @@ def test_gke_nodes_with_no_configuration_keep_a_four_node_job_in_one_sub_block()
 
 
 def test_levels_auto_moves_to_the_preset_most_nodes_call_for_as_nodes_join_and_leave():
-    index = ClusterIndex.from_objects(Config(), [make_node("leafy", {"topology.scheduler/leaf": "l1"}),
+    index = index_of(Config(), [make_node("leafy", {"topology.scheduler/leaf": "l1"}),
                                                  make_node("busy-one", {"topology.scheduler/leaf": "l1"})])
-    index.upsert_pod(make_pod("busy", "busy-one", 8))
+    feed.upsert(index, make_pod("busy", "busy-one", 8), "Pod")
     assert index.preset == "default"
     aws = {"topology.k8s.aws/network-node-layer-1": "nn-1", "topology.k8s.aws/network-node-layer-2": "nn-2",
            "topology.k8s.aws/network-node-layer-3": "nn-3"}
     for i in range(3):
-        index.upsert_node(make_node(f"aws-{i}", aws))
+        feed.upsert(index, make_node(f"aws-{i}", aws), "Node")
     assert index.preset == "aws" and index.config.levels == PRESETS["aws"]
     assert index.nodes["busy-one"].free == 0  # pods counted across the rebuild
     assert index.root.free_gpus == 4 * 8 and set(index.nodes) == {"leafy", "busy-one", "aws-0", "aws-1", "aws-2"}
     for i in range(3):
-        index.delete_node(f"aws-{i}")
+        index.apply(NodeGone(f"aws-{i}"))
     assert index.preset == "default" and index.root.free_gpus == 8
 
 

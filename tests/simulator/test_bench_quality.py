@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from webhook.objects.feed import index_of
 from webhook.core import orderings
 
 from bench import ablation, costmodel, engine, evaluate, fabric, policies, report, simulate, traces
@@ -528,7 +529,6 @@ def test_each_ablated_rule_is_off_only_inside_its_variants_decisions():
 def test_switching_off_fewer_partly_used_switches_it_off_in_the_level_orders_and_the_scoped_search_alike():
     """The best-fit order is written once (orderings.best_fit): the decision's search inside a scope
     and the level orders kept sorted by bestfit both read it, so one switch changes both."""
-    from webhook.state.index import ClusterIndex
     from webhook.settings.config import Config
     from webhook.core.model import PlacementRequest, Strategy
     from webhook.placement.placer import place
@@ -537,7 +537,7 @@ def test_switching_off_fewer_partly_used_switches_it_off_in_the_level_orders_and
     labels = {"topology.scheduler/spine": "s"}
     nodes = [make_node(f"{leaf}-n{i}", {**labels, "topology.scheduler/leaf": leaf}, gpus=4 if (leaf, i) == ("b", 2) else 8)
              for leaf in ("a", "b") for i in range(3)]
-    index = ClusterIndex.from_objects(Config(), nodes, [make_pod("small", "a-n2", 4)])
+    index = index_of(Config(), nodes, [make_pod("small", "a-n2", 4)])
     job = PlacementRequest("Job ml/t", 2, 8, Strategy.CONSOLIDATED)
     inside = PlacementRequest("Job ml/t", 2, 8, Strategy.CONSOLIDATED, preferred_domain="s")  # a scoped search
     assert place(index, job).scope.name == place(index, inside).scope.name == "b"  # fewer partly used wins

@@ -7,13 +7,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.state.index import ClusterIndex, _Memo, demand_shape
+from webhook.objects import feed
+from webhook.state.index import NodeGone
+from webhook.core.memo import Memo
+from webhook.objects.feed import demand_shape, parse_node
+from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.core.gpus import NVLINK_DOMAINS_ANNOTATION, pod_gpus
 from webhook.core.injection import GPU_IDS, RESERVATION, WAITING_FOR
 from webhook.core.model import PlacementRequest, Strategy
 from webhook.core.resources import pod_requests
-from webhook.state.tree import parse_node
 from webhook.kube.demo import make_node, make_pod
 
 ZONE, SPINE, LEAF = "topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf"
@@ -60,13 +63,13 @@ change = st.one_of(
 def apply(index: ClusterIndex, what: str, obj) -> None:
     try:
         if what == "node":
-            index.upsert_node(obj)
+            feed.upsert(index, obj, "Node")
         elif what == "delete node":
-            index.delete_node(obj)
+            index.apply(NodeGone(obj))
         elif what == "pod":
-            index.upsert_pod(obj)
+            feed.upsert(index, obj, "Pod")
         elif what == "delete pod":
-            index.delete_pod(obj)
+            feed.delete(index, obj, "Pod")
         else:
             index.reserve(*obj)
     except ValueError:
@@ -83,8 +86,8 @@ def state(index: ClusterIndex) -> tuple:
              for n in index.nodes.values()}
     subset = index.restricted_to(CPU_BOUND)
     return (domains(index.tree), nodes, domains(subset), {n.name: n.free for n in subset.nodes.values()},
-            index.pod_nodes, index.holders, index.pod_reservations, index.orphan_pods, set(index.waiters.pods),
-            set(index.gated.pods), index.ledger.holds, index.ledger.pod_holds, index.counted_pods(),
+            index.pods.on_node, index.pods.holders, index.pods.reservations, index.pods.orphans, set(index.pods.waiters.pods),
+            set(index.pods.gated.pods), index.ledger.holds, index.ledger.pod_holds, index.keys("Pod"),
             index.stats(), index.preset)
 
 
@@ -109,16 +112,16 @@ def test_changes_in_a_batch_leave_the_index_as_the_same_changes_one_by_one(chang
 
 def test_a_batch_settles_each_changed_node_once_when_it_ends_even_one_replaced_in_it():
     index = ClusterIndex(Config())
-    index.upsert_node(node(0, 0, 8, False))
+    feed.upsert(index, node(0, 0, 8, False), "Node")
     with index.batch():
         for i in range(3):
-            index.upsert_pod(pod(i, 0, 2, "Running", 0, None, False, False, False))
+            feed.upsert(index, pod(i, 0, 2, "Running", 0, None, False, False, False), "Pod")
         assert index.root.free_gpus == 8, "inside the batch the aggregates still count the node as before"
     assert index.root.free_gpus == 2 and index.nodes["n0"].free == 2
     with index.batch():
-        index.upsert_pod(pod(3, 0, 1, "Running", 0, None, False, False, False))
-        index.upsert_node(node(0, 1, 8, False))  # moved to another leaf: a new NodeState, counted afresh
-        index.upsert_pod(pod(4, 0, 1, "Running", 0, None, False, False, False))
+        feed.upsert(index, pod(3, 0, 1, "Running", 0, None, False, False, False), "Pod")
+        feed.upsert(index, node(0, 1, 8, False), "Node")  # moved to another leaf: a new NodeState, counted afresh
+        feed.upsert(index, pod(4, 0, 1, "Running", 0, None, False, False, False), "Pod")
     assert index.root.free_gpus == 0 and index.nodes["n0"].free == 0
     assert {d.ref.name for d in index.levels[-1].values()} == {"l1"}
 
@@ -148,7 +151,7 @@ def demand(spec: dict) -> tuple:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(specs, min_size=1, max_size=8), st.integers(1, 4))
 def test_the_demand_remembered_by_shape_is_the_demand_read_afresh(seen, limit):
-    memo = _Memo(limit)
+    memo = Memo(limit)
     for spec in seen + seen:  # each shape again, once remembered (or forgotten past the limit)
         assert memo.get(demand_shape(spec), lambda: demand(spec)) == demand(spec)
     assert len(memo._answers) <= limit
@@ -158,7 +161,7 @@ def test_the_demand_remembered_by_shape_is_the_demand_read_afresh(seen, limit):
 @given(st.lists(st.tuples(st.sampled_from([1, 2, 4, 8, 16]), st.sampled_from(["", "0-3,4-7", "0-1,2-3", "0-7"]),
                           st.integers(1, 8), st.sets(st.integers(0, 15), max_size=8)), min_size=1, max_size=12))
 def test_a_gpu_set_remembered_is_the_one_picked_afresh(questions):
-    memo = _Memo(8)
+    memo = Memo(8)
     for gpus, domains, count, taken in questions + questions:
         annotations = {NVLINK_DOMAINS_ANNOTATION: domains} if domains else {}
         node = parse_node(make_node("n", {}, gpus, annotations=annotations), Config())

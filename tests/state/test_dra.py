@@ -12,6 +12,8 @@ import yaml
 from conftest import eventually, review_of
 
 from tests.fixtures.shared import samples
+from webhook.objects.feed import index_of
+from webhook.objects import feed
 from webhook.cli import main
 from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
@@ -64,15 +66,15 @@ def test_the_dra_demo_cluster_is_valid_for_kubernetes_137_and_publishes_no_gpu_a
 
 def test_a_dra_only_cluster_counts_slices_and_claims_as_the_device_plugin_cluster_counts_allocatable_and_pods(
         dra_cluster):
-    dra_index = ClusterIndex.from_objects(Config(), *dra_cluster)
-    plugin_index = ClusterIndex.from_objects(Config(), *demo.demo_cluster())
+    dra_index = index_of(Config(), *dra_cluster)
+    plugin_index = index_of(Config(), *demo.demo_cluster())
     assert dra_index.stats() == plugin_index.stats()
     assert {n: (s.gpus, s.free) for n, s in dra_index.nodes.items()} == \
         {n: (s.gpus, s.free) for n, s in plugin_index.nodes.items()}
 
 
 def test_on_a_dra_only_cluster_a_4x8_consolidated_job_goes_to_a_leaf_of_four_wholly_free_nodes(dra_cluster):
-    index = ClusterIndex.from_objects(Config(), *dra_cluster)
+    index = index_of(Config(), *dra_cluster)
     leaves = placed_leaves(index, gpu_job("train", 4, 8, placement_strategy="consolidated"))
     assert len(leaves) == 1 and leaves <= FREE_LEAVES
 
@@ -82,14 +84,14 @@ def test_nodes_whose_devices_are_allocated_in_claims_are_not_counted_free(dra_cl
     # one GPU of one node in each wholly free leaf is taken through a claim: no leaf has 4 free nodes
     taken = [demo.make_allocated_claim(f"taken-{leaf}", node, ["gpu-5"], namespace="other")
              for leaf, node in (("3", "gpu-s1-l3-n2"), ("7", "gpu-s2-l7-n4"))]
-    index = ClusterIndex.from_objects(Config(), nodes, claims + taken)
+    index = index_of(Config(), nodes, claims + taken)
     assert index.nodes["gpu-s1-l3-n2"].free == 7
     in_a_leaf = gpu_job("train", 4, 8, placement_strategy="consolidated", max_domain="leaf")
     assert review(review_of(in_a_leaf), index, Config()).decision.outcome is Outcome.WAIT
     spanning = review(review_of(gpu_job("spans", 4, 8, placement_strategy="consolidated")), index, Config())
     assert not {"gpu-s1-l3-n2", "gpu-s2-l7-n4"} & set(spanning.decision.nodes)
     index.release("ml/Job/spans")
-    index.delete(taken[0])  # the claim is gone: its node is wholly free again
+    feed.delete(index, taken[0])  # the claim is gone: its node is wholly free again
     assert index.nodes["gpu-s1-l3-n2"].free == 8
     assert placed_leaves(index, gpu_job("train2", 4, 8, placement_strategy="consolidated")) == {"leaf-3"}
 
@@ -104,9 +106,9 @@ def test_a_cluster_mixing_device_plugin_and_dra_nodes_counts_both(dra_cluster):
                 or (o["metadata"]["name"] if o["kind"] == "Node" else o["spec"]["nodeName"]) not in spine_1]
              + [p for p in pods if p["spec"]["nodeName"] in spine_1]
              + [c for c in claims if "gpu-s2" in c["metadata"]["name"]])
-    index = ClusterIndex.from_objects(Config(), [o for o in mixed if o["kind"] != "Pod"],
+    index = index_of(Config(), [o for o in mixed if o["kind"] != "Pod"],
                                       [o for o in mixed if o["kind"] == "Pod"])
-    plugin_index = ClusterIndex.from_objects(Config(), plugin_nodes, pods)
+    plugin_index = index_of(Config(), plugin_nodes, pods)
     assert index.stats() == plugin_index.stats()
     assert index.nodes["gpu-s1-l1-n2"].devices == () and index.nodes["gpu-s2-l5-n2"].gpus == 8
     first = placed_leaves(index, gpu_job("first", 4, 8, placement_strategy="consolidated"))
@@ -117,7 +119,7 @@ def test_a_cluster_mixing_device_plugin_and_dra_nodes_counts_both(dra_cluster):
 
 def test_a_node_with_allocatable_gpus_and_slices_is_counted_once_with_a_warning():
     node = demo.make_node("both", {LEAF: "leaf-1"}, gpus=8)
-    index = ClusterIndex.from_objects(Config(), [node, demo.make_resource_slice("both", gpus=8)])
+    index = index_of(Config(), [node, demo.make_resource_slice("both", gpus=8)])
     assert index.nodes["both"].gpus == 8
     assert index.inventory_warnings() == [
         "node both has allocatable nvidia.com/gpu and GPU devices in ResourceSlices; its GPUs are counted once, "
@@ -144,35 +146,35 @@ def test_a_running_pods_extended_resource_request_and_its_scheduler_made_claim_a
     if pod_status == "stripped":  # a snapshot without the pod's status: the claim's owner says it
         pod["status"] = {"phase": "Running"}
     valid_137(pod), valid_137(claim)
-    index = ClusterIndex.from_objects(Config(), [node, demo.make_resource_slice("n1")])
+    index = index_of(Config(), [node, demo.make_resource_slice("n1")])
     for obj in ([claim, pod] if order == "claim first" else [pod, claim]):
-        index.upsert(obj)
+        feed.upsert(index, obj)
     assert index.nodes["n1"].free == 4
     assert index.nodes["n1"].taken_ids == {0, 1, 2, 3}
-    index.delete(pod)
-    index.delete(claim)
+    feed.delete(index, pod)
+    feed.delete(index, claim)
     assert index.nodes["n1"].free == 8
 
 
 def test_only_the_newest_generation_of_a_pool_counts_and_an_incomplete_pool_counts_none():
     node = demo.make_node("n1", {LEAF: "leaf-1"}, dra=True)
     old = demo.make_resource_slice("n1", gpus=8, generation=1)
-    index = ClusterIndex.from_objects(Config(), [node, old])
+    index = index_of(Config(), [node, old])
     assert index.nodes["n1"].gpus == 8
-    index.upsert(demo.make_resource_slice("n1", gpus=4, generation=2))
+    feed.upsert(index, demo.make_resource_slice("n1", gpus=4, generation=2))
     assert index.nodes["n1"].gpus == 4  # generation 1 is stale once generation 2 is seen
     half = demo.make_resource_slice("n1", generation=3, slice_count=2, devices=["gpu-0", "gpu-1"])
-    index.upsert(half)
+    feed.upsert(index, half)
     assert index.nodes["n1"].gpus == 0
     assert index.inventory_warnings() == [
         "ResourceSlice pool n1 of gpu.nvidia.com has 1 of its 2 slices at generation 3: its GPUs are unknown "
         "until the rest arrive, so none are counted"]
     rest = demo.make_resource_slice("n1", generation=3, slice_count=2, devices=["gpu-2", "gpu-3", "gpu-10"])
-    index.upsert(rest)
+    feed.upsert(index, rest)
     assert index.nodes["n1"].gpus == 5 and not index.inventory_warnings()
     assert index.nodes["n1"].devices == (("n1", ("gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-10")),)
     for obj in (old, half, rest, demo.make_resource_slice("n1", gpus=4, generation=2)):
-        index.delete(obj)
+        feed.delete(index, obj)
     assert index.nodes["n1"].gpus == 0 and index.stats().gpus_total == 0
 
 
@@ -183,7 +185,7 @@ def test_mig_devices_are_not_gpus_and_an_allocated_one_takes_its_parent_gpu():
         "type": {"string": "mig"}, "profile": {"string": "1g.10gb"}}})
     valid_137(published)
     claim = demo.make_allocated_claim("mig", "n1", ["gpu-1-mig-1g10gb-0-0"])
-    index = ClusterIndex.from_objects(Config(), [node, published], [claim])
+    index = index_of(Config(), [node, published], [claim])
     assert index.nodes["n1"].gpus == 2 and index.nodes["n1"].taken_ids == {1}
 
 
@@ -193,7 +195,7 @@ def test_claims_of_other_drivers_and_unallocated_claims_take_no_gpu():
     nic["status"]["allocation"]["devices"]["results"][0]["driver"] = "rdma.example.com"
     pending = demo.make_allocated_claim("pending", "n1", ["gpu-0"])
     del pending["status"]
-    index = ClusterIndex.from_objects(Config(), [node, demo.make_resource_slice("n1")], [nic, pending])
+    index = index_of(Config(), [node, demo.make_resource_slice("n1")], [nic, pending])
     assert index.nodes["n1"].free == 8
 
 
@@ -226,13 +228,13 @@ def test_the_live_view_counts_slices_and_claims_and_follows_their_changes(fake, 
     view = make_view(fake)
     view.start()
     assert view.wait_synced(10)
-    eventually(lambda: view.index.stats() == ClusterIndex.from_objects(Config(), nodes, claims).stats(),
+    eventually(lambda: view.index.stats() == index_of(Config(), nodes, claims).stats(),
                what="the DRA cluster counted")
-    assert view.index.dra.template("ml/train-channel").channel  # known from its ComputeDomain
+    assert view.index.devices.inventory.template("ml/train-channel").channel  # known from its ComputeDomain
     fake.delete("resourceclaims", "research/busy-gpu-s1-l1-n1-gpu")
     eventually(lambda: view.index.nodes["gpu-s1-l1-n1"].free == 8, what="the freed node")
     fake.delete("computedomains", "ml/train")
-    eventually(lambda: view.index.dra.template("ml/train-channel") is None, what="the channel forgotten")
+    eventually(lambda: view.index.devices.inventory.template("ml/train-channel") is None, what="the channel forgotten")
     assert view.readiness() == (True, "cluster view in sync")
 
 
@@ -274,13 +276,13 @@ def gpu_claim_job(name: str = "train", pods: int = 4, template: str = "eight-gpu
 @pytest.fixture
 def dra_index(dra_cluster):
     nodes, claims = dra_cluster
-    return ClusterIndex.from_objects(Config(), nodes, [*claims, claim_template()])
+    return index_of(Config(), nodes, [*claims, claim_template()])
 
 
 def test_a_job_asking_8_gpus_per_pod_through_a_claim_template_is_placed_like_one_asking_nvidia_gpu_8(dra_cluster):
     nodes, claims = dra_cluster
-    by_claims = ClusterIndex.from_objects(Config(), nodes, [*claims, claim_template()])
-    by_limits = ClusterIndex.from_objects(Config(), nodes, claims)
+    by_claims = index_of(Config(), nodes, [*claims, claim_template()])
+    by_limits = index_of(Config(), nodes, claims)
     for job_of in (lambda name: gpu_job(name, 4, 8, placement_strategy="consolidated"),
                    lambda name: gpu_job(name, 2, 8, placement_strategy="balanced"),
                    lambda name: gpu_job(name, 3, 8, placement_strategy="distributed")):
@@ -318,7 +320,7 @@ def with_count(template: dict, count: object, first_available: bool = False) -> 
 
 @pytest.mark.parametrize("count", ["eight", "8", 0, -1, 2.5, True])
 def test_a_template_whose_count_is_not_a_whole_number_from_1_denies_its_workload_naming_the_field(dra_index, count):
-    dra_index.upsert(with_count(claim_template("t"), count))
+    feed.upsert(dra_index, with_count(claim_template("t"), count))
     result = review(review_of(gpu_claim_job(template="t")), dra_index, Config())
     assert result.outcome == "denied" and not result.patch
     assert result.review["response"]["status"]["message"] == (
@@ -328,7 +330,7 @@ def test_a_template_whose_count_is_not_a_whole_number_from_1_denies_its_workload
 
 def test_a_first_available_count_that_is_not_a_number_denies_naming_its_path(dra_index):
     template = claim_template("t", firstAvailable=[{"name": "four", "deviceClassName": "gpu.nvidia.com", "count": 4}])
-    dra_index.upsert(with_count(template, "four", first_available=True))
+    feed.upsert(dra_index, with_count(template, "four", first_available=True))
     result = review(review_of(gpu_claim_job(pods=2, template="t")), dra_index, Config())
     assert result.outcome == "denied"
     assert "ResourceClaimTemplate ml/t, whose spec.spec.devices.requests[0].firstAvailable[0].count 'four' is not " \
@@ -358,7 +360,7 @@ def test_mutate_denies_a_workload_whose_template_in_the_same_file_has_a_count_th
     (dict(deviceClassName="mig.nvidia.com", count=2), 0),  # MIG devices are not whole GPUs
 ])
 def test_gpus_per_pod_from_a_templates_request(dra_index, request_of, per_pod):
-    dra_index.upsert(claim_template("t", **request_of))
+    feed.upsert(dra_index, claim_template("t", **request_of))
     result = review(review_of(gpu_claim_job(pods=2, template="t")), dra_index, Config())
     if per_pod:
         assert result.decision.request.gpus_per_pod == per_pod
@@ -374,8 +376,8 @@ def test_a_device_class_counts_as_gpus_when_it_maps_nvidia_gpu_or_selects_the_dr
              "spec": {"selectors": [{"cel": {"expression": "device.driver == 'rdma.example.com'"}}]}}
     for device_class, counted in ((mapped, True), (selected, True), (other, False)):
         valid_137(device_class)
-        dra_index.upsert(device_class)
-        dra_index.upsert(claim_template("t", deviceClassName=device_class["metadata"]["name"], count=2))
+        feed.upsert(dra_index, device_class)
+        feed.upsert(dra_index, claim_template("t", deviceClassName=device_class["metadata"]["name"], count=2))
         result = review(review_of(gpu_claim_job(pods=1, template="t")), dra_index, Config())
         assert (result.outcome == "placed") is counted, result.warnings
 
@@ -383,13 +385,13 @@ def test_a_device_class_counts_as_gpus_when_it_maps_nvidia_gpu_or_selects_the_dr
 def test_an_allocated_named_claim_pins_its_pods_to_its_node_and_an_unallocated_one_counts_once(dra_index):
     claims = ({"name": "gpus", "resourceClaimName": "shared"}, {"name": "more", "resourceClaimTemplateName": "t"})
     pod = with_claims(gpu_pod_of(0), *claims)
-    dra_index.upsert(claim_template("t", deviceClassName="gpu.nvidia.com", count=2))
-    dra_index.upsert(demo.make_allocated_claim("shared", "gpu-s1-l2-n4", ["gpu-0", "gpu-1"], namespace="ml"))
+    feed.upsert(dra_index, claim_template("t", deviceClassName="gpu.nvidia.com", count=2))
+    feed.upsert(dra_index, demo.make_allocated_claim("shared", "gpu-s1-l2-n4", ["gpu-0", "gpu-1"], namespace="ml"))
     pinned = review(review_of(pod), dra_index, Config())
     assert pinned.decision.nodes == ("gpu-s1-l2-n4",) and pinned.decision.request.gpus_per_pod == 2
     unallocated = demo.make_allocated_claim("shared", "gpu-s1-l2-n4", ["gpu-0", "gpu-1"], namespace="ml")
     del unallocated["status"]
-    dra_index.upsert(unallocated)
+    feed.upsert(dra_index, unallocated)
     alone = review(review_of(with_claims(gpu_pod_of(0, "p2"), *claims)), dra_index, Config())
     assert alone.decision.request.gpus_per_pod == 4  # its template's 2 and the named claim's 2
     job = with_claims(gpu_job("pair", 2, 0, placement_strategy="balanced"), {"name": "gpus", "resourceClaimName": "shared"})
@@ -402,7 +404,7 @@ def test_an_allocated_named_claim_pins_its_pods_to_its_node_and_an_unallocated_o
 def test_pods_naming_one_unallocated_claim_share_one_decision_and_its_gpus_are_held_once(dra_index):
     unallocated = demo.make_allocated_claim("pair", "gpu-s1-l3-n1", ["gpu-0", "gpu-1", "gpu-2"], namespace="ml")
     del unallocated["status"]
-    dra_index.upsert(unallocated)
+    feed.upsert(dra_index, unallocated)
     free = dra_index.stats().gpus_total - dra_index.stats().gpus_used - dra_index.stats().gpus_reserved
     results = [review(review_of(with_claims(gpu_pod_of(0, f"p{i}"), {"name": "gpus", "resourceClaimName": "pair"})),
                       dra_index, Config()) for i in range(3)]
@@ -430,12 +432,12 @@ def test_a_bound_pod_with_gpus_from_a_template_confirms_its_workloads_hold(dra_i
            "metadata": {"name": "one-x", "namespace": "ml", "uid": "uid-one-x",
                         "annotations": result.admitted["spec"]["template"]["metadata"]["annotations"]},
            "spec": {**result.admitted["spec"]["template"]["spec"], "nodeName": node}, "status": {"phase": "Running"}}
-    dra_index.upsert(demo.make_allocated_claim("one-x-gpus", node, [f"gpu-{i}" for i in range(8)], namespace="ml",
+    feed.upsert(dra_index, demo.make_allocated_claim("one-x-gpus", node, [f"gpu-{i}" for i in range(8)], namespace="ml",
                                                owner_pod=pod))
-    dra_index.upsert(pod)
+    feed.upsert(dra_index, pod)
     assert dra_index.nodes[node].free == 0 and not dra_index.nodes[node].held  # counted once: by its claim
-    dra_index.delete(pod)
-    dra_index.delete(demo.make_allocated_claim("one-x-gpus", node, [], namespace="ml"))
+    feed.delete(dra_index, pod)
+    feed.delete(dra_index, demo.make_allocated_claim("one-x-gpus", node, [], namespace="ml"))
     assert dra_index.nodes[node].free == 8
 
 
@@ -477,7 +479,7 @@ def member(rank: int, group: str = "ranks", gpus: int = 8) -> dict:
 
 @pytest.mark.parametrize("order", [(0, 1, 2, 3), (3, 1, 0, 2), (2, 3, 1, 0)])
 def test_four_pods_of_one_pod_group_are_pinned_to_one_domain_with_room_for_four_in_any_order(dra_index, order):
-    dra_index.upsert(pod_group())
+    feed.upsert(dra_index, pod_group())
     admitted = [review(review_of(member(rank)), dra_index, Config()) for rank in order]
     assert {r.outcome for r in admitted} == {"placed"}
     assert {r.decision.request.pods for r in admitted} == {4}  # sized by the gang's minCount
@@ -492,7 +494,7 @@ def test_four_pods_of_one_pod_group_are_pinned_to_one_domain_with_room_for_four_
 
 
 def test_pods_of_a_pod_group_follow_its_max_domain_where_they_say_none(dra_index):
-    dra_index.upsert(pod_group(min_count=8, max_domain="leaf"))  # 8 x 8 GPUs: no leaf could ever
+    feed.upsert(dra_index, pod_group(min_count=8, max_domain="leaf"))  # 8 x 8 GPUs: no leaf could ever
     result = review(review_of(member(0)), dra_index, Config())
     assert result.outcome == "denied" and "inside one leaf" in result.review["response"]["status"]["message"]
 
@@ -508,7 +510,7 @@ def test_a_pod_group_asking_a_level_gets_its_label_as_topology_key_unless_it_has
     group = pod_group(**annotations)
     if own:
         group["spec"]["schedulingConstraints"] = {"topology": [{"key": own}]}
-    result = review(review_of(group), ClusterIndex.from_objects(Config(), []), Config())
+    result = review(review_of(group), index_of(Config(), []), Config())
     assert result.outcome == ("constrained" if key and not own else "ignored")
     admitted = valid_137(result.admitted)
     assert admitted["spec"].get("schedulingConstraints", {}).get("topology") == ([{"key": key}] if key else None)
@@ -523,14 +525,14 @@ def test_a_peers_required_topology_on_a_workload_gives_each_of_its_templates_the
             {"name": "workers", "schedulingPolicy": {"gang": {"minCount": 4}}},
             {"name": "own", "schedulingPolicy": {"gang": {"minCount": 2}},
              "schedulingConstraints": {"topology": [{"key": "topology.scheduler/spine"}]}}]}})
-    result = review(review_of(workload), ClusterIndex.from_objects(Config(), []), Config())
+    result = review(review_of(workload), index_of(Config(), []), Config())
     templates = valid_137(result.admitted)["spec"]["podGroupTemplates"]
     assert [t["schedulingConstraints"]["topology"] for t in templates] == [
         [{"key": "topology.scheduler/leaf"}], [{"key": "topology.scheduler/spine"}]]
 
 
 def test_a_pod_group_asking_an_unknown_level_is_denied_naming_the_annotation_and_the_levels():
-    result = review(review_of(pod_group(max_domain="rack")), ClusterIndex.from_objects(Config(), []), Config())
+    result = review(review_of(pod_group(max_domain="rack")), index_of(Config(), []), Config())
     assert result.outcome == "denied"
     assert result.review["response"]["status"]["message"] == (
         'PodGroup ml/ranks: annotation topology.scheduler/max-domain="rack" is not a topology level; allowed: zone, '
@@ -556,8 +558,8 @@ def test_mutate_takes_a_pod_group_ahead_of_its_pods(tmp_path, capsys, dra_cluste
 def test_a_v1alpha2_pod_group_sizes_and_places_its_pods_as_a_v1beta1_one_does(dra_cluster):
     decisions = {}
     for version in ("v1beta1", "v1alpha2"):
-        index = ClusterIndex.from_objects(Config(), *dra_cluster)
-        index.upsert(pod_group(min_count=4, version=version))
+        index = index_of(Config(), *dra_cluster)
+        feed.upsert(index, pod_group(min_count=4, version=version))
         results = [review(review_of(member(rank)), index, Config()) for rank in range(4)]
         assert {r.outcome for r in results} == {"placed"}
         assert all(r.decision is results[0].decision for r in results)
@@ -578,7 +580,7 @@ def test_a_v1alpha2_pod_group_or_workload_asking_a_level_gets_its_label_valid_fo
                                       "annotations": {"topology.scheduler/max-domain": "leaf"}},
                          "spec": {"podGroupTemplates": [{"name": "workers",
                                                          "schedulingPolicy": {"gang": {"minCount": 4}}}]}})
-    result = review(review_of(obj), ClusterIndex.from_objects(Config(), []), Config())
+    result = review(review_of(obj), index_of(Config(), []), Config())
     assert result.outcome == "constrained"
     admitted = valid_136(result.admitted)
     constrained = admitted["spec"] if kind == "PodGroup" else admitted["spec"]["podGroupTemplates"][0]
@@ -641,7 +643,7 @@ def free_gpus(index: ClusterIndex) -> int:
 
 @pytest.mark.parametrize("version", ["v1beta1", "v1alpha2"])
 def test_four_pods_sharing_their_pod_groups_claim_take_its_8_gpus_once_on_one_node(dra_index, version):
-    dra_index.upsert(pod_group(version=version, claims=(GROUP_CLAIM,)))
+    feed.upsert(dra_index, pod_group(version=version, claims=(GROUP_CLAIM,)))
     free = free_gpus(dra_index)
     results = [review(review_of(claiming_member(rank)), dra_index, Config()) for rank in range(4)]
     assert {r.outcome for r in results} == {"placed"}
@@ -658,18 +660,18 @@ def test_four_pods_sharing_their_pod_groups_claim_take_its_8_gpus_once_on_one_no
     {"name": "gpus", "resourceClaimTemplateName": "other-eight"},  # another template
 ])
 def test_pods_whose_claim_is_not_their_pod_groups_count_their_gpus_per_pod(dra_index, entry):
-    dra_index.upsert(claim_template("other-eight"))
-    dra_index.upsert(pod_group(claims=(GROUP_CLAIM,)))
+    feed.upsert(dra_index, claim_template("other-eight"))
+    feed.upsert(dra_index, pod_group(claims=(GROUP_CLAIM,)))
     result = review(review_of(claiming_member(0, entry)), dra_index, Config())
     assert result.outcome == "placed"
     assert result.decision.request.pods == 4 and result.decision.request.total_gpus == 32
 
 
 def test_the_claim_made_for_a_pod_group_pins_its_pods_once_allocated(dra_index):
-    dra_index.upsert(claim_template("one", deviceClassName="gpu.nvidia.com", count=1))
-    dra_index.upsert(demo.make_allocated_claim("ranks-gpus-x7k2p", "gpu-s1-l3-n2", ["gpu-0", "gpu-1", "gpu-2", "gpu-3"],
+    feed.upsert(dra_index, claim_template("one", deviceClassName="gpu.nvidia.com", count=1))
+    feed.upsert(dra_index, demo.make_allocated_claim("ranks-gpus-x7k2p", "gpu-s1-l3-n2", ["gpu-0", "gpu-1", "gpu-2", "gpu-3"],
                                                namespace="ml"))
-    dra_index.upsert(pod_group(claims=(GROUP_CLAIM,), made={"gpus": "ranks-gpus-x7k2p"}))
+    feed.upsert(dra_index, pod_group(claims=(GROUP_CLAIM,), made={"gpus": "ranks-gpus-x7k2p"}))
     result = review(review_of(claiming_member(0, GROUP_CLAIM, {"name": "own", "resourceClaimTemplateName": "one"})),
                     dra_index, Config())
     assert result.outcome == "placed" and result.decision.nodes == ("gpu-s1-l3-n2",)  # where its devices are
@@ -677,18 +679,18 @@ def test_the_claim_made_for_a_pod_group_pins_its_pods_once_allocated(dra_index):
 
 
 def test_pods_bound_with_their_pod_groups_allocated_claim_confirm_the_hold_of_its_gpus(dra_index):
-    dra_index.upsert(pod_group(claims=(GROUP_CLAIM,)))
+    feed.upsert(dra_index, pod_group(claims=(GROUP_CLAIM,)))
     result = review(review_of(claiming_member(0)), dra_index, Config())
     (node,) = result.decision.nodes
     assert dra_index.nodes[node].held
     # the claim made for the group, allocated on that node, and its pods bound there
     made = demo.make_allocated_claim("ranks-gpus-x7k2p", node, [f"gpu-{i}" for i in range(8)], namespace="ml")
-    dra_index.upsert(made)
-    dra_index.upsert(pod_group(claims=(GROUP_CLAIM,), made={"gpus": "ranks-gpus-x7k2p"}))
+    feed.upsert(dra_index, made)
+    feed.upsert(dra_index, pod_group(claims=(GROUP_CLAIM,), made={"gpus": "ranks-gpus-x7k2p"}))
     for rank in range(4):
         pod = claiming_member(rank)
         pod["metadata"].update(uid=f"uid-ranks-{rank}", annotations=result.admitted["metadata"]["annotations"])
-        dra_index.upsert({**pod, "spec": {**pod["spec"], "nodeName": node}, "status": {"phase": "Running"}})
+        feed.upsert(dra_index, {**pod, "spec": {**pod["spec"], "nodeName": node}, "status": {"phase": "Running"}})
     assert dra_index.nodes[node].free == 0 and not dra_index.nodes[node].held  # counted once: by the claim
 
 
@@ -731,7 +733,7 @@ def test_a_templates_own_constraint_and_templates_not_asking_are_left_alone(dra_
 
 
 def test_an_alignment_not_ours_is_denied_naming_the_annotation():
-    result = review(review_of(paired_template("nvlink")), ClusterIndex.from_objects(Config(), []), Config())
+    result = review(review_of(paired_template("nvlink")), index_of(Config(), []), Config())
     assert result.review["response"]["status"]["message"] == (
         'ResourceClaimTemplate ml/paired: annotation topology.scheduler/align="nvlink" is not allowed; '
         "allowed: pcie, numa")
@@ -739,8 +741,8 @@ def test_an_alignment_not_ours_is_denied_naming_the_annotation():
 
 def test_bare_pods_sharing_a_compute_domain_channel_are_one_group_in_one_clique():
     config = Config(levels=PRESETS["nvl72"])
-    index = ClusterIndex.from_objects(config, demo.gb200_dra_cluster())
-    index.upsert({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+    index = index_of(config, demo.gb200_dra_cluster())
+    feed.upsert(index, {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
                   "metadata": {"name": "train", "namespace": "ml"},
                   "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": "train-channel"}}}})
     results = []
@@ -749,7 +751,7 @@ def test_bare_pods_sharing_a_compute_domain_channel_are_one_group_in_one_clique(
                           {"name": "imex", "resourceClaimTemplateName": "train-channel"})
         pod["metadata"]["annotations"]["topology.scheduler/group-size"] = "6"
         if rank == 0:
-            index.upsert(claim_template("four", deviceClassName="gpu.nvidia.com", count=4))
+            feed.upsert(index, claim_template("four", deviceClassName="gpu.nvidia.com", count=4))
         results.append(review(review_of(valid_137(pod)), index, config))
     assert {r.outcome for r in results} == {"placed"}
     decision = results[0].decision
@@ -781,14 +783,14 @@ def test_the_live_view_is_ready_without_dra_kinds_its_rbac_may_not_read(fake, ma
 
 
 def test_a_channel_named_by_its_compute_domain_outlives_a_relist_of_templates_that_lacks_it():
-    index = ClusterIndex.from_objects(Config(), [])
-    index.upsert({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+    index = index_of(Config(), [])
+    feed.upsert(index, {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
                   "metadata": {"name": "train", "namespace": "ml"},
                   "spec": {"channel": {"resourceClaimTemplate": {"name": "train-channel"}}}})
-    assert "ml/train-channel" not in index.dra_keys("ResourceClaimTemplate")  # a relist has nothing to forget
+    assert "ml/train-channel" not in index.keys("ResourceClaimTemplate")  # a relist has nothing to forget
     made = claim_template("train-channel", deviceClassName="compute-domain-default-channel.nvidia.com")
-    index.upsert(made)  # its controller made it: listed, then deleted
-    index.delete(made)
-    assert index.dra.template("ml/train-channel").channel
-    index.delete({"kind": "ComputeDomain", "metadata": {"name": "train", "namespace": "ml"}})
-    assert index.dra.template("ml/train-channel") is None
+    feed.upsert(index, made)  # its controller made it: listed, then deleted
+    feed.delete(index, made)
+    assert index.devices.inventory.template("ml/train-channel").channel
+    feed.delete(index, {"kind": "ComputeDomain", "metadata": {"name": "train", "namespace": "ml"}})
+    assert index.devices.inventory.template("ml/train-channel") is None

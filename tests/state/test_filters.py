@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from webhook.settings.config import Config
 from webhook.state.filters import NodeFilters, node_matches, tolerates
 from webhook.core.model import PlacementRequest
-from webhook.state.tree import parse_node
+from webhook.objects.feed import parse_node
 from webhook.kube.demo import make_node
 
 CONFIG = Config()

@@ -15,12 +15,15 @@ import yaml
 from conftest import assert_valid_kubernetes_object, eventually, review_of
 from tests.fixtures.builders import gpu_job
 from tests.fixtures.shared import GPU_TOLERATION, NODEPOOL, karpenter_nodes
+from webhook.objects.feed import index_of
+from webhook.objects import feed
+from webhook.state.index import NodeGone
 from webhook.cli import main
-from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
 from webhook.settings.presets import PRESETS
 from webhook.state.filters import expression_matches
-from webhook.state.growth import NODEPOOL_LABEL, nodepool, node_groups
+from webhook.objects.autoscaler_objects import node_groups, nodepool
+from webhook.state.growth import NODEPOOL_LABEL
 from webhook.core.model import EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
 from webhook.placement.placer import place
 from webhook.kube.demo import make_node, make_pod
@@ -112,7 +115,7 @@ def test_a_job_no_existing_node_fits_is_steered_to_the_nodepool_and_a_node_it_ad
 def test_a_nodepool_at_zero_nodes_takes_a_job_that_selects_it():
     job = PlacementRequest("Job ml/x", 2, 8, Strategy.CONSOLIDATED, node_selector={NODEPOOL_LABEL: "gpu-h100"},
                            tolerations=tuple(GPU_TOLERATION))
-    index = ClusterIndex.from_objects(Config(), [make_node("other", {ZONE: "us-east-1a"}), NODEPOOL])
+    index = index_of(Config(), [make_node("other", {ZONE: "us-east-1a"}), NODEPOOL])
     decision = place(index, job)
     assert (decision.outcome, decision.code) == (Outcome.WAIT, GROWS_POOL)
     assert [(r.key, r.values) for r in decision.requirements] == [(NODEPOOL_LABEL, ("gpu-h100",)),
@@ -122,7 +125,7 @@ def test_a_nodepool_at_zero_nodes_takes_a_job_that_selects_it():
 def test_the_user_s_own_zone_is_the_one_kept():
     job = PlacementRequest("Job ml/x", 6, 8, Strategy.CONSOLIDATED, node_selector={ZONE: "us-east-1b"},
                            tolerations=tuple(GPU_TOLERATION))
-    decision = place(ClusterIndex.from_objects(Config(), [*karpenter_nodes(), NODEPOOL]), job)
+    decision = place(index_of(Config(), [*karpenter_nodes(), NODEPOOL]), job)
     assert decision.code == GROWS_POOL and (ZONE, ("us-east-1b",)) in [(r.key, r.values) for r in decision.requirements]
 
 
@@ -137,7 +140,7 @@ def test_the_user_s_own_zone_is_the_one_kept():
 def test_a_nodepool_that_cannot_take_the_job_is_not_used(change, why):
     pool = copy.deepcopy(NODEPOOL)
     change(pool)
-    index = ClusterIndex.from_objects(Config(), [*karpenter_nodes(), pool])
+    index = index_of(Config(), [*karpenter_nodes(), pool])
     decision = place(index, PlacementRequest("Job ml/x", 6, 8, Strategy.CONSOLIDATED, tolerations=tuple(GPU_TOLERATION)))
     assert (decision.outcome, decision.code) == (Outcome.WAIT, EXCEEDS_NODES), why
     assert decision.requirements == ()
@@ -147,11 +150,11 @@ def test_a_label_the_nodepool_does_not_define_keeps_the_pool_out():
     """Karpenter launches no node for a pod that requires a label its NodePool does not define."""
     job = PlacementRequest("Job ml/x", 6, 8, Strategy.CONSOLIDATED, node_selector={"example.com/team": "a"},
                            tolerations=tuple(GPU_TOLERATION))
-    decision = place(ClusterIndex.from_objects(Config(), [*karpenter_nodes(), NODEPOOL]), job)
+    decision = place(index_of(Config(), [*karpenter_nodes(), NODEPOOL]), job)
     assert decision.code != GROWS_POOL
     well_known = PlacementRequest("Job ml/x", 6, 8, Strategy.CONSOLIDATED, tolerations=tuple(GPU_TOLERATION),
                                   node_selector={"kubernetes.io/arch": "amd64"})
-    assert place(ClusterIndex.from_objects(Config(), [*karpenter_nodes(), NODEPOOL]), well_known).code == GROWS_POOL
+    assert place(index_of(Config(), [*karpenter_nodes(), NODEPOOL]), well_known).code == GROWS_POOL
 
 
 def test_a_pod_larger_than_every_node_is_taken_by_a_pool_of_larger_nodes():
@@ -159,8 +162,8 @@ def test_a_pod_larger_than_every_node_is_taken_by_a_pool_of_larger_nodes():
     pool["spec"]["template"]["spec"]["requirements"][1]["values"] = ["16"]
     pool["spec"]["template"]["spec"]["requirements"][0]["values"] = ["p6e-gb200.36xlarge"]
     request = PlacementRequest("Job ml/x", 1, 16, Strategy.CONSOLIDATED, tolerations=tuple(GPU_TOLERATION))
-    assert place(ClusterIndex.from_objects(Config(), karpenter_nodes()), request).code == EXCEEDS_CLUSTER
-    decision = place(ClusterIndex.from_objects(Config(refuse_unplaceable=True), [*karpenter_nodes(), pool]), request)
+    assert place(index_of(Config(), karpenter_nodes()), request).code == EXCEEDS_CLUSTER
+    decision = place(index_of(Config(refuse_unplaceable=True), [*karpenter_nodes(), pool]), request)
     assert (decision.outcome, decision.code) == (Outcome.WAIT, GROWS_POOL)
 
 
@@ -169,21 +172,21 @@ def test_a_wait_for_busy_pool_nodes_is_steered_to_the_pool_not_pinned_to_a_leaf(
     busy = [make_pod(f"busy-{n['metadata']['name']}", n["metadata"]["name"], 8) for n in nodes]
     request = PlacementRequest("Job ml/x", 2, 8, Strategy.CONSOLIDATED, tolerations=tuple(GPU_TOLERATION))
     pin_leaf = Config(pin_only_where_locality_pays=False)  # else the wait is pinned to the leaf's spine
-    without = place(ClusterIndex.from_objects(pin_leaf, nodes, busy), request)
+    without = place(index_of(pin_leaf, nodes, busy), request)
     assert without.code == NO_ROOM_NOW and LEAF in {r.key for r in without.requirements}
-    decision = place(ClusterIndex.from_objects(pin_leaf, [*nodes, NODEPOOL], busy), request)
+    decision = place(index_of(pin_leaf, [*nodes, NODEPOOL], busy), request)
     assert decision.code == GROWS_POOL and LEAF not in {r.key for r in decision.requirements}
 
 
 def test_a_workload_that_fits_today_places_exactly_as_without_pools():
     request = PlacementRequest("Job ml/x", 2, 8, Strategy.CONSOLIDATED, tolerations=tuple(GPU_TOLERATION))
-    without = place(ClusterIndex.from_objects(Config(), karpenter_nodes()), request)
-    with_pool = place(ClusterIndex.from_objects(Config(), [*karpenter_nodes(), NODEPOOL]), request)
+    without = place(index_of(Config(), karpenter_nodes()), request)
+    with_pool = place(index_of(Config(), [*karpenter_nodes(), NODEPOOL]), request)
     assert with_pool.outcome is Outcome.PLACED and with_pool == without
 
 
 def test_nodepool_model_reads_labels_requirements_limits_and_gpus():
-    pool = nodepool(NODEPOOL, [])
+    pool = nodepool(NODEPOOL)
     assert pool.fixed[NODEPOOL_LABEL] == "gpu-h100" and pool.fixed["example.com/gpu-pool"] == "h100"
     assert pool.choices[ZONE] == ("us-east-1a", "us-east-1b")
     assert (pool.gpus_per_node, pool.room_gpus, pool.room_nodes, pool.weight) == (8, 96, 12, 50)
@@ -236,7 +239,7 @@ def test_a_gke_node_pool_that_can_grow_takes_the_job_and_a_node_it_adds_later_is
 
 def test_a_compact_pool_is_one_domain_so_its_block_is_pinned():
     nodes = gke_nodes("h100", 4, compact=True)
-    index = ClusterIndex.from_objects(Config(levels=PRESETS["gke"]), [*nodes, ca_status(("gke-prod-h100-x-grp", 4, 8))])
+    index = index_of(Config(levels=PRESETS["gke"]), [*nodes, ca_status(("gke-prod-h100-x-grp", 4, 8))])
     decision = place(index, PlacementRequest("Job ml/x", 6, 8, Strategy.CONSOLIDATED))
     assert decision.code == GROWS_POOL
     assert {r.key: r.values for r in decision.requirements}[BLOCK] == ("block-1",)
@@ -252,7 +255,7 @@ def test_a_compact_pool_is_one_domain_so_its_block_is_pinned():
       "data": {"status": "Cluster-autoscaler status at 2023-01-01: Health: Healthy"}}, "the old free-text status"),
 ])
 def test_a_node_group_that_cannot_grow_is_not_used(status, why):
-    index = ClusterIndex.from_objects(Config(levels=PRESETS["gke"]), [*gke_nodes("h100", 4), status])
+    index = index_of(Config(levels=PRESETS["gke"]), [*gke_nodes("h100", 4), status])
     decision = place(index, PlacementRequest("Job ml/x", 6, 8, Strategy.CONSOLIDATED))
     assert decision.code == EXCEEDS_NODES, why
 
@@ -261,22 +264,22 @@ def test_node_groups_of_one_pool_in_several_zones_add_up():
     status = ca_status(("gke-prod-h100-aaaa-grp", 2, 3), ("gke-prod-h100-bbbb-grp", 2, 3))
     assert node_groups(status) == [("gke-prod-h100-aaaa-grp", 1), ("gke-prod-h100-bbbb-grp", 1)]
     nodes = gke_nodes("h100", 4)
-    index = ClusterIndex.from_objects(Config(levels=PRESETS["gke"]), [*nodes, status])
+    index = index_of(Config(levels=PRESETS["gke"]), [*nodes, status])
     assert place(index, PlacementRequest("Job ml/x", 6, 8, Strategy.CONSOLIDATED)).code == GROWS_POOL
     assert place(index, PlacementRequest("Job ml/x", 7, 8, Strategy.CONSOLIDATED)).code == EXCEEDS_NODES
 
 
 def test_pools_follow_their_nodes_and_objects():
-    index = ClusterIndex.from_objects(Config(levels=PRESETS["gke"]), gke_nodes("h100", 2))
+    index = index_of(Config(levels=PRESETS["gke"]), gke_nodes("h100", 2))
     assert index.pools() == ()
-    index.upsert_growth(ca_status(("gke-prod-h100-x-grp", 2, 4)))
+    feed.upsert(index, ca_status(("gke-prod-h100-x-grp", 2, 4)))
     assert [p.name for p in index.pools()] == ["h100"]
-    index.delete_node("gke-prod-h100-0")
-    index.delete_node("gke-prod-h100-1")
+    index.apply(NodeGone("gke-prod-h100-0"))
+    index.apply(NodeGone("gke-prod-h100-1"))
     assert index.pools() == ()  # no node left to learn what the group's nodes look like
-    index.upsert_node(gke_nodes("h100", 1)[0])
+    feed.upsert(index, gke_nodes("h100", 1)[0], "Node")
     assert [p.members for p in index.pools()] == [frozenset({"gke-prod-h100-0"})]
-    index.forget_growth(next(iter(index.growth_keys("ConfigMap"))))
+    feed.delete(index, ca_status(("gke-prod-h100-x-grp", 2, 4)))
     assert index.pools() == ()
 
 
@@ -303,7 +306,7 @@ def test_the_live_view_watches_nodepools_when_served(fake, make_view):
     fake.put("nodepools", static)
     eventually(lambda: view.index.pools() == (), what="the NodePool made static")
     fake.delete("nodepools", "gpu-h100")
-    eventually(lambda: view.index.growth_keys("NodePool") == set(), what="the NodePool deleted")
+    eventually(lambda: view.index.keys("NodePool") == set(), what="the NodePool deleted")
 
 
 def test_without_karpenter_or_cluster_autoscaler_the_live_view_is_ready_and_knows_no_pool(fake, make_view):
@@ -320,24 +323,24 @@ def test_a_single_zone_node_group_keeps_its_zone_when_zone_is_a_topology_level()
     """The zone of a node group's nodes is its own, known before a node exists; the leaf is not."""
     nodes = [make_node(f"gke-prod-h100-{i}", {GKE_POOL: "h100", ZONE: "us-central1-a", SPINE: "s1", LEAF: f"l{i}"})
              for i in range(2)]
-    index = ClusterIndex.from_objects(Config(), [*nodes, ca_status(("gke-prod-h100-x-grp", 2, 8))])
+    index = index_of(Config(), [*nodes, ca_status(("gke-prod-h100-x-grp", 2, 8))])
     decision = place(index, PlacementRequest("Job ml/x", 4, 8, Strategy.CONSOLIDATED))
     assert {r.key: r.values for r in decision.requirements} == {GKE_POOL: ("h100",), ZONE: ("us-central1-a",)}
 
 
 def test_pools_follow_the_levels_auto_chooses():
     """A block label is a level only on the gke preset: only then is it one a new node learns at launch."""
-    index = ClusterIndex.from_objects(Config(), [*gke_nodes("h100", 2), ca_status(("gke-prod-h100-x-grp", 2, 8))])
+    index = index_of(Config(), [*gke_nodes("h100", 2), ca_status(("gke-prod-h100-x-grp", 2, 8))])
     assert index.preset == "gke" and BLOCK in index.pools()[0].unknown
     for i in range(3):  # more nodes marking the default preset than the gke one: the levels change
-        index.upsert_node(make_node(f"rack-{i}", {SPINE: "s1", LEAF: "l1"}))
+        feed.upsert(index, make_node(f"rack-{i}", {SPINE: "s1", LEAF: "l1"}), "Node")
     assert index.preset == "default" and index.pools()[0].fixed[BLOCK] == "block-1"
 
 
 def test_pods_of_a_job_steered_to_a_pool_at_zero_nodes_keep_the_pool_not_repaired_onto_other_nodes():
     """The pool's nodes are yet to come: that is not capacity lost, so no pod is moved to the nodes there are."""
     fixed = [make_node(f"fixed-{i}", {ZONE: "us-east-1a", SPINE: "s1", LEAF: "l1"}) for i in range(2)]
-    index = ClusterIndex.from_objects(Config(), [*fixed, NODEPOOL])
+    index = index_of(Config(), [*fixed, NODEPOOL])
     job = tolerating(gpu_job("big", 5, 8, placement_strategy="consolidated"))
     admitted = review(review_of(job), index, Config()).admitted
     template = copy.deepcopy(admitted["spec"]["template"])
@@ -358,5 +361,4 @@ def test_pods_of_a_job_steered_to_a_pool_at_zero_nodes_keep_the_pool_not_repaire
 def test_a_nodepool_s_gpus_per_node_come_from_what_it_says_else_from_its_nodes(requirements, members, gpus):
     pool = copy.deepcopy(NODEPOOL)
     pool["spec"]["template"]["spec"]["requirements"] = requirements
-    assert nodepool(pool, [ClusterIndex.from_objects(Config(), karpenter_nodes(members)).nodes[f"ip-10-0-0-{i}"]
-                           for i in range(members)]).gpus_per_node == gpus
+    assert [p.gpus_per_node for p in index_of(Config(), [*karpenter_nodes(members), pool]).pools()] == [gpus]

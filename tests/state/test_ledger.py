@@ -1,6 +1,7 @@
 """The reservation ledger on its own: holds, confirmation by bound pods, expiry by its own clock,
 and the namespace rule (nothing outside a hold's namespace confirms or releases it)."""
-from webhook.state.index import ClusterIndex
+from webhook.objects.feed import index_of
+from webhook.objects import feed
 from webhook.core.injection import RESERVATION as RESERVATION_ANNOTATION
 from webhook.settings.config import Config
 from webhook.kube.demo import make_node, make_pod
@@ -43,20 +44,20 @@ def test_a_pod_of_another_namespace_confirms_nothing(clock):
 
 def test_a_bound_pod_in_another_namespace_leaves_the_hold_on_the_index(clock):
     nodes = [make_node(f"n{i}", {"topology.scheduler/leaf": "l1"}, 8) for i in range(2)]
-    index = ClusterIndex.from_objects(Config(), nodes, [], clock)
+    index = index_of(Config(), nodes, [], clock)
     decision = place_and_reserve(index, PlacementRequest("Job team-victim/train", 2, 8, Strategy.CONSOLIDATED),
                                  "team-victim/Job/train")
     assert index.stats().gpus_reserved == 16
     forged = make_pod("forged", decision.nodes[0], 8, "attacker",
                       annotations={RESERVATION_ANNOTATION: "team-victim/Job/train"})
-    index.upsert_pod(forged)
+    feed.upsert(index, forged, "Pod")
     assert index.stats().gpus_reserved == 16 and set(index.ledger.holds) == {"team-victim/Job/train"}
-    index.delete_pod(forged)
+    feed.delete(index, forged, "Pod")
     assert index.stats().gpus_reserved == 16
 
 
 def test_a_hold_on_a_node_not_listed_yet_counts_once_the_node_arrives(clock):
-    index = ClusterIndex.from_objects(Config(), [], [], clock)
+    index = index_of(Config(), [], [], clock)
     index.reserve("ml/Job/elsewhere", {"late": [(0, 1, 2, 3, 4, 5, 6, 7)]})  # another replica's claim
-    index.upsert_node(make_node("late", {"topology.scheduler/leaf": "l1"}))
+    feed.upsert(index, make_node("late", {"topology.scheduler/leaf": "l1"}), "Node")
     assert index.stats().gpus_reserved == 8 and index.nodes["late"].free == 0

@@ -2,7 +2,8 @@
 filter beside the GPUs that placement optimises."""
 import pytest
 
-from webhook.state.index import ClusterIndex
+from webhook.objects.feed import index_of
+from webhook.objects import feed
 from webhook.settings.config import Config
 from webhook.kube.demo import make_node, make_pod
 from webhook.core.model import NO_MATCHING_NODES, NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
@@ -49,19 +50,19 @@ def leaf_nodes(*names):
 
 def test_a_node_without_the_cpu_is_never_chosen_even_when_it_sorts_first():
     # "a" is the best GPU fit (4 free) but a CPU-hungry pod without GPUs left it 1 core.
-    index = ClusterIndex.from_objects(Config(), leaf_nodes("a", "b"),
+    index = index_of(Config(), leaf_nodes("a", "b"),
                                       [make_pod("half", "a", 4), cpu_pod("etl", "a", 0, "95")])
     assert place(index, request(1, 4, "500m")).nodes == ("a",)  # still room for half a core
     decision = place(index, request(1, 4, "2000m"))
     assert decision.outcome is Outcome.PLACED and decision.nodes == ("b",)
-    index.delete_pod(cpu_pod("etl", "a", 0, "95"))  # the CPU comes back: the tighter node again
+    feed.delete(index, cpu_pod("etl", "a", 0, "95"), "Pod")  # the CPU comes back: the tighter node again
     assert place(index, request(1, 4, "2000m")).nodes == ("a",)
 
 
 def test_a_node_at_its_pod_limit_is_never_chosen():
     full = make_node("full", {"topology.scheduler/leaf": "l1"})
     full["status"]["allocatable"]["pods"] = "2"
-    index = ClusterIndex.from_objects(Config(), [full, *leaf_nodes("other")],
+    index = index_of(Config(), [full, *leaf_nodes("other")],
                                       [cpu_pod("p1", "full", 0, "1"), cpu_pod("p2", "full", 0, "1"),
                                        make_pod("busy", "other", 4)])
     assert place(index, request(1, 4, "1")).nodes == ("other",)
@@ -70,17 +71,17 @@ def test_a_node_at_its_pod_limit_is_never_chosen():
 def test_pods_sharing_a_node_are_counted_by_cpu_too():
     # 2 pods x 4 GPUs x 40 cores: one 8-GPU node with 96 cores holds only 2 of them... with 80
     # cores taken, none; with 50 taken, one.
-    index = ClusterIndex.from_objects(Config(), leaf_nodes("a", "b"), [cpu_pod("etl", "a", 0, "50")])
+    index = index_of(Config(), leaf_nodes("a", "b"), [cpu_pod("etl", "a", 0, "50")])
     decision = place(index, request(2, 4, "40"))
     assert decision.outcome is Outcome.PLACED
     assert {a.node: a.pods for a in decision.assignment} == {"b": 2}
-    index.upsert_pod(cpu_pod("etl2", "b", 0, "50"))
+    feed.upsert(index, cpu_pod("etl2", "b", 0, "50"), "Pod")
     decision = place(index, request(2, 4, "40"))
     assert {a.node: a.pods for a in decision.assignment} == {"a": 1, "b": 1}
 
 
 def test_cpu_exhausted_now_waits_and_more_than_any_node_has_is_refused():
-    index = ClusterIndex.from_objects(Config(), leaf_nodes("a"), [cpu_pod("etl", "a", 0, "95")])
+    index = index_of(Config(), leaf_nodes("a"), [cpu_pod("etl", "a", 0, "95")])
     decision = place(index, request(1, 8, "8"))
     assert (decision.outcome, decision.code) == (Outcome.WAIT, NO_ROOM_NOW)
     decision = place(index, request(1, 8, "200"))
@@ -89,15 +90,15 @@ def test_cpu_exhausted_now_waits_and_more_than_any_node_has_is_refused():
 
 def test_the_constrained_subset_stays_exact_as_pods_come_and_go():
     nodes = leaf_nodes("a", "b", "c")
-    index = ClusterIndex.from_objects(Config(), nodes, [cpu_pod("etl", "a", 0, "90")])
+    index = index_of(Config(), nodes, [cpu_pod("etl", "a", 0, "90")])
     wanted = request(1, 2, "8")
     subset = index.restricted_to(wanted)
     events = [cpu_pod("x", "b", 2, "30"), cpu_pod("y", "b", 0, "60"), cpu_pod("z", "c", 4, "1")]
     for pod in events:
-        index.upsert_pod(pod)
-    index.delete_pod(cpu_pod("etl", "a", 0, "90"))
+        feed.upsert(index, pod, "Pod")
+    feed.delete(index, cpu_pod("etl", "a", 0, "90"), "Pod")
     assert index.restricted_to(wanted) is subset
-    rebuilt = ClusterIndex.from_objects(Config(), nodes, events).restricted_to(wanted)
+    rebuilt = index_of(Config(), nodes, events).restricted_to(wanted)
     assert {n: c.free for n, c in subset.nodes.items()} == {n: c.free for n, c in rebuilt.nodes.items()} == {
         "a": 8, "b": 0, "c": 4}  # b: 6 cores left, no room for an 8-core pod
     assert (subset.root.pods_now, subset.root.free_hist) == (rebuilt.root.pods_now, rebuilt.root.free_hist)

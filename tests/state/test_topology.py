@@ -9,7 +9,8 @@ from webhook.settings.config import Config
 from webhook.settings.loading import levels_from
 from webhook.settings.presets import HOSTNAME_LABEL
 from webhook.core.model import Interconnect
-from webhook.state.tree import Domain, TopologyTree, parse_node
+from webhook.objects.feed import parse_node
+from webhook.state.tree import Domain, TopologyTree
 from webhook.kube.demo import make_node
 
 CONFIG = Config(levels=levels_from(["example.com/spine", "example.com/leaf"]), levels_auto=False)

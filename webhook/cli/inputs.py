@@ -11,8 +11,9 @@ from ..kube import demo
 from ..objects.manifests import ManifestError, read_objects
 from ..serving.app import Readiness
 from ..settings.config import Config
+from ..objects import feed
+from ..objects.autoscaler_objects import is_growth_object
 from ..state.dra import DRA_KINDS, RESOURCE_SLICE_MAX_DEVICES
-from ..state.growth import is_growth_object
 from ..state.index import ClusterIndex
 from .program import UsageError, log
 
@@ -68,7 +69,7 @@ def node_file(path: str) -> list[dict]:
     and any of the DRA kinds (state/dra.py), as `kubectl get nodes,resourceslices,deviceclasses`."""
     objects = read_objects(path, max_bytes=CLUSTER_FILE_MAX_BYTES)
     for obj in objects:
-        if obj["kind"] != "Node" and obj["kind"] not in DRA_KINDS and not is_growth_object(obj):
+        if obj["kind"] != "Node" and obj["kind"] not in DRA_KINDS and not is_growth_object(obj, obj["kind"]):
             raise ManifestError(f"{path}: {obj['kind']} {(obj.get('metadata') or {}).get('name', '?')} found; this "
                                 "file may only hold Node objects, Karpenter NodePools, the ConfigMap "
                                 "kube-system/cluster-autoscaler-status and DRA objects (ResourceSlices, "
@@ -89,7 +90,7 @@ def file_index(config: Config, cluster: tuple[list[dict], list[dict]]) -> tuple[
     """The cluster index and its readiness check from files or the demo: complete at once, so
     always ready."""
     nodes, pods = cluster
-    index = ClusterIndex.from_objects(config, nodes, pods)
+    index = feed.index_of(config, nodes, pods)
     for warning in index.inventory_warnings():
         log.warning("%s", warning)
     return index, lambda: (True, "")

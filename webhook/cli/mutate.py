@@ -18,7 +18,9 @@ from ..objects.manifests import read_objects
 from ..serving.page.render import write_page
 from ..serving.page.snapshot import RecentDecisions
 from ..settings.loading import load_config
-from ..state.dra import DRA_KINDS, RESOURCE_SLICE_MAX_DEVICES, in_namespace
+from ..objects import feed
+from ..objects.dra_objects import in_namespace
+from ..state.dra import DRA_KINDS, RESOURCE_SLICE_MAX_DEVICES
 from .inputs import (CLUSTER_FILE_MAX_BYTES, MANIFEST_FILE_MAX_BYTES, OBJECT_MAX_BYTES, MiB, file_index, read_cluster,
                      say_levels, within_api_limits)
 from .program import PROG, UsageError
@@ -122,7 +124,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         patches.append(list(result.patch))
         mutated.append(result.admitted)
         if obj.get("kind") in DRA_KINDS:  # a workload's ResourceClaimTemplate or PodGroup, ahead of it
-            index.upsert(in_namespace(result.admitted or obj, namespace))
+            feed.upsert(index, in_namespace(result.admitted or obj, namespace))
     if args.output == "patch":  # one line per admitted object, each what `kubectl patch --type=json -p` takes
         for patch in patches:
             print(json.dumps(patch, separators=(",", ":")))

@@ -47,8 +47,9 @@ import orjson
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
+from ..objects import feed
 from ..settings.config import Config
-from ..state.index import ClusterIndex
+from ..state.index import ClusterIndex, NodeGone
 from .kinds import DRA_LISTS, GROWTH_STREAMS, claims_stream, dra_streams, growth_streams, pod_stream
 from .shared_claims import DEFAULT_BUDGET_SECONDS, ApiClaims, describe
 from .releaser import Releaser
@@ -126,11 +127,11 @@ class ApiFeed:
         self._levels_said: str | None = None
 
     def _upsert_node(self, node: dict) -> None:
-        self.index.upsert_node(node)
+        feed.upsert(self.index, node, "Node")
         self._say_levels()
 
     def _delete_node(self, name: str) -> None:
-        self.index.delete_node(name)
+        self.index.apply(NodeGone(name))
         self._say_levels()
 
     def _say_levels(self) -> None:

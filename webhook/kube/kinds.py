@@ -12,9 +12,10 @@ from typing import Callable
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
+from ..objects import autoscaler_objects, dra_objects, feed
 from ..state import dra
-from ..state.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND, object_key
-from ..state.index import ClusterIndex, pod_key
+from ..state.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND
+from ..state.index import ClusterIndex
 from .shared_claims import LEASE_NAME, ApiClaims
 from .streams import NOT_FOUND, Stream
 
@@ -24,8 +25,9 @@ NODEPOOL_VERSION = "v1"
 
 def pod_stream(index: ClusterIndex, core: k8s_client.CoreV1Api) -> Stream:
     """Every pod of every namespace, each counted under its `pod_key`."""
-    return Stream("pods", core.list_pod_for_all_namespaces, pod_key, index.upsert_pod, index.delete_pod,
-                  index.counted_pods, lambda key: index.delete_pod({"metadata": {"uid": key}}))
+    return Stream("pods", core.list_pod_for_all_namespaces, feed.pod_key, functools.partial(feed.upsert, index, kind="Pod"),
+                  functools.partial(feed.delete, index, kind="Pod"), functools.partial(index.keys, "Pod"),
+                  lambda key: feed.delete(index, {"metadata": {"uid": key}}, "Pod"))
 
 
 def claims_stream(claims: ApiClaims, api_client: k8s_client.ApiClient, claims_namespace: str) -> Stream:
@@ -46,9 +48,15 @@ def growth_streams(index: ClusterIndex, core: k8s_client.CoreV1Api,
     status = functools.partial(core.list_namespaced_config_map, CA_STATUS_NAMESPACE,
                                field_selector=f"metadata.name={CA_STATUS_NAME}")
     calls: tuple[tuple[str, Callable], ...] = ((NODEPOOL_KIND, nodepools), ("ConfigMap", status))
-    return tuple(Stream(kind, call, object_key, index.upsert_growth, index.delete_growth,
-                        functools.partial(index.growth_keys, object_kind), index.forget_growth, optional=True)
-                for kind, (object_kind, call) in zip(GROWTH_STREAMS, calls))
+    def stream(kind: str, object_kind: str, call: Callable) -> Stream:
+        def forget(key: str) -> None:
+            _, namespace, name = key.split("/", 2)
+            feed.delete(index, {"metadata": {"name": name, "namespace": namespace}}, object_kind)
+        return Stream(kind, call, functools.partial(autoscaler_objects.object_key, kind=object_kind),
+                      functools.partial(feed.upsert, index, kind=object_kind),
+                      functools.partial(feed.delete, index, kind=object_kind),
+                      functools.partial(index.keys, object_kind), forget, optional=True)
+    return tuple(stream(kind, object_kind, call) for kind, (object_kind, call) in zip(GROWTH_STREAMS, calls))
 
 
 # ----- Dynamic Resource Allocation and PodGroups ------------------------------------------------------
@@ -111,8 +119,8 @@ def dra_streams(api_client: k8s_client.ApiClient, index: ClusterIndex) -> tuple[
     def stream(plural: str, kind: str, list_call: Callable) -> Stream:
         def forget(key: str) -> None:
             namespace, _, name = key.rpartition("/")
-            index.put_dra(kind, {"metadata": {"name": name, "namespace": namespace or None}}, present=False)
-        return Stream(plural, list_call, dra.object_key, lambda obj: index.put_dra(kind, obj, present=True),
-                      lambda obj: index.put_dra(kind, obj, present=False), lambda: index.dra_keys(kind),
+            feed.delete(index, {"metadata": {"name": name, "namespace": namespace or None}}, kind)
+        return Stream(plural, list_call, dra_objects.object_key, functools.partial(feed.upsert, index, kind=kind),
+                      functools.partial(feed.delete, index, kind=kind), functools.partial(index.keys, kind),
                       forget, optional=True)
     return tuple(stream(plural, kind, make(api_client)) for plural, kind, make in DRA_LISTS)

@@ -139,8 +139,8 @@ class Releaser:
         """One pass, if the cluster changed since the last one; returns how many workloads it started."""
         with self.index.lock:
             changes = self.index.changes
-            self.patched &= set(self.index.gated.pods)  # forgotten once seen no longer gated
-            refused = dict(self.index.gated.refused)
+            self.patched &= set(self.index.pods.gated.pods)  # forgotten once seen no longer gated
+            refused = dict(self.index.pods.gated.refused)
         if changes == self.seen_changes:
             return 0
         self.seen_changes = changes
@@ -174,9 +174,9 @@ class Releaser:
         if not self.side_holds:
             return
         with self.index.lock:
-            seen = self.index.counted_pods()
+            seen = self.index.keys("Pod")
             done = [hold for hold, pods in self.side_holds.items()
-                    if all(key in self.index.pod_nodes or key not in seen for key in pods)]
+                    if all(key in self.index.pods.on_node or key not in seen for key in pods)]
         for hold in done:
             del self.side_holds[hold]
             release_shared(self.index, hold)

@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from ..core import injection
 from ..objects import mutation
 from ..objects.patch import make_patch
-from ..state.gated import holds_our_gate
+from ..objects.feed import holds_our_gate
 from .kubeclient import KubeconfigError, api_client_from
 
 JSON_PATCH = "application/json-patch+json"

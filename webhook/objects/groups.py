@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..core.model import ANNOTATION_PREFIX, quoted
-from ..state.dra import pod_group_of
+from .dra_objects import pod_group_of
 from ..state.holds import reservation_key
 
 GROUP = ANNOTATION_PREFIX + "group"

@@ -28,7 +28,8 @@ from ..core.model import ANNOTATION_PREFIX, PlacementRequest, quoted
 from ..core.resources import pod_requests
 from ..placement.placer import on_nodes
 from ..settings.config import Config
-from ..state.dra import CLIQUE_LABEL, ClaimDemand, PodGroupFacts, pod_group_of
+from ..state.dra import CLIQUE_LABEL, ClaimDemand, ClaimRefs, PodGroupFacts
+from .dra_objects import claim_refs, pod_group_of
 from . import groups
 from . import user_annotations as asked
 from .groups import GROUP_SIZE, InvalidGroup, Membership, membership
@@ -192,7 +193,7 @@ class ClusterFacts(Protocol):
     """What a workload's request depends on besides the object itself: the cluster view's DRA
     objects and PodGroups (webhook/state/index.py)."""
 
-    def claims_demand(self, namespace: str, spec: Mapping) -> ClaimDemand: ...  # GPUs of its resourceClaims
+    def claims_demand(self, namespace: str, claims: ClaimRefs) -> ClaimDemand: ...  # GPUs of its resourceClaims
     def pod_group(self, key: str) -> PodGroupFacts | None: ...  # a PodGroup, by namespace/name
     def has_level(self, label: str) -> bool: ...  # a topology level is labelled so
 
@@ -209,7 +210,7 @@ def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = N
         annotations = {**pod_group.annotations, **annotations}
 
     def demand_of(spec: Mapping) -> ClaimDemand:
-        demand = facts.claims_demand(namespace, spec) if facts is not None and spec.get("resourceClaims") \
+        demand = facts.claims_demand(namespace, claim_refs(spec)) if facts is not None and spec.get("resourceClaims") \
             else ClaimDemand()
         if demand.bad_counts:  # the API refuses such a claim: never placed as a guess
             raise InvalidWorkload(f"{who}: asks for devices through {demand.bad_counts[0]} is not allowed; "

@@ -82,9 +82,9 @@ def _decide(index: ClusterIndex, request: PlacementRequest, key: str | None) -> 
     (protection.py): decided again with them held when the first answer takes them."""
     decision = decide(index.tree, request, _prepared(index, request), index.pools)
     seconds = index.config.protect_waiting_seconds
-    if not seconds or not index.waiters or decision.outcome is not Outcome.PLACED:
+    if not seconds or not index.pods.waiters or decision.outcome is not Outcome.PLACED:
         return decision
-    needed = protection.needs(index.waiters, index.ledger.clock(), seconds, key)
+    needed = protection.needs(index.pods.waiters, index.ledger.clock(), seconds, key)
     if not protection.reaches(index.tree, needed, decision):
         return decision
     shield = protection.protected(index.tree, needed)

@@ -1,5 +1,6 @@
 """Dynamic Resource Allocation (`resource.k8s.io/v1`) and PodGroups (`scheduling.k8s.io`), read
-as GPUs per node: API objects in, GPU devices per node, GPUs in use and GPU demand out. Pure.
+as GPUs per node: their facts in (webhook/objects/dra_objects.py reads them from the API's
+objects), GPU devices per node, GPUs in use and GPU demand out. Pure.
 
 Inventory. A node whose GPUs the NVIDIA DRA driver manages advertises no `nvidia.com/gpu` in its
 allocatable; its GPUs are the devices of driver `gpu.nvidia.com` with attribute `type: gpu` in
@@ -34,13 +35,10 @@ constraint: the workload is kept inside one clique (webhook/objects/workload.py)
 """
 from __future__ import annotations
 
-import functools
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from ..core.model import GPU_RESOURCE
 
 RESOURCE_GROUP = "resource.k8s.io"
 SCHEDULING_GROUP = "scheduling.k8s.io"
@@ -53,7 +51,6 @@ COMPUTE_DOMAIN_LABEL = "resource.nvidia.com/computeDomain"  # on the channel tem
 CLIQUE_LABEL = "nvidia.com/gpu.clique"  # the NVLink domain of a node (GPU Feature Discovery)
 CLUSTER_SCOPED = ("ResourceSlice", "DeviceClass")
 RESOURCE_SLICE_MAX_DEVICES = 128  # ResourceSliceMaxDevices of resource.k8s.io/v1: more, and the API refuses the slice
-_GPU_TYPE = re.compile(r"""\.type\s*==\s*['"]gpu['"]""")
 _MIG_SUFFIX = re.compile(r"-mig-.*$")
 _NUMBER = re.compile(r"(\d+)")
 
@@ -63,29 +60,7 @@ Device = tuple[str, str]  # (pool name, device name) of the GPU driver
 NodeDevices = tuple[tuple[str, tuple[str, ...]], ...]
 
 
-def _mapping(value: object) -> Mapping:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: object) -> list:
-    return value if isinstance(value, list) else []
-
-
-def object_key(obj: Mapping) -> str:
-    """namespace/name of a namespaced object, name of a cluster-scoped one."""
-    meta = _mapping(obj.get("metadata"))
-    namespace = meta.get("namespace")
-    return f"{namespace}/{meta.get('name', '')}" if namespace else str(meta.get("name", ""))
-
-
-def in_namespace(obj: Mapping, namespace: str) -> Mapping:
-    """A namespaced DRA object from a manifest, with the namespace it is created in."""
-    if obj.get("kind") in CLUSTER_SCOPED:
-        return obj
-    return {**obj, "metadata": {**_mapping(obj.get("metadata")), "namespace": namespace}}
-
-
-def _device_order(name: str) -> list:
+def device_order(name: str) -> list:
     """gpu-2 before gpu-10: numbers compared as numbers."""
     return [int(part) if part.isdigit() else part for part in _NUMBER.split(name)]
 
@@ -103,34 +78,6 @@ class SliceFacts:
     gpus: tuple[tuple[str, tuple[str, ...]], ...]  # (node, its device names in order)
 
 
-def _int(value: object, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def _is_gpu(device: Mapping) -> bool:
-    attributes = _mapping(device.get("attributes"))
-    kind = _mapping(attributes.get("type") or attributes.get(f"{GPU_DRIVER}/type"))
-    return kind.get("string") == "gpu"
-
-
-def parse_slice(obj: Mapping) -> SliceFacts | None:
-    """The GPU facts of a ResourceSlice; None for another driver's."""
-    spec = _mapping(obj.get("spec"))
-    if spec.get("driver") != GPU_DRIVER:
-        return None
-    pool = _mapping(spec.get("pool"))
-    per_device = spec.get("perDeviceNodeSelection") is True
-    by_node: dict[str, list[str]] = {}
-    for device in _list(spec.get("devices")):
-        device = _mapping(device)
-        node = device.get("nodeName") if per_device else spec.get("nodeName")
-        if node and device.get("name") and _is_gpu(device):
-            by_node.setdefault(sys.intern(str(node)), []).append(sys.intern(str(device["name"])))
-    gpus = tuple((node, tuple(sorted(names, key=_device_order))) for node, names in by_node.items())
-    return SliceFacts((GPU_DRIVER, sys.intern(str(pool.get("name", "")))), _int(pool.get("generation"), 0),
-                      max(1, _int(pool.get("resourceSliceCount"), 1)), gpus)
-
-
 # ----- ResourceClaims, their templates and DeviceClasses ----------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -146,47 +93,6 @@ class DeviceRequest:
     bad_count: str | None = None
 
 
-@functools.lru_cache(maxsize=1024)
-def _shared(requests: tuple[DeviceRequest, ...]) -> tuple[DeviceRequest, ...]:
-    """One copy of each distinct request list: thousands of claims ask the same."""
-    return requests
-
-
-def parse_requests(claim_spec: Mapping) -> tuple[DeviceRequest, ...]:
-    """The requests of a ResourceClaimSpec (`spec` of a claim, `spec.spec` of a template)."""
-    out = []
-    for i, request in enumerate(_list(_mapping(claim_spec.get("devices")).get("requests"))):
-        request = _mapping(request)
-        choice, where = _mapping(request.get("exactly")), f"devices.requests[{i}].exactly"
-        if not choice:
-            choice, where = _mapping(next(iter(_list(request.get("firstAvailable"))), None)), \
-                f"devices.requests[{i}].firstAvailable[0]"
-        if not choice.get("deviceClassName"):
-            continue
-        whole = choice.get("allocationMode") == "All"
-        count = choice.get("count")
-        bad = None
-        if not whole and count is not None and not (_int(count, 0) >= 1):
-            text = repr(count)
-            bad = f"{where}.count {text if len(text) <= 40 else text[:37] + '...'}"
-        out.append(DeviceRequest(str(choice["deviceClassName"]), 0 if whole else max(0, _int(count, 1)),
-                                 whole, choice.get("adminAccess") is True, bad))
-    return _shared(tuple(out))
-
-
-def selects_gpus(device_class: Mapping) -> bool:
-    """A DeviceClass of whole NVIDIA GPUs: it maps `nvidia.com/gpu`, or a selector picks the GPU
-    driver's `type == 'gpu'` devices (read as text: the CEL is not evaluated)."""
-    spec = _mapping(device_class.get("spec"))
-    if spec.get("extendedResourceName") == GPU_RESOURCE:
-        return True
-    for selector in _list(spec.get("selectors")):
-        expression = str(_mapping(_mapping(selector).get("cel")).get("expression", ""))
-        if GPU_DRIVER in expression and _GPU_TYPE.search(expression):
-            return True
-    return False
-
-
 @dataclass(frozen=True)
 class TemplateFacts:
     requests: tuple[DeviceRequest, ...]
@@ -194,18 +100,6 @@ class TemplateFacts:
 
 
 _CHANNEL_ONLY = TemplateFacts((), channel=True)  # a channel template known from its ComputeDomain only
-
-
-def parse_template(obj: Mapping) -> TemplateFacts:
-    requests = parse_requests(_mapping(_mapping(obj.get("spec")).get("spec")))
-    labels = _mapping(_mapping(obj.get("metadata")).get("labels"))
-    return TemplateFacts(requests, COMPUTE_DOMAIN_LABEL in labels or any(r.device_class == CHANNEL_CLASS for r in requests))
-
-
-def channel_template(compute_domain: Mapping) -> str | None:
-    """The name of the channel template a ComputeDomain makes (`spec.channel.resourceClaimTemplate.name`)."""
-    name = _mapping(_mapping(_mapping(compute_domain.get("spec")).get("channel")).get("resourceClaimTemplate")).get("name")
-    return str(name) if name else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,40 +112,6 @@ class ClaimFacts:
     scheduler_made_for: str | None  # uid of the pod whose nvidia.com/gpu the scheduler made it for
 
 
-def _allocated_node(allocation: Mapping) -> str | None:
-    """The one node a node-local allocation names: `metadata.name In [node]` (or the hostname label)."""
-    for term in _list(_mapping(allocation.get("nodeSelector")).get("nodeSelectorTerms")):
-        term = _mapping(term)
-        for expression in (*_list(term.get("matchFields")), *_list(term.get("matchExpressions"))):
-            expression = _mapping(expression)
-            values = _list(expression.get("values"))
-            if (expression.get("key") in ("metadata.name", "kubernetes.io/hostname")
-                    and expression.get("operator") == "In" and len(values) == 1):
-                return str(values[0])
-    return None
-
-
-def parse_claim(obj: Mapping) -> ClaimFacts:
-    meta = _mapping(obj.get("metadata"))
-    allocation = _mapping(_mapping(obj.get("status")).get("allocation"))
-    devices = tuple((sys.intern(str(r.get("pool"))), sys.intern(str(r.get("device"))))
-                    for r in map(_mapping, _list(_mapping(allocation.get("devices")).get("results")))
-                    if r.get("driver") == GPU_DRIVER and r.get("adminAccess") is not True)
-    made_for = None
-    if EXTENDED_RESOURCE_CLAIM in _mapping(meta.get("annotations")):
-        made_for = next((str(o.get("uid")) for o in map(_mapping, _list(meta.get("ownerReferences")))
-                         if o.get("kind") == "Pod" and o.get("controller") is True and o.get("uid")), None)
-    return ClaimFacts(parse_requests(_mapping(obj.get("spec"))), _allocated_node(allocation) if allocation else None,
-                      devices, made_for)
-
-
-def covered_by_claim(pod: Mapping) -> bool:
-    """The scheduler turned the pod's extended resources into a claim (it names it in its status):
-    its GPUs are counted through that claim's devices."""
-    status = _mapping(_mapping(pod.get("status")).get("extendedResourceClaimStatus"))
-    return bool(status.get("resourceClaimName"))
-
-
 # ----- PodGroups ----------------------------------------------------------------------------------
 
 # A `resourceClaims` entry of a Pod or PodGroup: (name, resourceClaimName, resourceClaimTemplateName),
@@ -259,9 +119,12 @@ def covered_by_claim(pod: Mapping) -> bool:
 ClaimEntry = tuple[str, str, str]
 
 
-def claim_entry(entry: Mapping) -> ClaimEntry:
-    return (str(entry.get("name") or ""), str(entry.get("resourceClaimName") or ""),
-            str(entry.get("resourceClaimTemplateName") or ""))
+@dataclass(frozen=True, slots=True)
+class ClaimRefs:
+    """A pod spec's `resourceClaims` entries, and the PodGroup it names (Kubernetes 1.36+)."""
+
+    entries: tuple[ClaimEntry, ...] = ()
+    pod_group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -273,25 +136,6 @@ class PodGroupFacts:
 
 
 _NO_GROUP = PodGroupFacts(None, {})  # a pod in no PodGroup (or one not seen): it shares no group claim
-
-
-def parse_pod_group(obj: Mapping) -> PodGroupFacts:
-    spec = _mapping(obj.get("spec"))
-    gang = _mapping(_mapping(spec.get("schedulingPolicy")).get("gang"))
-    count = gang.get("minCount")
-    annotations = {str(k): str(v) for k, v in _mapping(_mapping(obj.get("metadata")).get("annotations")).items()}
-    claims = frozenset(claim_entry(entry) for entry in map(_mapping, _list(spec.get("resourceClaims"))))
-    made = {str(status["name"]): str(status["resourceClaimName"])
-            for status in map(_mapping, _list(_mapping(obj.get("status")).get("resourceClaimStatuses")))
-            if status.get("name") and status.get("resourceClaimName")}
-    return PodGroupFacts(count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None,
-                         annotations, claims, made)
-
-
-def pod_group_of(pod_spec: Mapping) -> str | None:
-    """The PodGroup a pod names (`spec.schedulingGroup.podGroupName`, Kubernetes 1.36+)."""
-    name = _mapping(pod_spec.get("schedulingGroup")).get("podGroupName")
-    return str(name) if name else None
 
 
 # ----- the inventory ------------------------------------------------------------------------------
@@ -370,7 +214,7 @@ class DraInventory:
             if len(found) == 1:
                 out.append((pool[1], found[0]))  # the slice's own tuple: nothing copied per node
             elif found:
-                out.append((pool[1], tuple(sorted({n for names in found for n in names}, key=_device_order))))
+                out.append((pool[1], tuple(sorted({n for names in found for n in names}, key=device_order))))
         return tuple(out)
 
     # -- claims ----------------------------------------------------------------------------------
@@ -452,21 +296,21 @@ def _gpus(requests: Iterable[DeviceRequest], inventory: DraInventory) -> tuple[i
     return sum(r.count for r in wanted), any(r.whole_node for r in wanted)
 
 
-def claims_demand(namespace: str, pod_spec: Mapping, inventory: DraInventory) -> ClaimDemand:
+def claims_demand(namespace: str, refs: ClaimRefs, inventory: DraInventory) -> ClaimDemand:
     """What the pod's `spec.resourceClaims` ask of GPUs, from the templates and claims known now.
     An entry equal to one of its PodGroup's (KEP-5729) is the group's one claim: from a template,
     its GPUs are shared by the group's pods; once the PodGroup names the claim made for it, that
     claim is read as a named one."""
     per_pod, whole, shared, group_shared, pinned, unknown, channel = 0, False, [], [], [], [], None
     bad: list[str] = []
-    group_name = pod_group_of(pod_spec)
+    group_name = refs.pod_group
     group = inventory.pod_groups.get(f"{namespace}/{group_name}", _NO_GROUP) if group_name else _NO_GROUP
-    for entry in map(_mapping, _list(pod_spec.get("resourceClaims"))):
-        template, claim = entry.get("resourceClaimTemplateName"), entry.get("resourceClaimName")
-        of_group = bool(template) and claim_entry(entry) in group.claims
-        made = group.made.get(str(entry.get("name"))) if of_group else None
+    for entry in refs.entries:
+        name, claim, template = entry
+        of_group = bool(template) and entry in group.claims
+        made = group.made.get(name) if of_group else None
         if made and f"{namespace}/{made}" in inventory.claims:
-            template, claim, of_group = None, made, False
+            template, claim, of_group = "", made, False
         if template:
             key = f"{namespace}/{template}"
             facts = inventory.template(key)
@@ -479,7 +323,7 @@ def claims_demand(namespace: str, pod_spec: Mapping, inventory: DraInventory) ->
             if not of_group:
                 per_pod += gpus
             elif gpus or all_of_node:
-                group_shared.append((f"claim {entry.get('name')} of PodGroup {namespace}/{group_name}", gpus))
+                group_shared.append((f"claim {name} of PodGroup {namespace}/{group_name}", gpus))
             whole = whole or all_of_node
         elif claim:
             key = f"{namespace}/{claim}"

@@ -192,6 +192,26 @@ class NodeFilters:
         return [nodes[name] for name in sorted(set.intersection(*narrowed)) if name in nodes]
 
 
+    def room_ever(self, nodes: Mapping[str, NodeState], expressions: list[Mapping], gpus: int,
+                  siblings: Mapping[str, int]) -> int:
+        """Pods of `gpus` GPUs that the in-service nodes matching every `In` and `DoesNotExist`
+        expression could hold once everything on them has ended but `siblings` (GPUs per node)."""
+        wanted = [(str(e.get("key")), {str(v) for v in e.get("values") or ()}) for e in expressions
+                  if e.get("operator") == "In"]
+        absent = {str(e.get("key")) for e in expressions if e.get("operator") == "DoesNotExist"}
+        if not wanted:
+            return 0
+        narrowest = min(wanted, key=lambda kv: sum(len(self.by_label.get((kv[0], v), ())) for v in kv[1]))
+        names = {name for value in narrowest[1] for name in self.by_label.get((narrowest[0], value), ())}
+        room = 0
+        for name in names:
+            node = nodes.get(name)
+            if node is not None and node.eligible and all(node.labels.get(k) in values for k, values in wanted) \
+                    and absent.isdisjoint(node.labels):
+                room += (node.gpus - siblings.get(name, 0)) // gpus
+        return room
+
+
 class ConstrainedSubsets:
     """Trees of the nodes constrained requests may use, by their constraints (at most
     `MAX_SUBSETS`, least recently used dropped), so repeated selectors cost one build."""

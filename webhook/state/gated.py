@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Collection, Mapping
 
-from ..core.injection import GATE, GateRecord, gate_record
+from ..core.injection import GateRecord
 from ..core.model import PlacementRequest
 
 
@@ -52,31 +52,10 @@ class GatedGroup:
     hold: str
 
 
-def holds_our_gate(pod: Mapping) -> bool:
-    gates = (pod.get("spec") or {}).get("schedulingGates") or ()
-    return isinstance(gates, list) and any(isinstance(g, Mapping) and g.get("name") == GATE for g in gates)
-
-
-def gated(pod: Mapping, key: bytes) -> GateRecord | str | None:
-    """The sealed record of a pod our gate holds; why it is not believed (the releaser cannot
-    decide it: it stays gated, listed by `kubectl get pods` as SchedulingGated, and is reported);
-    None for any other pod."""
-    if not holds_our_gate(pod):
-        return None
-    meta = pod.get("metadata") or {}
-    if not isinstance(meta, Mapping) or not meta.get("name"):
-        return "it has no name"
-    annotations = meta.get("annotations") or {}
-    if not isinstance(annotations, Mapping):
-        return "its annotations are not a map"
-    return gate_record(annotations, str(meta.get("namespace") or ""), key)
-
-
 class GatedPods:
     """The gated pods the index has seen, by pod key and by workload."""
 
-    def __init__(self, seal_key: bytes) -> None:
-        self.seal_key = seal_key
+    def __init__(self) -> None:
         self.pods: dict[str, GatedPod] = {}
         self.by_reservation: dict[str, dict[str, GatedPod]] = {}
         # Pods our gate holds whose record is not believed: key -> (the pod, why). Never decided;
@@ -89,15 +68,15 @@ class GatedPods:
     def __len__(self) -> int:
         return len(self.pods)
 
-    def note(self, key: str, pod: Mapping | None, now: float) -> bool:
-        """Keep `pod` if our gate holds it (it keeps when it was first seen), else forget it.
-        Returns whether it is a gated pod not seen before (its workload may be whole now)."""
-        found = gated(pod, self.seal_key) if pod is not None else None
-        if isinstance(found, str) and pod is not None:
+    def note(self, key: str, found: GateRecord | str | None, pod: Mapping, now: float) -> bool:
+        """Keep `pod` if our gate holds it (`found`: its sealed record, or why that is not believed;
+        None: not gated); it keeps when it was first seen. Else forget it. Returns whether it is a
+        gated pod not seen before (its workload may be whole now)."""
+        if isinstance(found, str):
             self.forget(key)
             self.refused[key] = (pod, found)
             return False
-        if not isinstance(found, GateRecord) or pod is None:
+        if found is None:
             self.forget(key)
             return False
         reservation, request, path = found.reservation, found.request, found.path

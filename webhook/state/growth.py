@@ -1,4 +1,5 @@
-"""How the cluster can grow, from what autoscalers publish: API objects in, pools out. Pure.
+"""How the cluster can grow, from what autoscalers publish: their facts in (webhook/objects/
+autoscaler_objects.py reads them from the API's objects), pools out. Pure.
 
 Two kinds of pool, one model (`Pool`): what labels every node the pool adds will carry, which are
 known before the node exists, its GPUs per node, and how many more nodes or GPUs it may add.
@@ -22,14 +23,12 @@ its single zone, placement group, reservation, or any topology label a compact p
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
-import yaml
-
-from ..core.gpus import quantity_to_int
-from ..core.model import GPU_RESOURCE, PlacementRequest
+from ..core.model import PlacementRequest
 from ..settings.config import LABEL_VALUE_MAX, Config
 from ..settings.presets import HOSTNAME_LABEL
 from .filters import tolerates
@@ -62,15 +61,6 @@ _KARPENTER_WELL_KNOWN = frozenset((ZONE_LABEL, "topology.kubernetes.io/region", 
                                    "kubernetes.io/arch", "kubernetes.io/os", "karpenter.sh/capacity-type",
                                    "node.kubernetes.io/windows-build", "topology.k8s.aws/zone-id"))
 _KARPENTER_CATALOG_PREFIXES = ("karpenter.k8s.aws/instance-", "karpenter.azure.com/sku-", "eks.amazonaws.com/instance-")
-GPU_COUNT_LABELS = ("karpenter.k8s.aws/instance-gpu-count", "eks.amazonaws.com/instance-gpu-count",
-                    "karpenter.azure.com/sku-gpu-count")
-# GPUs of the EC2 GPU instance types a NodePool may name instead of a GPU count.
-INSTANCE_GPUS = {"p4d.24xlarge": 8, "p4de.24xlarge": 8, "p5.48xlarge": 8, "p5e.48xlarge": 8, "p5en.48xlarge": 8,
-                 "p6-b200.48xlarge": 8, "g6e.48xlarge": 8, "g5.48xlarge": 8}
-_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: a large status reads in a moment
-
-
 @dataclass(frozen=True)
 class Pool:
     """A set of nodes that can grow, and what the nodes it adds will carry."""
@@ -165,18 +155,18 @@ class Pool:
                 and (self.room_gpus is None or self.room_gpus >= nodes * self.gpus_per_node))
 
 
-def is_growth_object(obj: Mapping) -> bool:
-    """A Karpenter NodePool, or cluster-autoscaler's status ConfigMap."""
-    meta = obj.get("metadata") or {}
-    if obj.get("kind") == NODEPOOL_KIND:
-        return str(obj.get("apiVersion") or "").startswith(NODEPOOL_GROUP + "/")
-    return (obj.get("kind") == "ConfigMap" and meta.get("name") == CA_STATUS_NAME
-            and (meta.get("namespace") or CA_STATUS_NAMESPACE) == CA_STATUS_NAMESPACE)
+@dataclass(frozen=True, slots=True)
+class GrowthFact:
+    """An autoscaler's object, by its key: a NodePool's pool (None: it does not grow for pods), or
+    cluster-autoscaler's node groups; `gone` when it is deleted."""
+
+    key: str
+    facts: "Pool | NodeGroups | None"
+    gone: bool = False
 
 
-def object_key(obj: Mapping) -> str:
-    meta = obj.get("metadata") or {}
-    return f"{obj.get('kind')}/{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+# cluster-autoscaler's healthy node groups not backing off: (cloud group name, nodes it may still add)
+NodeGroups = tuple[tuple[str, int], ...]
 
 
 class GrowthState:
@@ -184,13 +174,15 @@ class GrowthState:
     feeds it; `pools()` is rebuilt only after something it reads has changed."""
 
     def __init__(self) -> None:
-        self.objects: dict[str, Mapping] = {}  # object_key -> NodePool or status ConfigMap
+        # by object key: a NodePool's pool (None: it does not grow for pods), or cluster-autoscaler's
+        # node groups
+        self.objects: dict[str, Pool | NodeGroups | None] = {}
         self.members: dict[tuple[str, str], set[str]] = {}  # (pool label, value) -> node names
         self._cached: tuple[Pool, ...] | None = None
         self._levels: tuple = ()  # the levels the cache was made for (`levels: auto` may change them)
 
-    def upsert(self, obj: Mapping) -> None:
-        self.objects[object_key(obj)] = obj
+    def put(self, key: str, facts: Pool | NodeGroups | None) -> None:
+        self.objects[key] = facts
         self._cached = None
 
     def forget(self, key: str) -> None:
@@ -220,25 +212,22 @@ class GrowthState:
         if self._cached is None or self._levels != config.levels:
             self._levels = config.levels
             found: list[Pool] = []
-            for obj in self.objects.values():
-                if obj.get("kind") == NODEPOOL_KIND:
-                    name = str((obj.get("metadata") or {}).get("name") or "")
-                    pool = nodepool(obj, self._nodes_of((NODEPOOL_LABEL, name), nodes))
-                    if pool is not None:
-                        found.append(pool)
-                else:
-                    found.extend(self._groups(obj, nodes, config))
+            for facts in self.objects.values():
+                if isinstance(facts, Pool):
+                    found.append(_with_members(facts, self._nodes_of(facts.identity, nodes)))
+                elif facts is not None:
+                    found.extend(self._groups(facts, nodes, config))
             self._cached = tuple(sorted(found, key=lambda p: (-p.weight, p.kind, p.name)))
         return self._cached
 
     def _nodes_of(self, member: tuple[str, str], nodes: Mapping[str, NodeState]) -> list[NodeState]:
         return [nodes[n] for n in sorted(self.members.get(member, ())) if n in nodes]
 
-    def _groups(self, status: Mapping, nodes: Mapping[str, NodeState], config: Config) -> list[Pool]:
+    def _groups(self, groups: NodeGroups, nodes: Mapping[str, NodeState], config: Config) -> list[Pool]:
         """Pools from cluster-autoscaler's node groups, each matched to the pool label value its
         cloud group's name holds (the longest, when several do); groups of one pool add up."""
         room: dict[tuple[str, str], int] = {}
-        for group, headroom in node_groups(status):
+        for group, headroom in groups:
             # the pools whose names the group's name holds, looked up by its parts: linear in the
             # status, where matching every group against every pool would be quadratic
             candidates = [(label, name) for name in _dash_runs(group) for label in GROUP_LABELS
@@ -263,31 +252,6 @@ def _dash_runs(group: str) -> Iterable[str]:
             yield run
             if end < len(parts):
                 run = f"{run}-{parts[end]}"
-
-
-def node_groups(status: Mapping) -> list[tuple[str, int]]:
-    """(group name, nodes it may still add) for each healthy node group not backing off, from
-    the status ConfigMap. The free-text status of cluster-autoscaler before 1.30 yields none."""
-    try:
-        parsed = yaml.load(str((status.get("data") or {}).get("status") or ""), Loader=_YAML_LOADER)
-    except (yaml.YAMLError, RecursionError):
-        return []
-    groups = parsed.get("nodeGroups") if isinstance(parsed, dict) else None
-    out = []
-    for group in groups if isinstance(groups, list) else ():
-        if not isinstance(group, dict):
-            continue
-        health, scale_up = _field(group, "health"), _field(group, "scaleUp")
-        if health.get("status", "Healthy") != "Healthy" or scale_up.get("status") == "Backoff":
-            continue
-        try:
-            headroom = int(health["maxSize"]) - int(health.get("cloudProviderTarget", 0))
-        except (KeyError, TypeError, ValueError):
-            continue
-        name = group.get("name") or ""
-        if isinstance(name, (str, int, float)):  # never str() of a structure: aliases could make it endless
-            out.append((str(name), headroom))
-    return out
 
 
 def node_group(member: tuple[str, str], sample: list[NodeState], headroom: int, config: Config) -> Pool:
@@ -315,91 +279,7 @@ def node_group(member: tuple[str, str], sample: list[NodeState], headroom: int, 
                 room_nodes=headroom, members=frozenset(n.name for n in sample))
 
 
-def nodepool(obj: Mapping, members: list[NodeState]) -> Pool | None:
-    """A Karpenter NodePool as a pool; None when it does not grow for pods (static, not Ready,
-    or no name)."""
-    meta, spec, status = _field(obj, "metadata"), _field(obj, "spec"), _field(obj, "status")
-    name = str(meta.get("name") or "")
-    if not name or spec.get("replicas") is not None:
-        return None
-    if any(isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "False"
-           for c in status.get("conditions") or ()):
-        return None
-    template = _field(spec, "template")
-    template_meta, template_spec = _field(template, "metadata"), _field(template, "spec")
-    fixed = {str(k): str(v) for k, v in (template_meta.get("labels") or {}).items()}
-    fixed[NODEPOOL_LABEL] = name
-    choices: dict[str, tuple[str, ...]] = {}
-    excluded: dict[str, frozenset[str]] = {}
-    unknown: set[str] = set()
-    absent: set[str] = set()
-    bounds: dict[str, list[tuple[str, int]]] = {}  # numeric bounds on a key, e.g. a GPU count
-    for req in template_spec.get("requirements") or ():
-        if not isinstance(req, dict) or not req.get("key"):
-            continue
-        key, op, values = str(req["key"]), req.get("operator"), tuple(str(v) for v in req.get("values") or ())
-        if op == "In" and key not in fixed:
-            allowed = tuple(sorted(set(values) & set(choices[key]))) if key in choices else tuple(sorted(set(values)))
-            if len(allowed) == 1:
-                fixed[key] = allowed[0]
-                choices.pop(key, None)
-            else:
-                choices[key] = allowed
-        elif op == "NotIn":
-            excluded[key] = excluded.get(key, frozenset()) | frozenset(values)
-        elif op == "DoesNotExist":
-            absent.add(key)
-        elif op in ("Exists", "Gt", "Lt", "Gte", "Lte"):
-            unknown.add(key)
-            if op != "Exists" and values and values[0].isdigit():
-                bounds.setdefault(key, []).append((str(op), int(values[0])))
-    taints = tuple((str(t.get("key", "")), str(t.get("value", "") or ""), str(t.get("effect", "")))
-                   for t in template_spec.get("taints") or () if isinstance(t, dict)
-                   and t.get("effect") in ("NoSchedule", "NoExecute"))
-    room_nodes, room_gpus = _room(_field(spec, "limits"), status)
-    try:
-        weight = int(spec.get("weight") or 0)
-    except (TypeError, ValueError):
-        weight = 0
-    return Pool(NODEPOOL_KIND, name, (NODEPOOL_LABEL, name), fixed, choices, frozenset(unknown),
-                excluded=excluded, absent=frozenset(absent), catalog_keys=True, taints=taints,
-                gpus_per_node=_gpus_per_node(fixed, choices, bounds, members), room_nodes=room_nodes,
-                room_gpus=room_gpus, weight=weight, members=frozenset(n.name for n in members))
-
-
-def _gpus_per_node(fixed: Mapping[str, str], choices: Mapping[str, tuple[str, ...]],
-                   bounds: Mapping[str, list[tuple[str, int]]], members: Iterable[NodeState]) -> int | None:
-    """The most GPUs a new node of the NodePool may have: its GPU-count requirement, else its
-    instance types, else the largest of its nodes there are; None when nothing says."""
-    for key in GPU_COUNT_LABELS:
-        counts = [fixed[key]] if key in fixed else list(choices.get(key, ()))
-        if any(c.isdigit() for c in counts):
-            return max(int(c) for c in counts if c.isdigit())
-        upper = [bound - (op == "Lt") for op, bound in bounds.get(key, ()) if op in ("Lt", "Lte")]
-        if upper:
-            return min(upper)
-    types = [fixed[_INSTANCE_TYPE]] if _INSTANCE_TYPE in fixed else list(choices.get(_INSTANCE_TYPE, ()))
-    if types and all(t in INSTANCE_GPUS for t in types):
-        return max(INSTANCE_GPUS[t] for t in types)
-    return max((n.gpus for n in members), default=None)
-
-
-def _field(obj: Mapping, key: str) -> Mapping[str, Any]:
-    """A mapping field of an API object; {} when it is missing or not a mapping (input we read
-    is never trusted to have its schema's shape)."""
-    value = obj.get(key)
-    return value if isinstance(value, dict) else {}
-
-
-def _room(limits: Mapping, status: Mapping) -> tuple[int | None, int | None]:
-    """(nodes, GPUs) a NodePool may still add under its limits; None where it sets none."""
-    used = _field(status, "resources")
-    out: list[int | None] = []
-    for resource, in_use in (("nodes", status.get("nodes", used.get("nodes", 0))),
-                             (GPU_RESOURCE, used.get(GPU_RESOURCE, 0))):
-        try:
-            out.append(None if resource not in limits else
-                       max(0, quantity_to_int(limits[resource]) - quantity_to_int(in_use or 0)))
-        except ValueError:
-            out.append(None)
-    return out[0], out[1]
+def _with_members(pool: Pool, members: list[NodeState]) -> Pool:
+    """A NodePool with its nodes there are; a GPU count nothing else says is the largest of theirs."""
+    gpus = pool.gpus_per_node if pool.gpus_per_node is not None else max((n.gpus for n in members), default=None)
+    return dataclasses.replace(pool, gpus_per_node=gpus, members=frozenset(n.name for n in members))

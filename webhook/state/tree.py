@@ -21,19 +21,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Iterator, Mapping
 
-from ..core.gpus import NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_nvlink_domains, quantity_to_int
-from ..core.model import GPU_RESOURCE, DomainRef, Interconnect, PlacementRequest
-from ..core.resources import node_allocatable
+from ..core.model import DomainRef, Interconnect, PlacementRequest
 from ..settings.config import Config, HardwareProfile
 from ..settings.presets import HOSTNAME_LABEL
 from .bestfit import FIT, OPEN, LevelOrders
-
-BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth"
-PRODUCT_LABEL = "nvidia.com/gpu.product"
-_BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
-# Taints the node lifecycle controller sets from conditions (not-ready, unreachable, pressure...):
-# they pass, so they make a node out of service for now, not a filter on who may use it.
-_LIFECYCLE_TAINT_PREFIX = "node.kubernetes.io/"
 
 
 _NO_CHILDREN: Mapping[str, "Domain | NodeState"] = MappingProxyType({})
@@ -232,44 +223,7 @@ class NodeState:
         return tuple(sorted(chosen))
 
 
-def _node_profile(labels: Mapping[str, str], config: Config) -> HardwareProfile:
-    return config.profile_for(labels.get(PRODUCT_LABEL, ""))
-
-
-def parse_node(node: Mapping, config: Config) -> NodeState:
-    """A NodeState from a Node object; malformed fields count as 'no GPUs', never as an error."""
-    meta = node.get("metadata") or {}
-    spec = node.get("spec") or {}
-    status = node.get("status") or {}
-    labels = dict(meta.get("labels") or {})
-    annotations = meta.get("annotations") or {}
-    try:
-        alloc = quantity_to_int((status.get("allocatable") or {}).get(GPU_RESOURCE, 0))
-    except ValueError:
-        alloc = 0
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
-    blocking = [(t.get("key", ""), t.get("value", "") or "", t.get("effect", ""))
-                for t in spec.get("taints") or () if t.get("effect") in _BLOCKING_EFFECTS]
-    lifecycle = sorted(t[0] for t in blocking if t[0].startswith(_LIFECYCLE_TAINT_PREFIX))
-    taints = tuple(t for t in blocking if not t[0].startswith(_LIFECYCLE_TAINT_PREFIX))
-    out = ("cordoned" if spec.get("unschedulable") else "NotReady" if not ready
-           else f"tainted {lifecycle[0]}" if lifecycle else "")
-    profile = _node_profile(labels, config)
-    try:
-        declared: tuple[tuple[int, ...], ...] | None = parse_nvlink_domains(annotations[NVLINK_DOMAINS_ANNOTATION])
-    except (KeyError, ValueError):
-        declared = None
-    try:
-        bandwidth = parse_bandwidth_gbps(labels[BANDWIDTH_LABEL])
-    except (KeyError, ValueError):
-        bandwidth = None
-    return NodeState(name=meta.get("name", ""), labels=labels, out=out, taints=taints, gpus=alloc,
-                     nvlink_domains=_nvlink_domains(declared, profile, alloc), profile=profile,
-                     bandwidth_gbps=bandwidth, other_allocatable=node_allocatable(status), plugin_gpus=alloc,
-                     declared_domains=declared)
-
-
-def _nvlink_domains(declared: tuple[tuple[int, ...], ...] | None, profile: HardwareProfile,
+def nvlink_domains(declared: tuple[tuple[int, ...], ...] | None, profile: HardwareProfile,
                     gpus: int) -> tuple[tuple[int, ...], ...]:
     """The annotation's domains, else the hardware profile's: GPUs in runs of its domain size."""
     if declared is not None:
@@ -282,7 +236,7 @@ def with_gpus(node: NodeState, gpus: int, devices: tuple[tuple[str, tuple[str, .
     """The node counted with `gpus` GPUs (its DRA devices, or back to its allocatable), unattached;
     what it runs and holds is the index's to carry over."""
     return dataclasses.replace(node, gpus=gpus, devices=devices, parent=None, claimed=set(),
-                               nvlink_domains=_nvlink_domains(node.declared_domains, node.profile, gpus))
+                               nvlink_domains=nvlink_domains(node.declared_domains, node.profile, gpus))
 
 
 def placement_fields(node: NodeState) -> tuple:

@@ -1,0 +1,25 @@
+"""Answers of a pure function remembered by a key that holds all it reads."""
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable, TypeVar
+
+T = TypeVar("T")
+
+
+class Memo:
+    """Reading and counting 1M pods asks the same few questions again and again (pods made from
+    one template, empty nodes of one kind), and answering afresh cost more than the rest. Forgotten
+    wholesale past `limit` keys, so that a cluster of ever-new questions holds no more than that."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._answers: dict[Hashable, Any] = {}
+
+    def get(self, key: Hashable, answer: Callable[[], T]) -> T:
+        found = self._answers.get(key)
+        if found is None:
+            found = answer()
+            if len(self._answers) >= self.limit:
+                self._answers.clear()
+            self._answers[key] = found
+        return found

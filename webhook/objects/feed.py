@@ -1,0 +1,236 @@
+"""The feed: Node and Pod objects, as the API returns them (from a watch, a list or
+`kubectl get -o yaml` files: one code path), read into the facts the cluster index applies, and
+the index built from such objects. DRA objects and PodGroups are read in dra_objects.py,
+autoscalers' objects in autoscaler_objects.py.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable, Mapping, Sequence
+
+from ..core.gpus import (NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_gpu_set, parse_nvlink_domains,
+                         pod_gpus, quantity_to_int)
+from ..core.injection import GATE, GPU_IDS, RESERVATION, WAITING_FOR, GateRecord, gate_record, parse_domain_path
+from ..core.memo import Memo
+from ..core.model import GPU_RESOURCE
+from ..core.resources import node_allocatable, pod_requests
+from ..settings.config import Config, HardwareProfile
+from ..settings.presets import HOSTNAME_LABEL
+from ..state.dra import DRA_KINDS, ClaimRefs
+from ..state.index import ClusterIndex, Fact, NodeGone
+from ..state.pods import PodFacts, PodGone
+from ..state.tree import NodeState, nvlink_domains
+from . import autoscaler_objects, dra_objects
+
+BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+_BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+# Taints the node lifecycle controller sets from conditions (not-ready, unreachable, pressure...):
+# they pass, so they make a node out of service for now, not a filter on who may use it.
+_LIFECYCLE_TAINT_PREFIX = "node.kubernetes.io/"
+_FINISHED_PHASES = ("Succeeded", "Failed")
+# From files, what a kind's count depends on is read before it: slices before the nodes they
+# name, claims and templates before the pods that use them; autoscalers' pools with the Nodes.
+_FEED_ORDER = {"DeviceClass": 0, "ResourceSlice": 1, "Node": 2, "ResourceClaimTemplate": 3, "ResourceClaim": 3,
+               "PodGroup": 3, "ComputeDomain": 3, "Pod": 4}
+
+
+def index_of(config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = (),
+             clock: Callable[[], float] = time.monotonic) -> ClusterIndex:
+    """The index of these objects: Nodes and Pods, and any of the DRA kinds (dra.DRA_KINDS) and
+    autoscalers' objects mixed in, as `kubectl get nodes,pods,resourceslices -o yaml` prints them."""
+    objects = sorted([*nodes, *pods], key=lambda obj: _FEED_ORDER.get(str(obj.get("kind", "Node")), 2))
+    width = max([8] + [parse_node(n, config).gpus for n in objects if n.get("kind", "Node") == "Node"])
+    index = ClusterIndex(config, width, clock)
+    for obj in objects:
+        upsert(index, obj)
+    return index
+
+
+def upsert(index: ClusterIndex, obj: Mapping, kind: str | None = None) -> None:
+    """An object of any kind the index reads, added or changed. List items carry no kind, so a
+    list names it (`kind`); otherwise the object's own, and a Node when it names none."""
+    fact = fact_of(obj, index.config, kind)
+    if fact is not None:
+        index.apply(fact)
+
+
+def delete(index: ClusterIndex, obj: Mapping, kind: str | None = None) -> None:
+    """An object of any kind the index reads is gone (only its metadata is read)."""
+    fact = gone_of(obj, kind)
+    if fact is not None:
+        index.apply(fact)
+
+
+def fact_of(obj: Mapping, config: Config, kind: str | None = None) -> Fact | None:
+    """What the index reads of an object; None for a kind it does not read."""
+    kind = kind or str(obj.get("kind", "Node"))
+    if kind == "Pod":
+        return pod_facts(obj, config.seal_key)
+    if kind == "Node":
+        return parse_node(obj, config)
+    if kind in DRA_KINDS:
+        return dra_objects.dra_fact(kind, obj)
+    return autoscaler_objects.growth_fact(obj, kind)
+
+
+def gone_of(obj: Mapping, kind: str | None = None) -> Fact | None:
+    """The deletion of an object; None for a kind the index does not read."""
+    kind = kind or str(obj.get("kind", "Node"))
+    if kind == "Pod":
+        return pod_gone(obj)
+    if kind == "Node":
+        return NodeGone(str((obj.get("metadata") or {}).get("name", "")))
+    if kind in DRA_KINDS:
+        return dra_objects.dra_gone(kind, obj)
+    return autoscaler_objects.growth_gone(obj, kind)
+
+
+# ----- Nodes -----------------------------------------------------------------------------------
+
+def _node_profile(labels: Mapping[str, str], config: Config) -> HardwareProfile:
+    return config.profile_for(labels.get(PRODUCT_LABEL, ""))
+
+
+def parse_node(node: Mapping, config: Config) -> NodeState:
+    """A NodeState from a Node object; malformed fields count as 'no GPUs', never as an error."""
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    labels = dict(meta.get("labels") or {})
+    annotations = meta.get("annotations") or {}
+    try:
+        alloc = quantity_to_int((status.get("allocatable") or {}).get(GPU_RESOURCE, 0))
+    except ValueError:
+        alloc = 0
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
+    blocking = [(t.get("key", ""), t.get("value", "") or "", t.get("effect", ""))
+                for t in spec.get("taints") or () if t.get("effect") in _BLOCKING_EFFECTS]
+    lifecycle = sorted(t[0] for t in blocking if t[0].startswith(_LIFECYCLE_TAINT_PREFIX))
+    taints = tuple(t for t in blocking if not t[0].startswith(_LIFECYCLE_TAINT_PREFIX))
+    out = ("cordoned" if spec.get("unschedulable") else "NotReady" if not ready
+           else f"tainted {lifecycle[0]}" if lifecycle else "")
+    profile = _node_profile(labels, config)
+    try:
+        declared: tuple[tuple[int, ...], ...] | None = parse_nvlink_domains(annotations[NVLINK_DOMAINS_ANNOTATION])
+    except (KeyError, ValueError):
+        declared = None
+    try:
+        bandwidth = parse_bandwidth_gbps(labels[BANDWIDTH_LABEL])
+    except (KeyError, ValueError):
+        bandwidth = None
+    return NodeState(name=meta.get("name", ""), labels=labels, out=out, taints=taints, gpus=alloc,
+                     nvlink_domains=nvlink_domains(declared, profile, alloc), profile=profile,
+                     bandwidth_gbps=bandwidth, other_allocatable=node_allocatable(status), plugin_gpus=alloc,
+                     declared_domains=declared)
+
+
+# ----- Pods ------------------------------------------------------------------------------------
+
+def pod_key(pod: Mapping) -> str:
+    meta = pod.get("metadata") or {}
+    return meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+_gpus_by_shape = Memo()
+_requests_by_shape = Memo()
+
+
+def demand_shape(spec: Mapping) -> str:
+    """All that a pod's demand (gpus.pod_gpus, resources.pod_requests) reads of its spec: every
+    container's resources, then, where the spec has either, each init container's with its
+    restartPolicy and the overhead, as text (repr tells JSON values apart, and a list's repr
+    ends where it ends). Pods made from one template share it."""
+    shape = repr([container.get("resources") for container in spec.get("containers") or ()])
+    if "initContainers" in spec or "overhead" in spec:
+        shape += repr(([(init.get("resources"), init.get("restartPolicy")) for init in spec.get("initContainers") or ()],
+                       spec.get("overhead")))
+    return shape
+
+
+def _gpus_asked(spec: Mapping) -> int:
+    try:
+        return pod_gpus(spec)
+    except ValueError:
+        return 0
+
+
+def pod_facts(pod: Mapping, seal_key: bytes) -> PodFacts:
+    """What the index reads of a Pod; what only a pending pod carries is read only for one."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    node_name = spec.get("nodeName") or None
+    finished = status.get("phase") in _FINISHED_PHASES
+    shape = demand_shape(spec)
+    gpus = _gpus_by_shape.get(shape, lambda: _gpus_asked(spec))
+    pending = not node_name and not finished
+    reservation = annotations.get(RESERVATION)
+    return PodFacts(
+        key=pod_key(pod), namespace=str(meta.get("namespace") or ""), node_name=node_name, finished=finished,
+        terminating=bool(meta.get("deletionTimestamp")), gpus=gpus,
+        # covered_by_claim reads only this field, which most pods lack: looked at first, it spares
+        # them the call (its type checks cost more than the rest of this line)
+        covered_by_claim=bool(status.get("extendedResourceClaimStatus")) and dra_objects.covered_by_claim(pod),
+        requests=() if not node_name or finished else _requests_by_shape.get(shape, lambda: tuple(sorted(pod_requests(spec).items()))),
+        reservation=str(reservation) if reservation else None, gpu_ids=annotations.get(GPU_IDS),
+        waiting_for=parse_domain_path(annotations.get(WAITING_FOR)) if pending else None,
+        held=pending_hold(annotations, spec, gpus) if pending else None,
+        gate=gated(pod, seal_key) if pending else None,
+        claims=dra_objects.claim_refs(spec) if spec.get("resourceClaims") else _NO_CLAIMS, obj=pod)
+
+
+_NO_CLAIMS = ClaimRefs()
+
+
+def pod_gone(pod: Mapping) -> PodGone:
+    meta = pod.get("metadata") or {}
+    return PodGone(pod_key(pod), str(meta.get("namespace") or ""),
+                   str((meta.get("annotations") or {}).get(RESERVATION) or ""))
+
+
+def pending_hold(annotations: Mapping, spec: Mapping, gpus: int) -> tuple[str, str, tuple[int, ...]] | None:
+    """(reservation key, node, GPU set) an unbound pod holds: one carrying our reservation key and
+    the GPU set we chose, with node affinity naming one node (a single-pod placement). A pod
+    pinned to a domain of several nodes names no node: its workload's hold covers it."""
+    reservation, hinted = annotations.get(RESERVATION), annotations.get(GPU_IDS)
+    if not reservation or not hinted or gpus <= 0:
+        return None
+    try:
+        held = parse_gpu_set(str(hinted))
+    except ValueError:
+        return None
+    affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms")
+    preferred = affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ()
+    terms = [*(required or ()), *(p.get("preference") for p in preferred)]
+    named: set[str] = set()
+    for term in terms:
+        for expr in (term or {}).get("matchExpressions") or ():
+            values: Sequence = expr.get("values") or ()
+            if expr.get("key") == HOSTNAME_LABEL and expr.get("operator") == "In" and len(values) == 1:
+                named.add(str(values[0]))
+    if len(named) != 1 or len(held) != gpus:
+        return None
+    return str(reservation), named.pop(), held
+
+
+def holds_our_gate(pod: Mapping) -> bool:
+    gates = (pod.get("spec") or {}).get("schedulingGates") or ()
+    return isinstance(gates, list) and any(isinstance(g, Mapping) and g.get("name") == GATE for g in gates)
+
+
+def gated(pod: Mapping, key: bytes) -> GateRecord | str | None:
+    """The sealed record of a pod our gate holds; why it is not believed (the releaser cannot
+    decide it: it stays gated, listed by `kubectl get pods` as SchedulingGated, and is reported);
+    None for any other pod."""
+    if not holds_our_gate(pod):
+        return None
+    meta = pod.get("metadata") or {}
+    if not isinstance(meta, Mapping) or not meta.get("name"):
+        return "it has no name"
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, Mapping):
+        return "its annotations are not a map"
+    return gate_record(annotations, str(meta.get("namespace") or ""), key)

@@ -1,0 +1,37 @@
+"""What the cluster's GPUs are doing, in figures: the gauges of serving/metrics.py and the topology page."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..settings.config import Config
+from .tree import TopologyTree
+
+
+@dataclass(frozen=True)
+class ClusterStats:
+    gpus_total: int
+    gpus_used: int
+    gpus_reserved: int
+    allocation_ratio: float
+    fragmentation_ratio: float  # free GPUs stranded on partly used nodes / all free GPUs
+    domain_utilization: tuple[tuple[str, str, float], ...]  # (level name, domain, used share)
+    levels: tuple[str, ...] = ()  # the level label keys in use, widest first
+    preset: str = "configured"  # the preset `levels: auto` chose, or "configured"
+
+
+def cluster_stats(tree: TopologyTree, config: Config, preset: str | None) -> ClusterStats:
+    total = tree.root.alloc_gpus
+    free = tree.root.free_gpus
+    reserved = sum(n.held_gpus for n in tree.nodes.values() if n.eligible)
+    stranded = sum(n.free for n in tree.nodes.values() if 0 < n.free < n.gpus)
+    # Domains of several nodes only: a level whose domains are single hosts (GKE's host level,
+    # nodes missing a label) would give a series per node, without bound.
+    utilization = tuple(
+        (config.levels[d.ref.level].name, d.ref.name, round(1 - d.free_gpus / d.alloc_gpus, 6) if d.alloc_gpus else 0.0)
+        for level in tree.levels for d in sorted(level.values(), key=lambda d: d.ref.path) if d.nodes > 1)
+    return ClusterStats(
+        gpus_total=total, gpus_used=total - free - reserved, gpus_reserved=reserved,
+        allocation_ratio=(total - free) / total if total else 0.0,
+        fragmentation_ratio=stranded / free if free else 0.0,
+        domain_utilization=utilization, levels=tuple(lv.label for lv in config.levels),
+        preset=preset or "configured")
