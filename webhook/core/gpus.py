@@ -69,6 +69,29 @@ def format_nvlink_domains(domains: Iterable[Iterable[int]]) -> str:
     return ",".join(format_gpu_set(d) for d in sets)
 
 
+def nvlink_groups(domains: tuple[tuple[int, ...], ...], gpus: int) -> list[tuple[int, ...]]:
+    """Every GPU index of a node of `gpus` in exactly one group: its NVLink domains plus
+    singletons for the rest."""
+    listed = {i for d in domains for i in d}
+    return list(domains) + [(i,) for i in range(gpus) if i not in listed]
+
+
+def pick_aligned(domains: tuple[tuple[int, ...], ...], gpus: int, count: int, taken: set[int]) -> tuple[int, ...]:
+    """`count` GPUs NVLink-aligned among those not `taken`: the smallest group that holds them
+    (best fit), else the fullest groups first, so a pod spans as few NVLink domains as possible."""
+    groups = [[i for i in g if i not in taken and i < gpus] for g in nvlink_groups(domains, gpus)]
+    groups = [g for g in groups if g]
+    fitting = [g for g in groups if len(g) >= count]
+    if fitting:
+        return tuple(min(fitting, key=lambda g: (len(g), g[0]))[:count])
+    chosen: list[int] = []
+    for group in sorted(groups, key=lambda g: (-len(g), g[0])):
+        chosen.extend(group[: count - len(chosen)])
+        if len(chosen) == count:
+            break
+    return tuple(sorted(chosen))
+
+
 def quantity_to_int(value: object) -> int:
     """An integer resource quantity (`"8"`, `8`); extended resources cannot be fractional."""
     if isinstance(value, bool):

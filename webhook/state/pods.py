@@ -76,6 +76,7 @@ class PodCounts:
     def __init__(self, nodes: Nodes) -> None:
         self.nodes = nodes
         self.orphans: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {}  # pods bound to unknown nodes
+        self.orphans_ending: dict[str, set[str]] = {}  # those of them being deleted
         self.on_node: dict[str, str] = {}  # pod key -> node name its GPUs are counted on
         self.usage = ResourceUsage()  # bound pods' requests of every resource but GPUs
         self.holders: dict[str, set[str]] = {}  # reservation key -> bound pods carrying it
@@ -123,6 +124,8 @@ class PodCounts:
                 self.holders.setdefault(reservation, set()).add(key)
         if node is None:
             self.orphans.setdefault(node_name, {})[key] = (gpus, ())
+            if pod.terminating:
+                self.orphans_ending.setdefault(node_name, set()).add(key)
             return
         self._bind(node, key, gpus, pod.gpu_ids)
         self.nodes.changed(node)
@@ -142,13 +145,16 @@ class PodCounts:
             self.nodes.release(pod.reservation)
 
     def adopt(self, node: NodeState) -> None:
-        """A node seen for the first time takes the pods already bound to it."""
+        """A node seen (again) takes the pods already bound to it, those being deleted too."""
         node.pods = self.orphans.pop(node.name, {})
+        node.terminating = self.orphans_ending.pop(node.name, set())
 
     def orphan(self, node: NodeState) -> None:
         """A deleted node's pods may still be deleted later: kept until then."""
         if node.pods:
             self.orphans[node.name] = node.pods
+        if node.terminating:
+            self.orphans_ending[node.name] = node.terminating
 
     def counted(self) -> set[str]:
         """Keys of every pod counted (a relist forgets the others)."""
@@ -242,4 +248,8 @@ class PodCounts:
             orphans.pop(key, None)
             if not orphans:
                 self.orphans.pop(node_name, None)
+            ending = self.orphans_ending.get(node_name, set())
+            ending.discard(key)
+            if not ending:
+                self.orphans_ending.pop(node_name, None)
 

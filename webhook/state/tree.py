@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Iterator, Mapping
 
+from ..core.gpus import nvlink_groups, pick_aligned
 from ..core.model import DomainRef, Interconnect, PlacementRequest
 from ..settings.config import Config, HardwareProfile
 from ..settings.presets import HOSTNAME_LABEL
@@ -197,9 +198,7 @@ class NodeState:
         return taken
 
     def nvlink_groups(self) -> list[tuple[int, ...]]:
-        """Every GPU index in exactly one group: the NVLink domains plus singletons for the rest."""
-        listed = {i for d in self.nvlink_domains for i in d}
-        return list(self.nvlink_domains) + [(i,) for i in range(self.gpus) if i not in listed]
+        return nvlink_groups(self.nvlink_domains, self.gpus)
 
     def link_for(self, ids: tuple[int, ...]) -> Interconnect:
         """The slowest link between a pod's GPUs here: NVLINK when one NVLink domain holds them all."""
@@ -208,19 +207,7 @@ class NodeState:
         return Interconnect.PCIE
 
     def pick_gpus(self, count: int, taken: set[int]) -> tuple[int, ...]:
-        """An NVLink-aligned set: the smallest group that holds `count` (best fit), else the
-        fullest groups first, so a pod spans as few NVLink domains as possible."""
-        groups = [[i for i in g if i not in taken and i < self.gpus] for g in self.nvlink_groups()]
-        groups = [g for g in groups if g]
-        fitting = [g for g in groups if len(g) >= count]
-        if fitting:
-            return tuple(min(fitting, key=lambda g: (len(g), g[0]))[:count])
-        chosen: list[int] = []
-        for group in sorted(groups, key=lambda g: (-len(g), g[0])):
-            chosen.extend(group[: count - len(chosen)])
-            if len(chosen) == count:
-                break
-        return tuple(sorted(chosen))
+        return pick_aligned(self.nvlink_domains, self.gpus, count, taken)
 
 
 def nvlink_domains(declared: tuple[tuple[int, ...], ...] | None, profile: HardwareProfile,
