@@ -19,7 +19,7 @@ import pytest
 import yaml
 from conftest import eventually
 from kubernetes import client as k8s_client
-from test_chart import VALUE_SETS, rendered
+from tests.artifacts.test_chart import VALUE_SETS, rendered
 
 from webhook.objects.kinds import KINDS
 from webhook.objects.workload import pod_templates

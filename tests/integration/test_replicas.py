@@ -14,7 +14,7 @@ import pytest
 from conftest import (LABELS, LEAF, RunningServer, eventually, patched_object, review_of, start_server, stop_server,
                       write_kubeconfig)
 from tests.fixtures.builders import gpu_job
-from test_admission import deletion
+from tests.fixtures.shared import deletion
 
 from webhook.kube.shared_claims import CLAIMS_ANNOTATION, LEASE_NAME
 from webhook.kube.demo import make_node
