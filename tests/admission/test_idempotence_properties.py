@@ -10,6 +10,7 @@ import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.fixtures.builders import subject_of
 from tests.fixtures.shared import LABELS, allowed_nodes
 from webhook import admission
 from webhook.objects import mutation
@@ -86,6 +87,6 @@ def test_the_second_application_is_a_no_op_and_never_widens_where_the_pod_may_ru
         return
     mutated = jsonpatch.apply_patch(pod, wire_patch(response))
     assert allowed_nodes(mutated) <= allowed_nodes(pod)
-    assert mutation.without_injection(mutated, "Pod") == pod  # what we added comes off exactly
+    assert mutation.without_injection(subject_of(mutated)).obj == pod  # what we added comes off exactly
     second = admission.review(make_review(mutated, uid=str(uuid.uuid4())), index, CONFIG)
     assert second.review["response"]["allowed"] and wire_patch(second.review["response"]) == []

@@ -19,7 +19,7 @@ from webhook.kube.demo import demo_cluster
 from webhook.kube.scaleups import ApiScaleUps
 from webhook.objects import provisioning
 from webhook.admission import make_review, review
-from webhook.objects.workload import pod_template
+from webhook.objects.templates import pod_template
 
 ATOMIC = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 CONFIG = Config(provisioning_request_class=ATOMIC)

@@ -21,7 +21,7 @@ from webhook.cli import file_index, main
 from webhook.settings.config import Config
 from webhook.settings.presets import PRESETS
 from webhook.state.dra import DRA_KINDS
-from webhook.objects.workload import pod_templates
+from webhook.objects.templates import pod_templates
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRDS = pathlib.Path(__file__).parents[1] / "fixtures" / "crds"

@@ -22,7 +22,7 @@ from kubernetes import client as k8s_client
 from tests.artifacts.test_chart import VALUE_SETS, rendered
 
 from webhook.objects.kinds import KINDS
-from webhook.objects.workload import pod_templates
+from webhook.objects.templates import pod_templates
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRDS = ROOT / "tests" / "fixtures" / "crds"

@@ -17,7 +17,7 @@ from webhook.settings.config import Config
 from webhook.core.injection import GATE, GATED_REQUEST, PLACEMENT, WAITING_FOR
 from webhook.kube.demo import make_node, make_pod
 from webhook import admission
-from webhook.objects.workload import pod_template
+from webhook.objects.templates import pod_template
 
 GATED = Config(gate_waits=True)
 ZONE, SPINE = "topology.kubernetes.io/zone", "topology.scheduler/spine"

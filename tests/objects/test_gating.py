@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.fixtures.builders import PIN, USER_TERM, decision, deep, request, template_of, valid, workload
+from tests.fixtures.builders import PIN, USER_TERM, decision, deep, request, subject_of, template_of, valid, workload
 from webhook.core import injection
 from webhook.settings.config import Config
 from webhook.placement import enforce
@@ -66,7 +66,7 @@ def test_a_placement_after_a_gated_wait_removes_only_our_gate():
     placed = valid(mutation.mutate(gated, "Job", decision(request(pods=2)), GATED))
     assert spec_of(placed)["schedulingGates"] == [user_gate]
     assert injection.GATED_REQUEST not in annotations(placed) and injection.WAITING_FOR not in annotations(placed)
-    assert mutation.without_injection(gated, "Job") == workload("Job", spec={"schedulingGates": [user_gate]})
+    assert mutation.without_injection(subject_of(gated)).obj == workload("Job", spec={"schedulingGates": [user_gate]})
 
 
 def test_a_gate_of_our_name_that_we_did_not_add_is_left_alone():
@@ -95,7 +95,7 @@ def test_released_narrows_the_affinity_writes_the_gpus_and_lifts_only_our_gate()
     assert injection.WAITING_FOR not in meta and injection.GATED_REQUEST not in meta
     assert meta[injection.RESERVATION] == "ml/Job/train" and meta[injection.PLACEMENT].startswith("balanced in leaf")
     assert injection.recorded(out).required == ((PIN,),) and not injection.recorded(out).gated
-    assert mutation.without_injection(out, "Pod")["spec"]["schedulingGates"] == [user_gate]
+    assert mutation.without_injection(subject_of(out)).obj["spec"]["schedulingGates"] == [user_gate]
 
 
 def test_a_request_survives_its_annotation_and_a_foreign_one_reads_as_none():

@@ -4,13 +4,13 @@ import json
 import pytest
 
 from tests.fixtures.builders import (DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep, request,
-                                     template_of, valid, workload)
+                                     subject_of, template_of, valid, workload)
 from webhook.core import injection
 from webhook.placement import enforce
 from webhook.objects import mutation
 from webhook.settings.config import Config
 from webhook.core.model import Interconnect, Outcome, Strategy
-from webhook.objects.workload import pod_template
+from webhook.objects.templates import pod_template
 
 CONFIG = Config()
 
@@ -235,14 +235,14 @@ def test_a_new_decision_replaces_ours_and_keeps_the_users(first, second):
 def test_without_injection_gives_back_what_the_user_wrote(make, name):
     original = make()
     placed = mutation.mutate(original, "Job", DECISIONS[name], CONFIG, "k")
-    assert mutation.without_injection(placed, "Job") == original
+    assert mutation.without_injection(subject_of(placed)).obj == original
 
 
 def test_the_input_is_never_changed():
     original = rich_job()
     kept = deep(original)
     mutation.mutate(original, "Job", DECISIONS["distributed"], CONFIG, "k")
-    mutation.without_injection(original, "Job")
+    mutation.without_injection(subject_of(original))
     assert original == kept
 
 
@@ -300,7 +300,7 @@ def test_a_users_expression_identical_to_ours_in_another_term_stays_theirs():
     placed = mutation.mutate(original, "Job", decision(), CONFIG, "k")
     assert required_of(placed) == [{"matchExpressions": [USER_TERM, PIN]}, {"matchExpressions": [PIN]}]
     assert mutation.mutate(placed, "Job", decision(), CONFIG, "k") == placed
-    assert required_of(mutation.without_injection(placed, "Job")) == terms
+    assert required_of(mutation.without_injection(subject_of(placed)).obj) == terms
 
 
 def test_an_empty_term_matches_no_node_and_is_left_empty():

@@ -1,9 +1,8 @@
 import pytest
 
-from tests.fixtures.builders import API_VERSIONS, container, template_of, workload
+from tests.fixtures.builders import container, subject_of, workload
 from webhook.objects import workload as wl
 from webhook.objects.user_annotations import InvalidAnnotation, InvalidWorkload
-from webhook.settings.config import Config
 from webhook.core.model import Strategy
 
 GPU_COUNT = "topology.scheduler/gpu-count"
@@ -25,7 +24,7 @@ GPU_COUNT = "topology.scheduler/gpu-count"
 def test_size_rule(kind, replicas, per_pod, gpu_count, pods, gpus, warning):
     obj = workload(kind, gpus=per_pod, replicas=replicas,
                    annotations={GPU_COUNT: gpu_count} if gpu_count else {"topology.scheduler/placement-strategy": "balanced"})
-    read = wl.read(kind, obj, "ml")
+    read = wl.read(subject_of(obj))
     assert (read.request.pods, read.request.gpus_per_pod) == (pods, gpus)
     if warning is None:
         assert read.warnings == ()
@@ -36,23 +35,23 @@ def test_size_rule(kind, replicas, per_pod, gpu_count, pods, gpus, warning):
 def test_job_completions_cap_the_pods_running_at_once():
     obj = workload("Job", replicas=4, gpus=2)
     obj["spec"]["completions"] = 1
-    assert wl.read("Job", obj, "ml").request.pods == 1
+    assert wl.read(subject_of(obj)).request.pods == 1
 
 
 def test_a_null_count_takes_the_default():
     obj = workload("Deployment", gpus=2)
     obj["spec"]["replicas"] = None
-    assert wl.read("Deployment", obj, "ml").request.pods == 1
+    assert wl.read(subject_of(obj)).request.pods == 1
 
 
 @pytest.mark.parametrize("kind, replicas", [("Deployment", 0), ("Job", 0)], ids=["deployment scaled to 0", "job 0"])
 def test_nothing_runs_nothing_to_place(kind, replicas):
-    assert wl.read(kind, workload(kind, replicas=replicas), "ml").request is None
+    assert wl.read(subject_of(workload(kind, replicas=replicas))).request is None
 
 
 def test_no_gpus_anywhere_means_nothing_to_place():
     obj = workload("Job", gpus=0, spec={"schedulerName": "topology-aware-scheduler"})
-    assert wl.read("Job", obj, "ml").request is None
+    assert wl.read(subject_of(obj)).request is None
 
 
 @pytest.mark.parametrize("key, value, allowed", [
@@ -72,7 +71,7 @@ def test_no_gpus_anywhere_means_nothing_to_place():
 ])
 def test_invalid_annotation_names_object_annotation_value_and_allowed(key, value, allowed):
     with pytest.raises(InvalidAnnotation) as err:
-        wl.read("Job", workload("Job", annotations={key: value}), "ml")
+        wl.read(subject_of(workload("Job", annotations={key: value})))
     message = str(err.value)
     assert message.startswith("Job ml/train: ") and key in message and f'"{value}"' in message
     assert "allowed: " in message and allowed in message and "\n" not in message
@@ -80,7 +79,7 @@ def test_invalid_annotation_names_object_annotation_value_and_allowed(key, value
 
 def test_gpu_count_that_does_not_divide_over_replicas_without_limits_is_denied():
     with pytest.raises(InvalidAnnotation, match="does not divide over 4 pods; allowed: a multiple of 4"):
-        wl.read("Deployment", workload("Deployment", gpus=0, replicas=4, annotations={GPU_COUNT: "10"}), "ml")
+        wl.read(subject_of(workload("Deployment", gpus=0, replicas=4, annotations={GPU_COUNT: "10"})))
 
 
 @pytest.mark.parametrize("obj, fragment", [
@@ -92,7 +91,7 @@ def test_gpu_count_that_does_not_divide_over_replicas_without_limits_is_denied()
 ])
 def test_invalid_workload_is_a_clear_error(obj, fragment):
     with pytest.raises(InvalidWorkload, match=fragment):
-        wl.read("Job", obj, "ml")
+        wl.read(subject_of(obj))
 
 
 def test_annotations_come_from_object_and_template_and_the_object_wins():
@@ -102,7 +101,7 @@ def test_annotations_come_from_object_and_template_and_the_object_wins():
                                          "topology.scheduler/latency-sensitive": "TRUE",
                                          "topology.scheduler/network-bandwidth": "200Gb",
                                          "topology.scheduler/preferred-domain": "spine=spine-1"})
-    request = wl.read("Job", obj, "ml").request
+    request = wl.read(subject_of(obj)).request
     assert request.strategy is Strategy.DISTRIBUTED
     assert request.latency_sensitive is True
     assert request.min_bandwidth_gbps == 200.0
@@ -111,7 +110,7 @@ def test_annotations_come_from_object_and_template_and_the_object_wins():
 
 
 def test_defaults_are_balanced_and_not_latency_sensitive():
-    request = wl.read("Pod", workload("Pod", annotations={GPU_COUNT: "8"}), "ml").request
+    request = wl.read(subject_of(workload("Pod", annotations={GPU_COUNT: "8"}))).request
     assert (request.strategy, request.latency_sensitive, request.preferred_domain, request.min_bandwidth_gbps) == (
         Strategy.BALANCED, False, None, None)
 
@@ -122,7 +121,7 @@ def test_node_constraints_of_the_template_are_copied():
     obj = workload("Deployment", annotations={GPU_COUNT: "8"}, spec={
         "nodeSelector": {"pool": "train"}, "tolerations": tolerations,
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}})
-    request = wl.read("Deployment", obj, "ml").request
+    request = wl.read(subject_of(obj)).request
     assert request.node_selector == {"pool": "train"}
     assert list(request.required_node_terms) == terms
     assert list(request.tolerations) == tolerations
@@ -132,100 +131,18 @@ def test_sidecar_and_init_gpus_count_as_the_scheduler_counts_them():
     obj = workload("Pod", annotations={"topology.scheduler/placement-strategy": "balanced"}, spec={
         "initContainers": [container("setup", gpus=8), container("sidecar", gpus=1, restartPolicy="Always")]},
         containers=[container("main", gpus=2)])
-    assert wl.read("Pod", obj, "ml").request.gpus_per_pod == 8  # max(2 + 1 sidecar, 8 init)
-
-
-@pytest.mark.parametrize("obj, ours", [
-    pytest.param(workload("Job", annotations={GPU_COUNT: "8"}), True, id="annotation on the object"),
-    pytest.param(workload("Job", template_annotations={"topology.scheduler/latency-sensitive": "true"}), True,
-                 id="annotation on the template"),
-    pytest.param(workload("Deployment", spec={"schedulerName": "topology-aware-scheduler"}), True,
-                 id="our scheduler name"),
-    pytest.param(workload("Job", spec={"schedulerName": "kai-scheduler"}), False, id="another scheduler"),
-    pytest.param(workload("Job", annotations={"scheduling.run.ai/topology-policy": "x"}), False,
-                 id="someone else's annotations"),
-    pytest.param({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
-        "annotations": {GPU_COUNT: "8"}}}, False, id="a kind we do not place"),
-])
-def test_is_ours(obj, ours):
-    assert wl.is_ours(obj["kind"], obj, Config()) is ours
-
-
-def test_scheduler_names_are_configurable():
-    obj = workload("Job", spec={"schedulerName": "gpu-sched"})
-    assert wl.is_ours("Job", obj, Config(scheduler_names=("gpu-sched",)))
-    assert not wl.is_ours("Job", obj, Config())
-
-
-@pytest.mark.parametrize("kind", list(API_VERSIONS))
-def test_pod_template_is_the_template_inside_each_kind(kind):
-    obj = workload(kind)
-    assert wl.pod_template(kind, obj) is template_of(obj)
-
-
-def test_controller_owned_needs_a_controller_reference():
-    pod = workload("Pod", name=None)
-    pod["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "u",
-                                           "controller": True}]
-    assert wl.controller_owned(pod)
-    pod["metadata"]["ownerReferences"][0]["controller"] = False
-    assert not wl.controller_owned(pod)
-
-
-def test_display_name_uses_generate_name():
-    pod = workload("Pod", name=None)
-    pod["metadata"]["generateName"] = "train-"
-    assert wl.display_name("Pod", pod, "ml") == "Pod ml/train-"
-
-
-@pytest.mark.parametrize("group, kind, supported", [
-    ("", "Pod", True), ("batch", "Job", True), ("batch", "CronJob", True), ("apps", "Deployment", True),
-    ("apps", "StatefulSet", True), ("apps", "ReplicaSet", True), ("example.com", "Job", False), ("", "Node", False),
-])
-def test_supports_kind_by_group(group, kind, supported):
-    assert wl.supports(group, kind) is supported
-
-
-@pytest.mark.parametrize("kind, path, value, message", [
-    pytest.param("Job", ("spec", "template", "spec", "containers"), "trainer",
-                 'spec.template.spec.containers is "trainer"; expected a list', id="containers not a list"),
-    pytest.param("Job", ("spec", "template", "spec", "containers", 0, "env"), {"A": "b"},
-                 "spec.template.spec.containers[0].env is a dict; expected a list", id="env as a mapping"),
-    pytest.param("Pod", ("spec", "containers", 0, "name"), False,
-                 "spec.containers[0].name is false; expected a non-empty string", id="container name not a string"),
-    pytest.param("Pod", ("spec", "containers", 0, "name"), None,
-                 "spec.containers[0].name is null; expected a non-empty string", id="container name null"),
-    pytest.param("Job", ("spec", "template", "spec", "initContainers"), [{"image": "x"}],
-                 "spec.template.spec.initContainers[0].name is null; expected a non-empty string",
-                 id="container without a name"),
-    pytest.param("Pod", ("metadata", "annotations", GPU_COUNT), 8,
-                 f"metadata.annotations.{GPU_COUNT} is 8; expected a string", id="unquoted annotation value"),
-    pytest.param("CronJob", ("spec", "jobTemplate"), [],
-                 "spec.jobTemplate is a list; expected a mapping", id="job template not a mapping"),
-    pytest.param("Deployment", ("spec", "template", "spec", "affinity", "nodeAffinity",
-                                "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms"), [None],
-                 "nodeSelectorTerms[0] is null; expected a mapping", id="null list item"),
-])
-def test_fields_we_use_must_have_their_api_type(kind, path, value, message):
-    obj = workload(kind, containers=[container(env=[])], annotations={GPU_COUNT: "8"})
-    node = obj
-    for key in path[:-1]:
-        node = node.setdefault(key, {}) if isinstance(node, dict) else node[key]
-    node[path[-1]] = value
-    with pytest.raises(InvalidWorkload) as err:
-        wl.check_shape(kind, obj, "ml")
-    assert str(err.value).startswith(f"{kind} ml/train: ") and str(err.value).endswith(message)
+    assert wl.read(subject_of(obj)).request.gpus_per_pod == 8  # max(2 + 1 sidecar, 8 init)
 
 
 def test_only_empty_required_terms_match_no_node_and_are_denied():
     obj = workload("Job", spec={"affinity": {"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}, {}]}}}})
     with pytest.raises(InvalidWorkload, match="an empty term matches no node"):
-        wl.read("Job", obj, "ml")
+        wl.read(subject_of(obj))
 
 
 def test_an_empty_term_beside_others_adds_nothing_to_the_request():
     term = {"matchExpressions": [{"key": "a", "operator": "Exists"}]}
     obj = workload("Job", spec={"affinity": {"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}, term]}}}})
-    assert wl.read("Job", obj, "ml").request.required_node_terms == (term,)
+    assert wl.read(subject_of(obj)).request.required_node_terms == (term,)

@@ -27,7 +27,7 @@ from webhook.core.model import Outcome
 from webhook.kube import demo
 from webhook import admission
 from webhook.admission import make_review
-from webhook.objects import workload
+from webhook.objects import templates
 from webhook.objects.manifests import read_objects
 from webhook.objects.user_annotations import PEER_PREFERRED, PEER_REQUIRED
 
@@ -123,7 +123,7 @@ def workloads(draw, config: Config, nodes: list[dict]) -> dict:
 
 
 def pod_templates(obj: dict) -> list[dict]:
-    return [t.template for t in workload.pod_templates(obj["kind"], obj) if t.template is not None]
+    return [t.template for t in templates.pod_templates(obj["kind"], obj) if t.template is not None]
 
 
 def nodes_under(index: ClusterIndex, path: tuple) -> set[str]:

@@ -23,7 +23,7 @@ from webhook.kube.demo import leaf_spine_nodes, make_pod
 from webhook.placement import enforce
 from webhook.objects.workload import read
 
-from tests.fixtures.builders import workload
+from tests.fixtures.builders import subject_of, workload
 
 SPINE_1 = (("topology.kubernetes.io/zone", "zone-a"), ("topology.scheduler/spine", "spine-1"))
 WAITER_KEY = "ml/Job/big"
@@ -164,9 +164,9 @@ def test_a_wait_the_whole_cluster_names_says_so_and_is_not_pinned(clock):
 def test_a_balanced_wait_is_pinned_only_for_work_that_ends_and_no_preference_of_the_users(clock, kind, annotations,
                                                                                         may_pin):
     obj = workload(kind, replicas=2, annotations={"topology.scheduler/gpu-count": "16", **annotations})
-    request_ = read(kind, obj, "ml").request
+    request_ = read(subject_of(obj)).request
     assert request_.strategy is Strategy.BALANCED and request_.may_pin_wait is may_pin
-    assert read("Pod", workload("Pod"), "ml").request.may_pin_wait  # a pod's work ends
+    assert read(subject_of(workload("Pod"))).request.may_pin_wait  # a pod's work ends
     decision = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}), dataclasses.replace(request_, preferred_domain=None))
     assert decision.outcome is Outcome.WAIT and enforce.pins(decision, Config()) is may_pin
 

@@ -105,9 +105,9 @@ def test_the_constrained_subset_stays_exact_as_pods_come_and_go():
 
 
 def test_a_workload_asks_for_its_pods_resources_beside_its_gpus():
-    from tests.fixtures.builders import gpu_job
+    from tests.fixtures.builders import gpu_job, subject_of
     from webhook.objects import workload
     job = gpu_job("train", 2, 8)
     job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "32", "memory": "256Gi"}
-    wanted = workload.read("Job", job, "ml").request
+    wanted = workload.read(subject_of(job)).request
     assert dict(wanted.resources) == {"cpu": 32000, "memory": 256 * GiB, "pods": 1}

@@ -26,9 +26,10 @@ from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, G
 from ..objects import alignment, mutation, podgroups, provisioning, workload
 from ..objects.groups import GROUP_SIZE
 from ..objects.kinds import KINDS
+from ..objects.subject import Subject
+from ..objects.templates import pod_template
 from ..objects.user_annotations import GPU_COUNT, MAX_DOMAIN, PEER_REQUIRED, PREFERRED_DOMAIN, InvalidWorkload
 from ..placement.placer import group_decision, place_group, place_shared
-from ..state.holds import reservation_key
 from .envelope import AdmissionOutcome, AdmissionResult, Request, answer, denied, parse
 from .lifecycle import kept, released
 from .repair import placed_by_owner, repaired
@@ -38,9 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Objects of the kinds we handle nest about 20 levels at most (managedFields included); far deeper
-# would exhaust Python's recursion in copying and diffing, so it is denied up front.
-MAX_DEPTH = 100
 _OUTCOMES = {Outcome.PLACED: AdmissionOutcome.PLACED, Outcome.WAIT: AdmissionOutcome.WAITING}
 # Waits the nodes there are cannot end, counted apart: only added nodes (a pool's, or any) can.
 _WAITS_BY_CODE = {GROWS_POOL: AdmissionOutcome.WAITING_FOR_GROWTH,
@@ -71,58 +69,58 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
         return _pod_group(request, obj, config)
     if obj is not None and request.operation == "CREATE" and alignment.handles(request.group, kind):
         return _claim_template(request, obj, index)
-    if obj is None or not workload.supports(request.group, kind) or not workload.is_ours(kind, obj, config):
+    if obj is None:
         return answer(request, AdmissionOutcome.IGNORED)
+    # The object read once: every question below is answered from its pod templates, found once.
+    subject = Subject(kind, request.group, obj, request.namespace, request.old)
+    if not subject.ours(config):
+        return answer(request, AdmissionOutcome.IGNORED)
+    old = subject.old
     # Un-suspended (a queue such as Kueue admitted it): placed now, as if created now, inside the
     # node selection the queue wrote; the template's scheduling fields may change in this update.
-    admitted_by_queue = (request.operation == "UPDATE" and workload.suspended(kind, request.old)
-                         and not workload.suspended(kind, obj))
-    if (request.operation == "UPDATE" and request.old is not None and workload.suspended(kind, obj)
-            and not workload.suspended(kind, request.old)):
+    admitted_by_queue = (request.operation == "UPDATE" and old is not None and old.suspended
+                         and not subject.suspended)
+    if request.operation == "UPDATE" and old is not None and subject.suspended and not old.suspended:
         # Suspended again (its queue preempted it): its pods go, and so does the hold for the ones
         # not bound yet; un-suspended later, it is placed afresh.
         return released(request, index)
     if request.operation not in KINDS[kind].operations and not admitted_by_queue:
         return answer(request, AdmissionOutcome.IGNORED)
-    if _deeper_than(obj, MAX_DEPTH):
-        return denied(request, f"{workload.display_name(kind, obj, request.namespace)}: the object is nested more "
-                                f"than {MAX_DEPTH} levels deep; allowed: at most {MAX_DEPTH} levels")
     try:
-        workload.check_shape(kind, obj, request.namespace)
+        subject.check()
     except InvalidWorkload as err:
         return denied(request, str(err))
-    if workload.controller_owned(obj) and _placed(kind, obj) and placed_by_owner(kind, obj):
-        return repaired(request, obj, index, config) if kind == "Pod" else answer(request, AdmissionOutcome.IGNORED)
-    if workload.bound(kind, obj):
+    if subject.controller_owned and subject.placed and placed_by_owner(subject):
+        return repaired(request, subject, index, config) if kind == "Pod" else answer(request, AdmissionOutcome.IGNORED)
+    if subject.bound:
         return answer(request, AdmissionOutcome.IGNORED)  # the scheduler is bypassed: affinity could only get it rejected
-    if workload.made_for_group(kind, obj):
+    if subject.made_for_group:
         return answer(request, AdmissionOutcome.IGNORED)  # an operator's StatefulSet: its pods are placed as group members
-    if (request.operation == "CREATE" and _placed(kind, obj)
-            and injection.reservation_of(workload.pod_template(kind, obj)) == _reservation_key(request, obj)
-            and _sealed_if_gated(workload.pod_template(kind, obj), request.namespace, config)):
+    if (request.operation == "CREATE" and subject.placed and subject.written_key == subject.reservation_key(request.uid)
+            and _sealed_if_gated(subject.template, request.namespace, config)):
         # Our own output, whole and for this very object (reinvocation): placing it again could only
         # move it. A copy of another object's output carries that object's key and is placed afresh,
         # and so is a gated one whose seal is not ours (`mutate`'s output, or edited).
         return answer(request, AdmissionOutcome.IGNORED)
-    who = workload.display_name(kind, obj, request.namespace)
+    who = subject.who
     ready, why = readiness
     if not ready:
         return answer(request, AdmissionOutcome.NOT_READY, warnings=[
             f"topology-webhook is not ready ({why or 'no cluster view yet'}); {who} admitted without placement"])
     try:
-        wanted = workload.read(kind, mutation.without_injection(obj, kind), request.namespace, index)
+        wanted = workload.read(mutation.without_injection(subject), index)
     except InvalidWorkload as err:
         return denied(request, str(err))
-    if request.old is not None and _placed(kind, request.old) and not admitted_by_queue:
-        return kept(request, request.old, index, config, wanted)
-    if workload.suspended(kind, obj):
+    if old is not None and old.placed and not admitted_by_queue:
+        return kept(request, subject, index, config, wanted)
+    if subject.suspended:
         return answer(request, AdmissionOutcome.SUSPENDED, warnings=[
             *wanted.warnings, f"{who} is suspended: nothing is placed or held until it is un-suspended"])
     if wanted.unknown:  # never a guess: admitted as written, and counted (outcome demand-unknown)
         return answer(request, AdmissionOutcome.DEMAND_UNKNOWN, warnings=list(wanted.warnings))
-    key = wanted.group.key if wanted.group is not None else _reservation_key(request, obj)
+    key = wanted.group.key if wanted.group is not None else subject.reservation_key(request.uid)
     if wanted.request is None:
-        group = group_decision(index, key) if workload.group_of(kind, obj, request.namespace) else None
+        group = group_decision(index, key) if subject.group else None
         if group is not None:  # a launcher or head of a placed group: kept with it, holding no GPU
             return answer(request, AdmissionOutcome.PLACED, decision=group, mutated=mutation.mutate(obj, kind, group, config, key),
                            warnings=[*wanted.warnings, f"{who} asks for no GPU; pinned with {group.request.workload}"])
@@ -137,10 +135,10 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
         reserve = key if KINDS[kind].reserves and not request.dry_run else None
         decision, alone = place_shared(index, wanted.request, reserve)
     if decision.outcome is Outcome.NEVER:
-        return denied(request, _never_message(who, obj, kind, decision), decision)
+        return denied(request, _never_message(subject, decision), decision)
     mutated = provisioning.consumed_by(mutation.mutate(obj, kind, decision, config, key), kind, None)
     if provisioning.wanted(decision, config) and index.scale_ups is not None and not request.dry_run:
-        mutated, note = _scale_up(request, index.scale_ups, mutated, decision, key, config)
+        mutated, note = _scale_up(subject, index.scale_ups, mutated, decision, key, config)
         alone = [*alone, note]
     outcome = _WAITS_BY_CODE.get(decision.code or "", _OUTCOMES[decision.outcome])
     return answer(request, outcome, decision=decision, mutated=mutated,
@@ -167,16 +165,15 @@ def _claim_template(request: Request, obj: dict, index: "ClusterIndex") -> Admis
     return answer(request, AdmissionOutcome.IGNORED if written is None else AdmissionOutcome.ALIGNED, mutated=written, warnings=warnings)
 
 
-def _scale_up(request: Request, scale_ups: "ScaleUps", mutated: dict, decision: Decision, key: str,
+def _scale_up(subject: Subject, scale_ups: "ScaleUps", mutated: dict, decision: Decision, key: str,
               config: Config) -> tuple[dict, str]:
     """A ProvisioningRequest for the group's pods, as admitted (created once per workload: again,
     it is found there), and the pods made to consume it; without it, they wait for an ordinary
     scale-up. Returns the object and the warning that says which."""
-    who, kind, namespace = decision.request.workload, request.kind, request.namespace
+    who, kind, namespace = decision.request.workload, subject.kind, subject.namespace
     name, provisioning_class = provisioning.request_name(key), config.provisioning_request_class
-    owner = next((o for o in (mutated.get("metadata") or {}).get("ownerReferences") or ()
-                  if isinstance(o, Mapping) and o.get("controller") is True and o.get("uid")), None)
-    objects = provisioning.request_objects(namespace, name, workload.pod_template(kind, mutated) or {},
+    owner = next((o for o in subject.controllers if o.get("uid")), None)
+    objects = provisioning.request_objects(namespace, name, pod_template(kind, mutated) or {},
                                            decision.request.pods, provisioning_class, owner)
     problem = scale_ups.create(objects)
     if problem is not None:
@@ -196,23 +193,6 @@ def _joined_notes(who: str, request: PlacementRequest, decision: Decision) -> li
             f"{first.gpus_per_pod} GPUs by its first pod; pinned with the group"]
 
 
-def _deeper_than(obj: object, limit: int) -> bool:
-    """Whether any value in `obj` sits more than `limit` containers deep (iteratively: the check
-    must not itself recurse)."""
-    stack = [(obj, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return False
-
-
-def _placed(kind: str, obj: Mapping) -> bool:
-    return injection.already_placed(workload.pod_template(kind, obj))
-
-
 def _sealed_if_gated(template: Mapping | None, namespace: str, config: Config) -> bool:
     """A template our gate holds carries a record sealed with this webhook's key."""
     if not injection.recorded(template).gated:
@@ -220,38 +200,15 @@ def _sealed_if_gated(template: Mapping | None, namespace: str, config: Config) -
     return not isinstance(injection.gate_record(injection.annotations_of(template), namespace, config.seal_key), str)
 
 
-def _never_message(who: str, obj: Mapping, kind: str, decision: Decision) -> str:
+def _never_message(subject: Subject, decision: Decision) -> str:
     """The denial: the object, the annotation that asked for the impossible, and why."""
+    who, annotations = subject.who, subject.annotations
     reason = decision.reasons[0] if decision.reasons else str(decision.code)
-    annotations = workload.annotations_of(kind, obj)
     culprit = {UNKNOWN_DOMAIN: PREFERRED_DOMAIN, EXCEEDS_CLUSTER: GPU_COUNT,
                GROUP_MISMATCH: GROUP_SIZE}.get(decision.code or "")
     if decision.code in (UNKNOWN_LEVEL, EXCEEDS_MAX_DOMAIN):
         culprit = next((k for k in (MAX_DOMAIN, *PEER_REQUIRED) if k in annotations), None)
-    if culprit in annotations:
+    if culprit is not None and culprit in annotations:
         return f"{who}: annotation {culprit}={quoted(annotations[culprit])}: {reason}"
     return reason if who in reason else f"{who}: {reason}"
 
-
-def _reservation_key(request: Request, obj: Mapping) -> str:
-    """namespace/kind/name; a generateName object keeps the key already written on it (a second
-    call has a new request uid) when that key can be its own, else gets generateName + request uid.
-
-    The annotation is client input: a key of another namespace, kind or owner would let this
-    object replace (and so release) someone else's hold. Only these are taken: this object's own
-    key (namespace/kind/generateName...), or the key of a workload that controls it in its
-    namespace (a Job's pods carry the Job's key)."""
-    group = workload.group_of(request.kind, obj, request.namespace)
-    if group is not None:
-        return group.key  # a group's pods hold, and confirm, under the group's one key
-    meta = obj.get("metadata") or {}
-    if meta.get("name"):
-        return reservation_key(request.namespace, request.kind, meta["name"])
-    generate_name = str(meta.get("generateName") or "")
-    written = str(workload.annotations_of(request.kind, obj).get(mutation.RESERVATION) or "")
-    owners = [reservation_key(request.namespace, str(o.get("kind")), str(o.get("name")))
-              for o in meta.get("ownerReferences") or () if isinstance(o, Mapping) and o.get("controller") is True]
-    if written and (written.startswith(reservation_key(request.namespace, request.kind, generate_name))
-                    or written in owners):
-        return written
-    return reservation_key(request.namespace, request.kind, f"{generate_name}{request.uid}")

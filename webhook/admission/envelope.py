@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..core.model import Decision, quoted
-from ..objects import workload
+from ..objects.templates import mapping_of
 from ..objects.patch import encode, make_patch
 
 REVIEW_API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
@@ -114,7 +114,7 @@ def make_review(obj: Mapping, operation: str = "CREATE", namespace: str | None =
                 uid: str | None = None) -> dict:
     """A v1 AdmissionReview for `obj` shaped as the apiserver sends it (offline `mutate`, tests).
     Without a uid, one is derived from the object so the same manifest gives the same review."""
-    meta = workload.mapping_of(obj.get("metadata"))
+    meta = mapping_of(obj.get("metadata"))
     group, _, version = str(obj.get("apiVersion") or "").rpartition("/")
     kind = str(obj.get("kind") or "")
     if uid is None:
@@ -150,8 +150,8 @@ def parse(body: object) -> Request:
     obj = request.get("object")
     if operation in ("CREATE", "UPDATE") and not isinstance(obj, dict):
         raise MalformedReview(f"request.object is not an object on {operation}")
-    gvk = workload.mapping_of(request.get("kind"))
-    meta = workload.mapping_of(obj.get("metadata") if isinstance(obj, dict) else None)
+    gvk = mapping_of(request.get("kind"))
+    meta = mapping_of(obj.get("metadata") if isinstance(obj, dict) else None)
     group = gvk.get("group")
     if group is None and isinstance(obj, dict):
         group = str(obj.get("apiVersion") or "").rpartition("/")[0]

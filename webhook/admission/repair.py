@@ -3,7 +3,6 @@ they are pinned to can never hold them again (then each is placed again alone)."
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..core import injection
@@ -11,6 +10,7 @@ from ..core.gpus import pod_gpus
 from ..core.model import Outcome, Strategy
 from ..objects import mutation, workload
 from ..objects.kinds import KINDS
+from ..objects.subject import Subject
 from ..objects.user_annotations import InvalidWorkload
 from ..placement.placer import place
 from ..settings.config import Config
@@ -21,19 +21,20 @@ if TYPE_CHECKING:
     from ..state.index import ClusterIndex
 
 
-def repaired(request: Request, obj: dict, index: "ClusterIndex", config: Config) -> AdmissionResult:
+def repaired(request: Request, subject: Subject, index: "ClusterIndex", config: Config) -> AdmissionResult:
     """A pod its controller made from a template we placed (a replacement, after a node was lost)
     keeps that placement, unless the domain it is pinned to can never hold it again: in-service
     capacity there, less what the workload's own bound pods take, has no room for one more pod.
     Then this pod alone is pinned to the nearest domain with room (as preferred-domain widens),
     never wider than the workload's max-domain and always inside the user's own constraints."""
+    obj = subject.obj
     pinned = injection.recorded(obj).required
     named = [e for e in (pinned[0] if pinned else ()) if e.get("operator") == "In"]
     if not named:  # only preferred, or only unnamed domains: nothing to read the capacity of by label
         return answer(request, AdmissionOutcome.IGNORED)
     if any(e.get("key") in POOL_LABELS for e in pinned[0]):
         return answer(request, AdmissionOutcome.IGNORED)  # steered to a pool that grows: its nodes are yet to come
-    key = injection.reservation_of(obj)
+    key = subject.written_key
     try:
         gpus = pod_gpus(obj.get("spec") or {})
     except ValueError:
@@ -41,12 +42,12 @@ def repaired(request: Request, obj: dict, index: "ClusterIndex", config: Config)
     if gpus == 0 or index.room_ever(pinned[0], gpus, key) > 0:
         return answer(request, AdmissionOutcome.IGNORED)  # busy at most: it waits for its domain, as placed
     try:
-        wanted = workload.read("Pod", mutation.without_injection(obj, "Pod"), request.namespace)
+        wanted = workload.read(mutation.without_injection(subject))
     except InvalidWorkload:
         return answer(request, AdmissionOutcome.IGNORED)
     if wanted.request is None:
         return answer(request, AdmissionOutcome.IGNORED)
-    who = workload.display_name("Pod", obj, request.namespace)
+    who = subject.who
     deepest = named[-1]
     domain = f"{deepest['key']}={deepest['values'][0]}"
     if wanted.request.max_domain is not None:
@@ -64,11 +65,12 @@ def repaired(request: Request, obj: dict, index: "ClusterIndex", config: Config)
         f"{decision.scope}, the nearest domain with room"])
 
 
-def placed_by_owner(kind: str, obj: Mapping) -> bool:
+def placed_by_owner(subject: Subject) -> bool:
     """A controller-made object carrying a placement made for its owner: a Pod or ReplicaSet from
     a template we placed, or an operator's child (a JobSet's Jobs, a RayJob's RayCluster) whose
     template carries the key of an owner that holds GPUs. A CronJob's Jobs are placed afresh."""
-    if KINDS[kind].placed_by_owner:
+    if KINDS[subject.kind].placed_by_owner:
         return True
-    owner_kind = (injection.reservation_of(workload.pod_template(kind, obj)) or "").split("/")[1:2]
-    return bool(owner_kind) and owner_kind[0] != kind and owner_kind[0] in KINDS and KINDS[owner_kind[0]].reserves
+    owner_kind = (subject.written_key or "").split("/")[1:2]
+    return (bool(owner_kind) and owner_kind[0] != subject.kind and owner_kind[0] in KINDS
+            and KINDS[owner_kind[0]].reserves)

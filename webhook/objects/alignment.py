@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from ..core.model import quoted
 from ..state.dra import CHANNEL_CLASS, RESOURCE_GROUP
 from .user_annotations import ALIGN, InvalidAnnotation
-from .workload import display_name, mapping_of
+from .templates import display_name, mapping_of
 
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 NUMA_NODE = "resource.kubernetes.io/numaNode"

@@ -81,3 +81,8 @@ KINDS: Mapping[str, WorkloadKind] = {kind.name: kind for kind in (
     WorkloadKind("RayJob", "ray.io", _ray(("spec", "rayClusterSpec")), ("CREATE",), placed_by_owner=False,
                  reserves=True, suspend=("spec", "suspend")),
 )}
+
+
+def supports(group: str, kind: str) -> bool:
+    """A kind we place, of its API group (a `Job` of another group is not a batch Job)."""
+    return kind in KINDS and KINDS[kind].group == group

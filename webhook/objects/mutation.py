@@ -42,7 +42,8 @@ from ..core.injection import (GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, INJECTED,
                               REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL, Injection, annotations_of, at,
                               dumps_request, recorded, seal_gate)
 from ..core.model import ANNOTATION_PREFIX, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, Decision, Hold, Outcome, Strategy
-from .workload import pod_templates
+from .subject import Subject
+from .templates import pod_templates
 
 __all__ = ["GPU_IDS", "INJECTED", "PLACEMENT", "RESERVATION", "WAITING_FOR", "WORKLOAD_LABEL", "Injection"]  # for callers
 CUDA_DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA numbering = nvidia-smi/NVML numbering
@@ -120,24 +121,24 @@ def _gated_pod_changed(pod: Mapping, rewritten: Mapping, expressions: tuple[dict
     return out
 
 
-def carry_over(old: Mapping, new: Mapping, kind: str, config: Config) -> dict:
+def carry_over(old: Subject, new: Mapping, config: Config) -> dict:
     """`new` (an UPDATE) with the placement recorded on `old` put back: an update keeps the
     placement made at creation instead of dropping it (server-side apply removes fields the
     applier owns and omits) or moving running work. Items the user now has win, as always."""
-    old_templates = {found.where: found.template for found in pod_templates(kind, old)}
-    return _rewrite(new, kind, lambda where, *_: recorded(old_templates.get(where)),
+    old_templates = {found.where: found.template for found in old.templates}
+    return _rewrite(new, old.kind, lambda where, *_: recorded(old_templates.get(where)),
                     lambda where: {key: annotations_of(old_templates.get(where)).get(key)
                                    for key in OUTPUT_ANNOTATIONS}, config)
 
 
-def without_injection(obj: Mapping, kind: str) -> Mapping:
-    """The object with our previous additions removed: the object as the user wrote it, which is
+def without_injection(subject: Subject) -> Subject:
+    """The subject with our previous additions removed: the object as the user wrote it, which is
     what a workload is read from (so a re-placement is not confined by our own old pin). For
-    reading only: an object that carries nothing of ours is returned as it is, not copied."""
-    if not any(key in annotations_of(found.template) for found in pod_templates(kind, obj)
-               for key in OUTPUT_ANNOTATIONS):
-        return obj
-    return _rewrite(obj, kind, lambda *_: Injection(), lambda _: dict.fromkeys(OUTPUT_ANNOTATIONS), None)
+    reading only: a subject that carries nothing of ours is returned as it is, not copied."""
+    if not any(key in annotations_of(found.template) for found in subject.templates for key in OUTPUT_ANNOTATIONS):
+        return subject
+    return subject.as_written(_rewrite(subject.obj, subject.kind, lambda *_: Injection(),
+                                       lambda _: dict.fromkeys(OUTPUT_ANNOTATIONS), None))
 
 
 def summary(decision: Decision) -> str:
@@ -261,7 +262,7 @@ def _apply(meta: dict, spec: dict, previous: Injection, desired: Injection) -> I
     gated = _apply_gate(spec, previous.gated, desired.gated)
     env = {}
     for container in _containers(spec):
-        name = str(container["name"])  # workload.check_shape: every container is named
+        name = str(container["name"])  # the shape check (templates.py): every container is named
         want = [{"name": k, "value": v} for k, v in desired.env.get(name, {}).items()]
         had = [{"name": k, "value": v} for k, v in previous.env.get(name, {}).items()]
         items, owned = _reconcile(container.get("env") or [], had, want, lambda e: e.get("name"))

@@ -20,7 +20,7 @@ from ..settings.config import Config
 from ..settings.presets import HOSTNAME_LABEL
 from ..state.dra import SCHEDULING_GROUP
 from .user_annotations import MAX_DOMAIN, PEER_REQUIRED, InvalidAnnotation
-from .workload import display_name, mapping_of
+from .templates import display_name, mapping_of
 
 KINDS = ("PodGroup", "Workload")
 

@@ -20,7 +20,7 @@ from ..core.injection import PLACEMENT
 from ..core.model import Decision, Outcome
 from ..settings.config import Config
 from ..state.growth import NODEPOOL_KIND
-from .workload import pod_templates
+from .templates import pod_templates
 
 GROUP = "autoscaling.x-k8s.io"
 VERSION = "v1"

@@ -1,6 +1,7 @@
 """Read a workload (Pod, Job, Deployment, StatefulSet, ReplicaSet, CronJob) into a PlacementRequest.
 
-Pure: takes the object as the API sends it and returns values. How many GPUs a workload wants:
+Pure: takes the object as a Subject (webhook/objects/subject.py: its pod templates found once,
+its shape checked once) and returns values. How many GPUs a workload wants:
 
 - `per_pod` is what the pod template's containers ask for (`nvidia.com/gpu` limits, counted the
   way kube-scheduler counts them) plus the GPUs of its `resourceClaims` (Dynamic Resource
@@ -18,47 +19,24 @@ Pure: takes the object as the API sends it and returns values. How many GPUs a w
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core.gpus import pod_gpus
-from ..core.model import ANNOTATION_PREFIX, PlacementRequest, quoted
+from ..core.model import PlacementRequest, quoted
 from ..core.resources import pod_requests
 from ..placement.placer import on_nodes
-from ..settings.config import Config
 from ..state.dra import CLIQUE_LABEL, ClaimDemand, ClaimRefs, PodGroupFacts
 from .dra_objects import claim_refs, pod_group_of
 from . import groups
 from . import user_annotations as asked
-from .groups import GROUP_SIZE, InvalidGroup, Membership, membership
-from .kinds import ANY, KINDS, Templates
+from .groups import GROUP_SIZE, Membership
+from .kinds import KINDS
+from .subject import Subject
+from .templates import PodTemplate, field_path, mapping_of
 from .user_annotations import (GPU_COUNT, LATENCY_SENSITIVE, MAX_DOMAIN, NETWORK_BANDWIDTH, PEER_PREFERRED,
                                PEER_REQUIRED, PREFERRED_DOMAIN, STRATEGY, InvalidAnnotation, InvalidWorkload)
-
-# The shape of the fields we read or write, as the API types them: the apiserver only sends
-# objects that decode into these, but offline manifests are whatever a file holds. A list holds
-# items of its one element's shape; `_STRINGS` is a map of strings; `_NAME` a string that must be
-# there and not empty (the API requires it: we key containers by it); None (or absent) is unset.
-_STRINGS = "a map of strings"
-_NAME = "a non-empty string"
-_EXPRESSION = {"key": str, "operator": str, "values": [str]}
-_TERM = {"matchExpressions": [_EXPRESSION], "matchFields": [_EXPRESSION]}
-_CONTAINER = {"name": _NAME, "env": [{"name": str}], "resources": {"limits": dict, "requests": dict}}
-_TEMPLATE_SHAPE = {
-    "metadata": {"annotations": _STRINGS, "labels": _STRINGS},
-    "spec": {
-        "containers": [_CONTAINER], "initContainers": [_CONTAINER], "nodeSelector": _STRINGS, "tolerations": [dict],
-        "schedulerName": str, "nodeName": str, "topologySpreadConstraints": [{"topologyKey": str,
-                                                                              "whenUnsatisfiable": str}],
-        "affinity": {"nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [_TERM]},
-            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": int, "preference": _TERM}]}},
-    },
-}
-
-
 @dataclass(frozen=True)
 class Workload:
     """What one object asks for. `request` is None when there is nothing to place, and `idle`
@@ -71,124 +49,6 @@ class Workload:
     unknown: tuple[str, ...] = ()  # claim templates or claims it names that are not known: not placed
 
 
-def supports(group: str, kind: str) -> bool:
-    return kind in KINDS and KINDS[kind].group == group
-
-
-def display_name(kind: str, obj: Mapping, namespace: str) -> str:
-    """`Job ml/train`, or `Pod ml/trainer-` for a generateName object."""
-    meta = mapping_of(obj.get("metadata"))
-    name = meta.get("name") or meta.get("generateName") or ""
-    return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
-
-
-@dataclass(frozen=True)
-class PodTemplate:
-    """One pod template of an object, with the replica spec whose fields say how many pods it runs."""
-
-    where: str  # "spec.template", "spec.replicatedJobs[0].template.spec.template" ("" for a Pod)
-    template: Mapping | None  # metadata + spec; the object itself for a Pod; None if absent
-    spec_of: Templates
-    replica_spec: Mapping
-    replica_where: str
-
-
-def pod_templates(kind: str, obj: Mapping) -> list[PodTemplate]:
-    """Every pod template of `obj`, in the order of its kind's table (webhook/objects/kinds.py)."""
-    found = []
-    for spec_of in KINDS[kind].templates:
-        for replica_where, replica in _expand(obj, spec_of.replica_spec, ""):
-            node, where = replica, replica_where
-            for key in spec_of.template:
-                node, where = node.get(key) if isinstance(node, Mapping) else None, _joined(where, key)
-            found.append(PodTemplate(where, node if isinstance(node, Mapping) else None, spec_of,
-                                     mapping_of(replica), replica_where))
-    return found
-
-
-def pod_template(kind: str, obj: Mapping) -> Mapping | None:
-    """The first pod template of `obj` (the only one, but for the operators' kinds, whose
-    templates all carry the same placement); the object itself for a Pod; None if absent."""
-    return next((t.template for t in pod_templates(kind, obj)), None)
-
-
-def _expand(node: Any, path: tuple[str, ...], where: str, who: str | None = None) -> Iterator[tuple[str, Any]]:
-    """(dotted path, value) at `path` under `node`, ANY taking every entry; with `who`, raise
-    InvalidWorkload where a step is not the container the path goes through."""
-    if not path:
-        yield where, node
-        return
-    key, rest = path[0], path[1:]
-    if key == ANY:
-        if who is not None:
-            _check(node, (list, dict), where, who)
-        entries = enumerate(node) if isinstance(node, list) else node.items() if isinstance(node, Mapping) else ()
-        for name, entry in entries:
-            yield from _expand(entry, rest, f"{where}[{name}]" if isinstance(node, list) else _joined(where, str(name)),
-                               who)
-        return
-    if who is not None:
-        _check(node, dict, where, who)
-    yield from _expand(node.get(key) if isinstance(node, Mapping) else None, rest, _joined(where, key), who)
-
-
-def _joined(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
-def annotations_of(kind: str, obj: Mapping) -> dict[str, str]:
-    """Annotations of the pod templates overlaid with the object's own (the object's win)."""
-    merged: dict[str, str] = {}
-    for found in pod_templates(kind, obj):
-        merged.update(mapping_of(mapping_of((found.template or {}).get("metadata")).get("annotations")))
-    merged.update(mapping_of(mapping_of(obj.get("metadata")).get("annotations")))
-    return merged
-
-
-def is_ours(kind: str, obj: Mapping, config: Config) -> bool:
-    """True when the object or its template carries a topology.scheduler/ annotation or names one
-    of our scheduler names."""
-    if kind not in KINDS:
-        return False
-    if any(str(key).startswith(ANNOTATION_PREFIX) or key in PEER_REQUIRED + PEER_PREFERRED
-           for key in annotations_of(kind, obj)):
-        return True
-    return any(mapping_of((found.template or {}).get("spec")).get("schedulerName") in config.scheduler_names
-               for found in pod_templates(kind, obj))
-
-
-def suspended(kind: str, obj: Mapping | None) -> bool:
-    """The object is suspended (`spec.suspend: true`, or its kind's equivalent): a queue admits it later."""
-    path = KINDS[kind].suspend if kind in KINDS else None
-    if path is None or obj is None:
-        return False
-    node: Any = obj
-    for key in path:
-        node = mapping_of(node).get(key)
-    return node is True
-
-
-def controller_owned(obj: Mapping) -> bool:
-    """Made by a controller (Job, ReplicaSet, StatefulSet...) from a template, not by a user."""
-    owners = mapping_of(obj.get("metadata")).get("ownerReferences") or ()
-    return isinstance(owners, list) and any(isinstance(o, Mapping) and o.get("controller") is True for o in owners)
-
-
-def bound(kind: str, obj: Mapping) -> bool:
-    """A pod spec names its node (spec.nodeName): kube-scheduler never sees it."""
-    return any(mapping_of((found.template or {}).get("spec")).get("nodeName") for found in pod_templates(kind, obj))
-
-
-def check_shape(kind: str, obj: Mapping, namespace: str) -> None:
-    """Raise InvalidWorkload naming the first field we use that does not have its API type."""
-    who = display_name(kind, obj, namespace)
-    _check(obj.get("metadata"), {"annotations": _STRINGS, "ownerReferences": [dict]}, "metadata", who)
-    for spec_of in KINDS[kind].templates:
-        for where, replica in _expand(obj, spec_of.replica_spec, "", who):
-            for found_where, template in _expand(replica, spec_of.template, where, who):
-                _check(template, _TEMPLATE_SHAPE, found_where, who)
-
-
 class ClusterFacts(Protocol):
     """What a workload's request depends on besides the object itself: the cluster view's DRA
     objects and PodGroups (webhook/state/index.py)."""
@@ -198,14 +58,15 @@ class ClusterFacts(Protocol):
     def has_level(self, label: str) -> bool: ...  # a topology level is labelled so
 
 
-def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = None) -> Workload:
-    """The validated request of one object of ours. Raises InvalidWorkload (or InvalidAnnotation).
+def read(subject: Subject, facts: ClusterFacts | None = None) -> Workload:
+    """The validated request of one object of ours, read from its pod templates as found (its
+    shape is checked unless it was already). Raises InvalidWorkload (or InvalidAnnotation).
     `facts` gives GPU demand from resourceClaims and PodGroups; without them only nvidia.com/gpu
     counts, and a PodGroup is sized by annotations only."""
-    check_shape(kind, obj, namespace)
-    who = display_name(kind, obj, namespace)
-    annotations = annotations_of(kind, obj)
-    pod_group = _pod_group(kind, obj, namespace, facts)
+    subject.check_shape()
+    kind, namespace, who = subject.kind, subject.namespace, subject.who
+    annotations = subject.annotations
+    pod_group = _pod_group(subject, facts)
     if pod_group is not None:  # what the PodGroup asks for, where its pods say nothing
         annotations = {**pod_group.annotations, **annotations}
 
@@ -217,7 +78,7 @@ def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = N
                                   "allowed: a whole number >= 1")
         return demand
 
-    template, per_pod, running, count_field = _pods(kind, obj, who, lambda spec: demand_of(spec).per_pod)
+    template, per_pod, running, count_field = _pods(subject, lambda spec: demand_of(spec).per_pod)
     if pod_group is not None and pod_group.min_count is not None:
         running = pod_group.min_count  # a gang's pods run at once, sharing its claims
     spec = template["spec"]
@@ -231,7 +92,7 @@ def read(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None = N
     if demand.channel is not None and facts is not None:
         annotations, channel_warnings = _in_one_clique(who, demand.channel, annotations, facts)
         shared_warnings += channel_warnings
-    group = _group(kind, obj, namespace, who, template, annotations) if per_pod else None
+    group = subject.membership(annotations) if per_pod else None
     if group is None and per_pod and kind == "Pod" and demand.channel is not None:
         group = groups.channel_membership(namespace, demand.channel, annotations)
     if group is None and kind == "Pod" and demand.shared and not own_gpus:
@@ -286,8 +147,8 @@ def _with_shared_claims(who: str, per_pod: int, running: int, demand: ClaimDeman
                               "once wherever the first pod is scheduled); those GPUs are not placed"]
 
 
-def _in_one_clique(who: str, channel: str, annotations: dict[str, str], facts: ClusterFacts
-                   ) -> tuple[dict[str, str], list[str]]:
+def _in_one_clique(who: str, channel: str, annotations: Mapping[str, str], facts: ClusterFacts
+                   ) -> tuple[Mapping[str, str], list[str]]:
     """A workload sharing a ComputeDomain's channel never spans NVLink domains: max-domain is the
     clique level, unless it asks for a level itself."""
     if any(key in annotations for key in (MAX_DOMAIN, *PEER_REQUIRED)):
@@ -298,39 +159,10 @@ def _in_one_clique(who: str, channel: str, annotations: dict[str, str], facts: C
     return {**annotations, MAX_DOMAIN: CLIQUE_LABEL}, []
 
 
-def _pod_group(kind: str, obj: Mapping, namespace: str, facts: ClusterFacts | None) -> PodGroupFacts | None:
+def _pod_group(subject: Subject, facts: ClusterFacts | None) -> PodGroupFacts | None:
     """The PodGroup a Pod names, as the cluster view knows it."""
-    name = pod_group_of(mapping_of(obj.get("spec"))) if kind == "Pod" else None
-    return facts.pod_group(f"{namespace}/{name}") if name and facts is not None else None
-
-
-def group_of(kind: str, obj: Mapping, namespace: str) -> Membership | None:
-    """The group a Pod or Job belongs to; None for other kinds, and for a bad group annotation (which
-    `read` denies with its message)."""
-    template = pod_template(kind, obj) or {}
-    try:
-        return _group(kind, obj, namespace, "", template, annotations_of(kind, obj))
-    except InvalidAnnotation:
-        return None
-
-
-def made_for_group(kind: str, obj: Mapping) -> bool:
-    """An operator's object (not a Pod) whose pods are placed as members of their groups."""
-    labels = {**mapping_of(mapping_of((pod_template(kind, obj) or {}).get("metadata")).get("labels")),
-              **mapping_of(mapping_of(obj.get("metadata")).get("labels"))}
-    return kind != "Pod" and groups.made_for_group(labels)
-
-
-def _group(kind: str, obj: Mapping, namespace: str, who: str, template: Mapping,
-           annotations: Mapping) -> Membership | None:
-    """The group a Pod, or a Job an operator made (a JobSet's), belongs to (webhook/objects/groups.py);
-    other kinds are placed as themselves."""
-    if kind not in ("Pod", "Job"):
-        return None
-    try:
-        return membership(obj, namespace, mapping_of(mapping_of(template.get("metadata")).get("labels")), annotations)
-    except InvalidGroup as err:
-        raise InvalidAnnotation(f"{who}: {err}") from None
+    name = pod_group_of(mapping_of(subject.obj.get("spec"))) if subject.kind == "Pod" else None
+    return facts.pod_group(f"{subject.namespace}/{name}") if name and facts is not None else None
 
 
 def _group_size(who: str, group: Membership, per_pod: int, gpu_count: object
@@ -354,16 +186,17 @@ def _group_size(who: str, group: Membership, per_pod: int, gpu_count: object
     return group, total // per_pod, per_pod, []
 
 
-def _pods(kind: str, obj: Mapping, who: str, claimed: Callable[[Mapping], int]) -> tuple[Mapping, int, int, str]:
+def _pods(subject: Subject, claimed: Callable[[Mapping], int]) -> tuple[Mapping, int, int, str]:
     """(the template placement reads, GPUs per pod, pods the controllers run at once, the field
     that counts them). A pod's GPUs are its nvidia.com/gpu and what its claims from templates ask
     (`claimed`). Templates whose pods ask for no GPUs (an MPIJob's launcher, a Ray head) are
     not counted when others ask for GPUs: they run inside the group's domain, holding none."""
+    who = subject.who
     counted: list[tuple[Mapping, int, int, str]] = []
-    for found in pod_templates(kind, obj):
+    for found in subject.templates:
         template = found.template
         if template is None or not isinstance(template.get("spec"), Mapping):
-            raise InvalidWorkload(f"{who}: {_joined(found.where, 'spec')} is missing; a pod spec with containers is "
+            raise InvalidWorkload(f"{who}: {field_path(found.where, 'spec')} is missing; a pod spec with containers is "
                                   "required to place it")
         claims = claimed(template["spec"])  # raises InvalidWorkload itself
         try:
@@ -384,18 +217,18 @@ def _running(found: PodTemplate, who: str) -> tuple[int, str]:
     the field that says so."""
     pods, field = 1, found.replica_where or "spec"
     for name in found.spec_of.counts:
-        field = _joined(found.replica_where, name)
+        field = field_path(found.replica_where, name)
         pods *= _count(found.replica_spec.get(name), who, field)
     if found.spec_of.job is not None:
         job_where = found.replica_where
         job: Any = found.replica_spec
         for key in found.spec_of.job:
-            job, job_where = mapping_of(job).get(key), _joined(job_where, key)
+            job, job_where = mapping_of(job).get(key), field_path(job_where, key)
         job = mapping_of(job)
-        field = _joined(job_where, "parallelism")
+        field = field_path(job_where, "parallelism")
         parallelism = _count(job.get("parallelism"), who, field)
         if job.get("completions") is not None:
-            parallelism = min(parallelism, _count(job["completions"], who, _joined(job_where, "completions")))
+            parallelism = min(parallelism, _count(job["completions"], who, field_path(job_where, "completions")))
         pods *= parallelism
     return pods, field
 
@@ -440,37 +273,6 @@ def _required_terms(who: str, spec: Mapping) -> tuple[Mapping, ...]:
     return matching
 
 
-def _check(value: Any, shape: Any, path: str, who: str, item: bool = False) -> None:
-    """`value` at `path` ("" is the object itself) has `shape`; a list item may not be null."""
-    if value is None and not item and shape is not _NAME:
-        return
-    if shape is _STRINGS and isinstance(value, Mapping):
-        for key, entry in value.items():
-            _check(entry, str, f"{path}.{key}", who, item=True)
-        return
-    if shape is _NAME:
-        ok = isinstance(value, str) and value != ""
-    elif isinstance(shape, list):
-        ok = isinstance(value, list)
-    elif isinstance(shape, dict) or shape in (dict, _STRINGS):
-        ok = isinstance(value, Mapping)
-    else:
-        ok = isinstance(value, shape) and not isinstance(value, bool)
-    if not ok:
-        expected = {list: "a list", dict: "a mapping", str: "a string", int: "an integer",
-                    (list, dict): "a list or a mapping"}.get(
-            list if isinstance(shape, list) else dict if isinstance(shape, dict) else shape, shape)
-        found = (json.dumps(value)[:40] if value is None or isinstance(value, (str, int, float))
-                 else f"a {type(value).__name__}")
-        raise InvalidWorkload(f"{who}: {path or 'the object'} is {found}; expected {expected}")
-    if isinstance(shape, list):
-        for i, entry in enumerate(value):
-            _check(entry, shape[0], f"{path}[{i}]", who, item=True)
-    elif isinstance(shape, dict):
-        for key, sub in shape.items():
-            _check(value.get(key), sub, f"{path}.{key}" if path else key, who)
-
-
 def _count(value: object, who: str, field: str) -> int:
     if value is None:
         return 1
@@ -478,6 +280,3 @@ def _count(value: object, who: str, field: str) -> int:
         raise InvalidWorkload(f"{who}: {field}={quoted(value)} is not allowed; allowed: a whole number >= 0")
     return value
 
-
-def mapping_of(value: object) -> Mapping:
-    return value if isinstance(value, Mapping) else {}

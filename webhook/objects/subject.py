@@ -1,0 +1,205 @@
+"""The object under admission, read once: its pod templates found at the first question asked,
+and every answer admission asks for (ours? suspended? bound to a node? placed by us already?
+which group? which reservation key?) derived from them once and kept.
+
+Pure: the object is never changed. The old object of an UPDATE is a Subject of its own, read only
+when asked. The fields we use are checked for their API types once (`check`); reading the request
+(webhook/objects/workload.py) relies on that check, and does it only where it was not done.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Any
+
+from ..core import injection
+from ..core.injection import RESERVATION
+from ..core.model import ANNOTATION_PREFIX
+from ..settings.config import Config
+from ..state.holds import reservation_key
+from . import groups
+from .groups import InvalidGroup, Membership
+from .kinds import KINDS, supports
+from .templates import PodTemplate, check_fields, display_name, mapping_of, pod_templates
+from .user_annotations import PEER_PREFERRED, PEER_REQUIRED, InvalidAnnotation, InvalidWorkload
+
+# Objects of the kinds we handle nest about 20 levels at most (managedFields included); far deeper
+# would exhaust Python's recursion in copying and diffing, so it is refused up front.
+MAX_DEPTH = 100
+
+
+class Subject:
+    """One object of `kind` (API group `api_group`) admitted in `namespace`, and `old`: the stored
+    object an UPDATE replaces, None otherwise."""
+
+    def __init__(self, kind: str, api_group: str, obj: Mapping, namespace: str, old: Mapping | None = None) -> None:
+        self.kind, self.api_group, self.obj, self.namespace = kind, api_group, obj, namespace
+        self.old = Subject(kind, api_group, old, namespace) if old is not None else None
+        self._shape_checked = False
+
+    @property
+    def supported(self) -> bool:
+        return supports(self.api_group, self.kind)
+
+    @cached_property
+    def templates(self) -> tuple[PodTemplate, ...]:
+        """Its pod templates, in its kind's order (webhook/objects/kinds.py); a supported kind's only."""
+        return tuple(pod_templates(self.kind, self.obj))
+
+    @property
+    def template(self) -> Mapping | None:
+        """The first pod template: the only one, but for the operators' kinds, whose templates all
+        carry the same placement; the object itself for a Pod; None if absent."""
+        return self.templates[0].template if self.templates else None
+
+    @cached_property
+    def who(self) -> str:
+        return display_name(self.kind, self.obj, self.namespace)
+
+    @cached_property
+    def annotations(self) -> Mapping[str, str]:
+        """Annotations of the pod templates overlaid with the object's own (the object's win)."""
+        merged: dict[str, str] = {}
+        for found in self.templates:
+            merged.update(mapping_of(_meta(found.template).get("annotations")))
+        merged.update(mapping_of(_meta(self.obj).get("annotations")))
+        return merged
+
+    def ours(self, config: Config) -> bool:
+        """A kind we place whose object or template carries a topology.scheduler/ annotation or names
+        one of our scheduler names."""
+        if not self.supported:
+            return False
+        if any(str(key).startswith(ANNOTATION_PREFIX) or key in PEER_REQUIRED + PEER_PREFERRED
+               for key in self.annotations):
+            return True
+        return any(_spec(found).get("schedulerName") in config.scheduler_names for found in self.templates)
+
+    @cached_property
+    def suspended(self) -> bool:
+        """Suspended (`spec.suspend: true`, or its kind's equivalent): a queue admits it later."""
+        path = KINDS[self.kind].suspend
+        if path is None:
+            return False
+        node: Any = self.obj
+        for key in path:
+            node = mapping_of(node).get(key)
+        return node is True
+
+    @cached_property
+    def controllers(self) -> tuple[Mapping, ...]:
+        """Its owner references that are its controller (a Job, ReplicaSet, StatefulSet...)."""
+        owners = _meta(self.obj).get("ownerReferences") or ()
+        return tuple(o for o in owners if isinstance(o, Mapping) and o.get("controller") is True) \
+            if isinstance(owners, list) else ()
+
+    @property
+    def controller_owned(self) -> bool:
+        """Made by a controller from a template, not by a user."""
+        return bool(self.controllers)
+
+    @cached_property
+    def placed(self) -> bool:
+        """Its pod template carries our placement, whole (webhook/core/injection.py)."""
+        return injection.already_placed(self.template)
+
+    @property
+    def written_key(self) -> str | None:
+        """The reservation key written on its pod template when it was placed."""
+        return injection.reservation_of(self.template)
+
+    @cached_property
+    def bound(self) -> bool:
+        """A pod spec names its node (spec.nodeName): kube-scheduler never sees it."""
+        return any(_spec(found).get("nodeName") for found in self.templates)
+
+    @property
+    def made_for_group(self) -> bool:
+        """An operator's object (not a Pod) whose pods are placed as members of their groups."""
+        labels = {**mapping_of(_meta(self.template).get("labels")), **mapping_of(_meta(self.obj).get("labels"))}
+        return self.kind != "Pod" and groups.made_for_group(labels)
+
+    def membership(self, annotations: Mapping) -> Membership | None:
+        """The group a Pod, or a Job an operator made (a JobSet's), belongs to under `annotations`
+        (webhook/objects/groups.py); other kinds are placed as themselves. Raises InvalidAnnotation."""
+        if self.kind not in ("Pod", "Job"):
+            return None
+        try:
+            return groups.membership(self.obj, self.namespace, mapping_of(_meta(self.template).get("labels")),
+                                     annotations)
+        except InvalidGroup as err:
+            raise InvalidAnnotation(f"{self.who}: {err}") from None
+
+    @cached_property
+    def group(self) -> Membership | None:
+        """The group it belongs to by its own annotations; None for a bad group annotation (which
+        reading its request denies with its message)."""
+        try:
+            return self.membership(self.annotations)
+        except InvalidAnnotation:
+            return None
+
+    def reservation_key(self, uid: str) -> str:
+        """namespace/kind/name; a generateName object keeps the key already written on it (a second
+        call has a new request `uid`) when that key can be its own, else gets generateName + uid.
+
+        The annotation is client input: a key of another namespace, kind or owner would let this
+        object replace (and so release) someone else's hold. Only these are taken: this object's own
+        key (namespace/kind/generateName...), or the key of a workload that controls it in its
+        namespace (a Job's pods carry the Job's key)."""
+        if self.group is not None:
+            return self.group.key  # a group's pods hold, and confirm, under the group's one key
+        meta = _meta(self.obj)
+        if meta.get("name"):
+            return reservation_key(self.namespace, self.kind, meta["name"])
+        generate_name = str(meta.get("generateName") or "")
+        written = str(self.annotations.get(RESERVATION) or "")
+        owners = [reservation_key(self.namespace, str(o.get("kind")), str(o.get("name"))) for o in self.controllers]
+        if written and (written.startswith(reservation_key(self.namespace, self.kind, generate_name))
+                        or written in owners):
+            return written
+        return reservation_key(self.namespace, self.kind, f"{generate_name}{uid}")
+
+    def check(self) -> None:
+        """Raise InvalidWorkload for an object nested more than MAX_DEPTH levels deep, or naming
+        the first field we use that does not have its API type."""
+        if _deeper_than(self.obj, MAX_DEPTH):
+            raise InvalidWorkload(f"{self.who}: the object is nested more than {MAX_DEPTH} levels deep; "
+                                  f"allowed: at most {MAX_DEPTH} levels")
+        self.check_shape()
+
+    def check_shape(self) -> None:
+        """Raise InvalidWorkload naming the first field we use that does not have its API type;
+        checked once, whoever asks first."""
+        if not self._shape_checked:
+            check_fields(self.kind, self.obj, self.who)
+            self._shape_checked = True
+
+    def as_written(self, obj: Mapping) -> Subject:
+        """This subject as `obj`, its object with our earlier additions removed (what the user wrote:
+        webhook/objects/mutation.py's `without_injection`). Removing items leaves every field its
+        type, so a checked shape stays checked."""
+        written = Subject(self.kind, self.api_group, obj, self.namespace)
+        written._shape_checked = self._shape_checked
+        return written
+
+
+def _meta(node: Mapping | None) -> Mapping:
+    return mapping_of((node or {}).get("metadata"))
+
+
+def _spec(found: PodTemplate) -> Mapping:
+    return mapping_of((found.template or {}).get("spec"))
+
+
+def _deeper_than(obj: object, limit: int) -> bool:
+    """Whether any value in `obj` sits more than `limit` containers deep (iteratively: the check
+    must not itself recurse)."""
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
