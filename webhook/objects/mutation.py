@@ -4,7 +4,8 @@ Pure: returns a new object and never changes the one it was given. Everything we
 template is recorded where we put it (webhook/core/injection.py), so a later pass (apiserver
 reinvocation, a controller copying the template, an UPDATE) can tell our items from the user's:
 ours are replaced in place or removed, the user's are never touched, even when identical to one
-of ours, and applying the same decision to our own output changes nothing.
+of ours, and applying the same decision to our own output changes nothing (the reconciling itself:
+webhook/objects/reconcile.py).
 
 What goes where (how a decision is held, pin, prefer or gate, is decided in placement/enforce.py and
 carried on the Decision; it is written here):
@@ -30,20 +31,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import re
-from typing import Any, Callable, Mapping
+from typing import Mapping
 
 from ..core.gpus import container_gpus, format_gpu_set
 from ..placement.enforce import waited_domain
 from ..settings.config import Config
 from ..settings.presets import HOSTNAME_LABEL
-from ..core.injection import (GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT, PREFERRED,
+from ..core.injection import (GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT,
                               REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL, Injection, annotations_of, at,
                               dumps_request, recorded, seal_gate)
 from ..core.model import ANNOTATION_PREFIX, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, Decision, Hold, Outcome, Strategy
+from .reconcile import annotations_in, containers, copy_tree, put, rewrite, set_annotations
 from .subject import Subject
-from .templates import pod_templates
 
 __all__ = ["GPU_IDS", "INJECTED", "PLACEMENT", "RESERVATION", "WAITING_FOR", "WORKLOAD_LABEL", "Injection"]  # for callers
 CUDA_DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA numbering = nvidia-smi/NVML numbering
@@ -65,8 +65,8 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
                         RESERVATION: reservation, WAITING_FOR: waiting, GATED_REQUEST: request,
                         GATE_SEAL: seal_gate(config.seal_key, reservation, request, waiting)
                         if request and reservation and waiting else None})
-    return _rewrite(obj, kind, lambda _, meta, spec, previous: _desired(meta, spec, previous, kind, obj, decision,
-                                                                        config), lambda _: outputs, config)
+    return rewrite(obj, kind, lambda _, meta, spec, previous: _desired(meta, spec, previous, kind, obj, decision,
+                                                                       config), lambda _: outputs, config)
 
 
 def released(pod: Mapping, decision: Decision) -> dict:
@@ -81,7 +81,7 @@ def released(pod: Mapping, decision: Decision) -> dict:
     outputs = {PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
                WAITING_FOR: None, GATED_REQUEST: None, GATE_SEAL: None}
     expressions = tuple(r.expression for r in decision.requirements)
-    return _gated_pod_changed(pod, _rewrite(pod, "Pod", desired, lambda _: outputs, None), expressions, True)
+    return _gated_pod_changed(pod, rewrite(pod, "Pod", desired, lambda _: outputs, None), expressions, True)
 
 
 def ungated(pod: Mapping) -> dict:
@@ -93,7 +93,7 @@ def ungated(pod: Mapping) -> dict:
 
     outputs = {PLACEMENT: "released from its scheduling gate without placement (topology-webhook ungate)",
                WAITING_FOR: None, GATED_REQUEST: None, GATE_SEAL: None}
-    return _gated_pod_changed(pod, _rewrite(pod, "Pod", desired, lambda _: outputs, None), (), False)
+    return _gated_pod_changed(pod, rewrite(pod, "Pod", desired, lambda _: outputs, None), (), False)
 
 
 def _gated_pod_changed(pod: Mapping, rewritten: Mapping, expressions: tuple[dict, ...], lift: bool) -> dict:
@@ -103,21 +103,21 @@ def _gated_pod_changed(pod: Mapping, rewritten: Mapping, expressions: tuple[dict
     and our annotations. The record on a pod is its owner's to edit: a record claiming env or
     expressions we never added must not make the release patch touch containers or widen the
     affinity, which the apiserver (and the chart's policy) refuses, stranding the release."""
-    out = _copy(dict(pod))
+    out = copy_tree(dict(pod))
     spec, new_spec = out.setdefault("spec", {}), rewritten.get("spec") or {}
     gates = [g for g in new_spec.get("schedulingGates") or () if not (lift and isinstance(g, dict)
                                                                      and g.get("name") == GATE)]
-    _put(spec, ("schedulingGates",), gates)
+    put(spec, ("schedulingGates",), gates)
     if expressions:
         terms = [term if isinstance(term, dict) else {} for term in at(spec, REQUIRED_TERMS) or [{}]]
         for term in terms:
             if term or len(terms) == 1:  # an empty term {} among others matches no node: it stays empty
                 present = term.get("matchExpressions") or []
                 term["matchExpressions"] = [*present, *(e for e in expressions if e not in present)]
-        _put(spec, REQUIRED_TERMS, terms)
+        put(spec, REQUIRED_TERMS, terms)
     meta = out.setdefault("metadata", {})
-    ours = {k: v for k, v in _annotations(rewritten.get("metadata") or {}).items() if k.startswith(ANNOTATION_PREFIX)}
-    _set_annotations(meta, {**{k: None for k in _annotations(meta) if k.startswith(ANNOTATION_PREFIX)}, **ours})
+    ours = {k: v for k, v in annotations_in(rewritten.get("metadata") or {}).items() if k.startswith(ANNOTATION_PREFIX)}
+    set_annotations(meta, {**{k: None for k in annotations_in(meta) if k.startswith(ANNOTATION_PREFIX)}, **ours})
     return out
 
 
@@ -126,9 +126,9 @@ def carry_over(old: Subject, new: Mapping, config: Config) -> dict:
     placement made at creation instead of dropping it (server-side apply removes fields the
     applier owns and omits) or moving running work. Items the user now has win, as always."""
     old_templates = {found.where: found.template for found in old.templates}
-    return _rewrite(new, old.kind, lambda where, *_: recorded(old_templates.get(where)),
-                    lambda where: {key: annotations_of(old_templates.get(where)).get(key)
-                                   for key in OUTPUT_ANNOTATIONS}, config)
+    return rewrite(new, old.kind, lambda where, *_: recorded(old_templates.get(where)),
+                   lambda where: {key: annotations_of(old_templates.get(where)).get(key)
+                                  for key in OUTPUT_ANNOTATIONS}, config)
 
 
 def without_injection(subject: Subject) -> Subject:
@@ -137,8 +137,8 @@ def without_injection(subject: Subject) -> Subject:
     reading only: a subject that carries nothing of ours is returned as it is, not copied."""
     if not any(key in annotations_of(found.template) for found in subject.templates for key in OUTPUT_ANNOTATIONS):
         return subject
-    return subject.as_written(_rewrite(subject.obj, subject.kind, lambda *_: Injection(),
-                                       lambda _: dict.fromkeys(OUTPUT_ANNOTATIONS), None))
+    return subject.as_written(rewrite(subject.obj, subject.kind, lambda *_: Injection(),
+                                      lambda _: dict.fromkeys(OUTPUT_ANNOTATIONS), None))
 
 
 def summary(decision: Decision) -> str:
@@ -212,13 +212,13 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
     preferred = None
     # A gated wait gets neither: the releaser writes the pin where it starts it.
     if expressions and decision.hold is Hold.PIN:
-        required = (expressions,)  # the same expressions for every term: _apply_required spreads them
+        required = (expressions,)  # the same expressions for every term: reconcile.py spreads them
     elif expressions and decision.hold is Hold.PREFER:
         preferred = {"weight": config.preferred_weight, "preference": {"matchExpressions": list(expressions)}}
     label = None
     spread: tuple[dict, ...] = ()
     if decision.request.strategy is Strategy.DISTRIBUTED and decision.spread_keys:
-        current = _labels(meta).get(WORKLOAD_LABEL)
+        current = (meta.get("labels") or {}).get(WORKLOAD_LABEL)
         users = current is not None and current != previous.label  # then the selector uses theirs
         value = current if users else workload_label_value(kind, obj)
         label = None if users else value
@@ -241,213 +241,8 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
 def _gpu_containers(spec: Mapping) -> list[dict]:
     """The containers that use the pod's GPUs: those asking nvidia.com/gpu, else (GPUs asked through
     Dynamic Resource Allocation) those that use one of the pod's claims."""
-    containers = _containers(spec)
-    by_limits = [c for c in containers if container_gpus(c) > 0]
+    found = containers(spec)
+    by_limits = [c for c in found if container_gpus(c) > 0]
     if by_limits:
         return by_limits
-    return [c for c in containers if isinstance(c.get("resources"), Mapping) and c["resources"].get("claims")]
-
-
-def _apply(meta: dict, spec: dict, previous: Injection, desired: Injection) -> Injection:
-    """Reconcile the template from `previous` (ours, as recorded) to `desired`; returns what we now own."""
-    required = _apply_required(spec, previous.required, desired.required)
-    preferred_items, preferred_owned = _reconcile(
-        at(spec, PREFERRED) or [], [previous.preferred] if previous.preferred else [],
-        [desired.preferred] if desired.preferred else [], _canonical)
-    _put(spec, PREFERRED, preferred_items)
-    label = _apply_label(meta, previous.label, desired.label)
-    spread, spread_owned = _reconcile(spec.get("topologySpreadConstraints") or [], list(previous.spread),
-                                      list(desired.spread), _spread_identity)
-    _put(spec, ("topologySpreadConstraints",), spread)
-    gated = _apply_gate(spec, previous.gated, desired.gated)
-    env = {}
-    for container in _containers(spec):
-        name = str(container["name"])  # the shape check (templates.py): every container is named
-        want = [{"name": k, "value": v} for k, v in desired.env.get(name, {}).items()]
-        had = [{"name": k, "value": v} for k, v in previous.env.get(name, {}).items()]
-        items, owned = _reconcile(container.get("env") or [], had, want, lambda e: e.get("name"))
-        _put(container, ("env",), items)
-        if owned:
-            env[name] = {e["name"]: e["value"] for e in owned}
-    return Injection(required, preferred_owned[0] if preferred_owned else None, tuple(spread_owned), env, label,
-                     gated)
-
-
-def _apply_gate(spec: dict, previous: bool, desired: bool) -> bool:
-    """Our entry in spec.schedulingGates, added or removed in place; returns whether we own it
-    now. An entry of that name we did not add (the record says so) is never ours to remove."""
-    gates = list(spec.get("schedulingGates") or [])
-    present = any(isinstance(g, dict) and g.get("name") == GATE for g in gates)
-    if present and previous and not desired:
-        gates = [g for g in gates if not (isinstance(g, dict) and g.get("name") == GATE)]
-    elif desired and not present:
-        gates.append({"name": GATE})
-    _put(spec, ("schedulingGates",), gates)
-    return desired and (previous or not present)
-
-
-def _apply_required(spec: dict, previous: tuple[tuple[dict, ...], ...],
-                    desired: tuple[tuple[dict, ...], ...]) -> tuple[tuple[dict, ...], ...]:
-    """Our expressions in every nodeSelectorTerm (terms are ORed), reconciled term by term with
-    what the record says we put in that very term. An empty term `{}` matches no node, so it
-    stays empty. Returns, per term, the expressions we now own there."""
-    want = desired[0] if desired else ()
-    terms = at(spec, REQUIRED_TERMS)
-    if not terms:
-        if not want:
-            return ()
-        _put(spec, REQUIRED_TERMS, [{"matchExpressions": _copy(list(want))}])
-        return (want,)
-    owned: list[tuple[dict, ...]] = []
-    kept = []
-    for position, term in enumerate(terms):
-        ours = previous[position] if position < len(previous) else ()
-        if not isinstance(term, dict) or not (term.get("matchExpressions") or term.get("matchFields")):
-            kept.append(term)  # matches no node: adding to it would make it match ours
-            owned.append(())
-            continue
-        items, mine = _reconcile(term.get("matchExpressions") or [], list(ours), list(want), _canonical)
-        if not items and not term.get("matchFields"):
-            continue  # a term that held only our expressions was ours
-        _put(term, ("matchExpressions",), items)
-        kept.append(term)
-        owned.append(tuple(mine))
-    _put(spec, REQUIRED_TERMS, kept)
-    return tuple(owned) if any(owned) else ()
-
-
-def _apply_label(meta: dict, previous: str | None, desired: str | None) -> str | None:
-    labels = meta.get("labels") or {}
-    current = labels.get(WORKLOAD_LABEL)
-    ours = current is not None and current == previous
-    if current is not None and not ours:
-        return None  # the user's label: the selector uses it as it is
-    if desired is None:
-        if ours:
-            rest = {k: v for k, v in labels.items() if k != WORKLOAD_LABEL}
-            if rest:
-                meta["labels"] = rest
-            else:
-                meta.pop("labels", None)
-        return None
-    meta["labels"] = {**labels, WORKLOAD_LABEL: desired}
-    return desired
-
-
-def _reconcile(items: list, previous: list, desired: list, identity: Callable[[Any], Any]) -> tuple[list, list]:
-    """Our `previous` items are replaced in place by the desired item of the same identity, or
-    dropped; desired items whose identity is free are appended; other items are never touched.
-    Returns (new items, the desired items that are now ours)."""
-    leftover = list(previous)
-    wanted = {identity(d): d for d in desired}
-    out, owned = [], []
-    for item in items:
-        if item in leftover:
-            leftover.remove(item)
-            replacement = wanted.pop(identity(item), None)
-            if replacement is not None:
-                out.append(_copy(replacement))
-                owned.append(replacement)
-            continue
-        out.append(item)
-    taken = {identity(i) for i in out if isinstance(i, dict)}
-    for key, item in wanted.items():
-        if key not in taken:
-            out.append(_copy(item))  # one item goes into several lists: never share it
-            owned.append(item)
-    return out, owned
-
-
-def _rewrite(obj: Mapping, kind: str, desired: Callable[[str, dict, dict, Injection], Injection],
-             outputs: Callable[[str], Mapping[str, str | None]], config: Config | None) -> dict:
-    """A copy of `obj` whose every pod template (by its path, `where`) is reconciled from what we
-    recorded there to `desired(where, meta, spec, previous)`, with our output annotations set to
-    `outputs(where)` (None removes) and, given a config, our scheduler name reset. A template
-    without a pod spec has nothing of ours and is left as it is."""
-    new = _copy(dict(obj))
-    for found in pod_templates(kind, new):
-        template = found.template
-        if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
-            continue
-        found_meta = template.get("metadata")
-        meta: dict = found_meta if isinstance(found_meta, dict) else {}
-        had_metadata = bool(meta)
-        spec: dict = template["spec"]
-        if config is not None and spec.get("schedulerName") in config.scheduler_names:
-            spec["schedulerName"] = config.default_scheduler
-        previous = Injection.loads(_annotations(meta).get(INJECTED))
-        owned = _apply(meta, spec, previous, desired(found.where, meta, spec, previous))
-        _set_annotations(meta, {**outputs(found.where), INJECTED: owned.dumps() if owned != Injection() else None})
-        if meta:
-            template["metadata"] = meta
-        elif had_metadata:
-            del template["metadata"]  # we emptied it: leave no trace
-    return new
-
-
-def _copy(node: Any) -> Any:
-    """A copy of a JSON-shaped tree: new dicts and lists, scalars shared (they are immutable).
-    About a third of the cost of copy.deepcopy, and a review copies every object it mutates."""
-    if isinstance(node, dict):
-        return {key: _copy(value) for key, value in node.items()}
-    if isinstance(node, list):
-        return [_copy(item) for item in node]
-    return node
-
-
-def _containers(spec: Mapping) -> list[dict]:
-    return [c for key in ("initContainers", "containers") for c in spec.get(key) or () if isinstance(c, dict)]
-
-
-def _annotations(meta: Mapping) -> Mapping:
-    return meta.get("annotations") or {}
-
-
-def _labels(meta: Mapping) -> Mapping:
-    return meta.get("labels") or {}
-
-
-def _set_annotations(meta: dict, values: Mapping[str, str | None]) -> None:
-    """Set (or, for None, remove) annotations, creating or dropping the map only when needed."""
-    annotations = meta.get("annotations") or {}
-    changed = False
-    for key, value in values.items():
-        if value is None and key in annotations:
-            del annotations[key]
-            changed = True
-        elif value is not None and annotations.get(key) != value:
-            annotations[key] = value
-            changed = True
-    if changed:
-        if annotations:
-            meta["annotations"] = annotations
-        else:
-            meta.pop("annotations", None)
-
-
-def _put(node: dict, path: tuple[str, ...], items: list) -> None:
-    """Store a list at `path`, creating parents; an emptied list is removed with parents it leaves
-    empty. Unchanged lists are left as they are, so a user's `env: []` stays."""
-    if (at(node, path) or []) == items:
-        return
-    parents = [node]
-    for key in path[:-1]:
-        if not isinstance(parents[-1].get(key), dict):
-            parents[-1][key] = {}
-        parents.append(parents[-1][key])
-    if items:
-        parents[-1][path[-1]] = items
-        return
-    parents[-1].pop(path[-1], None)
-    for depth in range(len(path) - 1, 0, -1):
-        if parents[depth]:
-            break
-        parents[depth - 1].pop(path[depth - 1], None)
-
-
-def _canonical(item: Any) -> str:
-    return json.dumps(item, sort_keys=True)
-
-
-def _spread_identity(item: Mapping) -> tuple:
-    return (item.get("topologyKey"), item.get("whenUnsatisfiable"))
+    return [c for c in found if isinstance(c.get("resources"), Mapping) and c["resources"].get("claims")]
