@@ -43,7 +43,7 @@ class Subject:
 
     @cached_property
     def templates(self) -> tuple[PodTemplate, ...]:
-        """Its pod templates, in its kind's order (webhook/objects/kinds.py); a supported kind's only."""
+        """Its pod templates, in its kind's order (webhook/objects/kinds.py); asked of a kind we place only."""
         return tuple(pod_templates(self.kind, self.obj))
 
     @property

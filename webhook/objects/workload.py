@@ -37,6 +37,8 @@ from .subject import Subject
 from .templates import PodTemplate, field_path, mapping_of
 from .user_annotations import (GPU_COUNT, LATENCY_SENSITIVE, MAX_DOMAIN, NETWORK_BANDWIDTH, PEER_PREFERRED,
                                PEER_REQUIRED, PREFERRED_DOMAIN, STRATEGY, InvalidAnnotation, InvalidWorkload)
+
+
 @dataclass(frozen=True)
 class Workload:
     """What one object asks for. `request` is None when there is nothing to place, and `idle`
