@@ -15,10 +15,12 @@ class Memo:
         self.limit = limit
         self._answers: dict[Hashable, Any] = {}
 
-    def get(self, key: Hashable, answer: Callable[[], T]) -> T:
+    def get(self, key: Hashable, answer: Callable[..., T], *args: Any) -> T:
+        """The answer for `key`, worked out as `answer(*args)` the first time (no closure is made
+        per call: a relist asks once per pod)."""
         found = self._answers.get(key)
         if found is None:
-            found = answer()
+            found = answer(*args)
             if len(self._answers) >= self.limit:
                 self._answers.clear()
             self._answers[key] = found

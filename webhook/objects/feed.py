@@ -155,30 +155,37 @@ def _gpus_asked(spec: Mapping) -> int:
         return 0
 
 
+def _requests(spec: Mapping) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(pod_requests(spec).items()))
+
+
 def pod_facts(pod: Mapping, seal_key: bytes) -> PodFacts:
     """What the index reads of a Pod; what only a pending pod carries is read only for one."""
+    # Read once per pod at every relist and watch event (a million at a first sync): fields are
+    # passed by position, and what only a pending pod carries is read only for one.
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     annotations = meta.get("annotations") or {}
+    namespace = meta.get("namespace") or ""
     node_name = spec.get("nodeName") or None
     finished = status.get("phase") in _FINISHED_PHASES
     shape = demand_shape(spec)
-    gpus = _gpus_by_shape.get(shape, lambda: _gpus_asked(spec))
+    gpus = _gpus_by_shape.get(shape, _gpus_asked, spec)
     pending = not node_name and not finished
     reservation = annotations.get(RESERVATION)
     return PodFacts(
-        key=pod_key(pod), namespace=str(meta.get("namespace") or ""), node_name=node_name, finished=finished,
-        terminating=bool(meta.get("deletionTimestamp")), gpus=gpus,
+        pod_key(pod), str(namespace), node_name, finished,
+        bool(meta.get("deletionTimestamp")), gpus,
         # covered_by_claim reads only this field, which most pods lack: looked at first, it spares
         # them the call (its type checks cost more than the rest of this line)
-        covered_by_claim=bool(status.get("extendedResourceClaimStatus")) and dra_objects.covered_by_claim(pod),
-        requests=() if not node_name or finished else _requests_by_shape.get(shape, lambda: tuple(sorted(pod_requests(spec).items()))),
-        reservation=str(reservation) if reservation else None, gpu_ids=annotations.get(GPU_IDS),
-        waiting_for=parse_domain_path(annotations.get(WAITING_FOR)) if pending else None,
-        held=pending_hold(annotations, spec, gpus) if pending else None,
-        gate=gated(pod, seal_key) if pending else None,
-        claims=dra_objects.claim_refs(spec) if spec.get("resourceClaims") else _NO_CLAIMS, obj=pod)
+        bool(status.get("extendedResourceClaimStatus")) and dra_objects.covered_by_claim(pod),
+        _requests_by_shape.get(shape, _requests, spec) if node_name and not finished else (),
+        str(reservation) if reservation else None, annotations.get(GPU_IDS),
+        parse_domain_path(annotations.get(WAITING_FOR)) if pending else None,
+        pending_hold(annotations, spec, gpus) if pending else None,
+        gated(pod, seal_key) if pending else None,
+        dra_objects.claim_refs(spec) if spec.get("resourceClaims") else _NO_CLAIMS, pod)
 
 
 _NO_CLAIMS = ClaimRefs()

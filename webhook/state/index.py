@@ -274,8 +274,7 @@ class ClusterIndex:
         self.subsets.shift_freeing(node.name, delta)
 
     def pick(self, node: NodeState, gpus: int, taken: set[int]) -> tuple[int, ...]:
-        return self._picks.get((node.nvlink_domains, node.gpus, gpus, frozenset(taken)),
-                               lambda: node.pick_gpus(gpus, taken))
+        return self._picks.get((node.nvlink_domains, node.gpus, gpus, frozenset(taken)), node.pick_gpus, gpus, taken)
 
     def recount(self, names: Iterable[str]) -> None:
         """Copy the ledger's holds onto the nodes they changed on, with their aggregates."""
