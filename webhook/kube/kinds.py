@@ -25,7 +25,7 @@ NODEPOOL_VERSION = "v1"
 
 def pod_stream(index: ClusterIndex, core: k8s_client.CoreV1Api) -> Stream:
     """Every pod of every namespace, each counted under its `pod_key`."""
-    return Stream("pods", core.list_pod_for_all_namespaces, feed.pod_key, functools.partial(feed.upsert, index, kind="Pod"),
+    return Stream("pods", core.list_pod_for_all_namespaces, feed.pod_key, feed.upserter(index, "Pod"),
                   functools.partial(feed.delete, index, kind="Pod"), functools.partial(index.keys, "Pod"),
                   lambda key: feed.delete(index, {"metadata": {"uid": key}}, "Pod"))
 
@@ -53,7 +53,7 @@ def growth_streams(index: ClusterIndex, core: k8s_client.CoreV1Api,
             _, namespace, name = key.split("/", 2)
             feed.delete(index, {"metadata": {"name": name, "namespace": namespace}}, object_kind)
         return Stream(kind, call, functools.partial(autoscaler_objects.object_key, kind=object_kind),
-                      functools.partial(feed.upsert, index, kind=object_kind),
+                      feed.upserter(index, object_kind),
                       functools.partial(feed.delete, index, kind=object_kind),
                       functools.partial(index.keys, object_kind), forget, optional=True)
     return tuple(stream(kind, object_kind, call) for kind, (object_kind, call) in zip(GROWTH_STREAMS, calls))
@@ -120,7 +120,7 @@ def dra_streams(api_client: k8s_client.ApiClient, index: ClusterIndex) -> tuple[
         def forget(key: str) -> None:
             namespace, _, name = key.rpartition("/")
             feed.delete(index, {"metadata": {"name": name, "namespace": namespace or None}}, kind)
-        return Stream(plural, list_call, dra_objects.object_key, functools.partial(feed.upsert, index, kind=kind),
+        return Stream(plural, list_call, dra_objects.object_key, feed.upserter(index, kind),
                       functools.partial(feed.delete, index, kind=kind), functools.partial(index.keys, kind),
                       forget, optional=True)
     return tuple(stream(plural, kind, make(api_client)) for plural, kind, make in DRA_LISTS)

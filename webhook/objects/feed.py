@@ -55,6 +55,15 @@ def upsert(index: ClusterIndex, obj: Mapping, kind: str | None = None) -> None:
         index.apply(fact)
 
 
+def upserter(index: ClusterIndex, kind: str) -> Callable[[Mapping], None]:
+    """`upsert` for a list and watch of one kind: a relist calls it once per object (a million
+    pods), so what the kind decides is decided once, here."""
+    if kind != "Pod":
+        return lambda obj: upsert(index, obj, kind)
+    apply, seal_key = index.apply, index.config.seal_key
+    return lambda pod: apply(pod_facts(pod, seal_key))
+
+
 def delete(index: ClusterIndex, obj: Mapping, kind: str | None = None) -> None:
     """An object of any kind the index reads is gone (only its metadata is read)."""
     fact = gone_of(obj, kind)
