@@ -34,3 +34,22 @@ def test_no_module_imports_itself_through_others():
             if back is not None:
                 cycles.append(" -> ".join((module, *back)))
     assert not cycles
+
+
+# Sorts that order the reasons' text, not a placement: (module, function).
+REASONS_ONLY = {("waiting.py", "_per_level")}
+
+
+def test_every_placement_sort_key_is_a_named_ordering():
+    """docs/development.md: every sort key a placement choice uses is a named function of
+    core/orderings.py (which an ablation can switch), never a tuple written where it sorts."""
+    inline = []
+    for path in sorted((PACKAGE / "placement").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            if (path.name, function.name) in REASONS_ONLY:
+                continue
+            inline += [f"{path.name}:{node.lineno} in {function.name}" for node in ast.walk(function)
+                       if isinstance(node, ast.keyword) and node.arg == "key" and isinstance(node.value, ast.Lambda)
+                       and isinstance(node.value.body, ast.Tuple)]
+    assert not inline

@@ -1,8 +1,11 @@
 """The placement orderings, each named and written once.
 
-The decision (placement.py) and the level orders kept sorted for it (bestfit.py) read them through
-this module at call time, so an ablation (bench/ablation.py) switches a rule off in every place
-it is used by replacing one name here. Each returns a sort key: the smallest key wins.
+The decision (placement/decide.py), the wait (placement/waiting.py) and the level orders kept
+sorted for them (state/bestfit.py) read them through this module at call time, so an ablation
+(bench/ablation.py) switches a rule off in every place it is used by replacing one name here.
+Each returns a sort key: the smallest key wins (most_room_left's, the largest). Sorts that only
+make output deterministic (by name or path) or order the reasons' text are not placement rules
+and stay where they are.
 """
 from __future__ import annotations
 
@@ -23,15 +26,19 @@ class Ranked(Protocol):
     @property
     def path(self) -> tuple: ...
 
+    @property
+    def freeing(self) -> int: ...
+
     def fits_now(self, gpus: int) -> int: ...
 
     def slots(self, gpus: int) -> int: ...
 
 
 class GpuHost(Protocol):
-    """What aligned_first reads of a node (topology.NodeState meets it)."""
+    """What the node orderings read of a node (topology.NodeState meets it)."""
 
     name: str
+    free: int
 
     @property
     def taken_ids(self) -> set[int]: ...
@@ -63,3 +70,60 @@ def with_small_jobs_first(domain: Ranked, gpus: int) -> tuple:
     The gaps of a domain that a big job holds would break that domain up when the job ends
     (bench/RESULTS.md measures this)."""
     return -domain.partly_used, domain.fits_now(gpus), domain.free_gpus, domain.path
+
+
+def closest_to_fitting(domain: Ranked, gpus: int) -> tuple:
+    """A wait: of the domains that could ever hold the job, the one where most pods fit now, then
+    the one freeing most GPUs soon (terminating pods), then the one with most free."""
+    return -domain.fits_now(gpus), -domain.freeing, -domain.free_gpus, domain.path
+
+
+# ----- how a job's pods are split under the domain chosen (placement/decide.py: _split) -------------
+
+def roomiest_child(child: Ranked, gpus: int) -> tuple:
+    """The children a split looks at, roomiest first: the fewest of them hold the pods."""
+    return -child.fits_now(gpus), child.free_gpus, child.path
+
+
+def even_share_fit(child: Ranked, gpus: int) -> tuple:
+    """Across nodes, among the nodes that take an even share: the least room first. Unlike
+    best_fit, partly used nodes do not count: every node chosen takes the same share of one job."""
+    return child.fits_now(gpus), child.free_gpus, child.path
+
+
+def smallest_first(child: Ranked, gpus: int) -> tuple:
+    """Across nodes of uneven room: filled from the smallest, so the least share is as large as it can be."""
+    return child.fits_now(gpus), child.path
+
+
+def tightest_for_rest(child: Ranked, gpus: int, rest: int) -> tuple:
+    """Across switches, the child the rest of the pods go to: the tightest that holds them all."""
+    return child.fits_now(gpus) < rest, child.fits_now(gpus), child.free_gpus, child.path
+
+
+# ----- distributed: where pods spread (placement/decide.py: _distributed, _spread) ---------------------
+
+def one_pod_per_node_fit(domain: Ranked, gpus: int, pods: int) -> tuple:
+    """Latency-sensitive: the tightest domain with a node open for every pod, else the one with most."""
+    return domain.slots(gpus) < pods, domain.slots(gpus), domain.free_gpus, domain.path
+
+
+def widest_spread(domain: Ranked, gpus: int) -> tuple:
+    """A max-domain level: the domain with the most nodes open to a pod, then the fullest."""
+    return -domain.slots(gpus), domain.free_gpus, domain.path
+
+
+def tightest_node(node: GpuHost) -> tuple:
+    """Inside a leaf, the open node with the least room takes a pod first."""
+    return node.free, node.name
+
+
+def round_robin(taken: int, open_left: int, group: int) -> tuple:
+    """The next leaf to take a pod: the one that took fewest, then the one with most open nodes left."""
+    return taken, -open_left, group
+
+
+def most_room_left(node: GpuHost, gpus: int, pods_here: int) -> tuple:
+    """More pods than open nodes: the next pod stacks onto the node with the most room left (the
+    largest key wins)."""
+    return node.free - gpus * pods_here, node.name

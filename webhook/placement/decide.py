@@ -135,7 +135,7 @@ def _split(member: Member, pods: int, gpus: int) -> list[tuple[NodeState, int]]:
     if not member.children:
         return [(walk.as_node(member), pods)]
     kids = sorted((c for c in member.children.values() if c.fits_now(gpus) > 0),
-                  key=lambda c: (-c.fits_now(gpus), c.free_gpus, c.path))
+                  key=lambda c: orderings.roomiest_child(c, gpus))
     if not kids[0].children:  # across nodes
         chosen, shares = _balanced(kids, pods, gpus)
     else:
@@ -162,10 +162,10 @@ def _balanced(kids: list[Member], pods: int, gpus: int) -> tuple[list[Member], l
     share = math.ceil(pods / count)
     even = [c for c in kids if c.fits_now(gpus) >= share]
     if len(even) >= count:  # best fit among the children that can take an even share
-        chosen = sorted(even, key=lambda c: (c.fits_now(gpus), c.free_gpus, c.path))[:count]
+        chosen = sorted(even, key=lambda c: orderings.even_share_fit(c, gpus))[:count]
         return chosen, [pods // count + (1 if i < pods % count else 0) for i in range(count)]
     # Uneven capacities: water-fill from the smallest so the minimum share is as large as possible.
-    chosen = sorted(kids[:count], key=lambda c: (c.fits_now(gpus), c.path))
+    chosen = sorted(kids[:count], key=lambda c: orderings.smallest_first(c, gpus))
     shares, left = [], pods
     for i, kid in enumerate(chosen):
         give = min(kid.fits_now(gpus), math.ceil(left / (count - i)))
@@ -180,7 +180,7 @@ def _roomiest_then_tightest(kids: list[Member], pods: int, gpus: int) -> tuple[l
     left = pods
     for i, kid in enumerate(kids):
         if kid.fits_now(gpus) >= left:  # the rest fits in one child: the tightest that holds it
-            last = min(kids[i:], key=lambda c: (c.fits_now(gpus) < left, c.fits_now(gpus), c.free_gpus, c.path))
+            last = min(kids[i:], key=lambda c: orderings.tightest_for_rest(c, gpus, left))
             return chosen + [last], shares + [left]
         chosen.append(kid)
         shares.append(kid.fits_now(gpus))
@@ -199,7 +199,7 @@ def _distributed(subset: TopologyTree, request: PlacementRequest, chain: list[Me
             for level in range(max(0, depth - 2), -1, -1):
                 fitting = [d for d in walk.members_at(anchor, level) if d.fits_now(gpus) >= pods]
                 if fitting:
-                    scope = min(fitting, key=lambda d: (d.slots(gpus) < pods, d.slots(gpus), d.free_gpus, d.path))
+                    scope = min(fitting, key=lambda d: orderings.one_pod_per_node_fit(d, gpus, pods))
                     break
             if scope is not None:
                 break
@@ -208,7 +208,7 @@ def _distributed(subset: TopologyTree, request: PlacementRequest, chain: list[Me
         scope = next((m for m in chain if m.fits_now(gpus) >= pods), None)
     if scope is not None and scope.ref.level < narrowest:  # max-domain: the roomiest domain of that level
         fitting = [d for anchor in chain for d in walk.members_at(anchor, narrowest) if d.fits_now(gpus) >= pods]
-        scope = min(fitting, key=lambda d: (-d.slots(gpus), d.free_gpus, d.path)) if fitting else None
+        scope = min(fitting, key=lambda d: orderings.widest_spread(d, gpus)) if fitting else None
     if scope is None:
         return waiting.wait_decision(subset, request, chain)
     used = _spread(subset, scope, pods, gpus, depth)
@@ -229,25 +229,24 @@ def _spread(subset: TopologyTree, scope: Member, pods: int, gpus: int, depth: in
     if scope is subset.root and depth:  # the level's roomiest order answers (bestfit.py)
         groups = subset.orders[depth - 1].roomiest(gpus, pods)
     elif scope.ref.level < depth - 1:
-        open_leaves = [(d.slots(gpus), d) for d in walk.at_level(scope, depth - 1)]
-        roomiest = heapq.nsmallest(pods, ((-n, d.ref.path, d) for n, d in open_leaves if n), key=lambda x: x[:2])
-        groups = [leaf for _, _, leaf in roomiest]
+        open_leaves = [d for d in walk.at_level(scope, depth - 1) if d.slots(gpus)]
+        groups = heapq.nsmallest(pods, open_leaves, key=lambda d: orderings.roomiest(d, gpus))
     else:
         groups = [scope]
-    queues = [sorted(walk.nodes_fitting(g, gpus), key=lambda n: (n.free, n.name)) for g in groups]
+    queues = [sorted(walk.nodes_fitting(g, gpus), key=orderings.tightest_node) for g in groups]
     used: dict[str, int] = {}
     taken = [0] * len(groups)
     for _ in range(pods):
         open_groups = [i for i in range(len(groups)) if taken[i] < len(queues[i])]
         if not open_groups:
             break
-        i = min(open_groups, key=lambda k: (taken[k], -(len(queues[k]) - taken[k]), k))
+        i = min(open_groups, key=lambda k: orderings.round_robin(taken[k], len(queues[k]) - taken[k], k))
         used[queues[i][taken[i]].name] = 1
         taken[i] += 1
     left = pods - sum(used.values())
     while left:  # fewer open nodes than pods: stack onto the nodes with the most room left
         nodes = [n for n in walk.nodes_fitting(scope, gpus) if n.free >= gpus * (used.get(n.name, 0) + 1)]
-        node = max(nodes, key=lambda n: (n.free - gpus * used.get(n.name, 0), n.name))
+        node = max(nodes, key=lambda n: orderings.most_room_left(n, gpus, used.get(n.name, 0)))
         used[node.name] = used.get(node.name, 0) + 1
         left -= 1
     return used

@@ -7,6 +7,7 @@ import heapq
 import math
 from typing import Callable, Sequence
 
+from ..core import orderings
 from ..core.model import EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Decision, DomainRef, NodeRequirement, Outcome, PlacementRequest, Strategy
 from ..settings.presets import HOSTNAME_LABEL
 from ..state.filters import expression_matches, node_matches, tolerates
@@ -167,7 +168,7 @@ def wait_decision(subset: TopologyTree, request: PlacementRequest, chain: list[M
         for level in range(len(subset.levels) - 1, scope.ref.level, -1):
             able = [d for d in walk.at_level(scope, level) if d.fits_idle(gpus) >= pods]
             if able:
-                target = min(able, key=lambda d: (-d.fits_now(gpus), -d.freeing, -d.free_gpus, d.path))
+                target = min(able, key=lambda d: orderings.closest_to_fitting(d, gpus))
                 break
         if target is not None:
             break
