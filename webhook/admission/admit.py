@@ -35,7 +35,8 @@ from .lifecycle import kept, released
 from .repair import placed_by_owner, repaired
 
 if TYPE_CHECKING:
-    from ..state.index import ClusterIndex, ScaleUps
+    from ..state.index import ClusterIndex
+    from ..state.ports import ScaleUps
 
 log = logging.getLogger(__name__)
 

@@ -137,7 +137,7 @@ class ApiClaims:
         self._own_since: set[int] = {0}
         self._applied: dict[str, dict] = {}  # claims of that version, as applied to the ledger
 
-    # ---- what the placer calls (placer.SharedClaims) ----------------------------------------
+    # ---- what the placer calls (state/ports.SharedClaims) -------------------------------------
     def alone(self, what: str, why: str) -> str:
         self.on_alone()
         log.warning("claims: %s decided alone: not agreed with other replicas within %.1fs (%s)", what,

@@ -9,6 +9,7 @@ its parts, each with one concern:
   pods.py     where each pod is counted (GPUs, other requests, reservations, waits, our gate),
   devices.py  which GPUs DRA gives each node, and which of them claims hold,
   growth.py   how autoscalers can grow the cluster,
+  ports.py    what the adapters kube/ builds are to the index (the claims Lease, scale-ups),
 and it owns what ties them together: a node's aggregates settled after each change, and the one
 lock that watch threads and request threads share.
 """
@@ -20,7 +21,7 @@ import gc
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Collection, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Callable, Collection, Iterable, Iterator, Mapping
 
 from ..core.memo import Memo
 from ..core.model import PlacementRequest
@@ -33,6 +34,7 @@ from .gated import GatedGroup, GatedPod
 from .growth import GrowthFact, GrowthState, Pool
 from .holds import ReservationLedger
 from .pods import PodCounts, PodFacts, PodGone
+from .ports import ScaleUps, SharedClaims
 from .stats import ClusterStats, cluster_stats
 from .tree import Domain, NodeState, TopologyTree, placement_fields
 
@@ -59,25 +61,6 @@ def out_of_the_collectors_way() -> None:
     when nothing refers to them."""
     gc.collect()
     gc.freeze()
-
-
-class SharedClaims(Protocol):
-    """Holds shared with other replicas; see webhook/kube/shared_claims.py."""
-
-    budget_seconds: float
-
-    def basis(self) -> int: ...  # the claims version decisions now see (read under the index lock)
-    def claim(self, key: str, basis: int, deadline: float) -> str | None: ...  # None, CONFLICT or why not
-    def unclaim(self, key: str, deadline: float) -> str | None: ...
-    def alone(self, what: str, why: str) -> str: ...  # counts and logs; the warning to give
-
-
-class ScaleUps(Protocol):
-    """Scale-up requests (ProvisioningRequests) made for groups that wait for nodes; see
-    webhook/kube/scaleups.py."""
-
-    def create(self, objects: Sequence[Mapping]) -> str | None: ...  # None: they exist now; else why not
-    def delete(self, namespace: str, name: str) -> None: ...
 
 
 class ClusterIndex:
