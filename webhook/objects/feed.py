@@ -21,8 +21,9 @@ from ..state.index import ClusterIndex, Fact, NodeGone
 from ..state.pods import PodFacts, PodGone
 from ..state.tree import NodeState, nvlink_domains
 from . import autoscaler_objects, dra_objects
+from .user_annotations import NETWORK_BANDWIDTH
 
-BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth"
+BANDWIDTH_LABEL = NETWORK_BANDWIDTH  # a node's label of the key a workload's annotation asks with
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 # Taints the node lifecycle controller sets from conditions (not-ready, unreachable, pressure...):
@@ -40,10 +41,10 @@ def index_of(config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] =
     """The index of these objects: Nodes and Pods, and any of the DRA kinds (dra.DRA_KINDS) and
     autoscalers' objects mixed in, as `kubectl get nodes,pods,resourceslices -o yaml` prints them."""
     objects = sorted([*nodes, *pods], key=lambda obj: _FEED_ORDER.get(str(obj.get("kind", "Node")), 2))
-    width = max([8] + [parse_node(n, config).gpus for n in objects if n.get("kind", "Node") == "Node"])
-    index = ClusterIndex(config, width, clock)
-    for obj in objects:
-        upsert(index, obj)
+    facts = [fact for fact in (fact_of(obj, config) for obj in objects) if fact is not None]
+    index = ClusterIndex(config, max([8] + [fact.gpus for fact in facts if isinstance(fact, NodeState)]), clock)
+    for fact in facts:
+        index.apply(fact)
     return index
 
 

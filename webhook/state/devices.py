@@ -2,7 +2,6 @@
 (dra.py) applied to the nodes they change, no others."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Iterable, Protocol
 
@@ -85,12 +84,6 @@ class Devices:
                 self.nodes.install(node, fresh)
             elif fresh.claimed != node.claimed:
                 self.nodes.set_claimed(node, frozenset(fresh.claimed))
-
-    def claims_demand(self, namespace: str, refs: dra.ClaimRefs, largest_node: int) -> dra.ClaimDemand:
-        """What a pod's resourceClaims ask of GPUs, from the templates and claims known now; a
-        request for every GPU of one node is one of the largest nodes' (`largest_node` GPUs)."""
-        demand = dra.claims_demand(namespace, refs, self.inventory)
-        return dataclasses.replace(demand, per_pod=demand.per_pod + largest_node) if demand.whole_node else demand
 
     def keys(self, kind: str) -> set[str]:
         """Keys of the DRA objects of `kind` held (a relist forgets the others)."""

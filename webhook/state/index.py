@@ -175,12 +175,9 @@ class ClusterIndex:
         old = self.tree.nodes.get(fresh.name)
         if old is not None and placement_fields(old) == placement_fields(fresh):
             return  # kubelet's status updates: nothing placement reads has changed
-        self._install(old, fresh)
+        self.install(old, fresh)
 
-    def install(self, old: NodeState, fresh: NodeState) -> None:
-        self._install(old, fresh)
-
-    def _install(self, old: NodeState | None, fresh: NodeState) -> None:
+    def install(self, old: NodeState | None, fresh: NodeState) -> None:
         """Put `fresh` in the tree in place of `old` (None: a new node), keeping what runs and is held there."""
         if fresh.gpus > self.tree.width:
             self.subsets.clear()  # built for the old width; rebuilt on next use
@@ -272,9 +269,13 @@ class ClusterIndex:
     def claims_demand(self, namespace: str, claims: dra.ClaimRefs) -> dra.ClaimDemand:
         """What a pod spec's resourceClaims ask of GPUs, from the templates and claims known now."""
         with self.lock:
-            ever = self.tree.root.pods_idle  # every GPU of one node: of the widest g any node holds a pod of
-            return self.devices.claims_demand(
-                namespace, claims, next((g for g in range(len(ever) - 1, 0, -1) if ever[g] > 0), 0))
+            demand = dra.claims_demand(namespace, claims, self.devices.inventory)
+            if not demand.whole_node:
+                return demand
+            # every GPU of one node: of the largest nodes (the widest g any node holds a pod of)
+            ever = self.tree.root.pods_idle
+            largest = next((g for g in range(len(ever) - 1, 0, -1) if ever[g] > 0), 0)
+            return dataclasses.replace(demand, per_pod=demand.per_pod + largest)
 
     def pod_group(self, key: str) -> dra.PodGroupFacts | None:
         """The PodGroup namespace/name as last seen, None when not seen."""
