@@ -8,12 +8,18 @@ without an index does: rescan every node per request, summing floor(free/g) per 
 zone, then apply the same deepest-tightest rule. Both run in this process, in this run.
 Waits (nothing fits now: the decision names what will fit first) are timed last, with every node filled.
 
-As `serve` does, the built index is frozen out of the garbage collector's reach
-(`cluster.out_of_the_collectors_way`), and each timed loop starts after a collection: otherwise a
+As `serve` does, each built index is frozen out of the garbage collector's reach
+(`cluster.out_of_the_collectors_way`), and the timed loops start after a collection: otherwise a
 p99 of a few hundred decisions is whichever full collections landed in them, and those walk every
 object the process holds, so they grow with the cluster (that made the 100,000/10,000-node p99
-ratio 0.5x to 5.3x from run to run). `--runs N` repeats each size N times in turn and prints the
-p99 ratio of the largest size to the smallest per run, the figure that must hold run after run.
+ratio 0.5x to 5.3x from run to run).
+
+The decision p50 and p99 of every size are timed together, in alternating blocks of a few hundred
+decisions on indexes built side by side: timed one size after the other, a slower minute of the
+machine (a neighbour's burst, a cache-hungry process) landed on one size only and moved the
+100,000/10,000 p99 ratio between 0.9x and 1.7x in consecutive runs, with each shape's own p50 the
+same at both sizes. `--runs N` repeats the whole measurement N times and prints that ratio per
+run, the figure that must hold run after run.
 """
 from __future__ import annotations
 
@@ -68,12 +74,21 @@ def naive_place(nodes: list[tuple[str, tuple[str, ...], int]], pods: int, gpus: 
 
 def decision_times(index: ClusterIndex, requests: list[PlacementRequest], repeat: int) -> list[float]:
     """Seconds each of `repeat` decisions took, going round `requests`, from a fresh collection."""
+    return interleaved_times({0: index}, requests, repeat)[0]
+
+
+def interleaved_times(indexes: dict[int, ClusterIndex], requests: list[PlacementRequest], repeat: int,
+                      block: int = 600) -> dict[int, list[float]]:
+    """Seconds each of `repeat` decisions took on every index, going round `requests`, timed in
+    alternating blocks of `block` decisions so that the machine's drift falls on every index alike."""
     gc.collect()
-    times = []
-    for i in range(repeat):
-        began = time.perf_counter()
-        place(index, requests[i % len(requests)])
-        times.append(time.perf_counter() - began)
+    times: dict[int, list[float]] = {size: [] for size in indexes}
+    for start in range(0, repeat, block):
+        for size, index in indexes.items():
+            for i in range(start, min(repeat, start + block)):
+                began = time.perf_counter()
+                place(index, requests[i % len(requests)])
+                times[size].append(time.perf_counter() - began)
     return times
 
 
@@ -82,22 +97,29 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run(size: int, repeat: int) -> dict[str, float]:
+def built(size: int) -> tuple[ClusterIndex, list[dict], float]:
+    """The index of the bench cluster of `size` nodes, its Node objects and the seconds it took to build."""
     nodes, pods = cluster(size)
     started = time.perf_counter()
     index = index_of(Config(), nodes, pods)
-    build = time.perf_counter() - started
-    out_of_the_collectors_way()  # as `serve` does once the index is built
-    flat = [(n.name, tuple(n.labels[k] for k in LEVELS), n.free) for n in index.nodes.values()]
-    # The first decision for a pod size sorts each level once (bestfit.py); later ones catch up on
-    # what changed. Timed apart, so the percentiles below are the steady state.
+    return index, nodes, time.perf_counter() - started
+
+
+def warmed(index: ClusterIndex) -> list[float]:
+    """The first decision for a pod size sorts each level once (bestfit.py); later ones catch up on
+    what changed. Seconds each shape's first took: timed apart, so the percentiles are the steady state."""
     cold = []
     for pods_, gpus in SHAPES:
         t0 = time.perf_counter()
         place(index, PlacementRequest("bench", pods_, gpus, Strategy.CONSOLIDATED))
         cold.append(time.perf_counter() - t0)
-    shapes = [PlacementRequest("bench", pods_, gpus, Strategy.CONSOLIDATED) for pods_, gpus in SHAPES]
-    ours = decision_times(index, shapes, repeat)
+    return cold
+
+
+def run(size: int, index: ClusterIndex, nodes: list[dict], build: float, cold: list[float], ours: list[float],
+        repeat: int) -> dict[str, float]:
+    """Every figure of one size, given its decision times; the index is filled up at the end."""
+    flat = [(n.name, tuple(n.labels[k] for k in LEVELS), n.free) for n in index.nodes.values()]
     naive = []  # a full scan takes 10-100 ms at these sizes: a few per shape give its median
     for i in range(NAIVE_REPEAT):
         pods_, gpus = SHAPES[i % len(SHAPES)]
@@ -165,13 +187,16 @@ def main() -> None:
           "| after an unchanged node update p99 (ms) | unchanged node update (us) | distributed 16x8 p50 (ms) | p99 (ms) "
           "| wait, nothing free p50 (ms) | p99 (ms) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    shapes = [PlacementRequest("bench", pods_, gpus, Strategy.CONSOLIDATED) for pods_, gpus in SHAPES]
     ratios = []
     for _ in range(args.runs):
+        builds = {size: built(size) for size in args.sizes}
+        out_of_the_collectors_way()  # as `serve` does once the index is built
+        cold = {size: warmed(index) for size, (index, _, _) in builds.items()}
+        ours = interleaved_times({size: index for size, (index, _, _) in builds.items()}, shapes, args.repeat)
         p99 = {}
         for size in args.sizes:
-            r = run(size, args.repeat)
-            gc.unfreeze()  # that size's index is garbage now: let the collector have it
-            gc.collect()
+            r = run(size, *builds.pop(size), cold[size], ours[size], args.repeat)
             p99[size] = r["p99_ms"]
             print(f"| {r['nodes']} | {r['build_s']:.2f} | {r['cold_ms']:.1f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} "
                   f"| {r['naive_p50_ms']:.2f} | {r['naive_p99_ms']:.2f} | {r['speedup_p50']:.0f}x | {r['event_us']:.1f} "
@@ -179,6 +204,8 @@ def main() -> None:
                   f"| {r['after_update_p99_ms']:.3f} | {r['node_update_us']:.1f} "
                   f"| {r['distributed_p50_ms']:.3f} | {r['distributed_p99_ms']:.3f} "
                   f"| {r['wait_p50_ms']:.3f} | {r['wait_p99_ms']:.3f} |")
+        gc.unfreeze()  # this run's indexes are garbage now: let the collector have them
+        gc.collect()
         ratios.append(p99[max(args.sizes)] / p99[min(args.sizes)])
     if len(args.sizes) > 1:
         print(f"decision p99 at {max(args.sizes)} nodes / at {min(args.sizes)}, run by run: "
