@@ -1,12 +1,13 @@
-"""bestfit.LevelOrders on its own: after any sequence of changes, an order read after catching up
-answers what a full sort of the level's domains by its ordering would."""
+"""bestfit.LevelOrders on its own: after any sequence of changes, an order read (it catches up on
+the changes since it was last read) answers what a full sort of the level's domains by its
+ordering would."""
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from webhook.core import orderings
-from webhook.state.bestfit import FIT, OPEN, LevelOrders
+from webhook.state.bestfit import LevelOrders
 
 
 class FakeDomain:
@@ -49,8 +50,6 @@ def test_an_order_caught_up_after_any_changes_answers_as_a_full_sort_would(round
         for which, node, free in changes:
             by_index[which].free_by_node[node] = free
             level.touch(by_index[which])
-        level.catch_up(FIT, gpus)
-        level.catch_up(OPEN, gpus)
         fitting = [d for d in domains.values() if d.fits_now(gpus) >= pods]
         want = min(fitting, key=lambda d: orderings.best_fit(d, gpus)) if fitting else None
         assert level.best_fit(gpus, pods) is want
@@ -63,8 +62,7 @@ def test_a_domain_pruned_since_it_was_touched_is_never_answered():
     for domain in domains.values():
         domain.free_by_node = [8]
     level = LevelOrders(lambda: domains)
-    level.catch_up(FIT, 8)
+    level.best_fit(8, 1)  # sorted now: the read below catches up on the change
     gone = domains.pop((("leaf", "a"),))
     level.touch(gone)
-    level.catch_up(FIT, 8)
     assert level.best_fit(8, 1) is domains[(("leaf", "b"),)]

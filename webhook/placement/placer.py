@@ -16,7 +16,7 @@ import time
 import zlib
 from typing import Callable
 
-from ..core.model import GROUP_MISMATCH, Decision, DomainRef, Outcome, PlacementRequest, Strategy
+from ..core.model import GROUP_MISMATCH, Decision, DomainRef, Outcome, PlacementRequest
 from ..state.gated import GatedGroup
 from ..state.index import ClusterIndex
 from ..state.tree import TopologyTree
@@ -80,7 +80,7 @@ def _holds_no_wider(subset: TopologyTree, request: PlacementRequest, level: int)
 def _decide(index: ClusterIndex, request: PlacementRequest, key: str | None) -> Decision:
     """The core's decision, kept off the GPUs that older pinned waits need where it can be
     (protection.py): decided again with them held when the first answer takes them."""
-    decision = decide(index.tree, request, _prepared(index, request), index.pools)
+    decision = decide(index.tree, request, index.restricted_to(request), index.pools)
     seconds = index.config.protect_waiting_seconds
     if not seconds or not index.pods.waiters or decision.outcome is not Outcome.PLACED:
         return decision
@@ -92,17 +92,10 @@ def _decide(index: ClusterIndex, request: PlacementRequest, key: str | None) -> 
         return decision
     index.reserve(protection.PROTECTION_KEY, shield.gpu_sets(index.tree))
     try:
-        second = decide(index.tree, request, _prepared(index, request), index.pools)
+        second = decide(index.tree, request, index.restricted_to(request), index.pools)
     finally:
         index.release(protection.PROTECTION_KEY)
     return protection.chosen(decision, second, shield)
-
-
-def _prepared(index: ClusterIndex, request: PlacementRequest) -> TopologyTree:
-    """The part of the index the request may use, with its best-fit orders current."""
-    subset = index.restricted_to(request)
-    subset.catch_up(request.gpus_per_pod, spread=request.strategy is Strategy.DISTRIBUTED)
-    return subset
 
 
 def place_and_reserve(index: ClusterIndex, request: PlacementRequest, key: str | None) -> Decision:

@@ -11,7 +11,8 @@ one binary search or the first few entries.
 Events must stay cheap, and every pod event moves the free GPUs (part of the key) of every domain
 above its node, for every g. So events only append the domains they touch to the level's change
 list, and an order brings itself up to date from that list when it is next read: the cost is paid
-per decision, in proportion to what changed since, never per event and never per domain.
+by the decisions that read it (one that a single node holds never does), in proportion to what
+changed since, never per event and never per domain.
 """
 from __future__ import annotations
 
@@ -62,8 +63,8 @@ class LevelOrders(Generic[R]):
         self._orders.clear()
         self._seen.clear()
 
-    def catch_up(self, rule: str, gpus: int) -> None:
-        """Bring the order of `rule` for pods of `gpus` GPUs up to date (before decisions read it)."""
+    def _current(self, rule: str, gpus: int) -> list[tuple]:
+        """The sorted keys of `rule` for pods of `gpus` GPUs, brought up to date first."""
         domains = self._domains()
         key, which = getattr(orderings, _ORDERINGS[rule]), (rule, gpus)
         if which not in self._orders:
@@ -86,16 +87,16 @@ class LevelOrders(Generic[R]):
         if done > len(self.changed) // 2:  # every order is past these: forget them
             del self.changed[:done]
             self._seen = {g: seen - done for g, seen in self._seen.items()}
+        return self._orders[which][0]
 
     def best_fit(self, gpus: int, pods: int) -> R | None:
-        """The domain with the least room that holds `pods` pods of `gpus` GPUs (caught up first)."""
-        keys, _ = self._orders[FIT, gpus]
+        """The domain with the least room that holds `pods` pods of `gpus` GPUs."""
+        keys = self._current(FIT, gpus)
         i = bisect_left(keys, (pods,))
         return self._domains()[keys[i][3]] if i < len(keys) else None
 
     def roomiest(self, gpus: int, count: int) -> list[R]:
-        """Up to `count` domains with the most nodes open to a pod of `gpus` GPUs, none without
-        one (caught up first)."""
-        keys, _ = self._orders[OPEN, gpus]
+        """Up to `count` domains with the most nodes open to a pod of `gpus` GPUs, none without one."""
+        keys = self._current(OPEN, gpus)
         domains = self._domains()
         return [domains[path] for slots, path in keys[:count] if slots < 0]

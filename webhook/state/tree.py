@@ -25,7 +25,7 @@ from ..core.gpus import nvlink_groups, pick_aligned
 from ..core.model import DomainRef, Interconnect, PlacementRequest
 from ..settings.config import Config, HardwareProfile
 from ..settings.presets import HOSTNAME_LABEL
-from .bestfit import FIT, OPEN, LevelOrders
+from .bestfit import LevelOrders
 
 
 _NO_CHILDREN: Mapping[str, "Domain | NodeState"] = MappingProxyType({})
@@ -387,10 +387,3 @@ class TopologyTree:
         for domain in self.ancestors(node):
             domain.freeing += delta
 
-    def catch_up(self, gpus: int, spread: bool = False) -> None:
-        """Bring the level orders a decision for pods of `gpus` GPUs reads up to date: best fit,
-        and for a spread the roomiest too."""
-        for orders in self.orders:
-            orders.catch_up(FIT, gpus)
-            if spread:
-                orders.catch_up(OPEN, gpus)
