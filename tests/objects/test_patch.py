@@ -75,7 +75,10 @@ def test_an_item_changed_inside_a_list_is_patched_inside_it():
         {"op": "add", "path": "/spec/containers/1/env", "value": [{"name": "E", "value": "1"}]}]
 
 
-_json = st.recursive(st.none() | st.booleans() | st.integers(-3, 3) | st.text("ab/~", max_size=3),
+# Every scalar an API object holds: int64 (the API's widest integer), finite floats, any text.
+_scalars = (st.none() | st.booleans() | st.integers(-3, 3) | st.integers(-2**63, 2**63 - 1)
+            | st.floats(allow_nan=False, allow_infinity=False) | st.text("ab/~", max_size=3) | st.text(max_size=3))
+_json = st.recursive(_scalars,
                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text("ab/~0", max_size=3), inner,
                                                                                  max_size=3), max_leaves=12)
 

@@ -8,10 +8,14 @@ to the received object first and must give exactly the mutated one.
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
 import jsonpatch
+import orjson
+
+# The round trip that makes our private copies writes what JSON has not as `str` does (a
+# `creationTimestamp` YAML loaded as a datetime, keys YAML loaded as numbers), as json.dumps did.
+_AS_JSON = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_NON_STR_KEYS
 
 
 class PatchError(RuntimeError):
@@ -22,7 +26,8 @@ def make_patch(received: Any, mutated: Any) -> list[dict]:
     """The operations that turn `received` into `mutated`; [] when they are equal. Both are taken
     as JSON documents, as the apiserver holds them: no shared sub-objects, and values YAML gives
     that JSON has not (a `creationTimestamp` loaded as a datetime) compared as text."""
-    received, mutated = (json.loads(json.dumps(doc, default=str)) for doc in changed_parts(received, mutated))
+    received, mutated = (orjson.loads(orjson.dumps(doc, default=str, option=_AS_JSON))
+                         for doc in changed_parts(received, mutated))
     # add/remove/replace only: finding moves serializes every added and removed value (about a
     # tenth of a review's time), and our mutations add and remove items, they never move them
     diff = jsonpatch.JsonPatch.from_diff(received, mutated, optimization=False)
@@ -66,4 +71,4 @@ def changed_parts(received: Any, mutated: Any) -> tuple[Any, Any]:
 
 def encode(operations: list[dict]) -> str:
     """The `response.patch` field: base64 of the JSON array."""
-    return base64.b64encode(json.dumps(operations, separators=(",", ":")).encode()).decode("ascii")
+    return base64.b64encode(orjson.dumps(operations)).decode("ascii")
