@@ -93,6 +93,34 @@ def test_any_two_documents_give_a_patch_from_one_to_the_other(received, mutated)
     assert jsonpatch.apply_patch(document, json.loads(json.dumps(ops))) == wanted
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_json, min_size=1, max_size=6), st.lists(_json, min_size=1, max_size=4), _json)
+def test_a_list_only_appended_to_is_patched_by_adding_after_its_items(kept, added, beside):
+    # our env after a user's: the user's items are never written, moved or matched up
+    received = {"spec": {"containers": [{"name": "main", "env": kept}], "beside": beside}}
+    mutated = {"spec": {"containers": [{"name": "main", "env": kept + added}], "beside": beside}}
+    ops = patch.make_patch(received, mutated)
+    assert jsonpatch.apply_patch(received, ops) == mutated
+    assert [(op["op"], op["path"]) for op in ops] == [
+        ("add", f"/spec/containers/0/env/{len(kept) + i}") for i in range(len(added))]
+
+
+def test_a_diff_that_moves_kept_items_is_made_again_from_the_whole_lists(monkeypatch):
+    # right on the stand-ins the check sees (kept, kept -> kept, kept, "c"), wrong on the real list
+    wrong = jsonpatch.JsonPatch([{"op": "add", "path": "/env/0", "value": patch._KEPT},
+                                 {"op": "replace", "path": "/env/2", "value": "c"}])
+    calls = []
+    real_diff = jsonpatch.JsonPatch.from_diff
+
+    def first_wrong(*args, **options):
+        calls.append(args)
+        return wrong if len(calls) == 1 else real_diff(*args, **options)
+    monkeypatch.setattr(patch.jsonpatch.JsonPatch, "from_diff", first_wrong)
+    received, mutated = {"env": ["a", "b"]}, {"env": ["a", "b", "c"]}
+    ops = patch.make_patch(received, mutated)
+    assert len(calls) == 2 and jsonpatch.apply_patch(received, ops) == mutated
+
+
 def test_encode_is_base64_of_the_json_array():
     ops = [{"op": "add", "path": "/a~1b", "value": "é"}]
     assert json.loads(base64.b64decode(patch.encode(ops))) == ops

@@ -16,6 +16,7 @@ import orjson
 # The round trip that makes our private copies writes what JSON has not as `str` does (a
 # `creationTimestamp` YAML loaded as a datetime, keys YAML loaded as numbers), as json.dumps did.
 _AS_JSON = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_NON_STR_KEYS
+_KEPT = "\x00kept\x00"  # an item of a list only appended to, the same on both sides (changed_parts)
 
 
 class PatchError(RuntimeError):
@@ -26,8 +27,15 @@ def make_patch(received: Any, mutated: Any) -> list[dict]:
     """The operations that turn `received` into `mutated`; [] when they are equal. Both are taken
     as JSON documents, as the apiserver holds them: no shared sub-objects, and values YAML gives
     that JSON has not (a `creationTimestamp` loaded as a datetime) compared as text."""
-    received, mutated = (orjson.loads(orjson.dumps(doc, default=str, option=_AS_JSON))
-                         for doc in changed_parts(received, mutated))
+    appended: dict[tuple[str, ...], int] = {}
+    operations = _checked_diff(*changed_parts(received, mutated, appended))
+    if appended and not _only_appends(operations, appended):  # the stand-ins were matched up otherwise
+        operations = _checked_diff(*changed_parts(received, mutated))
+    return operations
+
+
+def _checked_diff(received: Any, mutated: Any) -> list[dict]:
+    received, mutated = (orjson.loads(orjson.dumps(doc, default=str, option=_AS_JSON)) for doc in (received, mutated))
     # add/remove/replace only: finding moves serializes every added and removed value (about a
     # tenth of a review's time), and our mutations add and remove items, they never move them
     diff = jsonpatch.JsonPatch.from_diff(received, mutated, optimization=False)
@@ -40,7 +48,28 @@ def make_patch(received: Any, mutated: Any) -> list[dict]:
     return diff.patch
 
 
-def changed_parts(received: Any, mutated: Any) -> tuple[Any, Any]:
+def _only_appends(operations: list[dict], appended: dict[tuple[str, ...], int]) -> bool:
+    """Whether every operation on a list diffed with stand-ins (`appended`: its path -> the items
+    it kept) adds a whole item after the kept ones, and none replaces or removes that list or what
+    holds it: then the kept items are neither moved nor written, and the patch is the same on the
+    real list as on the stand-ins the check applied it to."""
+    for operation in operations:
+        parts = tuple(jsonpatch.JsonPointer(operation["path"]).parts)
+        for path, kept in appended.items():
+            if parts[:len(path)] != path:
+                continue
+            if len(parts) == len(path):  # the list itself, or above it
+                return False
+            index = parts[len(path)]
+            if not (operation["op"] == "add" and len(parts) == len(path) + 1 and index.isdigit() and int(index) >= kept):
+                return False
+        if any(path[:len(parts)] == parts and len(parts) < len(path) for path in appended):
+            return False
+    return True
+
+
+def changed_parts(received: Any, mutated: Any, appended: dict[tuple[str, ...], int] | None = None,
+                  path: tuple[str, ...] = ()) -> tuple[Any, Any]:
     """Both documents with every part that is equal on both sides left out, at every depth. The
     diff and its check then walk what changed, not the whole object (comparing and copying equal
     parts was most of a review's patching time), and give the same operations: a mapping key
@@ -48,10 +77,19 @@ def changed_parts(received: Any, mutated: Any) -> tuple[Any, Any]:
 
     Two lists of one length are compared item by item, as a mapping from index to item: the same
     paths (`/spec/containers/0/env`), and what differs inside an item is patched inside it, never
-    by replacing the list. Lists of different lengths are kept whole, for the diff to match up."""
-    if isinstance(received, list) and isinstance(mutated, list) and len(received) == len(mutated):
-        indices = [str(i) for i in range(len(received))]
-        received, mutated = dict(zip(indices, received)), dict(zip(indices, mutated))
+    by replacing the list. Given `appended`, a list only appended to (our env after a user's, our
+    expressions after theirs) keeps its length, its kept items stood in for by one short marker,
+    and is recorded there by path: jsonpatch serializes every item of two lists of different
+    lengths to match them up, and a real pod's kept items made that most of the patch's cost.
+    Other lists of different lengths are kept whole, for the diff to match up."""
+    if isinstance(received, list) and isinstance(mutated, list):
+        kept = len(received)
+        if kept == len(mutated):
+            indices = [str(i) for i in range(kept)]
+            received, mutated = dict(zip(indices, received)), dict(zip(indices, mutated))
+        elif appended is not None and 0 < kept < len(mutated) and mutated[:kept] == received:
+            appended[path] = kept
+            return [_KEPT] * kept, [_KEPT] * kept + mutated[kept:]
     if not (isinstance(received, dict) and isinstance(mutated, dict)):
         return received, mutated
     kept_received, kept_mutated = {}, {}
@@ -62,7 +100,7 @@ def changed_parts(received: Any, mutated: Any) -> tuple[Any, Any]:
         other = mutated[key]
         if value is other or value == other:
             continue
-        kept_received[key], kept_mutated[key] = changed_parts(value, other)
+        kept_received[key], kept_mutated[key] = changed_parts(value, other, appended, (*path, str(key)))
     for key, other in mutated.items():
         if key not in received:
             kept_mutated[key] = other
