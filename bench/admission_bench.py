@@ -12,6 +12,7 @@ separates the decision path's cost from the server's.
     .venv/bin/python bench/admission_bench.py            # full run (about 2 minutes)
     .venv/bin/python bench/admission_bench.py --quick    # smoke run
     .venv/bin/python bench/admission_bench.py --compare-with ../before   # review() here vs another checkout
+    .venv/bin/python bench/admission_bench.py --large    # any of these with production-sized pod specs (11 KB)
     .venv/bin/python bench/admission_bench.py --held 500  # p99 with 500 slow or silent connections open
     .venv/bin/python bench/admission_bench.py --coordination   # claims through the API on vs off
     .venv/bin/python bench/admission_bench.py --groups   # group members and controller-made pods vs a plain Pod
@@ -74,14 +75,19 @@ def cluster(nodes_wanted: int) -> tuple[list[dict], list[dict]]:
     return nodes, pods
 
 
-def review_bodies(count: int) -> list[bytes]:
-    """Serialized v1 reviews: a mix of GPU Pods and Jobs with placement annotations."""
+def review_bodies(count: int, large: bool = False) -> list[bytes]:
+    """Serialized v1 reviews: a mix of GPU Pods and Jobs with placement annotations; `large`: each
+    pod spec as big as a production training pod's (about 11 KB of review)."""
     bodies = []
     for i in range(count):
         name = f"w{i % WORKLOAD_NAMES}"
         annotations = {"topology.scheduler/placement-strategy": ("consolidated", "balanced", "distributed")[i % 3]}
         pod = demo.make_pod(name, None, (1, 2, 4, 8)[i % 4], namespace="ml", annotations=annotations)
         del pod["status"], pod["metadata"]["uid"]
+        if large:
+            pod["metadata"]["labels"] = {f"team.example.com/label-{j}": "value" for j in range(10)}
+            pod["metadata"]["annotations"].update({f"team.example.com/note-{j}": "x" * 40 for j in range(10)})
+            pod["spec"] = production_spec(pod["spec"]["containers"][0])
         if i % 2:
             template = {"metadata": {"annotations": {}}, "spec": {**pod["spec"], "restartPolicy": "Never"}}
             obj = {"apiVersion": "batch/v1", "kind": "Job",
@@ -91,6 +97,26 @@ def review_bodies(count: int) -> list[bytes]:
             obj = pod
         bodies.append(json.dumps(make_review(obj, uid=str(uuid.uuid4()))).encode())
     return bodies
+
+
+def production_spec(main: dict) -> dict:
+    """A pod spec the size of a production training pod's: `main` (its GPUs) with 41 env entries,
+    20 arguments, 12 volumes, ports, probes and a security context, beside a sidecar and an init
+    container like it without GPUs."""
+    def like_main(name: str, resources: dict) -> dict:
+        return {"name": name, "image": main["image"], "command": ["torchrun", "--nproc-per-node=8", "train.py"],
+                "args": [f"--option-{j}=value-{j}" for j in range(20)],
+                "env": [{"name": f"SETTING_{j}", "value": f"value-{j}"} for j in range(40)]
+                + [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                "resources": resources,
+                "volumeMounts": [{"name": f"data-{j}", "mountPath": f"/mnt/data-{j}"} for j in range(12)],
+                "ports": [{"containerPort": 29500 + j, "protocol": "TCP", "name": f"port-{j}"} for j in range(4)],
+                "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 10},
+                "securityContext": {"capabilities": {"add": ["IPC_LOCK", "SYS_RESOURCE"]}}}
+    return {"containers": [like_main("main", main["resources"]), like_main("sidecar", {})],
+            "initContainers": [like_main("init", {})],
+            "volumes": [{"name": f"data-{j}", "persistentVolumeClaim": {"claimName": f"data-{j}"}} for j in range(12)],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
 
 
 def free_port() -> int:
@@ -273,10 +299,11 @@ def demo_job() -> dict:
             "spec": {"parallelism": 2, "completions": 2, "template": template}}
 
 
-def compare(other: pathlib.Path, nodes: int, rounds: int) -> None:
+def compare(other: pathlib.Path, nodes: int, rounds: int, large: bool) -> None:
     """admission.review() of this checkout against `other`'s, alternating, one subprocess each."""
     def timed(tree: pathlib.Path) -> dict:
-        output = subprocess.run([sys.executable, __file__, "--in-process", "--nodes", str(nodes)], check=True,
+        output = subprocess.run([sys.executable, __file__, "--in-process", "--nodes", str(nodes),
+                                 *(["--large"] if large else [])], check=True,
                                 capture_output=True, text=True, env={**os.environ, TREE_ENV: str(tree)}).stdout
         return json.loads(output.splitlines()[-1])
 
@@ -320,7 +347,7 @@ def coordination(args: argparse.Namespace) -> None:
     api_process.start()
     url = ours.recv()
     nodes, pods = cluster(args.nodes)
-    bodies = review_bodies(4000)
+    bodies = review_bodies(4000, args.large)
     with tempfile.TemporaryDirectory(prefix="admission-bench-") as tmp:
         workdir = pathlib.Path(tmp)
         paths = certs.write_certs(str(workdir / "tls"), "topology-webhook", "default")
@@ -489,16 +516,18 @@ def main() -> None:
     parser.add_argument("--groups", action="store_true",
                         help="group members and controller-made pods against a plain Pod, in process")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--large", action="store_true",
+                        help="reviews of production-sized pod specs (about 11 KB each) instead of about 1 KB")
     args = parser.parse_args()
     if args.serve_empty:
         serve_empty(*args.serve_empty)
         return
     if args.in_process:  # one side of --compare-with: a JSON line of admission.review() timings
         nodes, pods = cluster(args.nodes)
-        print(json.dumps(in_process(nodes, pods, review_bodies(3500), warm_up=500)))
+        print(json.dumps(in_process(nodes, pods, review_bodies(3500, args.large), warm_up=500)))
         return
     if args.compare_with:
-        compare(args.compare_with.resolve(), args.nodes, args.rounds)
+        compare(args.compare_with.resolve(), args.nodes, args.rounds, args.large)
         return
     if args.quick:
         args.nodes, args.seconds = 1000, 2.0
@@ -515,7 +544,7 @@ def main() -> None:
         nodes, pods = cluster(args.nodes)
         (workdir / "nodes.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
         (workdir / "pods.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": pods}))
-        bodies = review_bodies(4000)
+        bodies = review_bodies(4000, args.large)
         ours_port, empty_port = free_port(), free_port()
         servers = {
             "webhook": (ours_port, [sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{ours_port}",
