@@ -58,13 +58,14 @@ def _only_appends(operations: list[dict], appended: dict[tuple[str, ...], int]) 
         for path, kept in appended.items():
             if parts[:len(path)] != path:
                 continue
-            if len(parts) == len(path):  # the list itself, or above it
+            if len(parts) == len(path):  # the list itself
                 return False
             index = parts[len(path)]
-            if not (operation["op"] == "add" and len(parts) == len(path) + 1 and index.isdigit() and int(index) >= kept):
+            whole_item_after = len(parts) == len(path) + 1 and index.isdigit() and int(index) >= kept
+            if not (operation["op"] == "add" and whole_item_after):
                 return False
         if any(path[:len(parts)] == parts and len(parts) < len(path) for path in appended):
-            return False
+            return False  # above the list: a value written there would carry the stand-ins
     return True
 
 
