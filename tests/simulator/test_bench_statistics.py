@@ -1,7 +1,9 @@
 """bench/evaluate.py's statistics and seed rules on synthetic per-seed results: no simulation runs."""
 import contextlib
+import pathlib
 import pickle
 import random
+import re
 import statistics
 import sys
 from dataclasses import replace
@@ -177,6 +179,18 @@ def test_the_report_says_when_it_is_underpowered_or_in_sample():
 def test_the_seeds_looked_at_are_all_excluded():
     assert {*simulate.SEEDS, *range(1000, 1012), 301, 302, 303, 304, 11, 12, 424242, 7, 8, 9} <= evaluate.SEEN_SEEDS
     assert evaluate.TUNING_SEEDS is evaluate.SEEN_SEEDS  # what bench/ablation.py refuses
+
+
+def test_every_seed_the_bench_pages_name_is_excluded():
+    # a seed whose runs a page reports has been looked at: a later verdict on it would be in sample
+    bench = pathlib.Path(evaluate.__file__).parent
+    named = set()
+    for page in bench.glob("*.md"):
+        for line in page.read_text().splitlines():
+            if "seed" in line.lower():
+                named |= {int(number) for number in re.findall(r"(?<![\w.,])\d{6,10}(?![\w.,])", line)}
+    assert len(named) > 100  # the pages name seeds, and the pattern reads them
+    assert sorted(seed for seed in named if seed < 2**31) == sorted(seed for seed in named & evaluate.SEEN_SEEDS)
 
 
 def test_fresh_seeds_never_draw_a_seen_one(monkeypatch):
