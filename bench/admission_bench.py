@@ -357,13 +357,14 @@ def coordination(args: argparse.Namespace) -> None:
             "clusters": [{"name": "fake", "cluster": {"server": url}}], "users": [{"name": "me", "user": {}}],
             "contexts": [{"name": "bench", "context": {"cluster": "fake", "user": "me"}}]}))
         drivers, processes = {}, []
-        for label, extra in (("off", []), ("on", ["--claims-namespace", "bench"])):
-            port = free_port()
-            processes.append(start([sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{port}",
-                                    "--cert", paths.cert, "--key", paths.key, "--kubeconfig", str(kubeconfig),
-                                    *extra], port, paths.ca, workdir / f"{label}.log"))
-            drivers[label] = Driver(port, paths.ca, bodies)
         try:
+            for label, extra in (("off", []), ("on", ["--claims-namespace", "bench"])):
+                port = free_port()  # each its own metrics port too: the default 9090 takes one process
+                processes.append(start([sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{port}",
+                                        "--metrics-bind", f"127.0.0.1:{free_port()}", "--cert", paths.cert,
+                                        "--key", paths.key, "--kubeconfig", str(kubeconfig), *extra],
+                                       port, paths.ca, workdir / f"{label}.log"))
+                drivers[label] = Driver(port, paths.ca, bodies)
             for driver in drivers.values():
                 wait_ready(driver)
                 driver.closed_loop(4, min(2.0, args.seconds))  # warm-up
