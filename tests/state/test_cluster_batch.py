@@ -169,6 +169,19 @@ def test_a_gpu_set_remembered_is_the_one_picked_afresh(questions):
         assert memo.get(asked, lambda: node.pick_gpus(count, taken)) == node.pick_gpus(count, taken)
 
 
+def test_a_node_whose_pods_ask_more_cpu_than_it_has_holds_no_pod_that_needs_cpu():
+    # found by the batch property above: 130 cores asked of 96 made the CPU-bound subset count the
+    # node's free GPUs as negative, which a histogram took as an index from its end or failed on
+    index = ClusterIndex(Config(), clock=lambda: 0.0)
+    feed.upsert(index, node(3, 0, 4, False), "Node")
+    for number, cores in ((0, 40), (1, 90)):
+        feed.upsert(index, pod(number, 3, 0, "Running", cores, None, False, False, False), "Pod")
+    subset = index.restricted_to(CPU_BOUND)
+    assert subset.nodes["n3"].free == 0 and subset.root.free_gpus == 0
+    assert subset.root.free_hist[0] == sum(subset.root.free_hist) == 1 and subset.root.fits_now(2) == 0
+    assert index.tree.root.free_gpus == 4  # unconstrained, its GPUs are all free
+
+
 def test_specs_that_differ_only_outside_resources_share_a_shape_and_those_that_differ_inside_do_not():
     first, second = make_pod("a", "n1", 2)["spec"], make_pod("b", "n2", 2)["spec"]
     second["containers"][0]["image"] = "other"

@@ -172,8 +172,10 @@ class NodeState:
         return self.other_allocatable.get(resource, 0) - self.requested.get(resource, 0)
 
     def pods_fitting(self, wanted: tuple[tuple[str, int], ...]) -> int:
-        """How many more pods of this per-pod request (GPUs aside) the node takes now."""
-        return min((self.headroom(name) // amount for name, amount in wanted if amount > 0), default=1 << 30)
+        """How many more pods of this per-pod request (GPUs aside) the node takes now: none where
+        its pods already ask more than it has (bound pods can: static pods, a stale view), which
+        counted negative free GPUs into a subset's histogram."""
+        return max(0, min((self.headroom(name) // amount for name, amount in wanted if amount > 0), default=1 << 30))
 
     @property
     def freeing(self) -> int:
