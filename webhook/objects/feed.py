@@ -172,7 +172,7 @@ def _requests(spec: Mapping) -> tuple[tuple[str, int], ...]:
 def pod_facts(pod: Mapping, seal_key: bytes) -> PodFacts:
     """What the index reads of a Pod; what only a pending pod carries is read only for one."""
     # Read once per pod at every relist and watch event (a million at a first sync): fields are
-    # passed by position, and what only a pending pod carries is read only for one.
+    # passed by position.
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}

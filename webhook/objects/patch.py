@@ -35,6 +35,7 @@ def make_patch(received: Any, mutated: Any) -> list[dict]:
 
 
 def _checked_diff(received: Any, mutated: Any) -> list[dict]:
+    """jsonpatch's operations from one document to the other, applied to the first to check them."""
     received, mutated = (orjson.loads(orjson.dumps(doc, default=str, option=_AS_JSON)) for doc in (received, mutated))
     # add/remove/replace only: finding moves serializes every added and removed value (about a
     # tenth of a review's time), and our mutations add and remove items, they never move them
