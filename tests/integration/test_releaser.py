@@ -176,9 +176,12 @@ def test_one_edited_gated_pod_stops_no_other_release_and_is_reported(fake, make_
     for name in ("zero-0", "text-0", "negative-0"):
         assert stored(fake, name)["spec"]["schedulingGates"] == [{"name": GATE}]
     eventually(lambda: results.count("refused") == 3, what="each refused pod counted once")
-    events = [e for e in fake._objects["events"].values()]
-    named = sorted(e[0]["involvedObject"]["name"] for e in events if e[0]["reason"] == "GateRecordRefused")
-    assert named == ["negative-0", "text-0", "zero-0"]
+
+    def named() -> list[str]:  # each is counted just before its Event is posted
+        events = list(fake._objects["events"].values())
+        return sorted(e[0]["involvedObject"]["name"] for e in events if e[0]["reason"] == "GateRecordRefused")
+    eventually(lambda: named() == ["negative-0", "text-0", "zero-0"], what="each refused pod named in an Event")
+    assert results.count("refused") == 3, "and counted once"
 
 
 def test_a_pod_of_another_namespace_neither_takes_nor_steers_a_gated_workload(fake, make_view):
