@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import LABELS, LEAF, eventually
@@ -163,3 +164,115 @@ def test_a_group_member_on_another_replica_joins_the_nodes_the_first_replica_cla
     eventually(lambda: len(b.index.nodes) == 6, what="the new leaf on b")
     second, _, _ = place_group(b.index, group, "ml/PyTorchJob/bert", reserve=True)
     assert second.nodes == first.nodes and second.requirements == first.requirements
+
+
+@pytest.fixture
+def wide_views(fake, make_view):
+    """Two replicas over 32 nodes in leaves of 4: a leaf (32 GPUs) is at most 1/8 of the free GPUs,
+    small enough to be a replica's allotment."""
+    for i in range(32):
+        fake.put_node(make_node(f"n{i}", {**LABELS, LEAF: f"leaf-{i // 4}"}))
+    pair = [make_view(fake, claims_namespace=NAMESPACE, claims_budget_seconds=2) for _ in range(2)]
+    for view in pair:
+        view.start()
+        assert view.wait_synced(15)
+    return pair
+
+
+def leaf_of(node: str) -> int:
+    return int(node[1:]) // 4
+
+
+def test_a_placement_inside_the_allotment_is_answered_without_a_write_and_written_soon_after(fake, wide_views):
+    a, b = wide_views
+    first, _ = place_shared(a.index, whole_node("first"), "ml/Job/first")
+    assert len(successful_writes(fake)) == 1
+    claims = read_claims(fake.get("leases", LEASE))
+    allotment = claims.keys() - {"ml/Job/first"}
+    assert len(allotment) == 1 and next(iter(allotment)).startswith("allotment/")
+    allotted = claims[next(iter(allotment))]["sets"]
+    assert {leaf_of(node) for node in allotted} == {leaf_of(first.nodes[0])} and len(allotted) == 3, \
+        "the rest of the first placement's leaf"
+    second, warnings = place_shared(a.index, whole_node("second"), "ml/Job/second")
+    assert second.nodes[0] in allotted and not warnings
+    assert len(successful_writes(fake)) == 1, "taken from the allotment: no write before the answer"
+    eventually(lambda: "ml/Job/second" in read_claims(fake.get("leases", LEASE)), what="the placement written")
+    claims = read_claims(fake.get("leases", LEASE))
+    assert second.nodes[0] not in claims[next(iter(allotment))]["sets"], "the allotment less what it took"
+    eventually(lambda: reserved(b) == 32, what="a's placements and what is left of its allotment, held on b")
+    for name in ("x", "y", "z"):
+        placed, _ = place_shared(b.index, whole_node(name), f"ml/Job/{name}")
+        assert leaf_of(placed.nodes[0]) != leaf_of(first.nodes[0]), "never on a's allotment"
+
+
+def test_two_replicas_placing_at_once_from_their_allotments_never_share_a_gpu(fake, wide_views):
+    a, b = wide_views
+    requests = [(view, PlacementRequest(f"Job ml/j{i}", 1, 1 + i % 4, Strategy.CONSOLIDATED), f"ml/Job/j{i}")
+                for i in range(80) for view in (wide_views[i % 2],)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        decisions = list(pool.map(lambda r: place_shared(r[0].index, r[1], r[2]), requests))
+    taken: dict[str, set[int]] = {}
+    for decision, warnings in decisions:
+        assert not warnings and decision.outcome is Outcome.PLACED
+        for assigned in decision.assignment:
+            on_node = taken.setdefault(assigned.node, set())
+            assert on_node.isdisjoint(assigned.gpu_ids), f"GPUs of {assigned.node} given twice"
+            on_node.update(assigned.gpu_ids)
+    writes = len(successful_writes(fake))
+    assert writes < len(requests) / 2, f"{writes} writes for {len(requests)} placements: most came from allotments"
+    eventually(lambda: not a.index.shared_claims.allotment.spent and not b.index.shared_claims.allotment.spent, what="all written")
+    held = read_claims(fake.get("leases", LEASE))
+    assert {f"ml/Job/j{i}" for i in range(80)} <= held.keys()
+
+
+def test_an_allotment_unused_for_a_while_is_given_back(fake, wide_views, monkeypatch):
+    from webhook.kube import allotment
+
+    monkeypatch.setattr(allotment, "ALLOTMENT_IDLE_SECONDS", 0.5)
+    a, b = wide_views
+    place_shared(a.index, whole_node("only"), "ml/Job/only")
+    eventually(lambda: reserved(b) == 32, what="the claim and the allotment on b")
+    eventually(lambda: set(read_claims(fake.get("leases", LEASE))) == {"ml/Job/only"}, what="the allotment given back")
+    eventually(lambda: reserved(b) == 8, what="only the claim held on b")
+    assert a.index.shared_claims.first_domain() is None
+
+
+def test_placements_outside_the_allotment_or_near_its_end_are_written_before_the_answer(fake, wide_views):
+    a, _ = wide_views
+    first, _ = place_shared(a.index, whole_node("first"), "ml/Job/first")
+    elsewhere = f"leaf-{(leaf_of(first.nodes[0]) + 4) % 8}"
+    outside, _ = place_shared(a.index, PlacementRequest("Job ml/outside", 1, 8, Strategy.CONSOLIDATED,
+                                                        preferred_domain=elsewhere), "ml/Job/outside")
+    assert f"leaf-{leaf_of(outside.nodes[0])}" == elsewhere
+    assert len(successful_writes(fake)) == 2, "outside the allotment: written before the answer"
+    allotted = a.index.shared_claims.allotment
+    allotted.wall = lambda: time.time() + allotted.seconds - 2  # 2 s of its 10 left, under the budget + 1 s
+    assert allotted.first_domain() is None
+    place_shared(a.index, whole_node("late"), "ml/Job/late")
+    assert len(successful_writes(fake)) == 3, "too little time left to write it after the answer"
+
+
+def test_while_a_write_is_in_flight_only_gpus_the_next_allotment_keeps_are_taken(fake, wide_views):
+    a, _ = wide_views
+    first, _ = place_shared(a.index, whole_node("first"), "ml/Job/first")
+    allotted = set(a.index.shared_claims.allotment.gpus)
+    elsewhere = f"leaf-{(leaf_of(first.nodes[0]) + 4) % 8}"
+    fake.write_delay_seconds = 0.5
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        moving = pool.submit(place_shared, a.index, PlacementRequest(
+            "Job ml/outside", 1, 8, Strategy.CONSOLIDATED, preferred_domain=elsewhere), "ml/Job/outside")
+        eventually(lambda: a.index.shared_claims.allotment.next is not None, what="the write in flight")
+        inside, _ = place_shared(a.index, whole_node("inside"), "ml/Job/inside")
+        moving.result()
+    assert inside.nodes[0] in allotted
+    assert len(successful_writes(fake)) == 3, \
+        "the in-flight write moves the allotment to the other leaf: a placement in the old one is written itself"
+
+
+def test_a_replica_stopped_gives_its_allotment_back_and_writes_what_it_took(fake, wide_views):
+    a, b = wide_views
+    place_shared(a.index, whole_node("first"), "ml/Job/first")
+    place_shared(a.index, whole_node("second"), "ml/Job/second")  # taken from the allotment
+    assert a.stop()
+    assert set(read_claims(fake.get("leases", LEASE))) == {"ml/Job/first", "ml/Job/second"}
+    eventually(lambda: reserved(b) == 16, what="only the two placements held on b")

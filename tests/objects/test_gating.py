@@ -104,6 +104,9 @@ def test_a_request_survives_its_annotation_and_a_foreign_one_reads_as_none():
                                 tolerations=({"key": "gpu", "operator": "Exists"},), resources=(("cpu", 4000),),
                                 min_bandwidth_gbps=400.0, latency_sensitive=True)
     assert injection.loads_request(injection.dumps_request(asked)) == asked
+    steered = dataclasses.replace(asked, search_first=(("topology.scheduler/leaf", "leaf-1"),))
+    assert injection.dumps_request(steered) == injection.dumps_request(asked), \
+        "a replica's allotment is not the workload's: older replicas must read the record too"
     for foreign in ("", "[]", "{}", '{"pods": 2}', "not json", None):
         assert injection.loads_request(foreign) is None
 

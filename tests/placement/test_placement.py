@@ -106,6 +106,21 @@ def test_preferred_domain_honoured_and_level_qualified(cluster):
     assert decision.preferred_honoured is True and leaves_of(cluster, decision) == ["leaf-7"]
 
 
+def test_a_domain_searched_first_takes_what_it_holds_silently_and_spills_to_its_nearest_neighbours(cluster):
+    leaf_6 = next(path for path in cluster.tree.levels[2] if path[-1][1] == "leaf-6")
+    unsteered = place(cluster, request(1, gpus=2))
+    steered = place(cluster, request(1, gpus=2, search_first=leaf_6))
+    assert leaves_of(cluster, unsteered) != ["leaf-6"] and leaves_of(cluster, steered) == ["leaf-6"]
+    assert steered.preferred_honoured is None and len(steered.reasons) == len(unsteered.reasons)
+    assert not any("prefer" in reason for reason in steered.reasons), "nobody asked for it: no reason says it"
+    for i in range(1, 5):
+        feed.upsert(cluster, make_pod(f"busy-{i}", f"gpu-s2-l6-n{i}", 8), "Pod")
+    spilled = place(cluster, request(2, search_first=leaf_6))
+    assert spines_of(cluster, spilled) == ["spine-2"] and leaves_of(cluster, spilled) != ["leaf-6"], \
+        "a full domain searched first gives way to a sibling, nearest by topology"
+    assert place(cluster, request(2, search_first=leaf_6, preferred_domain="leaf-7")).preferred_honoured is True
+
+
 def test_unknown_preferred_domain_is_never_and_lists_what_exists(cluster):
     decision = place(cluster, request(2, preferred_domain="leaf-99"))
     assert (decision.outcome, decision.code) == (Outcome.NEVER, UNKNOWN_DOMAIN)

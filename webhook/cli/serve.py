@@ -4,6 +4,7 @@ metrics port, and the settings reread on SIGHUP."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import os
 import socket
@@ -245,6 +246,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                            claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc,
                            on_scale_up=metrics.scale_up, on_release=metrics.gated_release)
             feed.start()
+            atexit.register(feed.stop)  # a graceful shutdown gives back the GPUs its allotment holds
             metrics.watch_feed(feed.age)
             index, readiness = feed.index, feed.readiness
         else:

@@ -74,8 +74,10 @@ class Injection:
 
 
 def dumps_request(request: PlacementRequest) -> str:
-    """GATED_REQUEST's value: every field of the request, as JSON."""
+    """GATED_REQUEST's value: every field of the request, as JSON, but the domain a replica
+    searched first (its allotment's, not the workload's wish; and read by replicas of every version)."""
     data = dataclasses.asdict(request)
+    del data["search_first"]
     data["strategy"] = request.strategy.value
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 

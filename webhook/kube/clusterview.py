@@ -114,9 +114,11 @@ class ApiFeed:
         self._streams += growth_streams(index, core, k8s_client.CustomObjectsApi(api_client))
         if config.provisioning_request_class:
             index.scale_ups = ApiScaleUps(api_client, on_scale_up)
+        self.claims: ApiClaims | None = None
         if claims_namespace:
             claims = ApiClaims(index, api_client, claims_namespace, claims_budget_seconds, on_alone=on_alone)
             index.share_claims(claims)
+            self.claims = claims
             self._streams += (claims_stream(claims, api_client, claims_namespace),)
         self._streams += dra_streams(api_client, index)
         # Gated waits are started by a pass after the cluster changed, at most once an interval.
@@ -151,6 +153,9 @@ class ApiFeed:
         self._threads.append(threading.Thread(target=self._expire_loop, name="clusterview-expire", daemon=True))
         if self.releaser is not None:
             self._threads.append(threading.Thread(target=self._release_loop, name="clusterview-release", daemon=True))
+        if self.claims is not None:
+            self._threads.append(threading.Thread(target=self.claims.keep_allotment, args=(self._stop,),
+                                                  name="clusterview-allotment", daemon=True))
         for thread in self._threads:
             thread.start()
 

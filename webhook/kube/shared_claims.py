@@ -15,6 +15,9 @@ A writer keeps the claims of the version it replaces, less those its own ledger 
 one write per placed workload is all it costs. Pods carry the placement afterwards (holds from the
 pod watch), so a claim need not outlive its pods' creation by much.
 
+A busy replica claims GPUs ahead for its own next placements, its allotment (allotment.py), so
+that most of its placements need no write before their answer.
+
 Why one Lease for every claim, not one per workload or per domain: a compare-and-swap on one
 object is what makes "no two claims share a GPU" hold with one write; one Lease per workload
 excludes nothing, and one per domain needs several writes for a workload that spans domains.
@@ -27,6 +30,7 @@ import copy
 import datetime
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -37,9 +41,10 @@ import orjson
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from ..core.gpus import format_gpu_set, parse_gpu_set
+from ..core.gpus import parse_gpu_set
 from ..placement.placer import CONFLICT
 from ..state.index import ClusterIndex
+from .allotment import ALLOTMENT_SHARE, FLUSH_SECONDS, Allotment, claim_of
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +125,7 @@ class ApiClaims:
 
     def __init__(self, index: ClusterIndex, api_client: k8s_client.ApiClient, namespace: str,
                  budget_seconds: float = DEFAULT_BUDGET_SECONDS, wall: Callable[[], float] = time.time,
-                 on_alone: Callable[[], None] = lambda: None) -> None:
+                 on_alone: Callable[[], None] = lambda: None, allotment_share: int = ALLOTMENT_SHARE) -> None:
         self.index = index
         # A client of its own: no retries (urllib3 would repeat a timed-out PUT three times, past
         # the budget) and no waiting behind the watches for a pooled connection.
@@ -130,7 +135,9 @@ class ApiClaims:
         self.api: Any = k8s_client.CoordinationV1Api(k8s_client.ApiClient(configuration))
         self.namespace = namespace
         self.budget_seconds = budget_seconds
-        self.identity = f"{socket.gethostname()}-{os.getpid()}"
+        # A token of its own: a container restarted in its pod has the same host name and pid 1,
+        # and must not take its predecessor's allotment for its own (placements in it may be unwritten).
+        self.identity = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.wall = wall
         self.on_alone = on_alone
         self._cond = threading.Condition()  # guards the queue and the writer's turn
@@ -142,6 +149,7 @@ class ApiClaims:
         # them, so a decision made against any of them is still valid.
         self._own_since: set[int] = {0}
         self._applied: dict[str, dict] = {}  # claims of that version, as applied to the ledger
+        self.allotment = Allotment(index, self.identity, budget_seconds, wall, allotment_share)
 
     # ---- what the placer calls (state/ports.SharedClaims) -------------------------------------
     def alone(self, what: str, why: str) -> str:
@@ -174,6 +182,7 @@ class ApiClaims:
                 self._own_since = {self._version}
             self._lease = lease
             now = self.wall()
+            self.allotment.applied(claims.pop(self.allotment.key, None))  # not held here: taken from
             for key, claim in claims.items():
                 if self._applied.get(key) != claim and claim["expires"] > now:
                     self.index.reserve(key, _sets_of(claim), ttl=claim["expires"] - now)
@@ -197,6 +206,44 @@ class ApiClaims:
     def basis(self) -> int:
         """The version a decision is made against (read under the index lock)."""
         return self._version
+
+    def first_domain(self) -> tuple | None:
+        return self.allotment.first_domain()
+
+    def spend(self, key: str) -> bool:
+        """Whether `key`'s new hold (under the index lock) is taken from this replica's allotment."""
+        return self.allotment.spend(key)
+
+    def keep_allotment(self, stop: threading.Event) -> None:
+        """The thread that writes placements taken from the allotment as claims, within
+        FLUSH_SECONDS of the first, renews the allotment at half its time while it is used, and
+        gives it back when it is not, and when `stop` is set (a replica shut down gracefully
+        leaves no GPUs held for its allotment's time)."""
+        while not stop.is_set():
+            if self.allotment.wake.wait(0.2):  # and at least 5 times a second: its time, and `stop`
+                stop.wait(FLUSH_SECONDS)  # the placements of a burst go in one write
+                self.allotment.wake.clear()
+            with self.index.lock:
+                due = self.allotment.due()
+            deadline = time.monotonic() + self.budget_seconds
+            if not due or stop.is_set() or not self._take_turn(deadline):
+                continue
+            try:
+                self._write_batch([], deadline)
+            finally:
+                self._end_turn()
+            with self.index.lock:
+                lapsed = self.allotment.lapsed()
+            for key in lapsed:
+                self.alone(f"the placement of {key}", "not written before its allotment lapsed")
+        deadline = time.monotonic() + self.budget_seconds
+        with self.index.lock:
+            held = bool(self.allotment.gpus or self.allotment.spent)
+        if held and self._take_turn(deadline):
+            try:
+                self._write_batch([], deadline, keep=False)
+            finally:
+                self._end_turn()
 
     def _refresh(self, deadline: float) -> None:
         """Read the Lease now (after a 409: the watch may not have brought the winner's write yet)."""
@@ -246,12 +293,16 @@ class ApiClaims:
                 return "no time left"
             try:
                 with self.index.lock:
+                    self.allotment.spent.pop(key, None)  # its hold went first: its GPUs are the allotment's again
                     if key not in self._applied:
                         return None
                     claims = self._kept()
+                    spent, chosen = self.allotment.compose(claims, None)
                     claims.pop(key, None)
                     body = self._body(claims)
                 problem = self._write(body, deadline)
+                with self.index.lock:
+                    self.allotment.written(spent, chosen, problem is None)
             finally:
                 self._end_turn()
             if problem != CONFLICT or time.monotonic() >= deadline:
@@ -270,8 +321,10 @@ class ApiClaims:
             self._writing = False
             self._cond.notify_all()
 
-    def _write_batch(self, batch: list["_Pending"], deadline: float) -> None:
-        """One write for every claim of `batch` decided against what is current."""
+    def _write_batch(self, batch: list["_Pending"], deadline: float, keep: bool = True) -> None:
+        """One write for every claim of `batch` decided against what is current, with the
+        placements taken from the allotment so far and the allotment as it is to be now (an
+        empty batch writes those alone: `keep_allotment`)."""
         with self.index.lock:
             current = []
             for pending in batch:
@@ -279,17 +332,20 @@ class ApiClaims:
                     current.append(pending)
                 else:
                     pending.result = CONFLICT  # another replica's claims arrived after it was decided
-            if not current:
+            if batch and not current:
                 return
             claims = self._kept()
+            near = None
             for pending in current:
                 hold = self.index.ledger.hold(pending.key)
                 if hold is not None:
-                    claims[pending.key] = {
-                        "expires": round(hold.expires_at - self.index.ledger.clock() + self.wall(), 3),
-                        "sets": {node: [format_gpu_set(s) for s in sets] for node, sets in hold.sets.items()}}
+                    claims[pending.key] = claim_of(self.wall(), hold.expires_at - self.index.ledger.clock(), hold.sets)
+                    near = next(iter(hold.sets), near)
+            spent, chosen = self.allotment.compose(claims, near, keep)
             body = self._body(claims)
         problem = self._write(body, deadline)
+        with self.index.lock:
+            self.allotment.written(spent, chosen, problem is None)
         for pending in current:
             pending.result = problem
 

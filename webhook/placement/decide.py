@@ -67,6 +67,10 @@ def _decision(tree: TopologyTree, request: PlacementRequest, subset: TopologyTre
             return Decision(Outcome.NEVER, request, None, code=UNKNOWN_DOMAIN, reasons=(found,))
         preferred = found
         chain = walk.ancestry(preferred)
+    elif request.search_first:
+        first = walk.lookup(subset, request.search_first)
+        if first is not None:
+            chain = walk.ancestry(first)
     if request.strategy is Strategy.DISTRIBUTED:
         decision = _distributed(subset, request, chain, narrowest)
     else:

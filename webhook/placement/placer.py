@@ -131,6 +131,9 @@ def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None
     decision and the warnings to give (a decision made alone)."""
     if index.shared_claims is None or key is None:
         return place_and_reserve(index, request, key), []
+    first = index.shared_claims.first_domain()
+    if first is not None and not request.preferred_domain:
+        request = dataclasses.replace(request, search_first=first)
     decision, alone = _shared(index, key, request.workload, lambda: place_and_reserve(index, request, key))
     assert decision is not None
     return decision, alone
@@ -170,6 +173,8 @@ def _shared(index: ClusterIndex, key: str, who: str, decide: Callable[[], Decisi
         with index.lock:
             decision = decide()
             basis = claims.basis()
+            if decision is not None and decision.outcome is Outcome.PLACED and claims.spend(key):
+                return decision, []  # inside this replica's allotment: written after the answer
         if decision is None or decision.outcome is not Outcome.PLACED:
             return decision, []
         problem = claims.claim(key, basis, deadline)

@@ -12,6 +12,8 @@ class SharedClaims(Protocol):
 
     def basis(self) -> int: ...  # the claims version decisions now see (read under the index lock)
     def claim(self, key: str, basis: int, deadline: float) -> str | None: ...  # None, CONFLICT or why not
+    def first_domain(self) -> tuple | None: ...  # the path of this replica's allotment, to search first
+    def spend(self, key: str) -> bool: ...  # True: key's new hold lies in the allotment, no claim needed now
     def unclaim(self, key: str, deadline: float) -> str | None: ...
     def alone(self, what: str, why: str) -> str: ...  # counts and logs; the warning to give
 

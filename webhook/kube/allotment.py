@@ -1,0 +1,164 @@
+"""A replica's allotment: GPUs it claims ahead, in the claims Lease, for its own next placements.
+
+With each write of the claims Lease (shared_claims.py), a busy replica also claims, under its own
+key (`allotment/<identity>`), every free GPU of one small domain around its latest placement (at
+most 1/ALLOTMENT_SHARE of the free GPUs it sees, and at most ALLOTMENT_MOST_GPUS). Every other replica holds those GPUs, as it holds
+any claim; this replica does not, and searches that domain first. A placement that lands wholly
+inside the allotment is admitted without a write: the allotment already keeps every other replica
+off its GPUs. A thread of the replica writes such placements as claims of their own within
+FLUSH_SECONDS, with the allotment less what they took, and renews it while it is used; unused for
+ALLOTMENT_IDLE_SECONDS, it is given back.
+
+What keeps "no two claims share a GPU": a placement is taken from the allotment only while the
+allotment has time left for that write (the claims' time budget, plus a second), and, while a
+write is in flight, only from GPUs the allotment keeps in that write too. Every write of the
+replica carries every placement taken and not yet written.
+
+The price: GPUs in one replica's allotment wait a few seconds for the other replicas' work, and a
+replica that dies within FLUSH_SECONDS of such a placement leaves it covered only until its
+allotment lapses, not for a hold's lifetime.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Mapping
+
+from ..core.gpus import format_gpu_set, parse_gpu_set
+from ..placement import walk
+from ..state.holds import Reservation
+from ..state.index import ClusterIndex
+
+ALLOTMENT_PREFIX = "allotment/"  # a replica's allotment: claims key allotment/<identity>
+ALLOTMENT_SHARE = 8  # an allotment holds at most 1/ALLOTMENT_SHARE of the free GPUs its replica sees,
+ALLOTMENT_MOST_GPUS = 512  # and at most this many (a leaf of a large cluster): more is written, read and held for nothing
+ALLOTMENT_LIFETIMES = 5  # an allotment is claimed for this many claims' time budgets (10 s by default)
+ALLOTMENT_IDLE_SECONDS = 5.0  # unused for this long, it is given back
+FLUSH_SECONDS = 0.25  # placements taken from the allotment are written together, this long at most after the first
+
+Chosen = tuple[tuple, dict[str, frozenset[int]]]  # an allotment to write: its domain's path, node -> GPU ids
+
+
+def claim_of(now: float, seconds: float, sets: Mapping[str, list[tuple[int, ...]]]) -> dict:
+    """A claim as the Lease carries it: lapsing `seconds` after `now` (wall clock)."""
+    return {"expires": round(now + seconds, 3),
+            "sets": {node: [format_gpu_set(ids) for ids in gpu_sets] for node, gpu_sets in sets.items()}}
+
+
+class Allotment:
+    """This replica's allotment, as the newest applied version of the Lease has it, and the
+    placements taken from it. Read and changed under the index's lock."""
+
+    def __init__(self, index: ClusterIndex, identity: str, budget_seconds: float, wall: Callable[[], float],
+                 share: int = ALLOTMENT_SHARE) -> None:
+        self.index = index
+        self.key = ALLOTMENT_PREFIX + identity
+        self.budget_seconds = budget_seconds
+        self.wall = wall
+        self.share = share  # 0: no allotment, every placement is written before its answer
+        self.gpus: dict[str, frozenset[int]] = {}  # node -> GPU ids
+        self.expires = 0.0  # wall clock
+        self.path: tuple | None = None  # the domain it lies in
+        self.next: dict[str, frozenset[int]] | None = None  # what the write in flight keeps of it
+        self.spent: dict[str, Reservation] = {}  # placed inside it, not yet written as claims
+        self.uncovered: set[str] = set()  # of those, the ones whose allotment lapsed (said once)
+        self.last_used = float("-inf")  # wall clock: last taken, or taken from
+        self.wake = threading.Event()  # a placement was taken from it
+
+    @property
+    def seconds(self) -> float:
+        return ALLOTMENT_LIFETIMES * self.budget_seconds
+
+    def applied(self, claim: dict | None) -> None:
+        """A version of the Lease was applied, with this replica's allotment `claim` or without."""
+        self.gpus = {node: frozenset(i for ids in sets for i in ids)
+                     for node, sets in ((n, [parse_gpu_set(t) for t in ts]) for n, ts in claim["sets"].items())
+                     } if claim else {}
+        self.expires = claim["expires"] if claim else 0.0
+        if not claim:
+            self.path = None
+
+    def _spendable(self) -> bool:
+        return bool(self.gpus) and self.expires - self.wall() >= self.budget_seconds + 1.0
+
+    def first_domain(self) -> tuple | None:
+        """The allotment's domain, while placements may be taken from it."""
+        return self.path if self._spendable() else None
+
+    def spend(self, key: str) -> bool:
+        """Whether `key`'s hold (just made) lies wholly inside the allotment, which then stands for
+        it until it is written: True means no write is needed now."""
+        hold = self.index.ledger.hold(key)
+        if hold is None or not self._spendable():
+            return False
+        for allotted in (self.gpus, self.next):
+            if allotted is not None and not all(set(ids) <= allotted.get(node, frozenset())
+                                                for node, sets in hold.sets.items() for ids in sets):
+                return False
+        self.spent[key] = hold
+        self.last_used = self.wall()
+        self.wake.set()
+        return True
+
+    def due(self) -> bool:
+        """Whether a write is due: placements to write, or the allotment to renew or give back."""
+        now = self.wall()
+        return bool(self.spent) or (bool(self.gpus) and (
+            now - self.last_used >= ALLOTMENT_IDLE_SECONDS or self.expires - now < self.seconds / 2))
+
+    def compose(self, claims: dict[str, dict], near: str | None, keep: bool = True
+                ) -> tuple[dict[str, Reservation], Chosen | None]:
+        """Add to a write's `claims` the placements taken and not yet written, and the allotment
+        chosen around node `near` (the latest placement written; None: around its own domain),
+        unless it is not to be kept. Until the write is answered, only GPUs in both allotments may
+        be taken."""
+        spent = dict(self.spent)
+        for key, hold in spent.items():
+            if self.index.ledger.hold(key) is hold:
+                claims[key] = claim_of(self.wall(), hold.expires_at - self.index.ledger.clock(), hold.sets)
+        if near is not None:
+            self.last_used = self.wall()  # an allotment taken around a placement starts its idle time
+        chosen = self._choose(near) if keep else None
+        self.next = chosen[1] if chosen else {}
+        if chosen:
+            claims[self.key] = claim_of(self.wall(), self.seconds,
+                                        {node: [tuple(sorted(ids))] for node, ids in chosen[1].items()})
+        return spent, chosen
+
+    def written(self, spent: dict[str, Reservation], chosen: Chosen | None, ok: bool) -> None:
+        """After the write `compose` added to: what it carried is written, or stays to write."""
+        self.next = None
+        if not ok:
+            return
+        for key, hold in spent.items():
+            if self.spent.get(key) is hold:  # not placed anew since
+                del self.spent[key]
+                self.uncovered.discard(key)
+        self.path = chosen[0] if chosen and self.gpus else None
+
+    def lapsed(self) -> list[str]:
+        """Placements still unwritten whose allotment has lapsed, each named once: nothing covers them."""
+        if self.expires > self.wall():
+            return []
+        lapsed = sorted(self.spent.keys() - self.uncovered)
+        self.uncovered.update(lapsed)
+        return lapsed
+
+    def _choose(self, near: str | None) -> Chosen | None:
+        """The widest domain around node `near` (else the allotment's own domain) holding at most
+        1/share of the free GPUs and ALLOTMENT_MOST_GPUS, below the whole cluster, with its free GPUs. None when the
+        allotment is given back: idle, or no domain small enough has room."""
+        tree = self.index.tree
+        if not self.share or self.wall() - self.last_used >= ALLOTMENT_IDLE_SECONDS:
+            return None
+        cap = min(tree.root.free_gpus // self.share, ALLOTMENT_MOST_GPUS)
+        member: Any = tree.nodes.get(near) if near else (walk.lookup(tree, self.path) if self.path else None)
+        if member is None or member.free_gpus > cap:
+            return None
+        while member.parent is not None and member.parent is not tree.root and member.parent.free_gpus <= cap:
+            member = member.parent
+        gpus = {}
+        for node in walk.nodes_under(member):
+            free = frozenset(range(node.gpus)) - node.taken_ids if node.eligible else frozenset()
+            if free:
+                gpus[node.name] = free
+        return (member.path, gpus) if gpus else None
