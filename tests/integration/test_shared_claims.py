@@ -276,3 +276,52 @@ def test_a_replica_stopped_gives_its_allotment_back_and_writes_what_it_took(fake
     assert a.stop()
     assert set(read_claims(fake.get("leases", LEASE))) == {"ml/Job/first", "ml/Job/second"}
     eventually(lambda: reserved(b) == 16, what="only the two placements held on b")
+
+
+def test_after_a_write_whose_outcome_is_unknown_only_gpus_both_allotments_hold_are_taken(fake, wide_views, monkeypatch):
+    a, b = wide_views
+    claims = a.index.shared_claims
+    first, _ = place_shared(a.index, whole_node("first"), "ml/Job/first")
+    fake.hold_watches()  # a's watch lags from now on, and a does not read its next write back
+    read_back = claims.apply
+    monkeypatch.setattr(claims, "apply", lambda *args, **kwargs: None)
+    real_write = claims._write
+    monkeypatch.setattr(claims, "_write", lambda body, deadline: real_write(body, deadline) or "ReadTimeoutError")
+    elsewhere = f"leaf-{(leaf_of(first.nodes[0]) + 4) % 8}"
+    _, warnings = place_shared(a.index, PlacementRequest("Job ml/moved", 1, 8, Strategy.CONSOLIDATED,
+                                                         preferred_domain=elsewhere), "ml/Job/moved")
+    assert warnings, "its answer was lost: made alone, as far as a knows"
+    # The write was made: the allotment moved to the other leaf, and b may use the first leaf's GPUs.
+    b.index.shared_claims._refresh(time.monotonic() + 2)
+    taken_by_b = {place_shared(b.index, PlacementRequest(f"Job ml/b{i}", 1, 8, Strategy.CONSOLIDATED,
+                                                         preferred_domain=f"leaf-{leaf_of(first.nodes[0])}"),
+                               f"ml/Job/b{i}")[0].nodes[0] for i in range(3)}
+    assert {leaf_of(node) for node in taken_by_b} == {leaf_of(first.nodes[0])}
+    monkeypatch.setattr(claims, "_write", real_write)
+    monkeypatch.setattr(claims, "apply", read_back)  # what a reads after a 409 it applies again
+    inside, _ = place_shared(a.index, whole_node("inside"), "ml/Job/inside")
+    fake.release_watches()
+    assert inside.nodes[0] not in taken_by_b, "a took a GPU of its old allotment that the made write gave up"
+
+
+def test_a_placement_taken_again_while_its_first_is_being_written_stays_held_and_is_written(fake, wide_views):
+    a, _ = wide_views
+    claims = a.index.shared_claims
+    place_shared(a.index, whole_node("first"), "ml/Job/first")
+    before, _ = place_shared(a.index, whole_node("k"), "ml/Job/k")
+    assert "ml/Job/k" in claims.allotment.spent
+    real_write, again = claims._write, {}
+
+    def placed_again_meanwhile(body, deadline):  # the flush is in flight when the workload is placed anew
+        claims._write = real_write
+        with a.index.lock:
+            node = next(n for n in sorted(claims.allotment.next) if n != before.nodes[0])
+            a.index.release("ml/Job/k")
+            a.index.reserve("ml/Job/k", {node: [tuple(range(8))]})
+            assert claims.spend("ml/Job/k")
+            again["node"] = node
+        return real_write(body, deadline)
+    claims._write = placed_again_meanwhile
+    eventually(lambda: "node" in again and not claims.allotment.spent, what="both written")
+    assert tuple(a.index.ledger.hold("ml/Job/k").sets) == (again["node"],), "the own write's echo replaced nothing"
+    assert tuple(read_claims(fake.get("leases", LEASE))["ml/Job/k"]["sets"]) == (again["node"],)

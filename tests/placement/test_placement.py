@@ -7,6 +7,8 @@ Cluster used by most cases (2 spines x 4 leaves x 4 nodes x 8 H100, one NVSwitch
     ├── spine-1: leaf-1 leaf-2 leaf-3 leaf-4   (4 nodes each: gpu-s1-l1-n1 ... n4)
     └── spine-2: leaf-5 leaf-6 leaf-7 leaf-8
 """
+import dataclasses
+
 import pytest
 
 from webhook.objects.feed import index_of
@@ -119,6 +121,19 @@ def test_a_domain_searched_first_takes_what_it_holds_silently_and_spills_to_its_
     assert spines_of(cluster, spilled) == ["spine-2"] and leaves_of(cluster, spilled) != ["leaf-6"], \
         "a full domain searched first gives way to a sibling, nearest by topology"
     assert place(cluster, request(2, search_first=leaf_6, preferred_domain="leaf-7")).preferred_honoured is True
+
+
+def test_a_domain_searched_first_changes_neither_a_distributed_spread_nor_where_a_wait_is_pinned(cluster):
+    leaf_6 = next(path for path in cluster.tree.levels[2] if path[-1][1] == "leaf-6")
+    def unsteered(decision):
+        return dataclasses.replace(decision, request=dataclasses.replace(decision.request, search_first=None))
+    spread = place(cluster, request(4, gpus=1, strategy=Strategy.DISTRIBUTED))
+    assert unsteered(place(cluster, request(4, gpus=1, strategy=Strategy.DISTRIBUTED, search_first=leaf_6))) == spread
+    for node in list(cluster.nodes):
+        feed.upsert(cluster, make_pod(f"busy-{node}", node, 8), "Pod")
+    waiting = place(cluster, request(2))
+    assert waiting.outcome is Outcome.WAIT
+    assert unsteered(place(cluster, request(2, search_first=leaf_6))) == waiting
 
 
 def test_unknown_preferred_domain_is_never_and_lists_what_exists(cluster):

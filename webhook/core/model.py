@@ -76,9 +76,10 @@ class PlacementRequest:
     strategy: Strategy = Strategy.BALANCED
     latency_sensitive: bool = False
     preferred_domain: str | None = None  # a label value, or LEVEL=VALUE
-    # A domain's path searched before the rest, silently: the GPUs this replica claimed ahead for
-    # its next placements (webhook/kube/shared_claims.py), so that they need no write. Unlike
-    # preferred_domain it is nobody's wish: no reason mentions it. Ignored beside a preferred domain.
+    # A domain's path a consolidated or balanced placement searches before the rest, silently: the
+    # GPUs this replica claimed ahead for its next placements (webhook/kube/allotment.py), so that
+    # they need no write. Unlike preferred_domain it is nobody's wish: no reason mentions it, and a
+    # distributed spread, a wait and a preferred domain ignore it.
     search_first: tuple[tuple[str, str], ...] | None = None
     max_domain: str | None = None  # a level (name or label key) the placement may never be wider than
     min_bandwidth_gbps: float | None = None  # Gb/s, compared with the node label network-bandwidth

@@ -1,18 +1,23 @@
 """A replica's allotment: GPUs it claims ahead, in the claims Lease, for its own next placements.
 
-With each write of the claims Lease (shared_claims.py), a busy replica also claims, under its own
+With each write of the claims Lease (shared_claims.py), a replica that places also claims, under its own
 key (`allotment/<identity>`), every free GPU of one small domain around its latest placement (at
 most 1/ALLOTMENT_SHARE of the free GPUs it sees, and at most ALLOTMENT_MOST_GPUS). Every other replica holds those GPUs, as it holds
 any claim; this replica does not, and searches that domain first. A placement that lands wholly
 inside the allotment is admitted without a write: the allotment already keeps every other replica
 off its GPUs. A thread of the replica writes such placements as claims of their own within
 FLUSH_SECONDS, with the allotment less what they took, and renews it while it is used; unused for
-ALLOTMENT_IDLE_SECONDS, it is given back.
+ALLOTMENT_IDLE_SECONDS, or when the replica stops, it is given back. Placements of a group
+and releases by the gate are always written before their answer: the other replicas learn from
+the Lease which nodes a group has, and that a gated workload was started.
 
-What keeps "no two claims share a GPU": a placement is taken from the allotment only while the
-allotment has time left for that write (the claims' time budget, plus a second), and, while a
-write is in flight, only from GPUs the allotment keeps in that write too. Every write of the
-replica carries every placement taken and not yet written.
+What keeps "no two claims share a GPU":
+- a placement is taken from the allotment only while the allotment has time left for two writes
+  and a flush (its writer's clock);
+- the other replicas hold an allotment for one more lifetime than it says (their clocks may run ahead);
+- while a write is in flight, only GPUs the allotment keeps in that write too are taken, and after
+  a write whose outcome is unknown (a timeout), still only those, until a newer version is read;
+- every write of the replica carries every placement taken and not yet written.
 
 The price: GPUs in one replica's allotment wait a few seconds for the other replicas' work, and a
 replica that dies within FLUSH_SECONDS of such a placement leaves it covered only until its
@@ -21,17 +26,19 @@ allotment lapses, not for a hold's lifetime.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable, Mapping
 
 from ..core.gpus import format_gpu_set, parse_gpu_set
 from ..placement import walk
+from ..placement.placer import CONFLICT
 from ..state.holds import Reservation
 from ..state.index import ClusterIndex
 
 ALLOTMENT_PREFIX = "allotment/"  # a replica's allotment: claims key allotment/<identity>
 ALLOTMENT_SHARE = 8  # an allotment holds at most 1/ALLOTMENT_SHARE of the free GPUs its replica sees,
 ALLOTMENT_MOST_GPUS = 512  # and at most this many (a leaf of a large cluster): more is written, read and held for nothing
-ALLOTMENT_LIFETIMES = 5  # an allotment is claimed for this many claims' time budgets (10 s by default)
+ALLOTMENT_LIFETIMES = 6  # an allotment is claimed for this many claims' time budgets (12 s by default)
 ALLOTMENT_IDLE_SECONDS = 5.0  # unused for this long, it is given back
 FLUSH_SECONDS = 0.25  # placements taken from the allotment are written together, this long at most after the first
 
@@ -42,6 +49,24 @@ def claim_of(now: float, seconds: float, sets: Mapping[str, list[tuple[int, ...]
     """A claim as the Lease carries it: lapsing `seconds` after `now` (wall clock)."""
     return {"expires": round(now + seconds, 3),
             "sets": {node: [format_gpu_set(ids) for ids in gpu_sets] for node, gpu_sets in sets.items()}}
+
+
+def claim_of_hold(hold: Reservation, index: ClusterIndex, now: float) -> dict:
+    """The claim of a hold of this replica's ledger: its sets, lapsing when the hold does."""
+    return claim_of(now, hold.expires_at - index.ledger.clock(), hold.sets)
+
+
+def made(problem: str | None) -> bool | None:
+    """Whether a write answered `problem` was made: yes, no (409: another replica's came first),
+    or unknown (a timeout, or a failure the API may have answered after making it)."""
+    return True if problem is None else False if problem == CONFLICT else None
+
+
+def lapses(key: str, claim: dict, lifetime: float) -> float:
+    """When a replica stops holding a claim (wall clock): when it says, and another replica's
+    allotment one `lifetime` later, so that clocks ahead of its writer's do not free GPUs it may
+    still take."""
+    return claim["expires"] + (lifetime if key.startswith(ALLOTMENT_PREFIX) else 0.0)
 
 
 class Allotment:
@@ -61,7 +86,7 @@ class Allotment:
         self.next: dict[str, frozenset[int]] | None = None  # what the write in flight keeps of it
         self.spent: dict[str, Reservation] = {}  # placed inside it, not yet written as claims
         self.uncovered: set[str] = set()  # of those, the ones whose allotment lapsed (said once)
-        self.last_used = float("-inf")  # wall clock: last taken, or taken from
+        self.last_used = float("-inf")  # time.monotonic(): last taken, or taken from
         self.wake = threading.Event()  # a placement was taken from it
 
     @property
@@ -70,15 +95,17 @@ class Allotment:
 
     def applied(self, claim: dict | None) -> None:
         """A version of the Lease was applied, with this replica's allotment `claim` or without."""
-        self.gpus = {node: frozenset(i for ids in sets for i in ids)
-                     for node, sets in ((n, [parse_gpu_set(t) for t in ts]) for n, ts in claim["sets"].items())
-                     } if claim else {}
+        self.gpus = {node: frozenset(i for text in texts for i in parse_gpu_set(text))
+                     for node, texts in claim["sets"].items()} if claim else {}
         self.expires = claim["expires"] if claim else 0.0
-        if not claim:
-            self.path = None
+        self.path = tuple(tuple(pair) for pair in claim.get("domain") or ()) or None if claim else None
 
     def _spendable(self) -> bool:
-        return bool(self.gpus) and self.expires - self.wall() >= self.budget_seconds + 1.0
+        return bool(self.gpus) and self.expires - self.wall() >= 2 * self.budget_seconds + FLUSH_SECONDS
+
+    def touch(self) -> None:
+        """It is in use: not idle."""
+        self.last_used = time.monotonic()
 
     def first_domain(self) -> tuple | None:
         """The allotment's domain, while placements may be taken from it."""
@@ -95,18 +122,17 @@ class Allotment:
                                                 for node, sets in hold.sets.items() for ids in sets):
                 return False
         self.spent[key] = hold
-        self.last_used = self.wall()
+        self.uncovered.discard(key)
+        self.touch()
         self.wake.set()
         return True
 
     def due(self) -> bool:
         """Whether a write is due: placements to write, or the allotment to renew or give back."""
-        now = self.wall()
-        return bool(self.spent) or (bool(self.gpus) and (
-            now - self.last_used >= ALLOTMENT_IDLE_SECONDS or self.expires - now < self.seconds / 2))
+        return bool(self.spent) or (bool(self.gpus) and (time.monotonic() - self.last_used >= ALLOTMENT_IDLE_SECONDS
+                                                         or self.expires - self.wall() < self.seconds / 2))
 
-    def compose(self, claims: dict[str, dict], near: str | None, keep: bool = True
-                ) -> tuple[dict[str, Reservation], Chosen | None]:
+    def compose(self, claims: dict[str, dict], near: str | None, keep: bool = True) -> dict[str, Reservation]:
         """Add to a write's `claims` the placements taken and not yet written, and the allotment
         chosen around node `near` (the latest placement written; None: around its own domain),
         unless it is not to be kept. Until the write is answered, only GPUs in both allotments may
@@ -114,26 +140,27 @@ class Allotment:
         spent = dict(self.spent)
         for key, hold in spent.items():
             if self.index.ledger.hold(key) is hold:
-                claims[key] = claim_of(self.wall(), hold.expires_at - self.index.ledger.clock(), hold.sets)
-        if near is not None:
-            self.last_used = self.wall()  # an allotment taken around a placement starts its idle time
+                claims[key] = claim_of_hold(hold, self.index, self.wall())
         chosen = self._choose(near) if keep else None
         self.next = chosen[1] if chosen else {}
         if chosen:
-            claims[self.key] = claim_of(self.wall(), self.seconds,
-                                        {node: [tuple(sorted(ids))] for node, ids in chosen[1].items()})
-        return spent, chosen
+            claims[self.key] = {**claim_of(self.wall(), self.seconds,
+                                           {node: [tuple(sorted(ids))] for node, ids in chosen[1].items()}),
+                                "domain": [list(pair) for pair in chosen[0]]}
+        return spent
 
-    def written(self, spent: dict[str, Reservation], chosen: Chosen | None, ok: bool) -> None:
-        """After the write `compose` added to: what it carried is written, or stays to write."""
-        self.next = None
-        if not ok:
+    def written(self, spent: dict[str, Reservation], made: bool | None) -> None:
+        """After the write `compose` added to: `made` (True), refused (False: what it carried stays
+        to write), or unknown (None: it may have been made, so until a newer version is applied
+        only GPUs both versions allot are taken)."""
+        kept, self.next = self.next or {}, None
+        if made is None:
+            self.gpus = {node: ids & kept[node] for node, ids in self.gpus.items() if ids & kept.get(node, frozenset())}
+        if not made:
             return
         for key, hold in spent.items():
             if self.spent.get(key) is hold:  # not placed anew since
                 del self.spent[key]
-                self.uncovered.discard(key)
-        self.path = chosen[0] if chosen and self.gpus else None
 
     def lapsed(self) -> list[str]:
         """Placements still unwritten whose allotment has lapsed, each named once: nothing covers them."""
@@ -148,7 +175,7 @@ class Allotment:
         1/share of the free GPUs and ALLOTMENT_MOST_GPUS, below the whole cluster, with its free GPUs. None when the
         allotment is given back: idle, or no domain small enough has room."""
         tree = self.index.tree
-        if not self.share or self.wall() - self.last_used >= ALLOTMENT_IDLE_SECONDS:
+        if not self.share or time.monotonic() - self.last_used >= ALLOTMENT_IDLE_SECONDS:
             return None
         cap = min(tree.root.free_gpus // self.share, ALLOTMENT_MOST_GPUS)
         member: Any = tree.nodes.get(near) if near else (walk.lookup(tree, self.path) if self.path else None)

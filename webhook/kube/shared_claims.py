@@ -15,8 +15,8 @@ A writer keeps the claims of the version it replaces, less those its own ledger 
 one write per placed workload is all it costs. Pods carry the placement afterwards (holds from the
 pod watch), so a claim need not outlive its pods' creation by much.
 
-A busy replica claims GPUs ahead for its own next placements, its allotment (allotment.py), so
-that most of its placements need no write before their answer.
+A replica that places claims GPUs ahead for its own next placements, its allotment (allotment.py),
+so that most of its placements need no write before their answer.
 
 Why one Lease for every claim, not one per workload or per domain: a compare-and-swap on one
 object is what makes "no two claims share a GPU" hold with one write; one Lease per workload
@@ -44,7 +44,7 @@ from kubernetes.client.exceptions import ApiException
 from ..core.gpus import parse_gpu_set
 from ..placement.placer import CONFLICT
 from ..state.index import ClusterIndex
-from .allotment import ALLOTMENT_SHARE, FLUSH_SECONDS, Allotment, claim_of
+from .allotment import ALLOTMENT_SHARE, FLUSH_SECONDS, Allotment, claim_of_hold, lapses, made
 
 log = logging.getLogger(__name__)
 
@@ -184,8 +184,10 @@ class ApiClaims:
             now = self.wall()
             self.allotment.applied(claims.pop(self.allotment.key, None))  # not held here: taken from
             for key, claim in claims.items():
-                if self._applied.get(key) != claim and claim["expires"] > now:
-                    self.index.reserve(key, _sets_of(claim), ttl=claim["expires"] - now)
+                if key in self.allotment.spent:
+                    continue  # placed here since this version was written: the hold here is newer
+                if self._applied.get(key) != claim and lapses(key, claim, self.allotment.seconds) > now:
+                    self.index.reserve(key, _sets_of(claim), ttl=lapses(key, claim, self.allotment.seconds) - now)
             for key in self._applied.keys() - claims.keys():
                 self.index.release(key)
             self._applied = claims
@@ -225,25 +227,29 @@ class ApiClaims:
                 self.allotment.wake.clear()
             with self.index.lock:
                 due = self.allotment.due()
-            deadline = time.monotonic() + self.budget_seconds
-            if not due or stop.is_set() or not self._take_turn(deadline):
-                continue
-            try:
-                self._write_batch([], deadline)
-            finally:
-                self._end_turn()
-            with self.index.lock:
-                lapsed = self.allotment.lapsed()
-            for key in lapsed:
-                self.alone(f"the placement of {key}", "not written before its allotment lapsed")
-        deadline = time.monotonic() + self.budget_seconds
+            if due and not stop.is_set():
+                self._flush(keep=True)
         with self.index.lock:
             held = bool(self.allotment.gpus or self.allotment.spent)
-        if held and self._take_turn(deadline):
+        if held:
+            self._flush(keep=False)
+
+    def _flush(self, keep: bool) -> None:
+        """Write the placements taken from the allotment, and the allotment renewed (`keep`) or
+        given back, deciding again after each 409 within the claims' time budget; say which
+        placements are left with nothing to cover them."""
+        deadline = time.monotonic() + self.budget_seconds
+        while self._take_turn(deadline):
             try:
-                self._write_batch([], deadline, keep=False)
+                problem = self._write_batch([], deadline, keep)
             finally:
                 self._end_turn()
+            if problem != CONFLICT or time.monotonic() >= deadline:
+                break
+        with self.index.lock:
+            lapsed = self.allotment.lapsed()
+        for key in lapsed:
+            self.alone(f"the placement of {key}", "not written before its allotment lapsed")
 
     def _refresh(self, deadline: float) -> None:
         """Read the Lease now (after a 409: the watch may not have brought the winner's write yet)."""
@@ -293,16 +299,17 @@ class ApiClaims:
                 return "no time left"
             try:
                 with self.index.lock:
-                    self.allotment.spent.pop(key, None)  # its hold went first: its GPUs are the allotment's again
+                    if self.index.ledger.hold(key) is None:  # not placed again meanwhile
+                        self.allotment.spent.pop(key, None)
                     if key not in self._applied:
                         return None
                     claims = self._kept()
-                    spent, chosen = self.allotment.compose(claims, None)
+                    spent = self.allotment.compose(claims, None)
                     claims.pop(key, None)
                     body = self._body(claims)
                 problem = self._write(body, deadline)
                 with self.index.lock:
-                    self.allotment.written(spent, chosen, problem is None)
+                    self.allotment.written(spent, made(problem))
             finally:
                 self._end_turn()
             if problem != CONFLICT or time.monotonic() >= deadline:
@@ -321,10 +328,10 @@ class ApiClaims:
             self._writing = False
             self._cond.notify_all()
 
-    def _write_batch(self, batch: list["_Pending"], deadline: float, keep: bool = True) -> None:
+    def _write_batch(self, batch: list["_Pending"], deadline: float, keep: bool = True) -> str | None:
         """One write for every claim of `batch` decided against what is current, with the
-        placements taken from the allotment so far and the allotment as it is to be now (an
-        empty batch writes those alone: `keep_allotment`)."""
+        placements taken from the allotment so far and the allotment renewed (`keep`) or given
+        back (an empty batch writes those alone: `keep_allotment`). What `_write` answers."""
         with self.index.lock:
             current = []
             for pending in batch:
@@ -333,27 +340,30 @@ class ApiClaims:
                 else:
                     pending.result = CONFLICT  # another replica's claims arrived after it was decided
             if batch and not current:
-                return
+                return CONFLICT
             claims = self._kept()
             near = None
             for pending in current:
                 hold = self.index.ledger.hold(pending.key)
                 if hold is not None:
-                    claims[pending.key] = claim_of(self.wall(), hold.expires_at - self.index.ledger.clock(), hold.sets)
+                    claims[pending.key] = claim_of_hold(hold, self.index, self.wall())
                     near = next(iter(hold.sets), near)
-            spent, chosen = self.allotment.compose(claims, near, keep)
+            if near is not None:
+                self.allotment.touch()  # an allotment taken around a placement starts its idle time afresh
+            spent = self.allotment.compose(claims, near, keep)
             body = self._body(claims)
         problem = self._write(body, deadline)
         with self.index.lock:
-            self.allotment.written(spent, chosen, problem is None)
+            self.allotment.written(spent, made(problem))
         for pending in current:
             pending.result = problem
+        return problem
 
     def _kept(self) -> dict[str, dict]:
         """The applied claims this ledger still holds and whose time has not run out."""
         now = self.wall()
         return {key: claim for key, claim in self._applied.items()
-                if self.index.ledger.hold(key) is not None and claim["expires"] > now}
+                if self.index.ledger.hold(key) is not None and lapses(key, claim, self.allotment.seconds) > now}
 
     def _body(self, claims: dict[str, dict]) -> dict:
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -67,14 +67,10 @@ def _decision(tree: TopologyTree, request: PlacementRequest, subset: TopologyTre
             return Decision(Outcome.NEVER, request, None, code=UNKNOWN_DOMAIN, reasons=(found,))
         preferred = found
         chain = walk.ancestry(preferred)
-    elif request.search_first:
-        first = walk.lookup(subset, request.search_first)
-        if first is not None:
-            chain = walk.ancestry(first)
     if request.strategy is Strategy.DISTRIBUTED:
         decision = _distributed(subset, request, chain, narrowest)
     else:
-        decision = _consolidated(subset, request, chain, narrowest)
+        decision = _consolidated(subset, request, _searched_first(subset, request) or chain, chain, narrowest)
     if decision.outcome is Outcome.WAIT:  # added nodes may take it sooner than running work ends
         decision = waiting.onto_growth(subset, request, pools()) or decision
     if preferred is None or decision.outcome is not Outcome.PLACED:
@@ -86,9 +82,21 @@ def _decision(tree: TopologyTree, request: PlacementRequest, subset: TopologyTre
     return dataclasses.replace(decision, preferred_honoured=honoured, reasons=(note,) + decision.reasons)
 
 
-def _consolidated(subset: TopologyTree, request: PlacementRequest, chain: list[Member], narrowest: int) -> Decision:
+def _searched_first(subset: TopologyTree, request: PlacementRequest) -> list[Member] | None:
+    """The domain a consolidated or balanced placement searches first (`search_first`), then its
+    ancestors outwards; None beside a preferred domain, or when the subset lacks it. Only where to
+    look first: a distributed spread and a wait (where it waits, what it is pinned to) ignore it."""
+    if request.preferred_domain or not request.search_first:
+        return None
+    first = walk.lookup(subset, request.search_first)
+    return walk.ancestry(first) if first is not None else None
+
+
+def _consolidated(subset: TopologyTree, request: PlacementRequest, search: list[Member], chain: list[Member],
+                  narrowest: int) -> Decision:
+    """Placed in the first scope of `search` that holds it, else waiting as `chain` says."""
     gpus, pods = request.gpus_per_pod, request.pods
-    for scope in chain:
+    for scope in search:
         target = _tightest_fit(subset, scope, pods, gpus)
         if target is not None and target.ref.level >= narrowest:  # never wider than max-domain
             return _placed(subset, request, target, _split(target, pods, gpus))

@@ -125,16 +125,20 @@ def _held(index: ClusterIndex, key: str, decide: Callable[[], Decision | None]) 
         return decision
 
 
-def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None) -> tuple[Decision, list[str]]:
+def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None, group: bool = False
+                 ) -> tuple[Decision, list[str]]:
     """`place_and_reserve`, and the hold claimed for every replica when they share claims: at
-    most one write when nobody else wrote meanwhile, a new decision for every 409. Returns the
-    decision and the warnings to give (a decision made alone)."""
+    most one write when nobody else wrote meanwhile, a new decision for every 409; none before the
+    answer for a placement inside this replica's allotment, unless it is a `group`'s (its other
+    members, on any replica, join what the Lease says). Returns the decision and the warnings to
+    give (a decision made alone)."""
     if index.shared_claims is None or key is None:
         return place_and_reserve(index, request, key), []
-    first = index.shared_claims.first_domain()
-    if first is not None and not request.preferred_domain:
+    first = None if group else index.shared_claims.first_domain()
+    if first is not None:
         request = dataclasses.replace(request, search_first=first)
-    decision, alone = _shared(index, key, request.workload, lambda: place_and_reserve(index, request, key))
+    decision, alone = _shared(index, key, request.workload, lambda: place_and_reserve(index, request, key),
+                              may_spend=not group)
     assert decision is not None
     return decision, alone
 
@@ -160,11 +164,13 @@ def start_gated(index: ClusterIndex, group: GatedGroup) -> tuple[Decision | None
     return _shared(index, key, group.request.workload, decide)
 
 
-def _shared(index: ClusterIndex, key: str, who: str, decide: Callable[[], Decision | None]
+def _shared(index: ClusterIndex, key: str, who: str, decide: Callable[[], Decision | None], may_spend: bool = False
             ) -> tuple[Decision | None, list[str]]:
     """Decide and claim the placement for every replica (when they share claims), deciding again
     after each 409 within the claims' time budget; a placement claimed by nobody comes back with
-    the warning that it was made alone."""
+    the warning that it was made alone. `may_spend`: a placement inside this replica's allotment
+    is claimed after the answer (not for a release by the gate, which the claim is what keeps
+    from being started twice, nor for a group's, which the others join through it)."""
     claims = index.shared_claims
     if claims is None:
         return decide(), []
@@ -173,7 +179,7 @@ def _shared(index: ClusterIndex, key: str, who: str, decide: Callable[[], Decisi
         with index.lock:
             decision = decide()
             basis = claims.basis()
-            if decision is not None and decision.outcome is Outcome.PLACED and claims.spend(key):
+            if may_spend and decision is not None and decision.outcome is Outcome.PLACED and claims.spend(key):
                 return decision, []  # inside this replica's allotment: written after the answer
         if decision is None or decision.outcome is not Outcome.PLACED:
             return decision, []
@@ -206,7 +212,7 @@ def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserv
             return _mismatch(request, f"{claimed.pods} pod(s)"), [], True
         if nodes:  # another replica placed the group first and claimed it: decide on its nodes
             request = on_nodes(request, nodes)
-        decision, alone = place_shared(index, request, key if reserve else None)
+        decision, alone = place_shared(index, request, key if reserve else None, group=True)
         if reserve and decision.outcome is not Outcome.NEVER:  # a denial is the member's alone
             with index.lock:
                 index.ledger.remember_group(key, decision)
