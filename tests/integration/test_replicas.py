@@ -16,7 +16,7 @@ from conftest import (LABELS, LEAF, RunningServer, eventually, patched_object, r
 from tests.fixtures.builders import gpu_job
 from tests.fixtures.shared import deletion
 
-from webhook.kube.shared_claims import CLAIMS_ANNOTATION, LEASE_NAME
+from webhook.kube.shared_claims import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
 from webhook.kube.demo import make_node
 
 NAMESPACE = "topology-webhook"
@@ -141,3 +141,17 @@ def test_with_writes_hanging_admissions_answer_within_the_budget_and_count_it(fa
     answer = a.client().post(whole_node_jobs(1, "other")[0]).json()["response"]
     assert any("decided without the other replicas" in w for w in answer["warnings"])
     assert metric(a, ALONE) == 2
+
+
+def test_a_replica_shut_down_gracefully_gives_its_allotment_back(fake, replicas):
+    add_nodes(fake)
+    start, stop = replicas
+    a = start("a")
+    answer = a.client().post(review_of(gpu_job("small", 1, 1, gpu_count="1"))).json()["response"]
+    assert answer["auditAnnotations"]["outcome"] == "placed"
+
+    def claimed() -> set[str]:
+        return set(read_claims(fake.get("leases", f"{NAMESPACE}/{LEASE_NAME}")))
+    assert any(key.startswith("allotment/") for key in claimed()), "the rest of its node, claimed ahead"
+    stop("a")  # SIGTERM: gunicorn's graceful shutdown, the worker's exit handlers
+    assert claimed() == {"ml/Job/small"}
