@@ -26,7 +26,12 @@ def whole_node(name: str) -> PlacementRequest:
 def views(fake, make_view):
     for i in range(3):
         fake.put_node(make_node(f"n{i}", {**LABELS, LEAF: f"leaf-{i}"}))
-    pair = [make_view(fake, claims_namespace=NAMESPACE, claims_budget_seconds=10) for _ in range(2)]
+    return started_pair(fake, make_view, budget_seconds=10)
+
+
+def started_pair(fake, make_view, budget_seconds: float) -> list:
+    """Two replicas' live views sharing claims, synced."""
+    pair = [make_view(fake, claims_namespace=NAMESPACE, claims_budget_seconds=budget_seconds) for _ in range(2)]
     for view in pair:
         view.start()
         assert view.wait_synced(15)
@@ -151,10 +156,7 @@ def test_a_group_member_on_another_replica_joins_the_nodes_the_first_replica_cla
     for leaf in (1, 2):
         for n in range(2):
             fake.put_node(make_node(f"l{leaf}n{n}", {**LABELS, LEAF: f"leaf-{leaf}"}))
-    a, b = (make_view(fake, claims_namespace=NAMESPACE, claims_budget_seconds=10) for _ in range(2))
-    for view in (a, b):
-        view.start()
-        assert view.wait_synced(15)
+    a, b = started_pair(fake, make_view, budget_seconds=10)
     group = PlacementRequest("PyTorchJob ml/bert", 2, 8, Strategy.CONSOLIDATED)
     first, _, joined = place_group(a.index, group, "ml/PyTorchJob/bert", reserve=True)
     assert not joined and first.outcome is Outcome.PLACED
@@ -172,11 +174,7 @@ def wide_views(fake, make_view):
     small enough to be a replica's allotment."""
     for i in range(32):
         fake.put_node(make_node(f"n{i}", {**LABELS, LEAF: f"leaf-{i // 4}"}))
-    pair = [make_view(fake, claims_namespace=NAMESPACE, claims_budget_seconds=2) for _ in range(2)]
-    for view in pair:
-        view.start()
-        assert view.wait_synced(15)
-    return pair
+    return started_pair(fake, make_view, budget_seconds=2)
 
 
 def leaf_of(node: str) -> int:
