@@ -15,6 +15,7 @@ separates the decision path's cost from the server's.
     .venv/bin/python bench/admission_bench.py --large    # any of these with production-sized pod specs (11 KB)
     .venv/bin/python bench/admission_bench.py --held 500  # p99 with 500 slow or silent connections open
     .venv/bin/python bench/admission_bench.py --coordination   # claims through the API on vs off
+    .venv/bin/python bench/admission_bench.py --coordination --replicas 2   # two replicas sharing them
     .venv/bin/python bench/admission_bench.py --groups   # group members and controller-made pods vs a plain Pod
 
 --held N starts only the webhook and measures the open loop twice in one run: alone, then with
@@ -31,6 +32,9 @@ drift during the run cancelled as far as alternation can.
 and two webhooks watching it (`serve --kubeconfig`), one sharing claims through the API
 (`--claims-namespace`: one Lease write per placed workload) and one not, and drives both with the
 same reviews, alternating measurement by measurement, so the ratio is what coordination costs.
+With --replicas N, N of each (those with claims share one Lease), each with workloads of its own;
+the N of a kind are driven at once, each with the whole load, so off and on meet the same
+contention for the cores.
 """
 from __future__ import annotations
 
@@ -75,12 +79,13 @@ def cluster(nodes_wanted: int) -> tuple[list[dict], list[dict]]:
     return nodes, pods
 
 
-def review_bodies(count: int, large: bool = False) -> list[bytes]:
-    """Serialized v1 reviews: a mix of GPU Pods and Jobs with placement annotations; `large`: each
-    pod spec as big as a production training pod's (about 11 KB of review)."""
+def review_bodies(count: int, large: bool = False, prefix: str = "w") -> list[bytes]:
+    """Serialized v1 reviews: a mix of GPU Pods and Jobs with placement annotations, named
+    `prefix` and a number; `large`: each pod spec as big as a production training pod's (about
+    11 KB of review)."""
     bodies = []
     for i in range(count):
-        name = f"w{i % WORKLOAD_NAMES}"
+        name = f"{prefix}{i % WORKLOAD_NAMES}"
         annotations = {"topology.scheduler/placement-strategy": ("consolidated", "balanced", "distributed")[i % 3]}
         pod = demo.make_pod(name, None, (1, 2, 4, 8)[i % 4], namespace="ml", annotations=annotations)
         del pod["status"], pod["metadata"]["uid"]
@@ -347,7 +352,8 @@ def coordination(args: argparse.Namespace) -> None:
     api_process.start()
     url = ours.recv()
     nodes, pods = cluster(args.nodes)
-    bodies = review_bodies(4000, args.large)
+    # Each replica its own workloads, as the apiserver sends one object's review to one replica.
+    bodies = [review_bodies(4000, args.large, prefix="w" if r == 0 else f"r{r}-w") for r in range(args.replicas)]
     with tempfile.TemporaryDirectory(prefix="admission-bench-") as tmp:
         workdir = pathlib.Path(tmp)
         paths = certs.write_certs(str(workdir / "tls"), "topology-webhook", "default")
@@ -356,28 +362,35 @@ def coordination(args: argparse.Namespace) -> None:
             "apiVersion": "v1", "kind": "Config", "current-context": "bench",
             "clusters": [{"name": "fake", "cluster": {"server": url}}], "users": [{"name": "me", "user": {}}],
             "contexts": [{"name": "bench", "context": {"cluster": "fake", "user": "me"}}]}))
-        drivers, processes = {}, []
+        drivers: dict[str, list[Driver]] = {"off": [], "on": []}
+        processes = []
         try:
             for label, extra in (("off", []), ("on", ["--claims-namespace", "bench"])):
-                port = free_port()  # each its own metrics port too: the default 9090 takes one process
-                processes.append(start([sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{port}",
-                                        "--metrics-bind", f"127.0.0.1:{free_port()}", "--cert", paths.cert,
-                                        "--key", paths.key, "--kubeconfig", str(kubeconfig), *extra],
-                                       port, paths.ca, workdir / f"{label}.log"))
-                drivers[label] = Driver(port, paths.ca, bodies)
-            for driver in drivers.values():
+                for replica in range(args.replicas):
+                    port = free_port()  # each its own metrics port too: the default 9090 takes one process
+                    processes.append(start([sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{port}",
+                                            "--metrics-bind", f"127.0.0.1:{free_port()}", "--cert", paths.cert,
+                                            "--key", paths.key, "--kubeconfig", str(kubeconfig), *extra],
+                                           port, paths.ca, workdir / f"{label}-{replica}.log"))
+                    drivers[label].append(Driver(port, paths.ca, bodies[replica]))
+            for driver in drivers["off"] + drivers["on"]:
                 wait_ready(driver)
                 driver.closed_loop(4, min(2.0, args.seconds))  # warm-up
             print(f"machine: {machine()}; load average before: {os.getloadavg()[0]:.2f}")
             print(f"cluster: {len(nodes)} nodes, {len(pods)} running pods, served by the fake API server; "
-                  f"{args.seconds:g} s per measurement, off and on alternating")
+                  f"{args.seconds:g} s per measurement, off and on alternating; {args.replicas} replica(s) "
+                  "of each, driven at once, each with the load")
             ours.send("count")
             writes_before, conflicts_before = ours.recv()
             results: dict[str, dict] = {}
             for load in ("c=1", "c=8", f"{args.rate:g}/s"):
-                for label, driver in drivers.items():
-                    results[f"{label} {load}"] = (driver.open_loop(args.rate, args.seconds) if load.endswith("/s")
-                                                  else driver.closed_loop(int(load[2:]), args.seconds))
+                for label, group in drivers.items():
+                    def measure(replica: int, load: str = load, group: list[Driver] = group, label: str = label) -> None:
+                        driver = group[replica]
+                        results[f"{label} {load} {replica}"] = (
+                            driver.open_loop(args.rate, args.seconds) if load.endswith("/s")
+                            else driver.closed_loop(int(load[2:]), args.seconds))
+                    run_threads(measure, args.replicas, pass_index=True)
         finally:
             for process in processes:
                 process.terminate()
@@ -389,9 +402,10 @@ def coordination(args: argparse.Namespace) -> None:
     print("\n| load | off p50 ms | off p99 ms | off reviews/s | on p50 ms | on p99 ms | on reviews/s "
           "| p50 ratio | p99 ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for load in ("c=1", "c=8", f"{args.rate:g}/s"):
-        off, on = results[f"off {load}"], results[f"on {load}"]
-        print(f"| {load} | {off['p50_ms']:.2f} | {off['p99_ms']:.2f} | {off['rps']:.0f} | {on['p50_ms']:.2f} | "
+    for load, replica in ((load, r) for load in ("c=1", "c=8", f"{args.rate:g}/s") for r in range(args.replicas)):
+        off, on = results[f"off {load} {replica}"], results[f"on {load} {replica}"]
+        named = f"{load}, replica {replica + 1}" if args.replicas > 1 else load
+        print(f"| {named} | {off['p50_ms']:.2f} | {off['p99_ms']:.2f} | {off['rps']:.0f} | {on['p50_ms']:.2f} | "
               f"{on['p99_ms']:.2f} | {on['rps']:.0f} | {on['p50_ms'] / off['p50_ms']:.2f} | "
               f"{on['p99_ms'] / off['p99_ms']:.2f} |")
     print(f"\nLease writes: {writes - writes_before} ({conflicts - conflicts_before} answered 409); "
@@ -513,6 +527,8 @@ def main() -> None:
     parser.add_argument("--held", type=int, metavar="N", help="p99 alone and with N slow or silent connections held")
     parser.add_argument("--coordination", action="store_true",
                         help="live view with claims shared through the API, next to the same without")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="with --coordination: replicas of each, sharing the claims (default: %(default)s)")
     parser.add_argument("--serve-empty", nargs=3, metavar=("BIND", "CERT", "KEY"), help=argparse.SUPPRESS)
     parser.add_argument("--groups", action="store_true",
                         help="group members and controller-made pods against a plain Pod, in process")
