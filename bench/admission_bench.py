@@ -16,6 +16,7 @@ separates the decision path's cost from the server's.
     .venv/bin/python bench/admission_bench.py --held 500  # p99 with 500 slow or silent connections open
     .venv/bin/python bench/admission_bench.py --coordination   # claims through the API on vs off
     .venv/bin/python bench/admission_bench.py --coordination --replicas 2   # two replicas sharing them
+    .venv/bin/python bench/admission_bench.py --coordination --allotments   # with serve --claims-allotments
     .venv/bin/python bench/admission_bench.py --groups   # group members and controller-made pods vs a plain Pod
 
 --held N starts only the webhook and measures the open loop twice in one run: alone, then with
@@ -365,7 +366,8 @@ def coordination(args: argparse.Namespace) -> None:
         drivers: dict[str, list[Driver]] = {"off": [], "on": []}
         processes = []
         try:
-            for label, extra in (("off", []), ("on", ["--claims-namespace", "bench"])):
+            on = ["--claims-namespace", "bench", *(["--claims-allotments"] if args.allotments else [])]
+            for label, extra in (("off", []), ("on", on)):
                 for replica in range(args.replicas):
                     port = free_port()  # each its own metrics port too: the default 9090 takes one process
                     processes.append(start([sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{port}",
@@ -527,6 +529,8 @@ def main() -> None:
     parser.add_argument("--held", type=int, metavar="N", help="p99 alone and with N slow or silent connections held")
     parser.add_argument("--coordination", action="store_true",
                         help="live view with claims shared through the API, next to the same without")
+    parser.add_argument("--allotments", action="store_true",
+                        help="with --coordination: the webhooks with claims claim allotments (serve --claims-allotments)")
     parser.add_argument("--replicas", type=int, default=1,
                         help="with --coordination: replicas of each, sharing the claims (default: %(default)s)")
     parser.add_argument("--serve-empty", nargs=3, metavar=("BIND", "CERT", "KEY"), help=argparse.SUPPRESS)

@@ -146,7 +146,7 @@ def test_with_writes_hanging_admissions_answer_within_the_budget_and_count_it(fa
 def test_a_replica_shut_down_gracefully_gives_its_allotment_back(fake, replicas):
     add_nodes(fake)
     start, stop = replicas
-    a = start("a")
+    a = start("a", "--claims-allotments")
     answer = a.client().post(review_of(gpu_job("small", 1, 1, gpu_count="1"))).json()["response"]
     assert answer["auditAnnotations"]["outcome"] == "placed"
 

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import LABELS, LEAF, eventually
 
+from webhook.kube import allotment
 from webhook.kube.shared_claims import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
 from webhook.kube.demo import make_node
 from webhook.core.model import Outcome, PlacementRequest, Strategy
@@ -29,9 +30,11 @@ def views(fake, make_view):
     return started_pair(fake, make_view, budget_seconds=10)
 
 
-def started_pair(fake, make_view, budget_seconds: float) -> list:
-    """Two replicas' live views sharing claims, synced."""
-    pair = [make_view(fake, claims_namespace=NAMESPACE, claims_budget_seconds=budget_seconds) for _ in range(2)]
+def started_pair(fake, make_view, budget_seconds: float, allotments: bool = False) -> list:
+    """Two replicas' live views sharing claims (with allotments, `allotments`), synced."""
+    share = allotment.ALLOTMENT_SHARE if allotments else 0
+    pair = [make_view(fake, claims_namespace=NAMESPACE, claims_budget_seconds=budget_seconds,
+                      claims_allotment_share=share) for _ in range(2)]
     for view in pair:
         view.start()
         assert view.wait_synced(15)
@@ -174,7 +177,7 @@ def wide_views(fake, make_view):
     small enough to be a replica's allotment."""
     for i in range(32):
         fake.put_node(make_node(f"n{i}", {**LABELS, LEAF: f"leaf-{i // 4}"}))
-    return started_pair(fake, make_view, budget_seconds=2)
+    return started_pair(fake, make_view, budget_seconds=2, allotments=True)
 
 
 def leaf_of(node: str) -> int:
@@ -224,8 +227,6 @@ def test_two_replicas_placing_at_once_from_their_allotments_never_share_a_gpu(fa
 
 
 def test_an_allotment_unused_for_a_while_is_given_back(fake, wide_views, monkeypatch):
-    from webhook.kube import allotment
-
     monkeypatch.setattr(allotment, "ALLOTMENT_IDLE_SECONDS", 0.5)
     a, b = wide_views
     place_shared(a.index, whole_node("only"), "ml/Job/only")

@@ -15,6 +15,7 @@ from ..kube.access import cluster_access
 from ..kube.clusterview import ApiFeed, own_namespace
 from ..kube.gatekey import ensure_gate_key
 from ..kube.kubeclient import api_client_from
+from ..kube.allotment import ALLOTMENT_SHARE
 from ..kube.shared_claims import DEFAULT_BUDGET_SECONDS
 from ..serving import certs
 from ..serving.app import create_app
@@ -94,6 +95,10 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--claims-budget", metavar="SECONDS", type=float, default=DEFAULT_BUDGET_SECONDS,
                        help="how long an admission may spend agreeing with the other replicas before it decides "
                             "alone, with a warning (default: %(default)s)")
+    serve.add_argument("--claims-allotments", action="store_true",
+                       help="claim the free GPUs of a small domain ahead, so that placements inside it are answered "
+                            "before their Lease write (off by default: another replica's allotment can make a "
+                            "workload wait, pinned to a full node; docs/design/ledger-and-claims.md)")
     serve.set_defaults(func=cmd_serve)
 
 
@@ -244,6 +249,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if live:
             feed = ApiFeed(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
                            claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc,
+                           claims_allotment_share=ALLOTMENT_SHARE if args.claims_allotments else 0,
                            on_scale_up=metrics.scale_up, on_release=metrics.gated_release)
             feed.start()
             atexit.register(feed.stop)  # a graceful shutdown gives back the GPUs its allotment holds

@@ -74,12 +74,12 @@ class Allotment:
     placements taken from it. Read and changed under the index's lock."""
 
     def __init__(self, index: ClusterIndex, identity: str, budget_seconds: float, wall: Callable[[], float],
-                 share: int = ALLOTMENT_SHARE) -> None:
+                 share: int) -> None:
         self.index = index
         self.key = ALLOTMENT_PREFIX + identity
         self.budget_seconds = budget_seconds
         self.wall = wall
-        self.share = share  # 0: no allotment, every placement is written before its answer
+        self.share = share  # 0 (the default, serve --claims-allotments for ALLOTMENT_SHARE): no allotment
         self.gpus: dict[str, frozenset[int]] = {}  # node -> GPU ids
         self.expires = 0.0  # wall clock
         self.path: tuple | None = None  # the domain it lies in

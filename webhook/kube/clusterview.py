@@ -86,7 +86,7 @@ class ApiFeed:
                  backoff_cap: float = 30.0, rng: random.Random | None = None,
                  watch_timeout_seconds: int | None = None, page_size: int = LIST_PAGE_SIZE,
                  expire_interval_seconds: float = EXPIRE_INTERVAL_SECONDS, claims_namespace: str | None = None,
-                 claims_budget_seconds: float = DEFAULT_BUDGET_SECONDS,
+                 claims_budget_seconds: float = DEFAULT_BUDGET_SECONDS, claims_allotment_share: int = 0,
                  on_alone: Callable[[], None] = lambda: None,
                  on_scale_up: Callable[[str], None] = lambda _: None,
                  on_release: Callable[[str], None] = lambda _: None,
@@ -116,7 +116,8 @@ class ApiFeed:
             index.scale_ups = ApiScaleUps(api_client, on_scale_up)
         self.claims: ApiClaims | None = None
         if claims_namespace:
-            claims = ApiClaims(index, api_client, claims_namespace, claims_budget_seconds, on_alone=on_alone)
+            claims = ApiClaims(index, api_client, claims_namespace, claims_budget_seconds, on_alone=on_alone,
+                               allotment_share=claims_allotment_share)
             index.share_claims(claims)
             self.claims = claims
             self._streams += (claims_stream(claims, api_client, claims_namespace),)

@@ -44,7 +44,7 @@ from kubernetes.client.exceptions import ApiException
 from ..core.gpus import parse_gpu_set
 from ..placement.placer import CONFLICT
 from ..state.index import ClusterIndex
-from .allotment import ALLOTMENT_SHARE, FLUSH_SECONDS, Allotment, claim_of_hold, lapses, made
+from .allotment import FLUSH_SECONDS, Allotment, claim_of_hold, lapses, made
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class ApiClaims:
 
     def __init__(self, index: ClusterIndex, api_client: k8s_client.ApiClient, namespace: str,
                  budget_seconds: float = DEFAULT_BUDGET_SECONDS, wall: Callable[[], float] = time.time,
-                 on_alone: Callable[[], None] = lambda: None, allotment_share: int = ALLOTMENT_SHARE) -> None:
+                 on_alone: Callable[[], None] = lambda: None, allotment_share: int = 0) -> None:
         self.index = index
         # A client of its own: no retries (urllib3 would repeat a timed-out PUT three times, past
         # the budget) and no waiting behind the watches for a pooled connection.
