@@ -149,14 +149,14 @@ class Allotment:
                                 "domain": [list(pair) for pair in chosen[0]]}
         return spent
 
-    def written(self, spent: dict[str, Reservation], made: bool | None) -> None:
-        """After the write `compose` added to: `made` (True), refused (False: what it carried stays
+    def written(self, spent: dict[str, Reservation], outcome: bool | None) -> None:
+        """After the write `compose` added to: made (True), refused (False: what it carried stays
         to write), or unknown (None: it may have been made, so until a newer version is applied
-        only GPUs both versions allot are taken)."""
+        only GPUs both versions allot are taken); `made` tells which."""
         kept, self.next = self.next or {}, None
-        if made is None:
+        if outcome is None:
             self.gpus = {node: ids & kept[node] for node, ids in self.gpus.items() if ids & kept.get(node, frozenset())}
-        if not made:
+        if not outcome:
             return
         for key, hold in spent.items():
             if self.spent.get(key) is hold:  # not placed anew since

@@ -154,7 +154,7 @@ class ApiFeed:
         self._threads.append(threading.Thread(target=self._expire_loop, name="clusterview-expire", daemon=True))
         if self.releaser is not None:
             self._threads.append(threading.Thread(target=self._release_loop, name="clusterview-release", daemon=True))
-        if self.claims is not None:
+        if self.claims is not None and self.claims.allotment.share:  # without allotments it has nothing to do
             self._threads.append(threading.Thread(target=self.claims.keep_allotment, args=(self._stop,),
                                                   name="clusterview-allotment", daemon=True))
         for thread in self._threads:

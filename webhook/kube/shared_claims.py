@@ -186,8 +186,9 @@ class ApiClaims:
             for key, claim in claims.items():
                 if key in self.allotment.spent:
                     continue  # placed here since this version was written: the hold here is newer
-                if self._applied.get(key) != claim and lapses(key, claim, self.allotment.seconds) > now:
-                    self.index.reserve(key, _sets_of(claim), ttl=lapses(key, claim, self.allotment.seconds) - now)
+                until = lapses(key, claim, self.allotment.seconds)
+                if self._applied.get(key) != claim and until > now:
+                    self.index.reserve(key, _sets_of(claim), ttl=until - now)
             for key in self._applied.keys() - claims.keys():
                 self.index.release(key)
             self._applied = claims
