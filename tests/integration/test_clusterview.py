@@ -263,6 +263,38 @@ def test_gone_relists_and_forgets_what_was_deleted_meanwhile(fake, make_view, go
     assert status_of(view, "nodes").objects == 1 and status_of(view, "pods").objects == 2
 
 
+class _FirstContinueExpires(dict):
+    """Paging snapshots of the fake: the first one is never kept (its continue token answers 410
+    Expired), and while it is made, `on_first` runs, under the fake's lock."""
+
+    def __init__(self, on_first) -> None:
+        super().__init__()
+        self.on_first = on_first
+
+    def __setitem__(self, key, value) -> None:
+        if self.on_first is None:
+            super().__setitem__(key, value)
+            return
+        on_first, self.on_first = self.on_first, None
+        on_first()
+
+
+def test_a_first_list_broken_after_a_page_relists_and_forgets_what_went_meanwhile(fake, make_view):
+    # The first list of a kind keeps no keys when nothing of it is counted (a million pods); once a
+    # page of a broken list is applied something is, and the next list must forget what it lacks.
+    fake.put_node(make_node("n1", LABELS))
+    for name in ("a", "b", "c"):
+        fake.put_pod(make_pod(name, "n1", 1))
+    fake._snapshots = _FirstContinueExpires(lambda: fake.delete("pods", "default/a"))  # after page 1 is cut
+    view = make_view(fake, page_size=2)
+    view.start()
+    assert view.wait_synced(15)
+    eventually(lambda: status_of(view, "pods").lists == 1, what="the pods listed")
+    assert [q.get("continue") is None for q in fake.list_requests("pods")][:3] == [True, False, True]
+    assert gpus(view) == (8, 2), "pod a, in the broken list's first page, was deleted before the next list"
+    assert status_of(view, "pods").objects == 2
+
+
 def test_bookmarks_move_the_resume_point(fake, make_view):
     fake.put_node(make_node("n1", LABELS))
     view = make_view(fake)

@@ -4,6 +4,8 @@ import pathlib
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from webhook.objects.feed import index_of
 from webhook.objects import feed
@@ -11,7 +13,7 @@ from webhook.state.index import NodeGone
 from webhook.cli import main
 from webhook.settings.config import DEFAULT_PROFILES, Config, ConfigError
 from webhook.settings.loading import config_from_mapping, levels_from, load_config
-from webhook.settings.presets import PRESETS
+from webhook.settings.presets import PRESETS, detect_preset
 from webhook.kube.demo import make_node, make_pod
 
 FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures"
@@ -223,6 +225,32 @@ def test_levels_auto_moves_to_the_preset_most_nodes_call_for_as_nodes_join_and_l
     for i in range(3):
         index.apply(NodeGone(f"aws-{i}"))
     assert index.preset == "default" and index.root.free_gpus == 8
+
+
+MARK_LABELS = {"nvl72": {"nvidia.com/gpu.clique": "c1"}, "gke": {"cloud.google.com/gce-topology-block": "b1"},
+               "aws": {"topology.k8s.aws/network-node-layer-1": "nn-1"}, "leaf": {"topology.scheduler/leaf": "l1"},
+               "none": {}}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.sets(st.sampled_from(sorted(MARK_LABELS)), max_size=3)),
+                min_size=1, max_size=25))
+def test_levels_auto_kept_node_by_node_is_what_the_nodes_call_for_read_at_once(changes):
+    # node i gets the labels of its marks; an empty set deletes it
+    index = index_of(Config(), [])
+    labels: dict[str, dict] = {}
+    for number, marks in changes:
+        name = f"n{number}"
+        if marks:
+            labels[name] = {k: v for mark in sorted(marks) for k, v in MARK_LABELS[mark].items()}
+            feed.upsert(index, make_node(name, labels[name]), "Node")
+        elif name in labels:
+            del labels[name]
+            index.apply(NodeGone(name))
+        if labels:
+            preset, warning = detect_preset(labels.values())
+            assert (index.preset, index.levels_warning) == (preset, warning)
+            assert index.config.levels == PRESETS[preset]
 
 
 def test_mutate_with_levels_auto_places_by_the_detected_levels(tmp_path, capsys):

@@ -4,6 +4,8 @@ and a remembered answer (a pod's demand by its shape, a GPU set picked on a node
 worked out afresh."""
 from __future__ import annotations
 
+import datetime
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -188,3 +190,15 @@ def test_specs_that_differ_only_outside_resources_share_a_shape_and_those_that_d
     assert demand_shape(first) == demand_shape(second)
     second["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 2  # a number, not the text "2"
     assert demand_shape(first) != demand_shape(second)
+
+
+def test_a_spec_json_cannot_write_still_has_a_shape_of_its_own():
+    # read from YAML: a key that is not text, a date; the shape falls back to repr
+    base = make_pod("a", "n1", 2)["spec"]
+    odd = make_pod("b", "n1", 2)["spec"]
+    odd["containers"][0]["resources"]["limits"][7] = datetime.date(2026, 11, 27)
+    assert isinstance(demand_shape(odd), str) and isinstance(demand_shape(base), bytes)
+    assert demand_shape(odd) != demand_shape(base)
+    memo = Memo(4)
+    for spec in (base, odd, base, odd):
+        assert memo.get(demand_shape(spec), lambda: demand(spec)) == demand(spec)

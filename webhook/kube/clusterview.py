@@ -287,26 +287,32 @@ class ApiFeed:
 
     def _relist(self, stream: Stream) -> None:
         """Apply a full list: upsert everything listed, forget what the list no longer has."""
-        seen: set[str] = set()
+        # With nothing of its kind counted before, nothing can be missing from the list: the first
+        # list of a million pods keeps no set of their keys.
+        seen: set[str] | None = set() if stream.counted() else None
+        listed = 0
         resource_version = None
         with collector_paused():
             for resource_version, items in self._pages(stream):
                 with self.index.batch():
                     for obj in items:
                         self._apply(stream, stream.upsert, obj)
-                        seen.add(stream.key(obj))
+                    if seen is not None:
+                        seen.update(map(stream.key, items))
+                listed += len(items)
         if self._stop.is_set():
             return
-        with self.index.lock:
-            for key in stream.counted() - seen:
-                stream.forget(key)
-        stream.listed = len(seen)
+        if seen is not None:
+            with self.index.lock:
+                for key in stream.counted() - seen:
+                    stream.forget(key)
+        stream.listed = listed
         stream.resource_version = resource_version
         stream.lists += 1
         stream.synced = True
         stream.last_error = None
         self._progress(stream)
-        log.info("%s: listed %d at resourceVersion %s", stream.kind, len(seen), resource_version)
+        log.info("%s: listed %d at resourceVersion %s", stream.kind, listed, resource_version)
         if stream.kind == "resourceslices":
             for warning in self.index.inventory_warnings():
                 log.warning("%s", warning)

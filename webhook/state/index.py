@@ -214,12 +214,15 @@ class ClusterIndex:
         and move to the levels the nodes now call for when that changes."""
         if not self.config.levels_auto or self._node_presets.get(name) == marks:
             return
-        for preset in self._node_presets.pop(name, ()):
+        removed = self._node_presets.pop(name, ())
+        for preset in removed:
             self._preset_counts[preset] -= 1
         if marks is not None:
             self._node_presets[name] = marks
             for preset in marks:
                 self._preset_counts[preset] = self._preset_counts.get(preset, 0) + 1
+            if marks == {self.preset} and not removed and self.levels_warning is None:
+                return  # a node adds only to the preset chosen: it stays chosen (most nodes of a list)
         preset, self.levels_warning = choose_preset(self._preset_counts, len(self._node_presets))
         if preset != self.preset:
             self._relevel(preset)
