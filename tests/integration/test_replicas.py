@@ -16,7 +16,7 @@ from conftest import (LABELS, LEAF, RunningServer, eventually, patched_object, r
 from tests.fixtures.builders import gpu_job
 from tests.fixtures.shared import deletion
 
-from webhook.kube.shared_claims import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
+from webhook.kube.claims_text import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
 from webhook.kube.demo import make_node
 
 NAMESPACE = "topology-webhook"

@@ -10,7 +10,7 @@ import pytest
 from conftest import LABELS, LEAF, eventually
 
 from webhook.kube import allotment
-from webhook.kube.shared_claims import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
+from webhook.kube.claims_text import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
 from webhook.kube.demo import make_node
 from webhook.core.model import Outcome, PlacementRequest, Strategy
 from webhook.placement.placer import place_group, place_shared, release_shared
@@ -324,3 +324,41 @@ def test_a_placement_taken_again_while_its_first_is_being_written_stays_held_and
     eventually(lambda: "node" in again and not claims.allotment.spent, what="both written")
     assert tuple(a.index.ledger.hold("ml/Job/k").sets) == (again["node"],), "the own write's echo replaced nothing"
     assert tuple(read_claims(fake.get("leases", LEASE))["ml/Job/k"]["sets"]) == (again["node"],)
+
+
+def fill_all_but_the_allotment_of(a, b) -> set[str]:
+    """a places once (and takes the rest of that leaf as its allotment); b fills every other node.
+    Returns the nodes of a's allotment."""
+    first, _ = place_shared(a.index, whole_node("first"), "ml/Job/first")
+    eventually(lambda: reserved(b) == 32, what="a's claim and allotment held on b")
+    allotted = set(a.index.shared_claims.allotment.gpus)
+    for i in range(28):
+        placed, _ = place_shared(b.index, whole_node(f"b{i}"), f"ml/Job/b{i}")
+        assert placed.outcome is Outcome.PLACED and placed.nodes[0] not in allotted | {first.nodes[0]}
+    return allotted
+
+
+def test_a_wait_for_room_only_another_replicas_allotment_has_asks_for_it_back_and_is_placed(fake, wide_views):
+    # Found in the end-to-end suite: a replica that took another's allotment for busy GPUs pinned
+    # its waits where they never started (docs/design/ledger-and-claims.md).
+    a, b = wide_views
+    allotted = fill_all_but_the_allotment_of(a, b)
+    decision, warnings = place_shared(b.index, whole_node("last"), "ml/Job/last")
+    assert decision.outcome is Outcome.PLACED and decision.nodes[0] in allotted and not warnings
+    claims = read_claims(fake.get("leases", LEASE))
+    assert not any(key.startswith(allotment.ALLOTMENT_PREFIX) and key.endswith(a.index.shared_claims.identity)
+                   for key in claims), "a gave its allotment back"
+    assert any(key.startswith(allotment.WANT_PREFIX) for key in claims), "b asked for it"
+    assert a.index.shared_claims.first_domain() is None, "a takes nothing more from it while it is wanted"
+    eventually(lambda: reserved(a) == reserved(b) == 30 * 8, what="both replicas hold every placement")
+
+
+def test_a_wait_that_no_allotment_could_end_asks_for_nothing(fake, wide_views):
+    a, b = wide_views
+    allotted = fill_all_but_the_allotment_of(a, b)
+    too_big = PlacementRequest("Job ml/big", len(allotted) + 1, 8, Strategy.CONSOLIDATED)
+    started = time.monotonic()
+    assert place_shared(b.index, too_big, "ml/Job/big")[0].outcome is Outcome.WAIT
+    assert time.monotonic() - started < 1.0, "answered at once, not after the claims' budget"
+    assert not any(key.startswith(allotment.WANT_PREFIX) for key in read_claims(fake.get("leases", LEASE)))
+    assert set(a.index.shared_claims.allotment.gpus) == allotted, "a keeps its allotment"

@@ -19,9 +19,17 @@ What keeps "no two claims share a GPU":
   a write whose outcome is unknown (a timeout), still only those, until a newer version is read;
 - every write of the replica carries every placement taken and not yet written.
 
-The price: GPUs in one replica's allotment wait a few seconds for the other replicas' work, and a
-replica that dies within FLUSH_SECONDS of such a placement leaves it covered only until its
-allotment lapses, not for a hold's lifetime.
+Asking back: a replica that would answer a wait while other replicas' allotments hold GPUs (and
+those with the free ones could hold the workload) writes `wanted/<their key>` into the Lease and
+decides again once they are gone, within its claims budget. A replica whose allotment is wanted
+takes nothing more from it and gives it back at once (what it took goes in the same write as
+claims). Without this, a replica took another's allotment for busy GPUs and pinned its waits
+where they never started.
+
+The price: GPUs in one replica's allotment wait a few seconds for the other replicas' work (less
+than a second for a workload that would otherwise wait), and a replica that dies within
+FLUSH_SECONDS of such a placement leaves it covered only until its allotment lapses, not for a
+hold's lifetime.
 """
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ from ..placement import walk
 from ..placement.placer import CONFLICT
 from ..state.holds import Reservation
 from ..state.index import ClusterIndex
+from .claims_text import sets_of
 
 ALLOTMENT_PREFIX = "allotment/"  # a replica's allotment: claims key allotment/<identity>
 ALLOTMENT_SHARE = 8  # an allotment holds at most 1/ALLOTMENT_SHARE of the free GPUs its replica sees,
@@ -41,6 +50,7 @@ ALLOTMENT_MOST_GPUS = 512  # and at most this many (a leaf of a large cluster): 
 ALLOTMENT_LIFETIMES = 6  # an allotment is claimed for this many claims' time budgets (12 s by default)
 ALLOTMENT_IDLE_SECONDS = 5.0  # unused for this long, it is given back
 FLUSH_SECONDS = 0.25  # placements taken from the allotment are written together, this long at most after the first
+WANT_PREFIX = "wanted/"  # wanted/<an allotment's key>: another replica asks for it back, until the claim's time
 
 Chosen = tuple[tuple, dict[str, frozenset[int]]]  # an allotment to write: its domain's path, node -> GPU ids
 
@@ -60,6 +70,22 @@ def made(problem: str | None) -> bool | None:
     """Whether a write answered `problem` was made: yes, no (409: another replica's came first),
     or unknown (a timeout, or a failure the API may have answered after making it)."""
     return True if problem is None else False if problem == CONFLICT else None
+
+
+def want_of(now: float, seconds: float) -> dict:
+    """What asks for an allotment back: a claim of no GPUs, lapsing `seconds` after `now`."""
+    return claim_of(now, seconds, {})
+
+
+def asking_back(applied: Mapping[str, dict], own: str, lifetime: float, now: float, seconds: float
+                ) -> tuple[int, dict[str, dict]]:
+    """The GPUs the other replicas' allotments hold now (where a wait may be decided for want of
+    GPUs that only stand in for another replica's next placements), and the claims that ask for
+    those not asked for yet, for `seconds`."""
+    theirs = [key for key, claim in applied.items()
+              if key.startswith(ALLOTMENT_PREFIX) and key != own and claim["sets"] and lapses(key, claim, lifetime) > now]
+    held = sum(len(ids) for key in theirs for sets in sets_of(applied[key]).values() for ids in sets)
+    return held, {WANT_PREFIX + key: want_of(now, seconds) for key in theirs if WANT_PREFIX + key not in applied}
 
 
 def lapses(key: str, claim: dict, lifetime: float) -> float:
@@ -88,20 +114,28 @@ class Allotment:
         self.uncovered: set[str] = set()  # of those, the ones whose allotment lapsed (said once)
         self.last_used = float("-inf")  # time.monotonic(): last taken, or taken from
         self.wake = threading.Event()  # a placement was taken from it
+        self.wanted_until = 0.0  # wall clock: another replica asked for it back until then
 
     @property
     def seconds(self) -> float:
         return ALLOTMENT_LIFETIMES * self.budget_seconds
 
-    def applied(self, claim: dict | None) -> None:
-        """A version of the Lease was applied, with this replica's allotment `claim` or without."""
+    def applied(self, claim: dict | None, wanted: dict | None = None) -> None:
+        """A version of the Lease was applied, with this replica's allotment `claim` or without, and
+        another replica's asking for it back (`wanted`) or not."""
+        self.wanted_until = wanted["expires"] if wanted else 0.0
         self.gpus = {node: frozenset(i for text in texts for i in parse_gpu_set(text))
                      for node, texts in claim["sets"].items()} if claim else {}
         self.expires = claim["expires"] if claim else 0.0
         self.path = tuple(tuple(pair) for pair in claim.get("domain") or ()) or None if claim else None
 
+    def wanted(self) -> bool:
+        """Another replica asked for it back: nothing more is taken from it, and it is given back now."""
+        return self.wanted_until > self.wall()
+
     def _spendable(self) -> bool:
-        return bool(self.gpus) and self.expires - self.wall() >= 2 * self.budget_seconds + FLUSH_SECONDS
+        return (bool(self.gpus) and self.expires - self.wall() >= 2 * self.budget_seconds + FLUSH_SECONDS
+                and not self.wanted())
 
     def touch(self) -> None:
         """It is in use: not idle."""
@@ -130,7 +164,8 @@ class Allotment:
     def due(self) -> bool:
         """Whether a write is due: placements to write, or the allotment to renew or give back."""
         return bool(self.spent) or (bool(self.gpus) and (time.monotonic() - self.last_used >= ALLOTMENT_IDLE_SECONDS
-                                                         or self.expires - self.wall() < self.seconds / 2))
+                                                         or self.expires - self.wall() < self.seconds / 2
+                                                         or self.wanted()))
 
     def compose(self, claims: dict[str, dict], near: str | None, keep: bool = True) -> dict[str, Reservation]:
         """Add to a write's `claims` the placements taken and not yet written, and the allotment
@@ -141,7 +176,7 @@ class Allotment:
         for key, hold in spent.items():
             if self.index.ledger.hold(key) is hold:
                 claims[key] = claim_of_hold(hold, self.index, self.wall())
-        chosen = self._choose(near) if keep else None
+        chosen = self._choose(near) if keep and not self.wanted() else None
         self.next = chosen[1] if chosen else {}
         if chosen:
             claims[self.key] = {**claim_of(self.wall(), self.seconds,

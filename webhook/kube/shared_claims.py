@@ -27,7 +27,6 @@ annotation limit (256 KiB) bounds the claims pending at once to about two thousa
 from __future__ import annotations
 
 import copy
-import datetime
 import logging
 import os
 import secrets
@@ -35,21 +34,19 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import orjson
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from ..core.gpus import parse_gpu_set
 from ..placement.placer import CONFLICT
 from ..state.index import ClusterIndex
-from .allotment import FLUSH_SECONDS, Allotment, claim_of_hold, lapses, made
+from .allotment import FLUSH_SECONDS, WANT_PREFIX, Allotment, asking_back, claim_of_hold, lapses, made
+from .claims_text import LEASE_NAME, lease_body, read_claims, sets_of
 
 log = logging.getLogger(__name__)
 
-LEASE_NAME = "topology-webhook-claims"
-CLAIMS_ANNOTATION = "topology.scheduler/claims"
 DEFAULT_BUDGET_SECONDS = 2.0
 
 
@@ -62,46 +59,6 @@ def describe(err: BaseException) -> str:
         err = cause
     first = str(err.args[0]) if err.args else ""
     return f"{type(err).__name__}: {first}" if first else type(err).__name__
-
-
-def read_claims(lease: dict | None, known: Mapping[str, dict] | None = None) -> dict[str, dict]:
-    """The claims a Lease carries: key -> {"expires": unix seconds, "sets": {node: ["0-7", ...]}}.
-    A claim that cannot be read is left out (logged): it must not stop the others. Claims equal
-    to one in `known` (read before) are not checked again: a write changes one claim of many."""
-    text = (((lease or {}).get("metadata") or {}).get("annotations") or {}).get(CLAIMS_ANNOTATION)
-    if not text:
-        return {}
-    try:
-        claims = orjson.loads(text)
-    except ValueError:
-        log.warning("lease %s: annotation %s is not JSON; ignoring its claims", LEASE_NAME, CLAIMS_ANNOTATION)
-        return {}
-    readable = {}
-    known = known or {}
-    for key, claim in claims.items() if isinstance(claims, dict) else ():
-        if known.get(key) == claim:
-            readable[key] = claim
-            continue
-        try:
-            _sets_of(claim)
-            if not isinstance(claim["expires"], (int, float)):
-                raise TypeError("expires is not a number")
-            readable[key] = claim
-        except (ValueError, TypeError, KeyError, AttributeError):
-            log.warning("lease %s: claim %s cannot be read; ignoring it", LEASE_NAME, key)
-    return readable
-
-
-def _claims_text(claims: dict[str, dict]) -> str:
-    """The annotation's value: compact JSON, keys sorted. A write of ~500 pending claims (37 KB)
-    encodes in 0.1 ms with orjson against 1.5 ms with json, on every placed review."""
-    return orjson.dumps(claims, option=orjson.OPT_SORT_KEYS).decode()
-
-
-def _sets_of(claim: dict) -> dict[str, list[tuple[int, ...]]]:
-    """node -> GPU sets of a claim; raises on anything else."""
-    return {str(node): [parse_gpu_set(text) for text in sets]
-            for node, sets in claim["sets"].items()}
 
 
 _WAITING = "waiting"
@@ -182,13 +139,14 @@ class ApiClaims:
                 self._own_since = {self._version}
             self._lease = lease
             now = self.wall()
-            self.allotment.applied(claims.pop(self.allotment.key, None))  # not held here: taken from
+            self.allotment.applied(claims.pop(self.allotment.key, None),  # not held here: taken from
+                                   claims.get(WANT_PREFIX + self.allotment.key))
             for key, claim in claims.items():
                 if key in self.allotment.spent:
                     continue  # placed here since this version was written: the hold here is newer
                 until = lapses(key, claim, self.allotment.seconds)
                 if self._applied.get(key) != claim and until > now:
-                    self.index.reserve(key, _sets_of(claim), ttl=until - now)
+                    self.index.reserve(key, sets_of(claim), ttl=until - now)
             for key in self._applied.keys() - claims.keys():
                 self.index.release(key)
             self._applied = claims
@@ -216,6 +174,28 @@ class ApiClaims:
     def spend(self, key: str) -> bool:
         """Whether `key`'s new hold (under the index lock) is taken from this replica's allotment."""
         return self.allotment.spend(key)
+
+    def ask_back(self, deadline: float, gpus: int) -> bool:
+        """A wait for `gpus` GPUs was decided while other replicas' allotments hold GPUs, maybe the
+        room it lacks: ask for them back, and wait until `deadline` for them to be given back. True
+        once none is held (decide again); False when none was, when not even they and every free
+        GPU could hold it, or at the deadline."""
+        first = True
+        while time.monotonic() < deadline:
+            with self.index.lock:
+                held, asked = asking_back(self._applied, self.allotment.key, self.allotment.seconds, self.wall(),
+                                          deadline - time.monotonic())
+                if not held or (first and gpus > self.index.tree.root.free_gpus + held):
+                    return not first and not held
+            first = False
+            if not asked:
+                time.sleep(0.02)  # asked already: their replicas give them back within a flush
+            elif self._take_turn(deadline):
+                try:
+                    self._write_batch([], deadline, asked=asked)
+                finally:
+                    self._end_turn()
+        return False
 
     def keep_allotment(self, stop: threading.Event) -> None:
         """The thread that writes placements taken from the allotment as claims, within
@@ -307,7 +287,7 @@ class ApiClaims:
                     claims = self._kept()
                     spent = self.allotment.compose(claims, None)
                     claims.pop(key, None)
-                    body = self._body(claims)
+                    body = self._lease_body(claims)
                 problem = self._write(body, deadline)
                 with self.index.lock:
                     self.allotment.written(spent, made(problem))
@@ -329,10 +309,12 @@ class ApiClaims:
             self._writing = False
             self._cond.notify_all()
 
-    def _write_batch(self, batch: list["_Pending"], deadline: float, keep: bool = True) -> str | None:
+    def _write_batch(self, batch: list["_Pending"], deadline: float, keep: bool = True,
+                     asked: dict[str, dict] | None = None) -> str | None:
         """One write for every claim of `batch` decided against what is current, with the
         placements taken from the allotment so far and the allotment renewed (`keep`) or given
-        back (an empty batch writes those alone: `keep_allotment`). What `_write` answers."""
+        back (an empty batch writes those alone: `keep_allotment`), and other replicas'
+        allotments `asked` back (`ask_back`). What `_write` answers."""
         with self.index.lock:
             current = []
             for pending in batch:
@@ -342,7 +324,7 @@ class ApiClaims:
                     pending.result = CONFLICT  # another replica's claims arrived after it was decided
             if batch and not current:
                 return CONFLICT
-            claims = self._kept()
+            claims = {**self._kept(), **(asked or {})}
             near = None
             for pending in current:
                 hold = self.index.ledger.hold(pending.key)
@@ -352,7 +334,7 @@ class ApiClaims:
             if near is not None:
                 self.allotment.touch()  # an allotment taken around a placement starts its idle time afresh
             spent = self.allotment.compose(claims, near, keep)
-            body = self._body(claims)
+            body = self._lease_body(claims)
         problem = self._write(body, deadline)
         with self.index.lock:
             self.allotment.written(spent, made(problem))
@@ -361,21 +343,14 @@ class ApiClaims:
         return problem
 
     def _kept(self) -> dict[str, dict]:
-        """The applied claims this ledger still holds and whose time has not run out."""
+        """The applied claims this ledger still holds, and allotments asked back, whose time has not run out."""
         now = self.wall()
         return {key: claim for key, claim in self._applied.items()
-                if self.index.ledger.hold(key) is not None and lapses(key, claim, self.allotment.seconds) > now}
+                if (self.index.ledger.hold(key) is not None or key.startswith(WANT_PREFIX))
+                and lapses(key, claim, self.allotment.seconds) > now}
 
-    def _body(self, claims: dict[str, dict]) -> dict:
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        metadata: dict = {"name": LEASE_NAME, "namespace": self.namespace,
-                          "labels": {"app.kubernetes.io/managed-by": "topology-webhook"},
-                          "annotations": {CLAIMS_ANNOTATION: _claims_text(claims)}}
-        if self._lease is not None:
-            metadata["resourceVersion"] = self._lease["metadata"]["resourceVersion"]
-        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
-                "spec": {"holderIdentity": self.identity, "renewTime": now,
-                         "leaseDurationSeconds": int(self.index.ledger.ttl_seconds)}}
+    def _lease_body(self, claims: dict[str, dict]) -> dict:
+        return lease_body(claims, self.namespace, self.identity, self._lease, int(self.index.ledger.ttl_seconds))
 
     def _write(self, body: dict, deadline: float) -> str | None:
         left = deadline - time.monotonic()

@@ -170,7 +170,8 @@ def _shared(index: ClusterIndex, key: str, who: str, decide: Callable[[], Decisi
     after each 409 within the claims' time budget; a placement claimed by nobody comes back with
     the warning that it was made alone. `may_spend`: a placement inside this replica's allotment
     is claimed after the answer (not for a release by the gate, which the claim is what keeps
-    from being started twice, nor for a group's, which the others join through it)."""
+    from being started twice, nor for a group's, which the others join through it), and a wait
+    decided while other replicas' allotments hold GPUs is decided again once they gave them back."""
     claims = index.shared_claims
     if claims is None:
         return decide(), []
@@ -181,6 +182,9 @@ def _shared(index: ClusterIndex, key: str, who: str, decide: Callable[[], Decisi
             basis = claims.basis()
             if may_spend and decision is not None and decision.outcome is Outcome.PLACED and claims.spend(key):
                 return decision, []  # inside this replica's allotment: written after the answer
+        if decision is not None and decision.outcome is Outcome.WAIT and may_spend \
+                and claims.ask_back(deadline, decision.request.total_gpus):
+            continue  # the room it waits for may have been another replica's allotment: decide again
         if decision is None or decision.outcome is not Outcome.PLACED:
             return decision, []
         problem = claims.claim(key, basis, deadline)

@@ -14,6 +14,7 @@ class SharedClaims(Protocol):
     def claim(self, key: str, basis: int, deadline: float) -> str | None: ...  # None, CONFLICT or why not
     def first_domain(self) -> tuple | None: ...  # the path of this replica's allotment, to search first
     def spend(self, key: str) -> bool: ...  # True: key's new hold lies in the allotment, no claim needed now
+    def ask_back(self, deadline: float, gpus: int) -> bool: ...  # True: others' allotments were given back
     def unclaim(self, key: str, deadline: float) -> str | None: ...
     def alone(self, what: str, why: str) -> str: ...  # counts and logs; the warning to give
 
