@@ -362,3 +362,39 @@ def test_a_wait_that_no_allotment_could_end_asks_for_nothing(fake, wide_views):
     assert time.monotonic() - started < 1.0, "answered at once, not after the claims' budget"
     assert not any(key.startswith(allotment.WANT_PREFIX) for key in read_claims(fake.get("leases", LEASE)))
     assert set(a.index.shared_claims.allotment.gpus) == allotted, "a keeps its allotment"
+
+
+def test_what_a_replica_took_from_its_allotment_before_it_was_asked_back_is_never_given_twice(fake, wide_views):
+    a, b = wide_views
+    allotted = fill_all_but_the_allotment_of(a, b)
+    writes = len(successful_writes(fake))
+    mine, _ = place_shared(a.index, whole_node("mine"), "ml/Job/mine")
+    assert mine.nodes[0] in allotted and len(successful_writes(fake)) == writes, "taken from a's allotment, unwritten"
+    last, _ = place_shared(b.index, whole_node("last"), "ml/Job/last")  # asks at once, before a's flush or after
+    assert last.outcome is Outcome.PLACED and last.nodes[0] in allotted and last.nodes[0] != mine.nodes[0]
+    claims = eventually(lambda: (held := read_claims(fake.get("leases", LEASE))).keys() >= {"ml/Job/mine", "ml/Job/last"}
+                        and held, what="both written")
+    assert claims["ml/Job/mine"]["sets"].keys() != claims["ml/Job/last"]["sets"].keys()
+
+
+def test_a_wanted_allotment_is_taken_from_no_more_and_given_back_with_the_next_write(fake, wide_views):
+    a, _ = wide_views
+    place_shared(a.index, whole_node("first"), "ml/Job/first")
+    mine = a.index.shared_claims.allotment
+    with a.index.lock:
+        assert mine.first_domain() is not None
+        mine.wanted_until = mine.wall() + 5  # as a version of the Lease asking for it would set it
+    writes = len(successful_writes(fake))
+    second, _ = place_shared(a.index, whole_node("second"), "ml/Job/second")
+    assert len(successful_writes(fake)) == writes + 1, "written before the answer, not taken from the allotment"
+    assert not any(key.startswith(allotment.ALLOTMENT_PREFIX) for key in read_claims(fake.get("leases", LEASE))), \
+        "that write gave the allotment back"
+
+
+def test_an_ask_that_cannot_be_written_answers_the_wait_at_once(fake, wide_views):
+    a, b = wide_views
+    fill_all_but_the_allotment_of(a, b)
+    fake.refuse_writes = True
+    started = time.monotonic()
+    assert place_shared(b.index, whole_node("last"), "ml/Job/last")[0].outcome is Outcome.WAIT
+    assert time.monotonic() - started < 0.5, "not retried until the budget runs out"

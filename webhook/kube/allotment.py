@@ -19,12 +19,12 @@ What keeps "no two claims share a GPU":
   a write whose outcome is unknown (a timeout), still only those, until a newer version is read;
 - every write of the replica carries every placement taken and not yet written.
 
-Asking back: a replica that would answer a wait while other replicas' allotments hold GPUs (and
-those with the free ones could hold the workload) writes `wanted/<their key>` into the Lease and
-decides again once they are gone, within its claims budget. A replica whose allotment is wanted
-takes nothing more from it and gives it back at once (what it took goes in the same write as
-claims). Without this, a replica took another's allotment for busy GPUs and pinned its waits
-where they never started.
+Asking back: a replica that would answer a wait for room while other replicas' allotments hold
+GPUs (and those with the free GPUs it may use could hold the workload) writes `wanted/<their
+key>` into the Lease and decides again once they are gone, within the first half of its claims
+budget. A replica whose allotment is wanted takes nothing more from it and gives it back with its
+next write (what it took goes in the same write as claims). Without this, a replica took
+another's allotment for busy GPUs and pinned its waits where they never started.
 
 The price: GPUs in one replica's allotment wait a few seconds for the other replicas' work (less
 than a second for a workload that would otherwise wait), and a replica that dies within
@@ -51,6 +51,7 @@ ALLOTMENT_LIFETIMES = 6  # an allotment is claimed for this many claims' time bu
 ALLOTMENT_IDLE_SECONDS = 5.0  # unused for this long, it is given back
 FLUSH_SECONDS = 0.25  # placements taken from the allotment are written together, this long at most after the first
 WANT_PREFIX = "wanted/"  # wanted/<an allotment's key>: another replica asks for it back, until the claim's time
+WANT_LEAST_SECONDS = 1.0  # a want lasts at least this long: its holder sees it within a poll, a flush and a write
 
 Chosen = tuple[tuple, dict[str, frozenset[int]]]  # an allotment to write: its domain's path, node -> GPU ids
 
@@ -81,11 +82,13 @@ def asking_back(applied: Mapping[str, dict], own: str, lifetime: float, now: flo
                 ) -> tuple[int, dict[str, dict]]:
     """The GPUs the other replicas' allotments hold now (where a wait may be decided for want of
     GPUs that only stand in for another replica's next placements), and the claims that ask for
-    those not asked for yet, for `seconds`."""
-    theirs = [key for key, claim in applied.items()
-              if key.startswith(ALLOTMENT_PREFIX) and key != own and claim["sets"] and lapses(key, claim, lifetime) > now]
+    those not asked for yet (or no longer than a flush from now), for `seconds` or WANT_LEAST_SECONDS."""
+    theirs = [key for key, claim in applied.items() if key.startswith(ALLOTMENT_PREFIX) and key != own
+              and claim["sets"] and lapses(key, claim, lifetime) > now]
     held = sum(len(ids) for key in theirs for sets in sets_of(applied[key]).values() for ids in sets)
-    return held, {WANT_PREFIX + key: want_of(now, seconds) for key in theirs if WANT_PREFIX + key not in applied}
+    asked = {key for key in theirs if applied.get(WANT_PREFIX + key, {}).get("expires", 0.0) > now + FLUSH_SECONDS}
+    seconds = max(seconds, WANT_LEAST_SECONDS)
+    return held, {WANT_PREFIX + key: want_of(now, seconds) for key in theirs if key not in asked}
 
 
 def lapses(key: str, claim: dict, lifetime: float) -> float:

@@ -40,6 +40,7 @@ import orjson
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
+from ..core.model import PlacementRequest
 from ..placement.placer import CONFLICT
 from ..state.index import ClusterIndex
 from .allotment import FLUSH_SECONDS, WANT_PREFIX, Allotment, asking_back, claim_of_hold, lapses, made
@@ -107,6 +108,7 @@ class ApiClaims:
         self._own_since: set[int] = {0}
         self._applied: dict[str, dict] = {}  # claims of that version, as applied to the ledger
         self.allotment = Allotment(index, self.identity, budget_seconds, wall, allotment_share)
+        self._lease_seconds = int(index.ledger.ttl_seconds)  # what the Lease says a holder lasts
 
     # ---- what the placer calls (state/ports.SharedClaims) -------------------------------------
     def alone(self, what: str, why: str) -> str:
@@ -175,26 +177,29 @@ class ApiClaims:
         """Whether `key`'s new hold (under the index lock) is taken from this replica's allotment."""
         return self.allotment.spend(key)
 
-    def ask_back(self, deadline: float, gpus: int) -> bool:
-        """A wait for `gpus` GPUs was decided while other replicas' allotments hold GPUs, maybe the
-        room it lacks: ask for them back, and wait until `deadline` for them to be given back. True
-        once none is held (decide again); False when none was, when not even they and every free
-        GPU could hold it, or at the deadline."""
+    def ask_back(self, deadline: float, request: PlacementRequest) -> bool:
+        """`request` was decided a wait for room while other replicas' allotments hold GPUs, maybe the
+        room it lacks: ask for them back, and wait until `deadline` for them to go. True once none
+        is held (decide again); False when none was, when not even they and the free GPUs it may
+        use could hold it, when the ask cannot be written, or at the deadline."""
         first = True
         while time.monotonic() < deadline:
             with self.index.lock:
                 held, asked = asking_back(self._applied, self.allotment.key, self.allotment.seconds, self.wall(),
                                           deadline - time.monotonic())
-                if not held or (first and gpus > self.index.tree.root.free_gpus + held):
+                if not held or (first and request.total_gpus > self.index.restricted_to(request).root.free_gpus + held):
                     return not first and not held
             first = False
-            if not asked:
-                time.sleep(0.02)  # asked already: their replicas give them back within a flush
-            elif self._take_turn(deadline):
+            if asked and self._take_turn(deadline):
                 try:
-                    self._write_batch([], deadline, asked=asked)
+                    with self.index.lock:  # another admission here may have asked meanwhile
+                        _, asked = asking_back(self._applied, self.allotment.key, self.allotment.seconds,
+                                               self.wall(), deadline - time.monotonic())
+                    if asked and self._write_batch([], deadline, asked=asked) not in (None, CONFLICT):
+                        return False  # the ask cannot be written: answer the wait
                 finally:
                     self._end_turn()
+            time.sleep(0.02)  # their replicas give them back within a flush
         return False
 
     def keep_allotment(self, stop: threading.Event) -> None:
@@ -287,7 +292,7 @@ class ApiClaims:
                     claims = self._kept()
                     spent = self.allotment.compose(claims, None)
                     claims.pop(key, None)
-                    body = self._lease_body(claims)
+                    body = lease_body(claims, self.namespace, self.identity, self._lease, self._lease_seconds)
                 problem = self._write(body, deadline)
                 with self.index.lock:
                     self.allotment.written(spent, made(problem))
@@ -311,10 +316,9 @@ class ApiClaims:
 
     def _write_batch(self, batch: list["_Pending"], deadline: float, keep: bool = True,
                      asked: dict[str, dict] | None = None) -> str | None:
-        """One write for every claim of `batch` decided against what is current, with the
-        placements taken from the allotment so far and the allotment renewed (`keep`) or given
-        back (an empty batch writes those alone: `keep_allotment`), and other replicas'
-        allotments `asked` back (`ask_back`). What `_write` answers."""
+        """One write for every claim of `batch` decided against what is current, with the placements
+        taken from the allotment so far and the allotment renewed (`keep`) or given back (an empty
+        batch writes those alone), and others' allotments `asked` back. What `_write` answers."""
         with self.index.lock:
             current = []
             for pending in batch:
@@ -334,7 +338,7 @@ class ApiClaims:
             if near is not None:
                 self.allotment.touch()  # an allotment taken around a placement starts its idle time afresh
             spent = self.allotment.compose(claims, near, keep)
-            body = self._lease_body(claims)
+            body = lease_body(claims, self.namespace, self.identity, self._lease, self._lease_seconds)
         problem = self._write(body, deadline)
         with self.index.lock:
             self.allotment.written(spent, made(problem))
@@ -348,9 +352,6 @@ class ApiClaims:
         return {key: claim for key, claim in self._applied.items()
                 if (self.index.ledger.hold(key) is not None or key.startswith(WANT_PREFIX))
                 and lapses(key, claim, self.allotment.seconds) > now}
-
-    def _lease_body(self, claims: dict[str, dict]) -> dict:
-        return lease_body(claims, self.namespace, self.identity, self._lease, int(self.index.ledger.ttl_seconds))
 
     def _write(self, body: dict, deadline: float) -> str | None:
         left = deadline - time.monotonic()

@@ -16,7 +16,7 @@ import time
 import zlib
 from typing import Callable
 
-from ..core.model import GROUP_MISMATCH, Decision, DomainRef, Outcome, PlacementRequest
+from ..core.model import GROUP_MISMATCH, NO_ROOM_NOW, Decision, DomainRef, Outcome, PlacementRequest
 from ..state.gated import GatedGroup
 from ..state.index import ClusterIndex
 from ..state.tree import TopologyTree
@@ -182,8 +182,9 @@ def _shared(index: ClusterIndex, key: str, who: str, decide: Callable[[], Decisi
             basis = claims.basis()
             if may_spend and decision is not None and decision.outcome is Outcome.PLACED and claims.spend(key):
                 return decision, []  # inside this replica's allotment: written after the answer
-        if decision is not None and decision.outcome is Outcome.WAIT and may_spend \
-                and claims.ask_back(deadline, decision.request.total_gpus):
+        # asked within half the budget: the claim after it keeps the other half
+        if decision is not None and decision.code == NO_ROOM_NOW and may_spend \
+                and claims.ask_back(deadline - claims.budget_seconds / 2, decision.request):
             continue  # the room it waits for may have been another replica's allotment: decide again
         if decision is None or decision.outcome is not Outcome.PLACED:
             return decision, []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Mapping, Protocol, Sequence
 
+from ..core.model import PlacementRequest
+
 
 class SharedClaims(Protocol):
     """Holds shared with other replicas; see webhook/kube/shared_claims.py."""
@@ -14,7 +16,7 @@ class SharedClaims(Protocol):
     def claim(self, key: str, basis: int, deadline: float) -> str | None: ...  # None, CONFLICT or why not
     def first_domain(self) -> tuple | None: ...  # the path of this replica's allotment, to search first
     def spend(self, key: str) -> bool: ...  # True: key's new hold lies in the allotment, no claim needed now
-    def ask_back(self, deadline: float, gpus: int) -> bool: ...  # True: others' allotments were given back
+    def ask_back(self, deadline: float, request: PlacementRequest) -> bool: ...  # True: others' allotments given back
     def unclaim(self, key: str, deadline: float) -> str | None: ...
     def alone(self, what: str, why: str) -> str: ...  # counts and logs; the warning to give
 
