@@ -15,6 +15,12 @@ from webhook.settings.config import Config
 CONFIG = Config()
 
 
+@pytest.fixture(autouse=True)
+def nothing_remembered():
+    """Each test makes its patches afresh (the tests that break jsonpatch must reach it)."""
+    patch._checked_operations.cache_clear()
+
+
 def test_annotation_keys_are_escaped_when_annotations_exist():
     obj = workload("Job", template_annotations={"team": "ml"})
     ops = patch.make_patch(obj, mutation.mutate(obj, "Job", decision(), CONFIG, "k"))
@@ -63,8 +69,27 @@ def test_a_patch_that_does_not_reproduce_the_mutated_object_is_refused(monkeypat
 def test_a_patch_that_does_not_apply_is_refused(monkeypatch):
     broken = jsonpatch.JsonPatch([{"op": "replace", "path": "/metadata/annotations/x", "value": "y"}])
     monkeypatch.setattr(patch.jsonpatch.JsonPatch, "from_diff", lambda *args, **options: broken)
-    with pytest.raises(patch.PatchError, match="does not apply"):
-        patch.make_patch({"metadata": {}}, {"metadata": {"annotations": {"x": "y"}}})
+    for _ in range(2):  # a refusal is not remembered as an answer: the second call is refused too
+        with pytest.raises(patch.PatchError, match="does not apply"):
+            patch.make_patch({"metadata": {}}, {"metadata": {"annotations": {"x": "y"}}})
+
+
+def test_pods_changed_alike_share_one_patch_made_once_and_each_gets_its_own_copy():
+    """A group's members differ in what we leave alone (their names) and change alike: the patch
+    is made and checked once, and what one caller does to its operations is not the next one's."""
+    members = [workload("Pod", name=f"train-{i}") for i in range(3)]
+    made = [patch.make_patch(pod, mutation.mutate(pod, "Pod", decision(), CONFIG, "ml/PyTorchJob/train"))
+            for pod in members[:2]]
+    assert made[0] == made[1] and made[0]
+    assert patch._checked_operations.cache_info().hits == 1
+    kept = json.loads(json.dumps(made[0]))
+    for operation in made[1]:
+        operation["path"] = "/elsewhere"
+        if isinstance(operation.get("value"), dict):
+            operation["value"].clear()
+    third = mutation.mutate(members[2], "Pod", decision(), CONFIG, "ml/PyTorchJob/train")
+    again = patch.make_patch(members[2], third)
+    assert again == kept and jsonpatch.apply_patch(members[2], again) == third
 
 
 def test_an_item_changed_inside_a_list_is_patched_inside_it():

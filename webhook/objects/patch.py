@@ -8,6 +8,7 @@ to the received object first and must give exactly the mutated one.
 from __future__ import annotations
 
 import base64
+import functools
 from typing import Any
 
 import jsonpatch
@@ -17,6 +18,9 @@ import orjson
 # `creationTimestamp` YAML loaded as a datetime, keys YAML loaded as numbers), as json.dumps did.
 _AS_JSON = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_NON_STR_KEYS
 _KEPT = "\x00kept\x00"  # an item of a list only appended to, the same on both sides (changed_parts)
+# Patches remembered by what changed: a group's members, a controller's replicas and a burst of
+# copies of one manifest change alike, and their patch is made and checked once.
+_REMEMBERED = 256
 
 
 class PatchError(RuntimeError):
@@ -35,18 +39,27 @@ def make_patch(received: Any, mutated: Any) -> list[dict]:
 
 
 def _checked_diff(received: Any, mutated: Any) -> list[dict]:
-    """jsonpatch's operations from one document to the other, applied to the first to check them."""
-    received, mutated = (orjson.loads(orjson.dumps(doc, default=str, option=_AS_JSON)) for doc in (received, mutated))
+    """jsonpatch's operations from one document to the other, applied to the first to check them;
+    fresh objects each call, whether made now or remembered."""
+    texts = (orjson.dumps(doc, default=str, option=_AS_JSON) for doc in (received, mutated))
+    return orjson.loads(_checked_operations(*texts))
+
+
+@functools.lru_cache(maxsize=_REMEMBERED)
+def _checked_operations(received_text: bytes, mutated_text: bytes) -> bytes:
+    """The checked operations between two documents written as JSON, as JSON. The same two texts
+    give the same operations, so they are remembered (an error is not: it is raised again)."""
+    received, mutated = orjson.loads(received_text), orjson.loads(mutated_text)
     # add/remove/replace only: finding moves serializes every added and removed value (about a
     # tenth of a review's time), and our mutations add and remove items, they never move them
     diff = jsonpatch.JsonPatch.from_diff(received, mutated, optimization=False)
-    try:  # `received` is our private copy from the round trip above, so it may be patched in place
+    try:  # `received` is our private copy, decoded above, so it may be patched in place
         result = diff.apply(received, in_place=True)
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as err:
         raise PatchError(f"patch does not apply to the received object: {err}") from None
     if result != mutated:
         raise PatchError("patch applied to the received object does not give the mutated object")
-    return diff.patch
+    return orjson.dumps(diff.patch)
 
 
 def _only_appends(operations: list[dict], appended: dict[tuple[str, ...], int]) -> bool:
