@@ -1,6 +1,6 @@
 """Job completion time, taken apart: per size bucket, wait, run and all-reduce, how often each policy
-answered "wait", how full the queue was and what shape the free capacity had, for ours (both
-strategies), Kueue TAS BestFit and the two hybrids, on given streams.
+answered "wait", how full the queue was, what shape the free capacity had and whose waits the idle
+GPUs sat through, for ours (both strategies), Kueue TAS BestFit and the two hybrids, on given streams.
 
     .venv/bin/python bench/diagnose_jct.py --cells acme_seren:1.2 --seeds 11 12           # as the cluster runs
     .venv/bin/python bench/diagnose_jct.py --cells acme_seren:1.2 --seeds 11 12 --before  # as the simulator ran
@@ -141,8 +141,36 @@ def figures(result: engine.RunResult, observed: Observed, window: int | None) ->
         "whole_leaf": observed.into_whole_leaf / max(1, observed.single),
         "into_pin": observed.into_a_pin / max(1, observed.starts),
         "pinned_nodes": observed.pinned_share / max(1, observed.starts),
-        "unstarted": result.unstarted}
+        "unstarted": result.unstarted, "allocation": 100 * result.allocation,
+        **{f"idle {bucket}": share for bucket, share in idle_while_waiting(result).items()}}
     return out
+
+
+def idle_while_waiting(result: engine.RunResult) -> dict[str, float]:
+    """Idle GPU time in the measured window, in % of all GPU time there, by whose wait it fell in:
+    while a job of ours of 65+ GPUs waited, while only jobs of 9-64 did, or otherwise. Where a
+    policy's allocation falls short of another's, this says whose waits the idle GPUs sat through
+    (the three add up to 100 - allocation). Jobs never started are not counted as waiting."""
+    low, high = result.window
+    events: list[tuple[float, int, int, int]] = []  # time, change of GPUs used, of 65+ and of 9-64 waiting
+    for record in (*result.records, *result.foreign):
+        events += [(record.start_s, record.job.gpus, 0, 0), (record.start_s + record.run_s, -record.job.gpus, 0, 0)]
+    for record in result.records:
+        if record.wait_s > 0 and record.job.gpus > GPUS_PER_NODE:
+            large = int(record.job.gpus > 64)
+            events += [(record.job.submit_s, 0, large, 1 - large), (record.start_s, 0, -large, large - 1)]
+    idle = {"65+": 0.0, "9-64": 0.0, "otherwise": 0.0}
+    used = large_waiting = middle_waiting = 0
+    since = low
+    for time_s, gpus, large, middle in sorted(events, key=lambda event: event[0]) + [(high, 0, 0, 0)]:
+        begin, end = max(since, low), min(time_s, high)
+        if end > begin:
+            bucket = "65+" if large_waiting else "9-64" if middle_waiting else "otherwise"
+            idle[bucket] += (result.cluster_gpus - used) * (end - begin)
+        since = max(since, time_s)
+        used, large_waiting, middle_waiting = used + gpus, large_waiting + large, middle_waiting + middle
+    whole = result.cluster_gpus * (high - low)
+    return {bucket: 100 * seconds / whole if whole > 0 else 0.0 for bucket, seconds in idle.items()}
 
 
 def render(results: dict, cells, seeds, keys) -> str:
@@ -162,15 +190,17 @@ def render(results: dict, cells, seeds, keys) -> str:
                              f"{mean['leaves']:.2f} |")
         lines += ["", "| policy | queued jobs | 9+ GPU jobs in the first 64 | free GPUs | partly used nodes | "
                       "idle nodes | whole leaves | leaves with a partly used node | FGD | jobs of 1-7 GPUs opening an "
-                      "idle node | ... in a whole leaf | jobs started inside another's pin | nodes under a pin then | unstarted |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                      "idle node | ... in a whole leaf | jobs started inside another's pin | nodes under a pin then | unstarted | "
+                      "allocation % | idle GPU-% while a 65+ job waits | ... while only 9-64 wait | ... otherwise |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for key in keys:
             c = {f: statistics.fmean(results[trace, load, s, key]["cluster"][f] for s in seeds)
                  for f in results[trace, load, seeds[0], key]["cluster"]}
             lines.append(f"| {key} | {c['queued']:.0f} | {c['head_multi']:.1f} | {c['free']:.0f} | {c['partly']:.1f} | "
                          f"{c['idle']:.1f} | {c['whole_leaves']:.2f} | {c['leaves_partly']:.1f} | {c['fgd']:.3f} | {100 * c['opened']:.1f}% | "
                          f"{100 * c['whole_leaf']:.1f}% | {100 * c['into_pin']:.1f}% | {100 * c['pinned_nodes']:.0f}% | "
-                         f"{c['unstarted']:.0f} |")
+                         f"{c['unstarted']:.0f} | {c['allocation']:.1f} | {c['idle 65+']:.1f} | {c['idle 9-64']:.1f} | "
+                         f"{c['idle otherwise']:.1f} |")
         if "kueue" in keys and len(seeds) > 1:
             lines += ["", "Paired against Kueue TAS BestFit on the same streams (bench/protocol.py; mean JCT, s):", "",
                       "| bucket | policy | - Kueue | 95% interval | won | verdict |", "|---|---|---:|---:|---:|---|"]

@@ -699,7 +699,7 @@ def test_jct_diagnosis_tables_every_policy_and_sees_pins_only_where_they_are_wri
         rows = [[c.strip() for c in line.strip("| ").split("|")] for line in capsys.readouterr().out.splitlines()
                 if line.startswith("| ")]
         per_bucket = [r for r in rows if r[0] in diagnose_jct.BUCKETS and len(r) == 10]
-        cluster = {r[0]: r for r in rows if r[0] in diagnose_jct.POLICIES and len(r) == 14}
+        cluster = {r[0]: r for r in rows if r[0] in diagnose_jct.POLICIES and len(r) == 18}
         paired = [r for r in rows if r[0] in diagnose_jct.BUCKETS and len(r) == 6]
         return per_bucket, cluster, paired
 
@@ -710,8 +710,27 @@ def test_jct_diagnosis_tables_every_policy_and_sees_pins_only_where_they_are_wri
     for row in paired:
         verdict = printed_verdict(row[3].replace(",", "").replace(" ", ","))  # "[-1,412, +462]"
         assert verdict is None or row[5] == verdict
+    for row in cluster.values():  # the idle GPU time, split by whose wait it fell in, is all of it
+        assert sum(float(value) for value in row[15:18]) == pytest.approx(100 - float(row[14]), abs=0.3)
     per_bucket, cluster, _ = tables("--before")
     assert "ours-balanced" not in {r[1] for r in per_bucket} and all(r[11] == "0.0%" for r in cluster.values())
+
+
+def test_idle_gpu_time_is_split_by_the_largest_job_then_waiting():
+    """32 GPUs measured over 0-100 s: an 8-GPU job runs 0-60; a 72-GPU job of ours waits 10-30 (it
+    then runs 0 s: the wait is what counts); a 16-GPU one waits 20-50, then runs 50-100."""
+    from bench import diagnose_jct
+
+    def record(job_id, submit, start, run, pods, per_pod):
+        job = traces.Job(job_id, submit, run, pods, per_pod)
+        return engine.JobRecord(job, start, run, 0, 0, 0, pods, 1, 0.0, 0.0)
+    result = engine.RunResult("ours", records=[record("small", 0, 0, 60, 1, 8), record("large", 10, 30, 0, 9, 8),
+                                               record("middle", 20, 50, 50, 2, 8)],
+                              window=(0.0, 100.0), cluster_gpus=32)
+    # 65+ waiting 10-30 (24 idle); only 9-64 waiting 30-50 (24 idle); otherwise 0-10 (24 idle),
+    # 50-60 (8 idle: both run) and 60-100 (16 idle)
+    assert diagnose_jct.idle_while_waiting(result) == pytest.approx(
+        {"65+": 100 * 24 * 20 / 3200, "9-64": 100 * 24 * 20 / 3200, "otherwise": 100 * (240 + 80 + 640) / 3200})
 
 
 def test_a_full_rewrite_keeps_the_evaluations_sections(tmp_path, capsys, monkeypatch):
