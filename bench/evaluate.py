@@ -96,6 +96,10 @@ DEFAULT_NETWORK = simulate.Network()  # the main grid's 2/4/8
 BUCKETS = ("9-64", "65+")  # buckets above one node
 SINGLE_NODE = ("1", "2", "3-4", "5-8")  # report.bucket_of
 JCT = "JCT "  # a row's bucket starts with it when it compares mean job completion time
+# Allocated GPU time at overload, and the part of it that is work: a job's GPU time at its tightest
+# placement's speed. A slow placement holds its GPUs longer, which allocation counts and useful
+# allocation does not.
+ALLOCATIONS = {"allocation": "allocation", "useful allocation": "useful_allocation"}
 # Same zone > spine > leaf > node shape at three sizes; load is relative to the cluster's GPUs.
 CLUSTERS = {512: ClusterSpec(),
             2048: ClusterSpec(zones=2, spines_per_zone=4, leaves_per_spine=4, nodes_per_leaf=8),
@@ -351,9 +355,9 @@ def judge(comparisons: Sequence[Comparison], alpha: float = ALPHA, margin: float
 
 def family_of(bucket: str, against: str, variant: str) -> tuple[str, str, str]:
     """The family a comparison is Holm-adjusted in: one strategy (variant) of ours x one metric
-    (all-reduce, JCT or allocation) x what it is compared with (the four baselines, or ours with a
-    rule switched off), over every cell and bucket."""
-    metric = "allocation" if bucket == "allocation" else "JCT" if bucket.startswith(JCT) else "all-reduce"
+    (all-reduce, JCT, allocation or useful allocation) x what it is compared with (the four
+    baselines, or ours with a rule switched off), over every cell and bucket."""
+    metric = bucket if bucket in ALLOCATIONS else "JCT" if bucket.startswith(JCT) else "all-reduce"
     return variant, metric, "baselines" if against in BASELINES + KUEUE_MODES else "ablations"
 
 
@@ -369,7 +373,7 @@ def strategy_of(variant: str) -> str:
 
 
 def verdicts(results, cells, seeds, variants=(OURS,), baselines=BASELINES) -> list[tuple]:
-    """Rows (trace, load, bucket or 'allocation', baseline, Judged, ours' variant) for every
+    """Rows (trace, load, bucket or an ALLOCATIONS name, baseline, Judged, ours' variant) for every
     comparison, Holm-adjusted within each family_of: call it once per network, so that each
     network is its own family."""
     keys: list[tuple] = []
@@ -399,9 +403,11 @@ def verdicts(results, cells, seeds, variants=(OURS,), baselines=BASELINES) -> li
                     add(trace, load, JCT + bucket, baseline, variant,
                         pairs(trace, load, variant, baseline, bucket, "completion_s"))
                 if load > 1 and baseline in baselines:  # below overload, slow placements hold GPUs longer
-                    add(trace, load, "allocation", baseline, variant,
-                        [(100 * results[trace, load, s, variant].allocation,
-                          100 * results[trace, load, s, baseline].allocation) for s in seeds], lower_is_better=False)
+                    for bucket, field in ALLOCATIONS.items():
+                        add(trace, load, bucket, baseline, variant,
+                            [(100 * getattr(results[trace, load, s, variant], field),
+                              100 * getattr(results[trace, load, s, baseline], field)) for s in seeds],
+                            lower_is_better=False)
     return [(*key[:4], judged, key[4]) for key, judged in zip(keys, judge(comparisons))]
 
 
@@ -434,14 +440,17 @@ def render(rows, seeds, gpus: int, wall_s: float, command: str, resumed: int = 0
                 f"interpreter" if resumed else "") + ". Each row pairs ours (with the strategy in the last column) "
              "with one baseline on the same streams: the mean of ours - theirs; its paired t-interval at the "
              f"Holm-adjusted level, {100 * (1 - ALPHA):g}% family-wise within a family (one strategy of ours x one "
-             "metric, all-reduce, JCT or allocation, x every cell, bucket and baseline); streams ours won; the "
+             "metric, all-reduce, JCT, allocation or useful allocation, x every cell, bucket and baseline); "
+             "streams ours won; the "
              f"verdict; the margin, {100 * MARGIN:g}% of the baseline's mean; the equivalence interval (two one-sided "
              "t-tests at the Holm-adjusted level). Verdict: **ahead** or **behind** only if the interval "
              "excludes 0, **level** only if the equivalence interval lies inside +-margin, otherwise "
              "**inconclusive** (not evidence of no difference). Bucket `9-64`, `65+`: all-reduce in ms of 1 GB "
              "(lower is better); `JCT` and a bucket: mean job completion time, submit to finish, in s (lower is "
              "better); allocation in GPU-% points (higher is better), at overload only: below it, a slower "
-             "placement makes jobs run longer and so holds more GPUs."
+             "placement makes jobs run longer and so holds more GPUs; useful allocation, the same counting only "
+             "the GPU time each job would need at its tightest placement (what a slow placement holds beyond that "
+             "is allocated, not work)."
              + (" Each network is its own family: the Holm families below hold this network's comparisons "
                 "only, and rows `configured Nx` are ours configured N times this network's oversubscription "
                 "(simulate.misconfigured), each its own family." if conditions else ""),

@@ -463,12 +463,12 @@ def test_evaluation_pairs_ours_with_every_baseline_on_the_seeds_it_prints(capsys
     assert out.startswith("seeds 17 18 (repeat with --seeds 17 18)")
     rows = [[c.strip() for c in line.strip("| ").split("|")] for line in out.splitlines()
             if line.startswith("| helios_all")]
-    assert {(r[2], r[3]) for r in rows} >= {(bucket, b) for bucket in ("9-64", "allocation")
+    assert {(r[2], r[3]) for r in rows} >= {(bucket, b) for bucket in ("9-64", *evaluate.ALLOCATIONS)
                                             for b in evaluate.BASELINES}
     for row in rows:
         low, high = (float(v) for v in row[5].strip("[]").split(","))
         assert low <= float(row[4]) <= high and row[6].endswith("/2")
-        verdict = printed_verdict(row[5], higher_is_better=row[2] == "allocation")
+        verdict = printed_verdict(row[5], higher_is_better=row[2] in evaluate.ALLOCATIONS)
         # an interval across 0 is level only when its equivalence interval lies within the margin
         assert verdict is None or row[7].strip("*") == verdict or (verdict == "level" and row[7] == "inconclusive")
 

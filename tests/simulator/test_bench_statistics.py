@@ -144,7 +144,8 @@ def fake_results(seeds, shift: float = 0.0, traces=(("helios_all", 1.2),)) -> di
                 buckets = {b: SimpleNamespace(allreduce_ms=base + mine + rng.gauss(0, 1),
                                               completion_s=10 * base + rng.gauss(0, 10))
                            for b in (*evaluate.SINGLE_NODE, *evaluate.BUCKETS)}
-                results[trace, load, seed, key] = SimpleNamespace(buckets=buckets, allocation=0.8)
+                results[trace, load, seed, key] = SimpleNamespace(buckets=buckets, allocation=0.8,
+                                                                 useful_allocation=0.7 + (0.05 if mine else 0.0))
     return results
 
 
@@ -154,9 +155,10 @@ def test_every_family_is_one_strategy_and_one_metric():
     sizes = {(row[5], evaluate.family_of(row[2], row[3], row[5])[1]): row[4].family_size for row in rows}
     per_cell = len(evaluate.BASELINES)
     assert sizes == {(v, metric): size * per_cell for v in evaluate.OURS_VARIANTS
-                     for metric, size in (("all-reduce", 2), ("JCT", 6), ("allocation", 1))}
+                     for metric, size in (("all-reduce", 2), ("JCT", 6), ("allocation", 1), ("useful allocation", 1))}
     assert {row[4].verdict for row in rows if row[2] in evaluate.BUCKETS} == {"ahead"}
     assert {row[4].verdict for row in rows if row[2] == "allocation"} == {"level"}  # same allocation
+    assert {row[4].verdict for row in rows if row[2] == "useful allocation"} == {"ahead"}  # 5 points more work
 
 
 def test_the_report_says_when_it_is_underpowered_or_in_sample():
