@@ -45,7 +45,7 @@ class Observed(Policy):
     before."""
 
     def __init__(self, inner: Policy) -> None:
-        self.inner, self.name = inner, inner.name
+        self.inner, self.name, self.strict_fifo = inner, inner.name, inner.strict_fifo
         self.opened = self.into_whole_leaf = self.single = 0
         self.starts = self.into_a_pin = 0  # jobs started; ... on a node some other job waits pinned to
         self.pinned_share = 0.0  # sum over starts of the share of nodes under some other job's pin
@@ -80,6 +80,9 @@ class Observed(Policy):
     def held_to(self, job: Job) -> frozenset[str] | None:
         return self.inner.held_to(job)
 
+    def decides_at_arrival(self, job: Job) -> bool:
+        return self.inner.decides_at_arrival(job)
+
     def redecided(self, job: Job) -> bool:
         return self.inner.redecided(job)
 
@@ -103,9 +106,11 @@ def make(key: str, network, comm_fraction: float, pinned: bool) -> Policy:
 
 
 def one(task) -> tuple:
-    trace, load, seed, key, gpus, window, pinned = task
+    trace, load, seed, key, gpus, window, pinned, network, runtime, streams = task
     settings = simulate.QUICK if gpus == simulate.QUICK.spec.gpus else replace(simulate.FULL, spec=CLUSTERS[gpus])
-    workload = simulate.workload_for(simulate.Scenario("main", trace, load, seed=seed), settings)
+    scenario = simulate.Scenario("main", trace, load, seed=seed, rho_leaf=network.rho_leaf, rho_spine=network.rho_spine,
+                                 rho_zone=network.rho_zone, runtime=runtime, streams=streams)
+    workload = simulate.workload_for(scenario, settings)
     policy = Observed(make(key, workload.network, workload.comm_fraction, pinned))
     began = time.perf_counter()
     result = engine.run(workload, policy, window=window)
@@ -230,13 +235,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unpinned", action="store_true", help="ours decided afresh at every pass")
     parser.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--quick", action="store_true", help="the quick cluster and stream of simulate.py; for tests")
+    parser.add_argument("--network", default=simulate.network_text(simulate.Network()), metavar="LEAF/SPINE/ZONE",
+                        help="the network the simulator charges and ours is told (default: %(default)s)")
+    simulate.add_runtime_arguments(parser)
     args = parser.parse_args(argv)
+    network, runtime = simulate.parse_network(args.network), simulate.runtime_of(parser, args)
     gpus = simulate.QUICK.spec.gpus if args.quick else args.gpus
     cells = [(trace, float(load)) for trace, load in (c.split(":") for c in args.cells)]
     window = engine.WINDOW if args.before else args.window
     pinned = not (args.before or args.unpinned)
     keys = [k for k in args.policies if pinned or k != "ours-balanced"]  # unpinned, balanced decides as consolidated
-    tasks = [(t, load, s, k, gpus, window, pinned) for t, load in cells for s in args.seeds for k in keys]
+    tasks = [(t, load, s, k, gpus, window, pinned, network, runtime, args.streams)
+             for t, load in cells for s in args.seeds for k in keys]
     tasks.sort(key=lambda t: "ours" not in t[3])
     began = time.perf_counter()
     results = {}
@@ -245,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
             results[task[:4]] = found
             print(f"  {task[0]} {task[1]:g} seed {task[2]} {task[3]}: {wall:.0f} s", file=sys.stderr, flush=True)
     print(f"window {window or 'none (whole queue)'}, ours {'pinned/preferred on a wait' if pinned else 'unpinned'}; "
-          f"{gpus} GPUs; {time.perf_counter() - began:.0f} s wall\n")
+          f"{gpus} GPUs; network {args.network}, {simulate.runtime_text(runtime)}, {simulate.streams_text(args.streams)}; "
+          f"{time.perf_counter() - began:.0f} s wall\n")
     print(render(results, cells, args.seeds, keys))
     return 0
 

@@ -714,6 +714,34 @@ def test_jct_diagnosis_tables_every_policy_and_sees_pins_only_where_they_are_wri
         assert sum(float(value) for value in row[15:18]) == pytest.approx(100 - float(row[14]), abs=0.3)
     per_bucket, cluster, _ = tables("--before")
     assert "ours-balanced" not in {r[1] for r in per_bucket} and all(r[11] == "0.0%" for r in cluster.values())
+    # the network and the runtime reach the runs: a 65+ ring spans leaves, cheaper on a non-blocking
+    # network; with no job left to kube-scheduler, ours runs more jobs of one GPU
+    def runs(*flags):
+        assert diagnose_jct.main(["--quick", "--cells", "acme_seren:1.2", "--seeds", "7", "--processes", "1",
+                                  "--policies", "ours-consolidated", *flags]) == 0
+        out = capsys.readouterr().out
+        return out, {r[0]: r for r in ([c.strip() for c in line.strip("| ").split("|")] for line in out.splitlines()
+                                        if line.startswith("| ")) if len(r) == 10}
+    flat, flat_rows = runs("--network", "1/1/1", "--foreign-share", "0")
+    assert "network 1/1/1, releaser every 1 s + 50 ms, 0% not ours" in flat
+    _, blocking_rows = runs("--network", "2/4/8", "--foreign-share", "0")
+    _, shared_rows = runs("--network", "2/4/8")
+    assert float(flat_rows["65+"][6]) < float(blocking_rows["65+"][6])
+    assert int(shared_rows["1"][2]) < int(blocking_rows["1"][2])
+
+
+def test_the_diagnosis_observes_each_policy_without_changing_what_it_does():
+    """Observed only watches: the engine runs the wrapped policy exactly as it runs it alone (when
+    ours decides, at arrival; the queue discipline of StrictFIFO)."""
+    from bench import diagnose_jct
+
+    workload = simulate.workload_for(simulate.Scenario("main", "acme_seren", 1.2, seed=7), simulate.QUICK)
+
+    def starts(policy):
+        return [(r.job.job_id, r.start_s, r.run_s) for r in engine.run(workload, policy).records]
+    for make in (lambda: diagnose_jct.make("ours-consolidated", workload.network, workload.comm_fraction, True),
+                 lambda: policies.KueueBestFit(strict_fifo=True)):
+        assert starts(diagnose_jct.Observed(make())) == starts(make())
 
 
 def test_idle_gpu_time_is_split_by_the_largest_job_then_waiting():
