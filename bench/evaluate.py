@@ -607,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - began
     command = (f"bench/evaluate.py --gpus {gpus} --seeds {' '.join(map(str, seeds))}"
                + (" --allow-seen" if seen else "")
+               + (f" --cells {' '.join(f'{trace}:{load:g}' for trace, load in cells)}" if args.cells else "")
                + (f" --ablations {' '.join(ablations)}" if ablations else "")
                + (f" --networks {' '.join(map(simulate.network_text, networks))}"
                   if networks != [DEFAULT_NETWORK] else "")

@@ -461,6 +461,7 @@ def test_evaluation_pairs_ours_with_every_baseline_on_the_seeds_it_prints(capsys
     assert evaluate.main(["--quick", "--cells", "helios_all:1.2", "--seeds", "17", "18", "--processes", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("seeds 17 18 (repeat with --seeds 17 18)")
+    assert "--seeds 17 18 --cells helios_all:1.2`" in out  # the command that repeats it names its cells
     rows = [[c.strip() for c in line.strip("| ").split("|")] for line in out.splitlines()
             if line.startswith("| helios_all")]
     assert {(r[2], r[3]) for r in rows} >= {(bucket, b) for bucket in ("9-64", *evaluate.ALLOCATIONS)
