@@ -83,6 +83,9 @@ class Observed(Policy):
     def decides_at_arrival(self, job: Job) -> bool:
         return self.inner.decides_at_arrival(job)
 
+    def fit_class(self, shape: tuple[int, int]) -> object:
+        return self.inner.fit_class(shape)
+
     def redecided(self, job: Job) -> bool:
         return self.inner.redecided(job)
 
@@ -153,9 +156,11 @@ def figures(result: engine.RunResult, observed: Observed, window: int | None) ->
 
 def idle_while_waiting(result: engine.RunResult) -> dict[str, float]:
     """Idle GPU time in the measured window, in % of all GPU time there, by whose wait it fell in:
-    while a job of ours of 65+ GPUs waited, while only jobs of 9-64 did, or otherwise. Where a
-    policy's allocation falls short of another's, this says whose waits the idle GPUs sat through
-    (the three add up to 100 - allocation). Jobs never started are not counted as waiting."""
+    while a job of ours of 65+ GPUs waited, while only jobs of 9-64 did, or otherwise (the three
+    add up to 100 - allocation). A split by precedence, not by cause: any time a 65+ job waits
+    counts to it, and under overload one waits most of the time. It says when the idle GPUs sat,
+    which a policy's allocation shortfall can be compared by, not why. Jobs never started are not
+    counted as waiting."""
     low, high = result.window
     events: list[tuple[float, int, int, int]] = []  # time, change of GPUs used, of 65+ and of 9-64 waiting
     for record in (*result.records, *result.foreign):

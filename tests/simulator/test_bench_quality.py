@@ -733,7 +733,7 @@ def test_jct_diagnosis_tables_every_policy_and_sees_pins_only_where_they_are_wri
 
 def test_the_diagnosis_observes_each_policy_without_changing_what_it_does():
     """Observed only watches: the engine runs the wrapped policy exactly as it runs it alone (when
-    ours decides, at arrival; the queue discipline of StrictFIFO)."""
+    ours decides, at arrival; the queue discipline of StrictFIFO; required mode's fit classes)."""
     from bench import diagnose_jct
 
     workload = simulate.workload_for(simulate.Scenario("main", "acme_seren", 1.2, seed=7), simulate.QUICK)
@@ -741,7 +741,7 @@ def test_the_diagnosis_observes_each_policy_without_changing_what_it_does():
     def starts(policy):
         return [(r.job.job_id, r.start_s, r.run_s) for r in engine.run(workload, policy).records]
     for make in (lambda: diagnose_jct.make("ours-consolidated", workload.network, workload.comm_fraction, True),
-                 lambda: policies.KueueBestFit(strict_fifo=True)):
+                 lambda: policies.KueueBestFit(strict_fifo=True), lambda: policies.KueueBestFit("required")):
         assert starts(diagnose_jct.Observed(make())) == starts(make())
 
 
