@@ -111,8 +111,7 @@ def make(key: str, network, comm_fraction: float, pinned: bool) -> Policy:
 def one(task) -> tuple:
     trace, load, seed, key, gpus, window, pinned, network, runtime, streams = task
     settings = simulate.QUICK if gpus == simulate.QUICK.spec.gpus else replace(simulate.FULL, spec=CLUSTERS[gpus])
-    scenario = simulate.Scenario("main", trace, load, seed=seed, rho_leaf=network.rho_leaf, rho_spine=network.rho_spine,
-                                 rho_zone=network.rho_zone, runtime=runtime, streams=streams)
+    scenario = simulate.Scenario.on(network, "main", trace, load, seed=seed, runtime=runtime, streams=streams)
     workload = simulate.workload_for(scenario, settings)
     policy = Observed(make(key, workload.network, workload.comm_fraction, pinned))
     began = time.perf_counter()

@@ -569,9 +569,8 @@ def main(argv: list[str] | None = None) -> int:
     for network in networks:
         for trace, load in cells:
             for seed in seeds:
-                exact = simulate.Scenario("main", trace, load, seed=seed, rho_leaf=network.rho_leaf,
-                                          rho_spine=network.rho_spine, rho_zone=network.rho_zone, runtime=runtime,
-                                          streams=args.streams)
+                exact = simulate.Scenario.on(network, "main", trace, load, seed=seed, runtime=runtime,
+                                             streams=args.streams)
                 tasks += [(exact, key, settings) for key in (*variants, *baselines)]
                 named.update({(exact, key): key for key in (*variants, *baselines)})
                 for factor in factors:  # one clamped back to the truth (half of 1/1/1) is not run

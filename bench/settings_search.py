@@ -87,8 +87,7 @@ def run_all(folder: str, networks, cells, seeds, keys) -> tuple[dict, float, int
         for text in networks:
             network = simulate.parse_network(text)
             for trace, load in cells:
-                scenario = simulate.Scenario("main", trace, load, seed=seed, rho_leaf=network.rho_leaf,
-                                             rho_spine=network.rho_spine, rho_zone=network.rho_zone)
+                scenario = simulate.Scenario.on(network, "main", trace, load, seed=seed)
                 for key in keys:
                     path = run_path(folder, digest, scenario, key)
                     if os.path.exists(path):

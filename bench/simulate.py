@@ -117,6 +117,12 @@ class Scenario:
     runtime: Runtime = Runtime()  # the releaser's period and latency, the share not ours (bench/engine.py)
     streams: int = STREAMS  # the job streams' version (bench/traces.py)
 
+    @classmethod
+    def on(cls, network: Network, group: str, trace: str, load: float, **rest) -> "Scenario":
+        """A scenario whose charged network is `network` (the inverse of `network` below)."""
+        return cls(group, trace, load, rho_leaf=network.rho_leaf, rho_spine=network.rho_spine,
+                   rho_zone=network.rho_zone, **rest)
+
     @property
     def network(self) -> Network:
         """The network the simulator charges."""
@@ -340,9 +346,7 @@ def sweep_scenarios(settings: Settings, seeds: tuple[int, ...], networks: list[N
         for trace in settings.traces:
             for load in settings.loads:
                 for seed in seeds:
-                    exact = Scenario("sweep", trace, load, seed=seed, rho_leaf=network.rho_leaf,
-                                     rho_spine=network.rho_spine, rho_zone=network.rho_zone, runtime=runtime,
-                                     streams=streams)
+                    exact = Scenario.on(network, "sweep", trace, load, seed=seed, runtime=runtime, streams=streams)
                     out.append(exact)
                     for factor in factors:
                         for what in targets:
