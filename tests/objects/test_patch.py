@@ -91,6 +91,18 @@ def test_pods_changed_alike_share_one_patch_made_once_and_each_gets_its_own_copy
     assert again == kept and jsonpatch.apply_patch(members[2], again) == third
 
 
+def test_pods_placed_alike_on_other_nodes_share_one_patch_with_their_own_strings_put_back():
+    """Two users' pods, each placed alone on a node and leaf of its own: one patch is made and
+    checked, and each pod gets it with its own name, node and leaf in it."""
+    pods = [workload("Pod", name=name) for name in ("alpha", "beta")]
+    mutated = [mutation.mutate(pods[0], "Pod", decision(leaf="leaf-3", nodes=("gpu-1",)), CONFIG, "ml/Pod/alpha"),
+               mutation.mutate(pods[1], "Pod", decision(leaf="leaf-7", nodes=("gpu-9",)), CONFIG, "ml/Pod/beta")]
+    made = [patch.make_patch(pod, wanted) for pod, wanted in zip(pods, mutated)]
+    assert patch._checked_operations.cache_info().hits == 1
+    assert [jsonpatch.apply_patch(pod, ops) for pod, ops in zip(pods, made)] == mutated
+    assert "leaf-7" in json.dumps(made[1]) and "leaf-3" not in json.dumps(made[1])
+
+
 def test_an_item_changed_inside_a_list_is_patched_inside_it():
     received = {"spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "y"}]}}
     mutated = {"spec": {"containers": [{"name": "a", "image": "x"},
@@ -117,6 +129,31 @@ def test_any_two_documents_give_a_patch_from_one_to_the_other(received, mutated)
     assert jsonpatch.apply_patch(document, json.loads(json.dumps(ops))) == wanted
 
 
+_renames = st.sampled_from([str.upper, lambda text: text + "~/x", lambda text: "x" + text[::-1]])
+
+
+@settings(max_examples=200, deadline=None)
+@given(_json, _json, _renames)
+def test_a_patch_remembered_for_one_pair_of_documents_is_right_for_the_same_shape_with_other_strings(
+        received, mutated, rename):
+    """What the memo reuses: the same documents but for their strings (renamed one to one, so
+    equal stay equal) give the same patch shape, and each its own strings."""
+    def renamed(doc):
+        if isinstance(doc, dict):
+            return {key: renamed(value) for key, value in doc.items()}
+        if isinstance(doc, list):
+            return [renamed(value) for value in doc]
+        return rename(doc) if isinstance(doc, str) else doc
+    first = {"metadata": received, "spec": [received, mutated]}
+    first_wanted = {"metadata": mutated, "spec": [mutated, received]}
+    patch.make_patch(first, first_wanted)
+    second, second_wanted = renamed(first), renamed(first_wanted)
+    hits = patch._checked_operations.cache_info().hits
+    ops = patch.make_patch(second, second_wanted)
+    assert jsonpatch.apply_patch(second, json.loads(json.dumps(ops))) == second_wanted
+    assert ops == [] or patch._checked_operations.cache_info().hits > hits
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_json, min_size=1, max_size=6), st.lists(_json, min_size=1, max_size=4), _json)
 def test_a_list_only_appended_to_is_patched_by_adding_after_its_items(kept, added, beside):
@@ -130,15 +167,16 @@ def test_a_list_only_appended_to_is_patched_by_adding_after_its_items(kept, adde
 
 
 def test_a_diff_that_moves_kept_items_is_made_again_from_the_whole_lists(monkeypatch):
-    # right on the stand-ins the check sees (kept, kept -> kept, kept, "c"), wrong on the real list
-    wrong = jsonpatch.JsonPatch([{"op": "add", "path": "/env/0", "value": patch._KEPT},
-                                 {"op": "replace", "path": "/env/2", "value": "c"}])
     calls = []
     real_diff = jsonpatch.JsonPatch.from_diff
 
-    def first_wrong(*args, **options):
-        calls.append(args)
-        return wrong if len(calls) == 1 else real_diff(*args, **options)
+    def first_wrong(received, mutated, **options):
+        """Right on the stand-ins the check sees (kept, kept -> kept, kept, "c"), wrong on the real list."""
+        calls.append(received)
+        if len(calls) > 1:
+            return real_diff(received, mutated, **options)
+        return jsonpatch.JsonPatch([{"op": "add", "path": "/env/0", "value": received["env"][0]},
+                                    {"op": "replace", "path": "/env/2", "value": mutated["env"][2]}])
     monkeypatch.setattr(patch.jsonpatch.JsonPatch, "from_diff", first_wrong)
     received, mutated = {"env": ["a", "b"]}, {"env": ["a", "b", "c"]}
     ops = patch.make_patch(received, mutated)

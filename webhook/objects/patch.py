@@ -14,12 +14,10 @@ from typing import Any
 import jsonpatch
 import orjson
 
-# The round trip that makes our private copies writes what JSON has not as `str` does (a
-# `creationTimestamp` YAML loaded as a datetime, keys YAML loaded as numbers), as json.dumps did.
-_AS_JSON = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_NON_STR_KEYS
 _KEPT = "\x00kept\x00"  # an item of a list only appended to, the same on both sides (changed_parts)
-# Patches remembered by what changed: a group's members, a controller's replicas and a burst of
-# copies of one manifest change alike, and their patch is made and checked once.
+# Patches remembered by the shape of what changed: pods placed alike (a group's members, a
+# controller's replicas, a burst of copies of one manifest, single-node pods of one size and
+# strategy) change alike but for their strings, and their patch is made and checked once.
 _REMEMBERED = 256
 
 
@@ -40,9 +38,57 @@ def make_patch(received: Any, mutated: Any) -> list[dict]:
 
 def _checked_diff(received: Any, mutated: Any) -> list[dict]:
     """jsonpatch's operations from one document to the other, applied to the first to check them;
-    fresh objects each call, whether made now or remembered."""
-    texts = (orjson.dumps(doc, default=str, option=_AS_JSON) for doc in (received, mutated))
-    return orjson.loads(_checked_operations(*texts))
+    fresh objects each call, whether made now or remembered.
+
+    They are made for the documents' shape: every string value stood in for by a placeholder,
+    equal strings by the same one. Two pods placed alike but on other nodes, GPUs or names then
+    share one patch, made and checked once, and each gets it with its own strings put back. That
+    is exact: a patch of adds, removes and replaces reaches values only by their paths, which name
+    keys and indices, never strings in values; so renaming the strings of both documents and of
+    the operations alike keeps a patch that applies, and gives what it gave."""
+    placeholders: dict[str, str] = {}
+    texts = (orjson.dumps(_shape(doc, placeholders), option=orjson.OPT_NON_STR_KEYS) for doc in (received, mutated))
+    operations = orjson.loads(_checked_operations(*texts))
+    strings = {placeholder: text for text, placeholder in placeholders.items()}
+    for operation in operations:
+        if "value" in operation:
+            operation["value"] = _named(operation["value"], strings)
+    return operations
+
+
+def _shape(doc: Any, placeholders: dict[str, str]) -> Any:
+    """`doc` with each string value replaced by its placeholder (numbered as first met); a value
+    JSON has not (a `creationTimestamp` YAML loaded as a datetime) taken as its text, as
+    json.dumps(default=str) writes it. Keys stay: they are the paths."""
+    kind = type(doc)  # exact types first: this walks every changed part of every review
+    if kind is dict:
+        return {key: _shape(value, placeholders) for key, value in doc.items()}
+    if kind is not str:
+        if kind is list or kind is tuple:
+            return [_shape(value, placeholders) for value in doc]
+        if doc is None or kind is int or kind is bool or kind is float:
+            return doc
+        if isinstance(doc, (dict, list, tuple)):  # a subclass (an enum of str or int): taken as its base
+            return _shape(dict(doc) if isinstance(doc, dict) else list(doc), placeholders)
+        if isinstance(doc, (int, float)):
+            return doc
+        doc = str.__str__(doc) if isinstance(doc, str) else str(doc)
+    placeholder = placeholders.get(doc)
+    if placeholder is None:
+        placeholder = placeholders[doc] = f"\x00{len(placeholders)}"
+    return placeholder
+
+
+def _named(value: Any, strings: dict[str, str]) -> Any:
+    """A value of the shape's patch with its placeholders' strings put back."""
+    kind = type(value)
+    if kind is str:
+        return strings[value]
+    if kind is dict:
+        return {key: _named(item, strings) for key, item in value.items()}
+    if kind is list:
+        return [_named(item, strings) for item in value]
+    return value
 
 
 @functools.lru_cache(maxsize=_REMEMBERED)
