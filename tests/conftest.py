@@ -36,6 +36,7 @@ from webhook.cli import file_index
 from webhook.kube.clusterview import ApiFeed
 from webhook.settings.config import Config
 from webhook.serving.metrics import Metrics
+from webhook.objects import patch, subject
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 START_TIMEOUT_SECONDS = 60
@@ -64,6 +65,14 @@ def restore_logging():
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def nothing_remembered_across_tests():
+    """What admission remembers between reviews (patches by shape, specs that passed their checks)
+    starts empty in each test, so that what one test sent never decides how another is served."""
+    patch._checked_operations.cache_clear()
+    subject._PASSED_SPECS.clear()
 
 
 @pytest.fixture

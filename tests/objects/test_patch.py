@@ -15,12 +15,6 @@ from webhook.settings.config import Config
 CONFIG = Config()
 
 
-@pytest.fixture(autouse=True)
-def nothing_remembered():
-    """Each test makes its patches afresh (the tests that break jsonpatch must reach it)."""
-    patch._checked_operations.cache_clear()
-
-
 def test_annotation_keys_are_escaped_when_annotations_exist():
     obj = workload("Job", template_annotations={"team": "ml"})
     ops = patch.make_patch(obj, mutation.mutate(obj, "Job", decision(), CONFIG, "k"))

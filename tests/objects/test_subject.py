@@ -1,6 +1,7 @@
 """The object under admission read once (webhook/objects/subject.py): each kind's pod templates
 found where its table says, the questions admission asks answered from them, a malformed object
 refused with the field named, and the templates walked and the shape checked once per admission."""
+import datetime
 import sys
 
 import pytest
@@ -10,6 +11,7 @@ from webhook import admission
 from webhook.kube.demo import demo_cluster
 from webhook.cli import file_index
 from webhook.objects import mutation, templates
+from webhook.objects.kinds import KINDS
 from webhook.objects import workload as wl
 from webhook.objects.subject import Subject
 from webhook.objects.user_annotations import InvalidWorkload
@@ -170,6 +172,46 @@ def test_nesting_is_refused_before_the_fields_are_checked():
         node = node["x"]
     with pytest.raises(InvalidWorkload, match="^Job ml/train: the object is nested more than 100 levels deep"):
         subject_of(obj).check()
+
+
+def test_a_spec_that_passed_once_is_not_walked_again_and_what_is_outside_it_still_is(monkeypatch):
+    """Pods made from one template differ outside their spec: the spec's checks are remembered,
+    by kind and text; the rest (names, annotations, how deep it nests) is checked every time."""
+    first, second = (workload("Pod", name=name, annotations={GPU_COUNT: "8"}) for name in ("a-1", "a-2"))
+    subject_of(first).check()
+    checks = spy(monkeypatch, templates.check_fields)
+    subject_of(second).check()
+    assert [call[1].get("spec") for call in checks] == [None]  # only what is outside the spec
+    bad = workload("Pod", name="a-3", annotations={GPU_COUNT: "8"})
+    bad["metadata"]["annotations"]["team"] = 7
+    with pytest.raises(InvalidWorkload, match="metadata.annotations.team is 7; expected a string"):
+        subject_of(bad).check()
+    deep = workload("Pod", name="a-4", annotations={GPU_COUNT: "8"})
+    node = deep["metadata"]
+    for _ in range(120):
+        node["x"] = {}
+        node = node["x"]
+    with pytest.raises(InvalidWorkload, match="nested more than 100 levels deep"):
+        subject_of(deep).check()
+
+
+def test_a_spec_remembered_as_passing_does_not_pass_one_whose_text_is_alike_but_not_its_types():
+    """A date YAML loaded where a string must be writes the same text as the string: such a spec
+    is never looked up, and checked whole."""
+    as_text = workload("Job", annotations={GPU_COUNT: "8"}, template_annotations={"built": "2026-01-02"})
+    subject_of(as_text).check()
+    as_date = workload("Job", annotations={GPU_COUNT: "8"},
+                       template_annotations={"built": datetime.date(2026, 1, 2)})
+    with pytest.raises(InvalidWorkload, match="annotations.built is a date; expected a string"):
+        subject_of(as_date).check()
+
+
+def test_every_pod_template_but_a_pods_own_is_under_the_spec():
+    """What lets a remembered spec stand for every template's check (Subject.check)."""
+    for name, kind in KINDS.items():
+        for spec_of in kind.templates:
+            path = spec_of.replica_spec + spec_of.template
+            assert (name == "Pod" and path == ()) or path[:1] == ("spec",), name
 
 
 def spy(monkeypatch, function) -> list[tuple]:

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
+import orjson
+
 from ..core import injection
 from ..core.injection import RESERVATION
 from ..core.model import ANNOTATION_PREFIX
@@ -26,6 +28,12 @@ from .user_annotations import PEER_PREFERRED, PEER_REQUIRED, InvalidAnnotation, 
 # Objects of the kinds we handle nest about 20 levels at most (managedFields included); far deeper
 # would exhaust Python's recursion in copying and diffing, so it is refused up front.
 MAX_DEPTH = 100
+# Specs that passed both checks, by kind and JSON text (`Subject.check`); only passes are kept,
+# forgotten wholesale past the limit.
+_PASSED_SPECS: set[tuple[str, bytes]] = set()
+_PASSED_SPECS_LIMIT = 1024
+_PLAIN_JSON_ONLY = (orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
+                    | orjson.OPT_PASSTHROUGH_DATACLASS)
 
 
 class Subject:
@@ -162,11 +170,31 @@ class Subject:
 
     def check(self) -> None:
         """Raise InvalidWorkload for an object nested more than MAX_DEPTH levels deep, or naming
-        the first field we use that does not have its API type."""
-        if _deeper_than(self.obj, MAX_DEPTH):
+        the first field we use that does not have its API type.
+
+        A spec that passed once for this kind passes again: both checks walk the whole object (most
+        of a production pod's review, a spec of 11 KB), while pods made from one template, or copies
+        of one manifest, differ outside it (names, uids, labels). Every template of our kinds is
+        the spec or under it, and neither check of the spec reads anything outside it, so only the
+        rest is checked then."""
+        known = _spec_text(self.kind, self.obj)
+        if known is not None and known in _PASSED_SPECS:
+            outside = {**self.obj, "spec": None}
+            self._check_depth(outside)
+            check_fields(self.kind, outside, self.who)
+            self._shape_checked = True
+            return
+        self._check_depth(self.obj)
+        self.check_shape()
+        if known is not None:
+            if len(_PASSED_SPECS) >= _PASSED_SPECS_LIMIT:
+                _PASSED_SPECS.clear()
+            _PASSED_SPECS.add(known)
+
+    def _check_depth(self, obj: Mapping) -> None:
+        if _deeper_than(obj, MAX_DEPTH):
             raise InvalidWorkload(f"{self.who}: the object is nested more than {MAX_DEPTH} levels deep; "
                                   f"allowed: at most {MAX_DEPTH} levels")
-        self.check_shape()
 
     def check_shape(self) -> None:
         """Raise InvalidWorkload naming the first field we use that does not have its API type;
@@ -190,6 +218,16 @@ def _meta(node: Mapping | None) -> Mapping:
 
 def _spec(found: PodTemplate) -> Mapping:
     return mapping_of((found.template or {}).get("spec"))
+
+
+def _spec_text(kind: str, obj: Mapping) -> tuple[str, bytes] | None:
+    """The key a spec's checks are remembered by: the kind and the spec as JSON. None for a spec
+    holding anything but what JSON decodes to (a date or a number as a key, as YAML loads them; a
+    subclass): its text could be another value's, and the type is what the check reads."""
+    try:
+        return kind, orjson.dumps(obj.get("spec"), option=_PLAIN_JSON_ONLY)
+    except TypeError:  # orjson.JSONEncodeError too: a type it passes through, or nested past 255
+        return None
 
 
 def _deeper_than(obj: object, limit: int) -> bool:
