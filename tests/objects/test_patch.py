@@ -1,5 +1,6 @@
 import base64
 import datetime
+import enum
 import json
 
 import jsonpatch
@@ -46,6 +47,17 @@ def test_a_yaml_timestamp_does_not_break_the_patch():
     mutated = mutation.mutate(obj, "Job", decision(), CONFIG, "k")
     ops = patch.make_patch(obj, mutated)
     assert jsonpatch.apply_patch(obj, ops) == mutated
+
+
+def test_values_json_has_not_are_patched_as_json_writes_them():
+    """A str enum by its value, a datetime by its text (as the old json.dumps(default=str) did),
+    and a datetime changed to its own text is no change."""
+    class Tier(str, enum.Enum):
+        GOLD = "gold"
+    at = datetime.datetime(2026, 1, 2, tzinfo=datetime.timezone.utc)
+    ops = patch.make_patch({"metadata": {}}, {"metadata": {"tier": Tier.GOLD, "at": at}})
+    assert sorted((op["path"], op["value"]) for op in ops) == [("/metadata/at", str(at)), ("/metadata/tier", "gold")]
+    assert patch.make_patch({"metadata": {"at": at}}, {"metadata": {"at": str(at)}}) == []
 
 
 def test_equal_objects_give_no_operations():

@@ -14,6 +14,9 @@ from typing import Any
 import jsonpatch
 import orjson
 
+# What JSON has not is written as `str` writes it (a `creationTimestamp` YAML loaded as a datetime,
+# keys YAML loaded as numbers), as json.dumps(default=str) did.
+_AS_JSON = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_NON_STR_KEYS
 _KEPT = "\x00kept\x00"  # an item of a list only appended to, the same on both sides (changed_parts)
 # Patches remembered by the shape of what changed: pods placed alike (a group's members, a
 # controller's replicas, a burst of copies of one manifest, single-node pods of one size and
@@ -45,7 +48,9 @@ def _checked_diff(received: Any, mutated: Any) -> list[dict]:
     share one patch, made and checked once, and each gets it with its own strings put back. That
     is exact: a patch of adds, removes and replaces reaches values only by their paths, which name
     keys and indices, never strings in values; so renaming the strings of both documents and of
-    the operations alike keeps a patch that applies, and gives what it gave."""
+    the operations alike keeps a patch that applies, and gives what it gave. It holds for a diff
+    that compares values only for equality, as `JsonPatch.from_diff` does (a diff that reads
+    strings' text, such as one finding appends to strings, would see the placeholders')."""
     placeholders: dict[str, str] = {}
     texts = (orjson.dumps(_shape(doc, placeholders), option=orjson.OPT_NON_STR_KEYS) for doc in (received, mutated))
     operations = orjson.loads(_checked_operations(*texts))
@@ -68,11 +73,9 @@ def _shape(doc: Any, placeholders: dict[str, str]) -> Any:
             return [_shape(value, placeholders) for value in doc]
         if doc is None or kind is int or kind is bool or kind is float:
             return doc
-        if isinstance(doc, (dict, list, tuple)):  # a subclass (an enum of str or int): taken as its base
-            return _shape(dict(doc) if isinstance(doc, dict) else list(doc), placeholders)
-        if isinstance(doc, (int, float)):
-            return doc
-        doc = str.__str__(doc) if isinstance(doc, str) else str(doc)
+        if not isinstance(doc, str):  # anything else as JSON writes it (an enum by its value, a datetime as text)
+            return _shape(orjson.loads(orjson.dumps(doc, default=str, option=_AS_JSON)), placeholders)
+        doc = str.__str__(doc)  # a str subclass (a str enum): its value, as JSON writes it
     placeholder = placeholders.get(doc)
     if placeholder is None:
         placeholder = placeholders[doc] = f"\x00{len(placeholders)}"
