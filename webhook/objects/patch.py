@@ -68,14 +68,13 @@ def _shape(doc: Any, placeholders: dict[str, str]) -> Any:
     kind = type(doc)  # exact types first: this walks every changed part of every review
     if kind is dict:
         return {key: _shape(value, placeholders) for key, value in doc.items()}
-    if kind is not str:
-        if kind is list or kind is tuple:
-            return [_shape(value, placeholders) for value in doc]
-        if doc is None or kind is int or kind is bool or kind is float:
-            return doc
-        if not isinstance(doc, str):  # anything else as JSON writes it (an enum by its value, a datetime as text)
-            return _shape(orjson.loads(orjson.dumps(doc, default=str, option=_AS_JSON)), placeholders)
-        doc = str.__str__(doc)  # a str subclass (a str enum): its value, as JSON writes it
+    if kind is list or kind is tuple:
+        return [_shape(value, placeholders) for value in doc]
+    if doc is None or kind is int or kind is bool or kind is float:
+        return doc
+    if not isinstance(doc, str):  # anything else as JSON writes it (an enum by its value, a datetime as text)
+        return _shape(orjson.loads(orjson.dumps(doc, default=str, option=_AS_JSON)), placeholders)
+    doc = str.__str__(doc)  # its value, a str subclass's (a str enum) included, as JSON writes it
     placeholder = placeholders.get(doc)
     if placeholder is None:
         placeholder = placeholders[doc] = f"\x00{len(placeholders)}"
