@@ -132,7 +132,8 @@ def free_port() -> int:
 
 
 def start(command: list[str], port: int, ca: str, log: pathlib.Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # This tree first, then whatever path the bench itself was given (packages installed with --target).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with open(log, "wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=log.parent)
     context = ssl.create_default_context(cafile=ca)
@@ -514,7 +515,9 @@ def held_connections(args: argparse.Namespace, workdir: pathlib.Path, paths, bod
 def machine() -> str:
     model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                  platform.processor())
-    return f"{os.cpu_count()} CPUs ({model}), Python {platform.python_version()}, {platform.system()} {platform.release()}"
+    usable = len(os.sched_getaffinity(0))  # fewer than the machine's under taskset
+    cpus = f"{usable} of {os.cpu_count()} CPUs" if usable != os.cpu_count() else f"{usable} CPUs"
+    return f"{cpus} ({model}), Python {platform.python_version()}, {platform.system()} {platform.release()}"
 
 
 def main() -> None:
@@ -605,7 +608,9 @@ def main() -> None:
             print(f"| {load} | {ours['p50_ms']:.2f} | {ours['p99_ms']:.2f} | {ours['rps']:.0f} | "
                   f"{empty['p50_ms']:.2f} | {empty['p99_ms']:.2f} | {empty['rps']:.0f} | "
                   f"{ours['p50_ms'] / empty['p50_ms']:.2f} | {ours['p99_ms'] / empty['p99_ms']:.2f} |")
-        print(f"\nload average after: {os.getloadavg()[0]:.2f} (above the CPU count, other processes shared the cores)")
+        after = os.getloadavg()[0]
+        shared = " (above the CPU count, other processes shared the cores)" if after > len(os.sched_getaffinity(0)) else ""
+        print(f"\nload average after: {after:.2f}{shared}")
 
 
 if __name__ == "__main__":
