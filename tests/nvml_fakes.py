@@ -344,6 +344,17 @@ def gb200_nvl72_tray() -> FakeMachine:
     return FakeMachine("gb200-tray", gpus, ancestor=_by_group(((0, 1), (2, 3)), NODE, SYS))
 
 
+def h100_alone_in_a_vm() -> FakeMachine:
+    """One H100 SXM5 passed through to a 16-vCPU Firecracker VM, as NVML answered on such a machine
+    (27 Nov 2026: driver 580.159.04, nvidia-ml-py 13.580; what `discover` printed there is in
+    tests/fixtures/discover/): every NVLink call NotSupported on all 36 link indices (the board's NVSwitches stay
+    with the host), fabric info answered with state NOT_SUPPORTED rather than an error, CPUs 0-15
+    and NUMA node 0."""
+    return FakeMachine("h100-vm", [FakeGpu("NVIDIA H100 80GB HBM3", "00000000:00:06.0",
+                                           uuid="GPU-2f10243d-e685-53ce-83e4-2c2d01b7d83b", cpus=_cpu_set((0, 15)),
+                                           numa=(0,), fabric=(FABRIC_NOT_SUPPORTED, bytes(16), 0))])
+
+
 def no_gpus() -> FakeMachine:
     """A CPU node with the driver installed: NVML starts and counts zero GPUs."""
     return FakeMachine("no-gpus", [])

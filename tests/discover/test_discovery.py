@@ -5,6 +5,7 @@ import argparse
 import ctypes
 import inspect
 import json
+import pathlib
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -115,6 +116,7 @@ MACHINES = [
                  id="GB200 NVL72 tray"),
     pytest.param(fakes.dgx_h100(fabric_manager=False), "", uniform(8, "NV18"), "0-3,4-7", "pcie", "0",
                  id="DGX H100 without fabric manager"),
+    pytest.param(fakes.h100_alone_in_a_vm(), "", "X", "0", "none", "0", id="one H100 in a VM"),
 ]
 
 
@@ -217,6 +219,17 @@ def test_print_matrix_looks_like_nvidia_smi_topo(capsys):
     assert lines[1].split() == ["GPU0", "X"] + ["NV18"] * 7 + ["0-55,112-167", "0"]
     assert lines[8].split() == ["GPU7"] + ["NV18"] * 7 + ["X", "56-111,168-223", "1"]
     assert "GPU0: NVIDIA H100 80GB HBM3 (GPU-" in "\n".join(lines)
+
+
+def test_one_h100_in_a_vm_prints_and_publishes_what_the_real_one_did(capsys):
+    """Against what `discover` printed on a real H100 passed through to a VM (tests/fixtures/discover,
+    27 Nov 2026, through the real pynvml), from the fake modelled on that machine's NVML answers."""
+    captured = pathlib.Path(__file__).parents[1] / "fixtures" / "discover"
+    assert command.run(parse(["--print-matrix"]), nvml=fakes.fake_nvml(fakes.h100_alone_in_a_vm())) == 0
+    assert capsys.readouterr().out == (captured / "h100-vm-print-matrix.txt").read_text()
+    assert command.run(parse(["--dry-run", "--node", "h100-0"]), nvml=fakes.fake_nvml(fakes.h100_alone_in_a_vm())) == 0
+    printed = capsys.readouterr()
+    assert (json.loads(printed.out), printed.err) == (json.loads((captured / "h100-vm-dry-run.json").read_text()), "")
 
 
 def test_fabric_manager_down_is_explained(capsys):
