@@ -287,6 +287,18 @@ def test_an_unreadable_record_owns_nothing():
     assert mutation.Injection.loads("[1, 2]") == mutation.Injection()
 
 
+def test_a_record_reads_back_and_is_written_as_earlier_versions_wrote_it():
+    """Replicas of the version before write the record with json.dumps (sorted keys, no spaces):
+    the same text from this one, so a rolling upgrade changes no record; and non-numbers, which
+    nothing of ours writes, make a record unreadable rather than one that cannot be written back."""
+    out = mutation.mutate(workload("Job"), "Job", decision(), CONFIG, "ml/Job/train")
+    record = annotations(out)[mutation.INJECTED]
+    owned = mutation.Injection.loads(record)
+    assert owned.required == ((PIN,),) and owned.dumps() == record
+    assert record == json.dumps(json.loads(record), sort_keys=True, separators=(",", ":"))
+    assert mutation.Injection.loads('{"label": "x", "preferred": {"weight": NaN}}') == mutation.Injection()
+
+
 def required_of(obj: dict) -> list:
     return pod_template("Job", obj)["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
