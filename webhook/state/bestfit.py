@@ -74,11 +74,16 @@ class LevelOrders(Generic[R]):
             keys, keyed = self._orders[which]
             for domain in {id(d): d for d in self.changed[self._seen[which]:]}.values():
                 path = domain.path
-                old = keyed.pop(path, None)
+                live = domains.get(path) is domain  # not pruned since
+                new = key(domain, gpus) if live else None
+                old = keyed.get(path)
+                if old == new:  # a move this order does not see (about half of them for `open`)
+                    continue
                 if old is not None:
                     del keys[bisect_left(keys, old)]
-                if domains.get(path) is domain:  # not pruned since
-                    keyed[path] = new = key(domain, gpus)
+                    del keyed[path]
+                if new is not None:
+                    keyed[path] = new
                     insort(keys, new)
         self._seen[which] = len(self.changed)
         self.epoch += 1
