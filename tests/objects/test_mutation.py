@@ -3,14 +3,14 @@ import json
 
 import pytest
 
-from tests.fixtures.builders import (DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep, request,
-                                     subject_of, template_of, valid, workload)
+from tests.fixtures.builders import (API_VERSIONS, DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep,
+                                     request, subject_of, template_of, valid, workload)
 from webhook.core import injection
 from webhook.placement import enforce
-from webhook.objects import mutation
+from webhook.objects import mutation, provisioning
 from webhook.settings.config import Config
 from webhook.core.model import Interconnect, Outcome, Strategy
-from webhook.objects.templates import pod_template
+from webhook.objects.templates import pod_template, pod_templates
 
 CONFIG = Config()
 
@@ -198,9 +198,10 @@ def test_scheduler_name(scheduler, config, expected):
     assert template_of(out)["spec"]["schedulerName"] == expected
 
 
-def rich_job() -> dict:
-    """A Job with the user's own affinity, spread, env, labels and annotations everywhere we write."""
-    return workload("Job", replicas=2, annotations={"team": "ml"}, labels={"app": "train"},
+def rich_job(kind: str = "Job") -> dict:
+    """A Job (or another kind) with the user's own affinity, spread, env, labels and annotations
+    everywhere we write."""
+    return workload(kind, replicas=2, annotations={"team": "ml"}, labels={"app": "train"},
                     template_annotations={"sidecar.istio.io/inject": "false"},
                     containers=[container(env=[{"name": "NCCL_DEBUG", "value": "INFO"}]), container("log", gpus=0)],
                     spec={"affinity": {"nodeAffinity": {
@@ -244,6 +245,30 @@ def test_the_input_is_never_changed():
     mutation.mutate(original, "Job", DECISIONS["distributed"], CONFIG, "k")
     mutation.without_injection(subject_of(original))
     assert original == kept
+
+
+JOBSET = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "train", "namespace": "ml"},
+          "spec": {"replicatedJobs": [{"name": name, "template": {"spec": {"template": template_of(rich_job())}}}
+                                      for name in ("leader", "workers")]}}
+
+
+@pytest.mark.parametrize("kind, make", [*((kind, lambda kind=kind: rich_job(kind)) for kind in API_VERSIONS),
+                                        ("JobSet", lambda: deep(JOBSET))], ids=[*API_VERSIONS, "JobSet"])
+def test_the_output_shares_only_what_no_writer_changes(kind, make):
+    """The output is a copy where we write (templates, their metadata, spec, affinity, containers),
+    so the writers after the mutation (a ProvisioningRequest's consumption) change it in place and
+    leave the input as it was; what nobody writes (a container's resources) is the input's own."""
+    original = make()
+    kept = deep(original)
+    out = mutation.mutate(original, kind, DECISIONS["distributed"], CONFIG, f"ml/{kind}/train")
+    provisioning.consumed_by(out, kind, "pr-train", "queued-provisioning.gke.io")
+    assert original == kept
+    pairs = list(zip(pod_templates(kind, original), pod_templates(kind, out), strict=True))
+    for before, after in pairs:
+        assert after.template["metadata"]["annotations"][provisioning.CONSUME] == "pr-train"
+        trainer = after.template["spec"]["containers"][0]
+        assert {"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"} in trainer["env"]
+        assert trainer["resources"] is before.template["spec"]["containers"][0]["resources"]
 
 
 def test_a_user_edit_of_our_variable_makes_it_theirs():

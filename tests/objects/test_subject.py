@@ -54,6 +54,11 @@ def test_the_operators_kinds_have_every_template_found_in_their_order(obj, where
     subject = subject_of(obj)
     assert [found.where for found in subject.templates] == where
     assert all(found.template is not None for found in subject.templates)
+    for found in subject.templates:  # its steps lead there: the mutation copies the way down by them
+        node = obj
+        for step in found.steps:
+            node = node[step]
+        assert node is found.template
     assert subject.template is subject.templates[0].template
     assert subject.ours(Config()) is False  # nothing of ours on it: found, and still not ours
 

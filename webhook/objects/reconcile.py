@@ -3,6 +3,12 @@ from what its record says we put there (webhook/core/injection.py) to what we wa
 by item (required and preferred node affinity expressions, spread constraints, env variables, the
 workload label, the scheduling gate), by the rule mutation.py states. On a copy: the object given
 is never changed.
+
+The copy is made as it is written: the mappings and lists on the way down to each pod template,
+the template, its metadata and annotations, its spec, the spec's affinity and containers are new;
+everything else (volumes, resources, env items, the user's constraints) is the object's own,
+shared. A review's copy then costs what we write, not the pod's size, and the patch finds the
+shared parts equal at once. So the object returned may be changed in place only there.
 """
 from __future__ import annotations
 
@@ -20,15 +26,18 @@ def rewrite(obj: Mapping, kind: str, desired: Callable[[str, dict, dict, Injecti
     recorded there to `desired(where, meta, spec, previous)`, with our output annotations set to
     `outputs(where)` (None removes) and, given a config, our scheduler name reset. A template
     without a pod spec has nothing of ours and is left as it is."""
-    new = copy_tree(dict(obj))
-    for found in pod_templates(kind, new):
-        template = found.template
-        if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
+    new = dict(obj)
+    copies = {id(new)}
+    for found in pod_templates(kind, new):  # the copy's way down, which is the object's until copied
+        if not isinstance(found.template, dict) or not isinstance(found.template.get("spec"), dict):
             continue
+        template = _copied_down(new, found.steps, copies)
         found_meta = template.get("metadata")
-        meta: dict = found_meta if isinstance(found_meta, dict) else {}
+        meta: dict = dict(found_meta) if isinstance(found_meta, dict) else {}
+        if isinstance(meta.get("annotations"), dict):
+            meta["annotations"] = dict(meta["annotations"])
         had_metadata = bool(meta)
-        spec: dict = template["spec"]
+        spec = template["spec"] = _spec_copy(template["spec"])
         if config is not None and spec.get("schedulerName") in config.scheduler_names:
             spec["schedulerName"] = config.default_scheduler
         previous = Injection.loads(annotations_in(meta).get(INJECTED))
@@ -39,6 +48,33 @@ def rewrite(obj: Mapping, kind: str, desired: Callable[[str, dict, dict, Injecti
         elif had_metadata:
             del template["metadata"]  # we emptied it: leave no trace
     return new
+
+
+def _copied_down(root: dict, steps: tuple[str | int, ...], copies: set[int]) -> dict:
+    """The node at `steps` under `root`, each mapping and list on the way there (it included) a
+    copy put in its parent's place; `copies` holds the ids of those made already (templates share
+    the way down from the object)."""
+    node: Any = root
+    for step in steps:
+        child = node[step]
+        if id(child) not in copies:
+            child = dict(child) if isinstance(child, dict) else list(child)
+            copies.add(id(child))
+            node[step] = child
+        node = child
+    return node
+
+
+def _spec_copy(spec: Mapping) -> dict:
+    """A pod spec's copy new where the writers change it in place: itself, its affinity (whole:
+    small, and reconciled term by term), its container lists and containers."""
+    copy = dict(spec)
+    if isinstance(copy.get("affinity"), dict):
+        copy["affinity"] = copy_tree(copy["affinity"])
+    for key in ("initContainers", "containers"):
+        if isinstance(copy.get(key), list):
+            copy[key] = [dict(c) if isinstance(c, dict) else c for c in copy[key]]
+    return copy
 
 
 def _apply(meta: dict, spec: dict, previous: Injection, desired: Injection) -> Injection:

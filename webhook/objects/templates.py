@@ -46,18 +46,19 @@ class PodTemplate:
     spec_of: Templates
     replica_spec: Mapping
     replica_where: str
+    steps: tuple[str | int, ...] = ()  # the keys and list indices from the object down to the template
 
 
 def pod_templates(kind: str, obj: Mapping) -> list[PodTemplate]:
     """Every pod template of `obj`, in the order of its kind's table (webhook/objects/kinds.py)."""
     found = []
     for spec_of in KINDS[kind].templates:
-        for replica_where, replica in _expand(obj, spec_of.replica_spec, ""):
+        for replica_where, replica_steps, replica in _expand(obj, spec_of.replica_spec, ""):
             node, where = replica, replica_where
             for key in spec_of.template:
                 node, where = node.get(key) if isinstance(node, Mapping) else None, field_path(where, key)
             found.append(PodTemplate(where, node if isinstance(node, Mapping) else None, spec_of,
-                                     mapping_of(replica), replica_where))
+                                     mapping_of(replica), replica_where, (*replica_steps, *spec_of.template)))
     return found
 
 
@@ -72,8 +73,8 @@ def check_fields(kind: str, obj: Mapping, who: str) -> None:
     object's shape); `who`, a display name, starts the message."""
     _check(obj.get("metadata"), {"annotations": _STRINGS, "ownerReferences": [dict]}, "metadata", who)
     for spec_of in KINDS[kind].templates:
-        for where, replica in _expand(obj, spec_of.replica_spec, "", who):
-            for found_where, template in _expand(replica, spec_of.template, where, who):
+        for where, _, replica in _expand(obj, spec_of.replica_spec, "", who):
+            for found_where, _, template in _expand(replica, spec_of.template, where, who):
                 _check(template, _TEMPLATE_SHAPE, found_where, who)
 
 
@@ -93,11 +94,12 @@ def mapping_of(value: object) -> Mapping:
     return value if isinstance(value, Mapping) else {}
 
 
-def _expand(node: Any, path: tuple[str, ...], where: str, who: str | None = None) -> Iterator[tuple[str, Any]]:
-    """(dotted path, value) at `path` under `node`, ANY taking every entry; with `who`, raise
-    InvalidWorkload where a step is not the container the path goes through."""
+def _expand(node: Any, path: tuple[str, ...], where: str, who: str | None = None,
+            steps: tuple[str | int, ...] = ()) -> Iterator[tuple[str, tuple[str | int, ...], Any]]:
+    """(dotted path, keys and indices taken, value) at `path` under `node`, ANY taking every entry;
+    with `who`, raise InvalidWorkload where a step is not the container the path goes through."""
     if not path:
-        yield where, node
+        yield where, steps, node
         return
     key, rest = path[0], path[1:]
     if key == ANY:
@@ -106,11 +108,12 @@ def _expand(node: Any, path: tuple[str, ...], where: str, who: str | None = None
         entries = enumerate(node) if isinstance(node, list) else node.items() if isinstance(node, Mapping) else ()
         for name, entry in entries:
             yield from _expand(entry, rest, f"{where}[{name}]" if isinstance(node, list)
-                               else field_path(where, str(name)), who)
+                               else field_path(where, str(name)), who, (*steps, name))
         return
     if who is not None:
         _check(node, dict, where, who)
-    yield from _expand(node.get(key) if isinstance(node, Mapping) else None, rest, field_path(where, key), who)
+    yield from _expand(node.get(key) if isinstance(node, Mapping) else None, rest, field_path(where, key), who,
+                       (*steps, key))
 
 
 def _check(value: Any, shape: Any, path: str, who: str, item: bool = False) -> None:
