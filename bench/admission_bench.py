@@ -308,10 +308,12 @@ def demo_job() -> dict:
 
 def compare(other: pathlib.Path, nodes: int, rounds: int, large: bool) -> None:
     """admission.review() of this checkout against `other`'s, alternating, one subprocess each."""
-    def timed(tree: pathlib.Path) -> dict:
+    def timed(tree: pathlib.Path, seed: int) -> dict:
+        # The two trees of a round share a hash seed: set and dict orders of strings (hence some
+        # paths' lengths) then differ between rounds, not between the trees compared.
         output = subprocess.run([sys.executable, __file__, "--in-process", "--nodes", str(nodes),
-                                 *(["--large"] if large else [])], check=True,
-                                capture_output=True, text=True, env={**os.environ, TREE_ENV: str(tree)}).stdout
+                                 *(["--large"] if large else [])], check=True, capture_output=True, text=True,
+                                env={**os.environ, TREE_ENV: str(tree), "PYTHONHASHSEED": str(seed)}).stdout
         return json.loads(output.splitlines()[-1])
 
     print(f"machine: {machine()}; load average before: {os.getloadavg()[0]:.2f}; {nodes} nodes, {rounds} rounds")
@@ -319,7 +321,7 @@ def compare(other: pathlib.Path, nodes: int, rounds: int, large: bool) -> None:
     print("|---|---|---|---|---|---|---|")
     ratios = []
     for round_number in range(1, rounds + 1):
-        before, after = timed(other), timed(HERE)
+        before, after = timed(other, round_number), timed(HERE, round_number)
         ratios.append(after["mean_ms"] / before["mean_ms"])
         print(f"| {round_number} | {before['p50_ms']:.2f} | {before['p99_ms']:.2f} | {after['p50_ms']:.2f} | "
               f"{after['p99_ms']:.2f} | {after['p50_ms'] / before['p50_ms']:.2f} | {ratios[-1]:.2f} |")
