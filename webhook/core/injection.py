@@ -61,7 +61,7 @@ class Injection:
         data = {"required_terms": required, "preferred": self.preferred, "spread": list(self.spread),
                 "env": {c: dict(v) for c, v in self.env.items() if v}, "label": self.label, "gated": self.gated}
         # orjson: the bytes json.dumps(sort_keys=True, separators=(",", ":")) gives for ASCII, in a
-        # quarter of the time; it writes other text as UTF-8 where json escapes it, and loads reads both.
+        # tenth of the time; it writes other text as UTF-8 where json escapes it, and loads reads both.
         return orjson.dumps({k: v for k, v in data.items() if v}, option=orjson.OPT_SORT_KEYS).decode()
 
     @classmethod
