@@ -260,3 +260,10 @@ def test_replacing_a_decision_still_patches_exactly(job, first, second):
     assert jsonpatch.apply_patch(placed, patch.make_patch(placed, again)) == again
     assert mutation.mutate(again, kind, DECISIONS[second], CONFIG, "k") == again
 
+
+
+@given(st.lists(st.text(alphabet="ab/~01", max_size=4), max_size=4))
+def test_pointer_parts_are_jsonpointers(keys):
+    """The pointers operations carry, split as the jsonpointer library splits them."""
+    path = jsonpatch.JsonPointer.from_parts(keys).path
+    assert patch._pointer_parts(path) == tuple(jsonpatch.JsonPointer(path).parts) == tuple(keys)
