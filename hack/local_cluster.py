@@ -466,13 +466,14 @@ def up(args: argparse.Namespace, state: State) -> str:
     wait_for("healthy controller-manager", lambda: https_ok(f"https://127.0.0.1:{ports['manager']}/healthz", None),
              manager, state, "kube-controller-manager")
 
-    nodes = demo_nodes(args.dra)
-    create_nodes(binary, admin, nodes)
-    if args.dra:
-        create_objects(binary, admin, dra_objects(nodes))
-    install_webhook(args, state, binary, admin, server, tokens)
+    if not args.bare:
+        nodes = demo_nodes(args.dra)
+        create_nodes(binary, admin, nodes)
+        if args.dra:
+            create_objects(binary, admin, dra_objects(nodes))
+        install_webhook(args, state, binary, admin, server, tokens)
     _write(state.file("cluster.json"), json.dumps({"server": server, "kubeconfig": admin, "dra": args.dra,
-                                                    "replicas": args.replicas, "binary": binary,
+                                                    "replicas": 0 if args.bare else args.replicas, "binary": binary,
                                                     "namespace": NAMESPACE}, indent=1))
     return admin
 
@@ -589,6 +590,8 @@ def main(argv: list[str] | None = None) -> int:
     start_up = commands.add_parser("up", help="build if needed, start everything, register the webhook")
     start_up.add_argument("--dra", action="store_true", help="DRA nodes: GPUs as ResourceSlice devices")
     start_up.add_argument("--replicas", type=int, default=2, help="webhook processes sharing claims (1-4; default 2)")
+    start_up.add_argument("--bare", action="store_true",
+                          help="the control plane alone: no nodes, no webhook (a bench brings its own)")
     commands.add_parser("down", help="stop everything up started and remove its state")
     for verb, text in (("stop", "stop one component (e.g. webhook-0)"),
                        ("restart", "stop one component and start it again, as up started it")):
@@ -630,8 +633,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    webhooks = "no nodes and no webhook (--bare)" if args.bare else f"{args.replicas} webhook replica(s)"
     print(f"local cluster up in {time.monotonic() - begun:.0f} s: etcd, kube-apiserver, kube-scheduler, "
-          f"kube-controller-manager, {args.replicas} webhook replica(s); state in {state.path}", file=sys.stderr)
+          f"kube-controller-manager, {webhooks}; state in {state.path}", file=sys.stderr)
     print(f"export KUBECONFIG={admin}")
     return 0
 
