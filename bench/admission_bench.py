@@ -17,6 +17,7 @@ separates the decision path's cost from the server's.
     .venv/bin/python bench/admission_bench.py --coordination   # claims through the API on vs off
     .venv/bin/python bench/admission_bench.py --coordination --replicas 2   # two replicas sharing them
     .venv/bin/python bench/admission_bench.py --coordination --allotments   # with serve --claims-allotments
+    .venv/bin/python bench/admission_bench.py --coordination --apiserver real   # against kube-apiserver and etcd
     .venv/bin/python bench/admission_bench.py --groups   # group members and controller-made pods vs a plain Pod
 
 --held N starts only the webhook and measures the open loop twice in one run: alone, then with
@@ -35,7 +36,8 @@ and two webhooks watching it (`serve --kubeconfig`), one sharing claims through 
 same reviews, alternating measurement by measurement, so the ratio is what coordination costs.
 With --replicas N, N of each (those with claims share one Lease), each with workloads of its own;
 the N of a kind are driven at once, each with the whole load, so off and on meet the same
-contention for the cores.
+contention for the cores. With --apiserver real, the same against a real kube-apiserver and etcd
+(`hack/local-cluster up --bare`, bench/control_plane.py), the cluster created through its API.
 """
 from __future__ import annotations
 
@@ -347,46 +349,80 @@ def fake_api_server(nodes_wanted: int, pipe) -> None:
     api.stop()
 
 
+class FakeControlPlane:
+    """`fake_api_server` behind the interface of control_plane.RealControlPlane."""
+
+    def __init__(self, workdir: pathlib.Path, nodes_wanted: int) -> None:
+        import multiprocessing
+
+        self.workdir = workdir
+        self.pipe, theirs = multiprocessing.Pipe()
+        self.process = multiprocessing.Process(target=fake_api_server, args=(nodes_wanted, theirs), daemon=True)
+
+    def start(self) -> str:
+        self.process.start()
+        url = self.pipe.recv()
+        kubeconfig = self.workdir / "kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "bench",
+            "clusters": [{"name": "fake", "cluster": {"server": url}}], "users": [{"name": "me", "user": {}}],
+            "contexts": [{"name": "bench", "context": {"cluster": "fake", "user": "me"}}]}))
+        return str(kubeconfig)
+
+    def load(self, nodes: list[dict], pods: list[dict], namespaces: list[str]) -> None:
+        pass  # loaded in its own process, which makes the same cluster
+
+    def lease_writes(self) -> tuple[int, int]:
+        self.pipe.send("count")
+        return self.pipe.recv()
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.pipe.send(None)
+            self.process.join(timeout=30)
+
+
 def coordination(args: argparse.Namespace) -> None:
     """Admission latency with claims shared through the API, next to the same live view without."""
-    import multiprocessing
-
-    ours, theirs = multiprocessing.Pipe()
-    api_process = multiprocessing.Process(target=fake_api_server, args=(args.nodes, theirs), daemon=True)
-    api_process.start()
-    url = ours.recv()
     nodes, pods = cluster(args.nodes)
     # Each replica its own workloads, as the apiserver sends one object's review to one replica.
     bodies = [review_bodies(4000, args.large, prefix="w" if r == 0 else f"r{r}-w") for r in range(args.replicas)]
     with tempfile.TemporaryDirectory(prefix="admission-bench-") as tmp:
         workdir = pathlib.Path(tmp)
         paths = certs.write_certs(str(workdir / "tls"), "topology-webhook", "default")
-        kubeconfig = workdir / "kubeconfig"
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "bench",
-            "clusters": [{"name": "fake", "cluster": {"server": url}}], "users": [{"name": "me", "user": {}}],
-            "contexts": [{"name": "bench", "context": {"cluster": "fake", "user": "me"}}]}))
+        if args.apiserver == "real":
+            from bench.control_plane import RealControlPlane
+            plane: "FakeControlPlane | RealControlPlane" = RealControlPlane(workdir / "control-plane")
+        else:
+            plane = FakeControlPlane(workdir, args.nodes)
         drivers: dict[str, list[Driver]] = {"off": [], "on": []}
         processes = []
         try:
+            kubeconfig = plane.start()
+            plane.load(nodes, pods, ["research", "ml", "bench"])
+            settings = []
+            if args.hold_seconds:
+                (workdir / "settings.yaml").write_text(f"reservation_ttl_seconds: {args.hold_seconds}\n")
+                settings = ["--config", str(workdir / "settings.yaml")]
             on = ["--claims-namespace", "bench", *(["--claims-allotments"] if args.allotments else [])]
-            for label, extra in (("off", []), ("on", on)):
+            for label, extra in (("off", settings), ("on", settings + on)):
                 for replica in range(args.replicas):
                     port = free_port()  # each its own metrics port too: the default 9090 takes one process
                     processes.append(start([sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{port}",
                                             "--metrics-bind", f"127.0.0.1:{free_port()}", "--cert", paths.cert,
-                                            "--key", paths.key, "--kubeconfig", str(kubeconfig), *extra],
+                                            "--key", paths.key, "--kubeconfig", kubeconfig, *extra],
                                            port, paths.ca, workdir / f"{label}-{replica}.log"))
                     drivers[label].append(Driver(port, paths.ca, bodies[replica]))
             for driver in drivers["off"] + drivers["on"]:
                 wait_ready(driver)
                 driver.closed_loop(4, min(2.0, args.seconds))  # warm-up
             print(f"machine: {machine()}; load average before: {os.getloadavg()[0]:.2f}")
-            print(f"cluster: {len(nodes)} nodes, {len(pods)} running pods, served by the fake API server; "
+            served_by = ("a real kube-apiserver and etcd (hack/local-cluster up --bare)" if args.apiserver == "real"
+                         else "the fake API server")
+            print(f"cluster: {len(nodes)} nodes, {len(pods)} running pods, served by {served_by}; "
                   f"{args.seconds:g} s per measurement, off and on alternating; {args.replicas} replica(s) "
                   "of each, driven at once, each with the load")
-            ours.send("count")
-            writes_before, conflicts_before = ours.recv()
+            writes_before, conflicts_before = plane.lease_writes()
             results: dict[str, dict] = {}
             for load in ("c=1", "c=8", f"{args.rate:g}/s"):
                 for label, group in drivers.items():
@@ -396,14 +432,12 @@ def coordination(args: argparse.Namespace) -> None:
                             driver.open_loop(args.rate, args.seconds) if load.endswith("/s")
                             else driver.closed_loop(int(load[2:]), args.seconds))
                     run_threads(measure, args.replicas, pass_index=True)
+            writes, conflicts = plane.lease_writes()
         finally:
             for process in processes:
                 process.terminate()
                 process.wait(timeout=30)
-            ours.send("count")
-            writes, conflicts = ours.recv()
-            ours.send(None)
-            api_process.join(timeout=30)
+            plane.stop()
     print("\n| load | off p50 ms | off p99 ms | off reviews/s | on p50 ms | on p99 ms | on reviews/s "
           "| p50 ratio | p99 ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -538,6 +572,13 @@ def main() -> None:
                         help="with --coordination: the webhooks with claims claim allotments (serve --claims-allotments)")
     parser.add_argument("--replicas", type=int, default=1,
                         help="with --coordination: replicas of each, sharing the claims (default: %(default)s)")
+    parser.add_argument("--hold-seconds", type=float, metavar="S",
+                        help="with --coordination: the webhooks' reservation_ttl_seconds (theirs: 300). No pod of "
+                             "the bench's is ever created, so its claims leave the Lease only when they lapse; "
+                             "S stands for pods created and bound S seconds after their admission")
+    parser.add_argument("--apiserver", choices=("fake", "real"), default="fake",
+                        help="with --coordination: the fake API server, or a real kube-apiserver and etcd "
+                             "(hack/local-cluster up --bare, its binary built once)")
     parser.add_argument("--serve-empty", nargs=3, metavar=("BIND", "CERT", "KEY"), help=argparse.SUPPRESS)
     parser.add_argument("--groups", action="store_true",
                         help="group members and controller-made pods against a plain Pod, in process")
