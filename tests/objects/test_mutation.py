@@ -271,6 +271,20 @@ def test_the_output_shares_only_what_no_writer_changes(kind, make):
         assert trainer["resources"] is before.template["spec"]["containers"][0]["resources"]
 
 
+def test_templates_one_object_in_the_input_are_two_in_the_output():
+    """YAML anchors make two replica specs hold one template object (`template: *worker`, as the
+    CLI reads manifests): each gets its own copy, both placed, and the shared one stays as it was."""
+    shared = template_of(rich_job())
+    kept = deep(shared)
+    jobset = {**deep(JOBSET), "spec": {"replicatedJobs": [{"name": name, "template": {"spec": {"template": shared}}}
+                                                          for name in ("leader", "workers")]}}
+    out = mutation.mutate(jobset, "JobSet", DECISIONS["consolidated"], CONFIG, "ml/JobSet/train")
+    first, second = (found.template for found in pod_templates("JobSet", out))
+    assert first is not second and first == second
+    assert first["metadata"]["annotations"][mutation.RESERVATION] == "ml/JobSet/train"
+    assert shared == kept
+
+
 def test_a_user_edit_of_our_variable_makes_it_theirs():
     placed = mutation.mutate(workload("Job"), "Job", decision(), CONFIG)
     for item in template_of(placed)["spec"]["containers"][0]["env"]:
