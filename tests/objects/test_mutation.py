@@ -285,6 +285,20 @@ def test_templates_one_object_in_the_input_are_two_in_the_output():
     assert shared == kept
 
 
+def test_an_empty_template_metadata_in_the_output_is_its_own():
+    """`metadata: {}` that nothing was written into is still the output's own (after a second
+    reading): a writer after the mutation fills it, and the input, where an anchor made the same
+    dict a volume's emptyDir too, stays as it was."""
+    empty: dict = {}
+    job = workload("Job", spec={"volumes": [{"name": "scratch", "emptyDir": empty}]})
+    job["spec"]["template"]["metadata"] = empty
+    kept = deep(job)
+    out = mutation.mutate(job, "Job", None, CONFIG)
+    provisioning.consumed_by(out, "Job", "pr-train", "queued-provisioning.gke.io")
+    assert job == kept and empty == {}
+    assert template_of(out)["metadata"]["annotations"][provisioning.CONSUME] == "pr-train"
+
+
 def test_a_user_edit_of_our_variable_makes_it_theirs():
     placed = mutation.mutate(workload("Job"), "Job", decision(), CONFIG)
     for item in template_of(placed)["spec"]["containers"][0]["env"]:

@@ -43,7 +43,7 @@ def rewrite(obj: Mapping, kind: str, desired: Callable[[str, dict, dict, Injecti
         previous = Injection.loads(annotations_in(meta).get(INJECTED))
         owned = _apply(meta, spec, previous, desired(found.where, meta, spec, previous))
         set_annotations(meta, {**outputs(found.where), INJECTED: owned.dumps() if owned != Injection() else None})
-        if meta:
+        if meta or isinstance(found_meta, dict) and not had_metadata:  # an empty one the user wrote: the copy
             template["metadata"] = meta
         elif had_metadata:
             del template["metadata"]  # we emptied it: leave no trace
