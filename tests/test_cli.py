@@ -58,6 +58,23 @@ def test_mutate_prints_every_object_mutated_or_unchanged_as_yaml(tmp_path, capsy
     assert service == SERVICE
 
 
+def test_mutate_writes_every_object_out_where_it_stands_even_from_anchored_yaml(tmp_path, capsys, cluster_files):
+    """The output shares what the mutation left alone with the manifest read, and an anchor there
+    makes one object stand in two places: the YAML printed spells out both, as before."""
+    manifest = tmp_path / "anchored.yaml"
+    manifest.write_text(
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: train, namespace: ml, annotations: "
+        "{topology.scheduler/placement-strategy: consolidated}}\nspec:\n  template:\n    spec:\n"
+        "      restartPolicy: Never\n      containers:\n      - {name: main, image: trainer, securityContext: "
+        "&locked {runAsNonRoot: true}, resources: {limits: {nvidia.com/gpu: '8'}}}\n"
+        "      - {name: log, image: shipper, securityContext: *locked}\n")
+    code, out, err = run(capsys, "mutate", "-f", str(manifest), *cluster_files)
+    assert code == 0, err
+    assert "&" not in out and "*" not in out
+    containers = yaml.safe_load(out)["spec"]["template"]["spec"]["containers"]
+    assert [c["securityContext"] for c in containers] == [{"runAsNonRoot": True}] * 2
+
+
 def test_mutate_patch_output_is_one_kubectl_json_patch_per_line_giving_the_json_output(tmp_path, capsys,
                                                                                       cluster_files):
     job, pod = gpu_job("allreduce", 2, 8, placement_strategy="consolidated"), gpu_pod("single", 1)

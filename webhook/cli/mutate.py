@@ -26,6 +26,15 @@ from .inputs import (CLUSTER_FILE_MAX_BYTES, MANIFEST_FILE_MAX_BYTES, OBJECT_MAX
 from .program import PROG, UsageError
 
 
+class _Expanded(yaml.SafeDumper):
+    """Every object written out where it stands, never as an anchor and aliases: the mutation
+    shares what it leaves alone with the manifest read, whose anchors can make one object stand in
+    two places of the output (webhook/objects/reconcile.py)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def register(subparsers: Any) -> None:
     mutate = subparsers.add_parser(
         "mutate", help="dry-run the webhook on manifest files (for CI)",
@@ -132,7 +141,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         single = mutated[0] if len(mutated) == 1 else {"apiVersion": "v1", "kind": "List", "items": mutated}
         print(json.dumps(single, indent=2))
     elif mutated:  # streamed: a reader that closes stdout early shows as BrokenPipeError (see main)
-        yaml.safe_dump_all(mutated, sys.stdout, sort_keys=False, explicit_start=len(mutated) > 1)
+        yaml.dump_all(mutated, sys.stdout, Dumper=_Expanded, sort_keys=False, explicit_start=len(mutated) > 1)
     if args.html:
         try:
             write_page(args.html, index, decisions, time.time())
