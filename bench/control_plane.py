@@ -10,42 +10,34 @@ compare-and-swap on etcd revisions, and its watches are what a cluster's are.
 from __future__ import annotations
 
 import pathlib
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
+
 LOADERS = 8  # threads creating the cluster's objects: the apiserver takes them in parallel
 
 
 class RealControlPlane:
-    """Started by `start()`, stopped by `stop()` (also when start failed halfway)."""
+    """Started by `start()` (the end-to-end tests' own start, with --bare), stopped by `stop()`
+    (also when start failed halfway)."""
 
     def __init__(self, state: pathlib.Path) -> None:
         self.state = state
-        self.kubeconfig = ""
-        self.api: Any = None
+        self.cluster: Cluster | None = None
 
-    def _local_cluster(self, *args: str) -> str:
-        done = subprocess.run([sys.executable, str(ROOT / "hack" / "local_cluster.py"), "--state", str(self.state),
-                               *args], capture_output=True, text=True, timeout=600)
-        if done.returncode:
-            raise RuntimeError(f"hack/local-cluster {' '.join(args)}: {done.stderr.strip()}")
-        return done.stdout
+    @property
+    def api(self) -> Any:
+        assert self.cluster is not None, "start() first"
+        return self.cluster.api
 
     def start(self) -> str:
         """Up, and the admin's kubeconfig path (system:masters: the bench's webhooks need no RBAC)."""
-        self.kubeconfig = self._local_cluster("up", "--bare").strip().splitlines()[-1].removeprefix("export KUBECONFIG=")
-        configuration = k8s_client.Configuration()
-        k8s_config.load_kube_config(self.kubeconfig, client_configuration=configuration)
-        configuration.connection_pool_maxsize = LOADERS
-        self.api = k8s_client.ApiClient(configuration)
-        return self.kubeconfig
+        self.cluster = start_cluster(self.state, "--bare")
+        return self.cluster.kubeconfig
 
     def load(self, nodes: list[dict], pods: list[dict], namespaces: list[str]) -> None:
         """Namespaces, then nodes with their status (the apiserver keeps it on create: no kubelet
@@ -75,6 +67,6 @@ class RealControlPlane:
         return writes, conflicts
 
     def stop(self) -> None:
-        if self.api is not None:
-            self.api.close()
-        self._local_cluster("down")
+        if self.cluster is not None:
+            self.cluster.api.close()
+        stop_cluster(self.state)
