@@ -1,20 +1,35 @@
 """`hack/local-cluster up --bare`, which the benches start (bench/control_plane.py): the control
-plane alone, every component running, no node and no webhook registered."""
+plane alone, every component running, no node and no webhook registered; and `--controller-qps`,
+which bench/burst_bench.py raises as large clusters do."""
 from __future__ import annotations
+
+import json
+import subprocess
 
 from kubernetes import client as k8s_client
 
-from e2e.conftest import start_cluster, stop_cluster
+from e2e.conftest import ROOT, start_cluster, stop_cluster
 
 
 def test_a_bare_control_plane_runs_with_no_node_and_no_webhook(tmp_path):
     state = tmp_path / "bare"
-    bare = start_cluster(state, "--bare")
+    bare = start_cluster(state, "--bare", "--controller-qps", "200")
     try:
         assert bare.local_cluster("status").returncode == 0  # every component it started runs
         assert bare.nodes() == []
         registered = k8s_client.AdmissionregistrationV1Api(bare.api).list_mutating_webhook_configuration()
         assert registered.items == []
         assert bare.core.list_namespaced_pod("default").items == []
+        manager = json.loads((state / "commands.json").read_text())["kube-controller-manager"]["argv"]
+        assert {"--kube-api-qps=200", "--kube-api-burst=300"} <= set(manager)
     finally:
         stop_cluster(state)
+
+
+def test_a_negative_controller_rate_is_refused_before_anything_starts(tmp_path):
+    state = tmp_path / "refused"
+    result = subprocess.run([str(ROOT / "hack" / "local-cluster"), "--state", str(state), "up", "--bare",
+                             "--controller-qps", "-1"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "--controller-qps must be 0" in result.stderr
+    assert not state.exists()
