@@ -21,6 +21,14 @@ from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
 LOADERS = 8  # threads creating the cluster's objects: the apiserver takes them in parallel
 
 
+def apiserver_metrics(api: k8s_client.ApiClient) -> str:
+    """The apiserver's own /metrics, read with the client's credentials."""
+    method, url, headers, body, _ = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+    response = api.call_api(method, url, header_params=headers, body=body)
+    response.read()
+    return response.data.decode()
+
+
 class RealControlPlane:
     """Started by `start()` (the end-to-end tests' own start, with --bare), stopped by `stop()`
     (also when start failed halfway)."""
@@ -53,11 +61,8 @@ class RealControlPlane:
     def lease_writes(self) -> tuple[int, int]:
         """(Lease writes, those answered 409) the apiserver has served since it started: every
         PUT and POST on leases, the apiserver's own identity Lease (one renewal in 10 s) included."""
-        method, url, headers, body, _ = self.api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
-        response = self.api.call_api(method, url, header_params=headers, body=body)
-        response.read()
         writes = conflicts = 0
-        for family in text_string_to_metric_families(response.data.decode()):
+        for family in text_string_to_metric_families(apiserver_metrics(self.api)):
             for sample in family.samples:
                 labels = sample.labels
                 if (sample.name == "apiserver_request_total" and labels.get("resource") == "leases"
