@@ -93,3 +93,26 @@ def test_a_leaf_with_room_keeps_the_pod_busy_or_not_and_cordoned_nodes_are_no_ro
         if LEAF_OF[node["metadata"]["name"]] == LEAF_OF[nodes[0]] and node["metadata"]["name"] != nodes[0]:
             feed.upsert(index, {**node, "spec": {"unschedulable": True}}, "Node")
     assert review(review_of(pod_of(job, 1)), index, Config()).outcome == "repaired"
+
+
+class CountingNodes(dict):
+    """The index's nodes by name, counting the ones read."""
+
+    reads = 0
+
+    def get(self, name, default=None):
+        self.reads += 1
+        return super().get(name, default)
+
+
+def test_the_repair_check_reads_nodes_only_until_one_has_room_and_counts_the_workloads_own_pods():
+    index, _ = file_index(Config(), (demo.leaf_spine_nodes(spines=1, leaves=1, nodes=1000), []))
+    leaf = [{"key": "topology.scheduler/leaf", "operator": "In", "values": ["leaf-1"]}]
+    nodes = CountingNodes(index.tree.nodes)
+    assert index.filters.has_room_ever(nodes, leaf, 8, lambda node: 0)
+    assert nodes.reads == 1  # a pod of a 1,000-pod burst into this leaf reads one node, not 1,000
+    last = sorted(nodes)[-1]
+    assert index.filters.has_room_ever(nodes, leaf, 8, lambda node: 0 if node.name == last else 1)
+    assert not index.filters.has_room_ever(nodes, leaf, 8, lambda node: 1)  # its own pods keep a GPU on each
+    assert index.filters.has_room_ever(nodes, leaf, 7, lambda node: 1)
+    assert not index.filters.has_room_ever(nodes, [{**leaf[0], "values": ["leaf-2"]}], 1, lambda node: 0)

@@ -39,7 +39,7 @@ def repaired(request: Request, subject: Subject, index: "ClusterIndex", config: 
         gpus = pod_gpus(obj.get("spec") or {})
     except ValueError:
         return answer(request, AdmissionOutcome.IGNORED)
-    if gpus == 0 or index.room_ever(pinned[0], gpus, key) > 0:
+    if gpus == 0 or index.has_room_ever(pinned[0], gpus, key):
         return answer(request, AdmissionOutcome.IGNORED)  # busy at most: it waits for its domain, as placed
     try:
         wanted = workload.read(mutation.without_injection(subject))

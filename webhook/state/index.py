@@ -351,13 +351,14 @@ class ClusterIndex:
             return self.tree
         return self.subsets.for_request(request, self.tree, self.filters)
 
-    def room_ever(self, expressions: Iterable[Mapping], gpus: int, reservation: str | None) -> int:
-        """Pods of `gpus` GPUs that the in-service nodes matching every `In` and `DoesNotExist`
-        expression could hold once everything else on them has ended, except the bound pods
-        carrying `reservation` (the workload's own pods, which run as long as it does). 0: that
-        capacity is gone, not busy."""
+    def has_room_ever(self, expressions: Iterable[Mapping], gpus: int, reservation: str | None) -> bool:
+        """Whether the in-service nodes matching every `In` and `DoesNotExist` expression could hold
+        a pod of `gpus` GPUs once everything else on them has ended, except the bound pods carrying
+        `reservation` (the workload's own pods, which run as long as it does). False: that capacity
+        is gone, not busy."""
         with self.lock:
-            return self.filters.room_ever(self.tree.nodes, list(expressions), gpus, self.pods.siblings(reservation))
+            return self.filters.has_room_ever(self.tree.nodes, list(expressions), gpus,
+                                              self.pods.staying(reservation))
 
     def stats(self) -> ClusterStats:
         with self.lock:

@@ -9,7 +9,7 @@ gate (`GatedPods`). Pods arrive as `PodFacts` (objects/feed.py reads them from t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Collection, Mapping, Protocol
+from typing import Callable, Collection, Mapping, Protocol
 
 from ..core.gpus import parse_gpu_set
 from ..core.injection import GateRecord
@@ -176,15 +176,11 @@ class PodCounts:
     def gated_unsure(self) -> dict[str, GatedPod]:
         return self.gated.unsure(self.running())
 
-    def siblings(self, reservation: str | None) -> dict[str, int]:
-        """GPUs per node of the bound pods carrying `reservation`."""
-        found: dict[str, int] = {}
-        for pod in self.holders.get(reservation or "", ()):
-            node_name = self.on_node[pod]
-            node = self.nodes.node(node_name)
-            if node is not None and pod in node.pods:
-                found[node_name] = found.get(node_name, 0) + node.pods[pod][0]
-        return found
+    def staying(self, reservation: str | None) -> Callable[[NodeState], int]:
+        """GPUs on a node of the bound pods carrying `reservation`, read per node asked about (a
+        workload's bound pods can be thousands, and a question reads a few nodes)."""
+        holders = self.holders.get(reservation or "", set())
+        return lambda node: sum(gpus for pod, (gpus, _) in node.pods.items() if pod in holders) if holders else 0
 
     def _claims_gpus(self, pod: PodFacts) -> bool:
         if not pod.claims.entries:
