@@ -67,6 +67,7 @@ from webhook.serving import certs
 from webhook.kube import demo
 from webhook.admission import make_review  # noqa: E402
 from webhook.cli import file_index  # noqa: E402
+from webhook.objects import feed  # noqa: E402
 from webhook.settings.config import Config  # noqa: E402
 
 WORKLOAD_NAMES = 500  # reviews cycle over these, so re-placements replace reservations, not pile up
@@ -267,24 +268,30 @@ def groups(nodes_wanted: int, count: int) -> None:
     nodes, pods = cluster(nodes_wanted)
     index, _ = file_index(config, (nodes, pods))
     job = admission.review(make_review(demo_job()), index, config).admitted
+    # A 500-pod Job pinned across a dozen leaves, 400 of its pods bound there: every pod its
+    # controller makes is checked against that whole domain and the workload's own pods.
+    large = admission.review(make_review(demo_job(500, "large-job")), index, config).admitted
+    taken = {pod["spec"]["nodeName"] for pod in pods}
+    open_nodes = [n["metadata"]["name"] for n in nodes if n["metadata"]["name"] not in taken
+                  and pinned_to(n, large["spec"]["template"])]
+    for i, node in enumerate(open_nodes[:400]):
+        feed.upsert(index, {**job_pod(large, f"large-job-{i}"), "spec": {**large["spec"]["template"]["spec"], "nodeName": node},
+                            "status": {"phase": "Running"}}, "Pod")
     timings: dict[str, list[float]] = {"plain Pod": [], "group: first member": [], "group: joining member": [],
-                                       "Job's pod (repair check)": []}
+                                       "Job's pod (repair check)": [], "500-pod Job's pod, 400 bound (repair check)": []}
     for i in range(count):
         name = f"g{i % WORKLOAD_NAMES}"
         plain = demo.make_pod(f"p{i % WORKLOAD_NAMES}", None, 8, namespace="ml",
                               annotations={"topology.scheduler/placement-strategy": "consolidated"})
         del plain["status"], plain["metadata"]["uid"]
-        child = {"apiVersion": "v1", "kind": "Pod",
-                 "metadata": {**job["spec"]["template"]["metadata"], "name": f"{job['metadata']['name']}-{i}",
-                              "namespace": "ml", "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
-                                                                      "name": "bench-job", "uid": "u", "controller": True}]},
-                 "spec": job["spec"]["template"]["spec"]}
+        child = job_pod(job, f"{job['metadata']['name']}-{i}")
         index.release(f"ml/PyTorchJob/{name}")  # the group's earlier round ends: its pods decide afresh
         getattr(index.ledger, "groups", {}).pop(f"ml/PyTorchJob/{name}", None)  # (absent before groups)
         members = [operator_pod(f"{name}-{m}", name) for m in range(4)]
         for label, obj in [("plain Pod", plain), ("group: first member", members[0]),
                            *[("group: joining member", member) for member in members[1:]],
-                           ("Job's pod (repair check)", child)]:
+                           ("Job's pod (repair check)", child),
+                           ("500-pod Job's pod, 400 bound (repair check)", job_pod(large, f"large-job-{400 + i}"))]:
             review = make_review(obj, uid=str(uuid.uuid4()))
             started = time.perf_counter()
             admission.review(review, index, config)
@@ -299,13 +306,30 @@ def groups(nodes_wanted: int, count: int) -> None:
               f"{statistics.median(values) / plain_p50:.2f} |")
 
 
-def demo_job() -> dict:
-    """A 2 x 8 GPU consolidated Job, placed first; its controller-made pods are timed."""
+def demo_job(pods: int = 2, name: str = "bench-job") -> dict:
+    """A `pods` x 8 GPU consolidated Job, placed first; its controller-made pods are timed."""
     template = {"metadata": {"annotations": {"topology.scheduler/placement-strategy": "consolidated"}},
                 "spec": {"restartPolicy": "Never", "containers": [
                     {"name": "main", "image": "trainer", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "bench-job", "namespace": "ml"},
-            "spec": {"parallelism": 2, "completions": 2, "template": template}}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"parallelism": pods, "completions": pods, "template": template}}
+
+
+def pinned_to(node: dict, template: dict) -> bool:
+    """Whether `node` matches every `In` expression of a term of the template's required node affinity."""
+    affinity = template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    labels = node["metadata"]["labels"]
+    return any(all(labels.get(e["key"]) in e["values"] for e in term["matchExpressions"] if e["operator"] == "In")
+               for term in affinity["nodeSelectorTerms"])
+
+
+def job_pod(job: dict, name: str) -> dict:
+    """A pod as the Job controller makes it from the placed template."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {**job["spec"]["template"]["metadata"], "name": name, "namespace": "ml",
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"],
+                                              "uid": "u", "controller": True}]},
+            "spec": job["spec"]["template"]["spec"]}
 
 
 def compare(other: pathlib.Path, nodes: int, rounds: int, large: bool) -> None:
