@@ -4,11 +4,12 @@ our webhook cost them.
 
 What runs: `hack/local-cluster up --replicas 2` (etcd, kube-apiserver, kube-scheduler and
 kube-controller-manager built from Kubernetes' published modules; the chart's two webhook replicas
-sharing claims behind the relay that stands in for the Service), in a state folder of the bench's
+sharing claims behind the relay that stands in for the Service; `--replicas 1`: one, called
+directly), in a state folder of the bench's
 own, with `--controller-qps Q` where asked (0: the controller-manager's own rate limit, 20 requests
 per second, burst 30). The bench adds a zone of idle 8-GPU nodes that holds the Job, then, per
 round, creates one Indexed Job of `--pods` pods of one GPU each (parallelism = completions) in a
-fresh namespace and watches its pods appear:
+fresh namespace and counts its pods as they appear:
 
 - **with the webhook**: the Job carries `topology.scheduler/placement-strategy`, so the apiserver
   sends it to us (placed once: one claim), then sends us each of its pods as the Job controller
@@ -21,10 +22,11 @@ holds all its pods (and its first), counted every 50 ms, and the apiserver's own
 calls to `placement.topology.scheduler` in that time (`apiserver_admission_webhook_admission_duration_seconds`:
 count, mean and the sum over the burst, TLS and the relay included) beside the replicas' own
 (`topology_scheduler_latency_seconds`). Between rounds the namespace is cleared and the bench waits
-until both replicas' views hold no GPU of it again.
+until every replica's view holds no GPU of it again.
 
     .venv/bin/python -m bench.burst_bench                       # 1,000 pods, 3 rounds, qps 0 and 500
     .venv/bin/python -m bench.burst_bench --pods 200 --rounds 1 --controller-qps 500
+    .venv/bin/python -m bench.burst_bench --controller-qps 500 --replicas 1     # no relay between
 """
 from __future__ import annotations
 
@@ -186,10 +188,10 @@ def one_round(cluster: Cluster, token: str, pods: int, ours: bool, label: str) -
             "replica_seconds": [a[1] - b[1] for a, b in zip(replicas_after, replicas_before)]}
 
 
-def one_cluster(pods: int, rounds: int, qps: int) -> list[dict]:
+def one_cluster(pods: int, rounds: int, qps: int, replicas: int) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="burst-") as folder:
         state = pathlib.Path(folder) / "cluster"
-        cluster = start_cluster(state, "--replicas", "2", *(["--controller-qps", str(qps)] if qps else []))
+        cluster = start_cluster(state, "--replicas", str(replicas), *(["--controller-qps", str(qps)] if qps else []))
         try:
             token = (state / "tokens.csv").read_text().split(",", 1)[0]  # the admin's: system:masters
             for node in burst_nodes(pods):
@@ -209,8 +211,8 @@ def one_cluster(pods: int, rounds: int, qps: int) -> list[dict]:
             stop_cluster(state)
 
 
-def report(results: list[dict], pods: int) -> None:
-    print(f"\n{pods} pods of one Job, {machine()}\n")
+def report(results: list[dict], pods: int, replicas: int) -> None:
+    print(f"\n{pods} pods of one Job, {replicas} webhook replica(s), {machine()}\n")
     print("| controller qps | webhook | rounds | last pod s (median, range) | first pod s | pods/s | "
           "webhook calls | apiserver's mean per call ms | calls over 1 s | calls not answered 200 | "
           "replicas' own s (split) |")
@@ -236,9 +238,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per mode and cluster (default 3)")
     parser.add_argument("--controller-qps", type=int, nargs="+", default=[0, 500],
                         help="kube-controller-manager's requests per second, one cluster each; 0: its own (default 0 500)")
+    parser.add_argument("--replicas", type=int, default=2,
+                        help="webhook replicas (default 2, the chart's; 1: the apiserver calls it directly, no relay)")
     args = parser.parse_args()
-    results = [r for qps in args.controller_qps for r in one_cluster(args.pods, args.rounds, qps)]
-    report(results, args.pods)
+    results = [r for qps in args.controller_qps for r in one_cluster(args.pods, args.rounds, qps, args.replicas)]
+    report(results, args.pods, args.replicas)
 
 
 if __name__ == "__main__":
