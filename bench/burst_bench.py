@@ -46,6 +46,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.admission_bench import machine
 from bench.control_plane import apiserver_metrics
+from tests.conftest import eventually
 from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
 from webhook.kube.demo import make_node
 
@@ -58,7 +59,8 @@ IDLE_SECONDS = 120  # for both replicas' views to let go of a round's GPUs
 
 
 def burst_nodes(gpus: int) -> list[dict]:
-    """Idle 8-GPU nodes in a zone of their own, leaves of 8 nodes, spines of 4 leaves: at least `gpus` GPUs."""
+    """Idle 8-GPU nodes in a zone of their own, leaves of 8 nodes, spines of 4 leaves: at least `gpus`
+    GPUs (not demo.leaf_spine_nodes: its names are the local cluster's demo nodes')."""
     count = -(-gpus // 8)
     out = []
     for i in range(count):
@@ -155,14 +157,10 @@ def _sum_count(text: str, histogram: str) -> tuple[float, float]:
 
 
 def wait_idle(cluster: Cluster, token: str, total: float) -> None:
-    """Until both replicas see every GPU of the cluster and none used or reserved."""
-    deadline = time.monotonic() + IDLE_SECONDS
-    while time.monotonic() < deadline:
-        views = replica_gpus(cluster, token)
-        if all(v.get("total") == total and not v.get("used") and not v.get("reserved") for v in views):
-            return
-        time.sleep(0.5)
-    raise RuntimeError(f"the replicas' views did not come back to idle: {replica_gpus(cluster, token)}")
+    """Until every replica sees every GPU of the cluster and none used or reserved."""
+    eventually(lambda: all(v.get("total") == total and not v.get("used") and not v.get("reserved")
+                           for v in replica_gpus(cluster, token)),
+               timeout=IDLE_SECONDS, what="every replica's view idle again")
 
 
 def one_round(cluster: Cluster, token: str, pods: int, ours: bool, label: str) -> dict:
