@@ -55,6 +55,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "unprotected+share-0.2": {"protect_waiting_seconds": 0.0, "communication_share": 0.2},
     "unprotected+share-0.5": {"protect_waiting_seconds": 0.0, "communication_share": 0.5},
     "unprotected+ungated": {"protect_waiting_seconds": 0.0, "gate_waits": False},
+    # pods smaller than a node's NICs placed in groups that fill them (bench/SETTINGS-SEARCH.md, section 8)
+    "fill-nics": {"fill_nics": True},
 }
 KUEUES = ("kueue", "kueue-required", "kueue-strict")
 NETWORKS = ("1/2/2", "2/4/8")

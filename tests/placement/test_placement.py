@@ -429,6 +429,24 @@ def test_split_over_nodes_is_balanced():
     assert sorted(a.pods for a in decision.assignment) == [4, 4]
 
 
+@pytest.mark.parametrize("fill_nics, leaf, per_node", [(True, "w", [2, 2]), (False, "h", [1, 1, 1, 1])])
+def test_pods_smaller_than_the_nics_take_whole_nodes_over_half_used_ones(fill_nics, leaf, per_node):
+    """Leaf h: four nodes with 4 of 8 GPUs free; leaf w: three idle nodes. Four 4-GPU pods fit
+    tightest in h, one per node, where each node's share of the job uses 4 of its 8 NICs and halves
+    the whole ring's bandwidth; two per node in w use all 8. `fill_nics: false` fills the holes."""
+    labels = {"topology.scheduler/spine": "s"}
+    nodes = [make_node(f"{name}{i}", {**labels, "topology.scheduler/leaf": name}) for name, count in (("h", 4), ("w", 3))
+             for i in range(count)]
+    index = index_of(Config(fill_nics=fill_nics), nodes, [make_pod(f"p{i}", f"h{i}", 4) for i in range(4)])
+    decision = place(index, request(4, gpus=4))
+    assert decision.outcome is Outcome.PLACED and leaves_of(index, decision) == [leaf]
+    assert sorted(a.pods for a in decision.assignment) == per_node
+    # h100-sxm: 48 GB/s per NIC, NVLink inside a node (370) the lower bound with all 8
+    assert decision.bus_bandwidth_gbs == (370.0 if fill_nics else 48.0 * 4)
+    assert "4 pod(s) x 4 GPU(s) in" in decision.reasons[0]
+    assert ("2 pods per node, filling its 8 NICs" in decision.reasons[1]) is fill_nics
+
+
 def test_a_leaf_label_groups_nodes_even_without_zone_and_spine_labels():
     nodes = [make_node(f"n{i}", {"topology.scheduler/leaf": "rack-7"}) for i in range(2)]
     decision = place(index_of(Config(), nodes), request(2))

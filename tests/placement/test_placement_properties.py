@@ -73,6 +73,7 @@ requests = st.tuples(st.integers(1, 6), st.sampled_from([1, 2, 4, 8]))
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters(), requests, st.booleans())
 def test_consolidated_matches_the_oracle(nodes, shape, refuse_unplaceable):
+    """The tightest domain and its split (`fill_nics`, off by default, may choose otherwise: below)."""
     pods, gpus = shape
     index = build(nodes, Config(refuse_unplaceable=refuse_unplaceable))
     decision = place(index, PlacementRequest("Job p/x", pods, gpus, Strategy.CONSOLIDATED))
@@ -109,6 +110,38 @@ def test_consolidated_matches_the_oracle(nodes, shape, refuse_unplaceable):
         used_children = {(tuple(p for p in path) + (a.node,))[: deepest + 2]
                          for a in decision.assignment for name, path, _, _ in nodes if name == a.node}
         assert len(used_children) == needed
+
+
+@st.composite
+def half_used_clusters(draw):
+    """Clusters whose nodes are idle, half used or full: holes the size of half a node, where pods
+    smaller than a node's NICs would otherwise go one each."""
+    return [(name, path, gpus, draw(st.sampled_from([0, gpus // 2, gpus]))) for name, path, gpus, _ in draw(clusters())]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(clusters(), half_used_clusters()), st.tuples(st.integers(2, 8), st.sampled_from([1, 2, 4])))
+def test_pods_smaller_than_a_nodes_nics_are_grouped_only_where_the_estimate_gains(nodes, shape):
+    """With `fill_nics` a consolidated decision is the one without it, or the same pods in groups
+    that fill a node's NICs (only the last short) with a higher estimated bus bandwidth; never an
+    over-committed node, a wait, or another outcome."""
+    pods, gpus = shape
+    request = PlacementRequest("Job p/x", pods, gpus, Strategy.CONSOLIDATED)
+    plain = place(build(nodes), request)
+    decision = place(build(nodes, Config(fill_nics=True)), request)
+    if decision == plain:
+        return
+    assert plain.outcome is decision.outcome is Outcome.PLACED
+    assert decision.bus_bandwidth_gbs > plain.bus_bandwidth_gbs
+    assert len(decision.assignment) < len(plain.assignment)
+    assert decision.scope.level >= plain.scope.level  # no wider (a gated wait's release needs that)
+    assert "pods per node, filling its 8 NICs" in decision.reasons[1]
+    free = {name: total - used for name, _, total, used in nodes}
+    assert sum(a.pods for a in decision.assignment) == pods
+    assert all(a.pods * gpus <= free[a.node] for a in decision.assignment)
+    first = build(nodes).nodes[plain.assignment[0].node]  # the group's size is read from its node
+    per_group = min(first.profile.nics_per_node // gpus, first.gpus // gpus)
+    assert sum(1 for a in decision.assignment if a.pods % per_group) <= 1  # only the last group short
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

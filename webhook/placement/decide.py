@@ -96,11 +96,48 @@ def _consolidated(subset: TopologyTree, request: PlacementRequest, search: list[
                   narrowest: int) -> Decision:
     """Placed in the first scope of `search` that holds it, else waiting as `chain` says."""
     gpus, pods = request.gpus_per_pod, request.pods
-    for scope in search:
+    for searched, scope in enumerate(search, start=1):
         target = _tightest_fit(subset, scope, pods, gpus)
         if target is not None and target.ref.level >= narrowest:  # never wider than max-domain
-            return _placed(subset, request, target, _split(target, pods, gpus))
+            placed = _placed(subset, request, target, _split(target, pods, gpus))
+            return _nics_filled(subset, request, search[:searched], target.ref.level, placed) or placed
     return waiting.wait_decision(subset, request, chain, narrowest)
+
+
+def _nics_filled(subset: TopologyTree, request: PlacementRequest, search: list[Member], level: int,
+                 placed: Decision) -> Decision | None:
+    """The same pods in groups that fill their nodes' NICs, where that gives a higher estimated bus
+    bandwidth than `placed`, found in `search` (the scopes searched up to the one `placed` is in,
+    so a preferred domain it honours is honoured) in a domain of `level` or deeper (no wider than
+    `placed`, as a gated wait's release requires); None otherwise.
+
+    A ring's NIC bandwidth is set by the node holding the fewest of its GPUs (estimate.py), so a
+    multi-node job of pods smaller than a node's NICs that fills 4-GPU holes one pod each runs its
+    whole ring at half speed. Placing it as groups of pods, each group as many GPUs as a node has
+    NICs, takes whole-enough nodes instead, where some are free: only the last group may be short.
+    Taken only when the estimate says so."""
+    if not subset.config.fill_nics:
+        return None
+    gpus, pods = request.gpus_per_pod, request.pods
+    node = subset.nodes[placed.assignment[0].node]
+    per_group = min(max(1, node.profile.nics_per_node // gpus), max(1, node.gpus // gpus))
+    groups = -(-pods // per_group)
+    if per_group == 1 or groups == 1 or len(placed.assignment) <= groups:
+        return None  # pods that fill the NICs alone, one node's worth, or already on the fewest nodes
+    for scope in search:
+        target = _tightest_fit(subset, scope, groups, per_group * gpus)
+        if target is not None and target.ref.level >= level:
+            split = [(n, count * per_group) for n, count in _split(target, groups, per_group * gpus)]
+            short = groups * per_group - pods  # the last group's missing pods, off the last node
+            split[-1] = (split[-1][0], split[-1][1] - short)
+            filled = _placed(subset, request, target, split)
+            if (filled.bus_bandwidth_gbs or 0.0) <= (placed.bus_bandwidth_gbs or 0.0):
+                return None
+            why = (f"{per_group} pods per node, filling its {node.profile.nics_per_node} NICs: the node with the "
+                   f"fewest of a job's GPUs sets its ring's NIC bandwidth ({placed.bus_bandwidth_gbs:.0f} GB/s over "
+                   f"{len(placed.assignment)} nodes of {placed.scope})")
+            return dataclasses.replace(filled, reasons=(filled.reasons[0], why, *filled.reasons[1:]))
+    return None
 
 
 def _tightest_fit(subset: TopologyTree, scope: Member, pods: int, gpus: int) -> Member | None:

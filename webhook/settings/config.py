@@ -119,6 +119,13 @@ class Config:
         cluster, so a one-pod job only prefers the node that frees first. `false`: consolidated
         waits are pinned where they fit first, balanced ones only prefer it
         ([how placement decides](docs/concepts.md#waiting)).""")
+    fill_nics: bool = _setting(False, doc="""
+        Place a consolidated or balanced job of several nodes whose pods are smaller than a node's
+        NICs can feed in groups of pods that fill them (two 4-GPU pods per 8-NIC node), where free
+        nodes allow and the estimated bus bandwidth is higher: the node holding the fewest of a
+        job's GPUs sets its whole ring's NIC bandwidth. Faster rings for such jobs, at some cost in
+        packing under overload; `false`, the default: such pods fill whatever holes the tightest
+        domain has, one pod each ([how placement decides](docs/concepts.md#pods-smaller-than-a-node)).""")
     communication_share: float = _setting(0.1, doc="""
         The share of a multi-node job's run time spent in collective communication at its tightest
         placement, which a lower bandwidth stretches: it weighs a wait for locality against spanning

@@ -242,7 +242,7 @@ def _nccl_profiles(value: Any) -> Mapping[str, Mapping[str, str]]:
     return merged
 
 
-_FLAGS = ("pin_when_waiting", "pin_only_where_locality_pays", "gate_waits", "refuse_unplaceable")
+_FLAGS = ("pin_when_waiting", "pin_only_where_locality_pays", "fill_nics", "gate_waits", "refuse_unplaceable")
 # The keys a settings file may hold, each read below. Not every Config field is one: `levels_auto`
 # follows from `levels: auto`.
 FILE_KEYS = frozenset((*_SCALARS, *_FLAGS, "levels", "profiles", "nccl_profiles", "scheduler_names",
