@@ -103,13 +103,18 @@ def crd(api_version: str, kind: str, path: pathlib.Path) -> dict:
                          "openAPIV3Schema": structural(json.loads(gzip.decompress(path.read_bytes())))}}]}}
 
 
-def raw(cluster, path: str) -> dict:
+def get(cluster, path: str) -> tuple[int, bytes]:
     api = cluster.api
     answer = api.call_api("GET", f"{api.configuration.host}{path}", header_params={
         "Accept": "application/json", "Authorization": api.configuration.api_key["BearerToken"]})
     answer.read()
-    assert answer.status == 200, (path, answer.status)
-    return json.loads(answer.data)
+    return answer.status, answer.data
+
+
+def raw(cluster, path: str) -> dict:
+    status, data = get(cluster, path)
+    assert status == 200, (path, status)
+    return json.loads(data)
 
 
 def served_kinds(cluster) -> set[tuple[str, str]]:
@@ -125,9 +130,15 @@ def served_kinds(cluster) -> set[tuple[str, str]]:
     return out
 
 
-def established(cluster, name: str) -> bool:
-    found = k8s_client.ApiextensionsV1Api(cluster.api).read_custom_resource_definition(name)
-    return any(c.type == "Established" and c.status == "True" for c in (found.status.conditions or ()))
+def established(cluster, definition: dict) -> bool:
+    """Whether the CRD is Established and discovery serves its kind: a busy apiserver lists the new
+    group in /apis and answers 404 at /apis/<group>/<version> for a moment after Established."""
+    found = k8s_client.ApiextensionsV1Api(cluster.api).read_custom_resource_definition(definition["metadata"]["name"])
+    if not any(c.type == "Established" and c.status == "True" for c in (found.status.conditions or ())):
+        return False
+    spec = definition["spec"]
+    status, data = get(cluster, f"/apis/{spec['group']}/{spec['versions'][0]['name']}")
+    return status == 200 and any(r["kind"] == spec["names"]["kind"] for r in json.loads(data)["resources"])
 
 
 def dry_run(cluster, objects: list[dict]) -> list[dict]:
@@ -172,7 +183,7 @@ def ready(cluster):
             cluster.core.create_namespace({"metadata": {"name": name}})
         cluster.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all([*definitions, configuration]))
         for definition in definitions:
-            eventually(lambda: established(cluster, definition["metadata"]["name"]), timeout=30,
+            eventually(lambda: established(cluster, definition), timeout=30,
                        what=f"CRD {definition['metadata']['name']} established")
         yield served_kinds(cluster)
     finally:
