@@ -48,7 +48,7 @@ def configurations(draw) -> Config:
     shape = draw(st.sampled_from(["list", "hostname-only", "preset", "auto"]))
     policy = {"pin_when_waiting": draw(st.booleans()), "refuse_unplaceable": draw(st.booleans()),
               "gate_waits": draw(st.booleans()),
-              "pin_only_where_locality_pays": draw(st.booleans()),
+              "pin_only_where_locality_pays": draw(st.booleans()), "fill_nics": draw(st.booleans()),
               "protect_waiting_seconds": draw(st.sampled_from([0.0, 1800.0])),
               "communication_share": draw(st.sampled_from([0.0, 0.1, 1.0]))}
     if shape == "auto":  # the default: the index picks the preset from the nodes' labels
