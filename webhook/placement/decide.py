@@ -121,7 +121,7 @@ def _nics_filled(subset: TopologyTree, request: PlacementRequest, search: list[M
     gpus, pods = request.gpus_per_pod, request.pods
     node = subset.nodes[placed.assignment[0].node]
     per_group = min(max(1, node.profile.nics_per_node // gpus), max(1, node.gpus // gpus))
-    groups = -(-pods // per_group)
+    groups = math.ceil(pods / per_group)
     if per_group == 1 or groups == 1 or len(placed.assignment) <= groups:
         return None  # pods that fill the NICs alone, one node's worth, or already on the fewest nodes
     for scope in search:
