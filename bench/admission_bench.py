@@ -17,6 +17,7 @@ separates the decision path's cost from the server's.
     .venv/bin/python bench/admission_bench.py --coordination   # claims through the API on vs off
     .venv/bin/python bench/admission_bench.py --coordination --replicas 2   # two replicas sharing them
     .venv/bin/python bench/admission_bench.py --coordination --allotments   # with serve --claims-allotments
+    .venv/bin/python bench/admission_bench.py --coordination --allotments --strategies consolidated,balanced   # no spreads
     .venv/bin/python bench/admission_bench.py --coordination --apiserver real   # against kube-apiserver and etcd
     .venv/bin/python bench/admission_bench.py --groups   # group members and controller-made pods vs a plain Pod
 
@@ -70,6 +71,7 @@ from webhook.cli import file_index  # noqa: E402
 from webhook.objects import feed  # noqa: E402
 from webhook.settings.config import Config  # noqa: E402
 
+STRATEGIES = ("consolidated", "balanced", "distributed")
 WORKLOAD_NAMES = 500  # reviews cycle over these, so re-placements replace reservations, not pile up
 START_TIMEOUT_SECONDS = 180
 
@@ -83,14 +85,15 @@ def cluster(nodes_wanted: int) -> tuple[list[dict], list[dict]]:
     return nodes, pods
 
 
-def review_bodies(count: int, large: bool = False, prefix: str = "w") -> list[bytes]:
+def review_bodies(count: int, large: bool = False, prefix: str = "w", strategies: tuple[str, ...] = STRATEGIES
+                  ) -> list[bytes]:
     """Serialized v1 reviews: a mix of GPU Pods and Jobs with placement annotations, named
-    `prefix` and a number; `large`: each pod spec as big as a production training pod's (about
-    11 KB of review)."""
+    `prefix` and a number, every strategy of `strategies` on each kind; `large`: each pod spec as
+    big as a production training pod's (about 11 KB of review)."""
     bodies = []
     for i in range(count):
         name = f"{prefix}{i % WORKLOAD_NAMES}"
-        annotations = {"topology.scheduler/placement-strategy": ("consolidated", "balanced", "distributed")[i % 3]}
+        annotations = {"topology.scheduler/placement-strategy": strategies[(i // 2) % len(strategies)]}
         pod = demo.make_pod(name, None, (1, 2, 4, 8)[i % 4], namespace="ml", annotations=annotations)
         del pod["status"], pod["metadata"]["uid"]
         if large:
@@ -410,7 +413,8 @@ def coordination(args: argparse.Namespace) -> None:
     """Admission latency with claims shared through the API, next to the same live view without."""
     nodes, pods = cluster(args.nodes)
     # Each replica its own workloads, as the apiserver sends one object's review to one replica.
-    bodies = [review_bodies(4000, args.large, prefix="w" if r == 0 else f"r{r}-w") for r in range(args.replicas)]
+    bodies = [review_bodies(4000, args.large, prefix="w" if r == 0 else f"r{r}-w", strategies=args.strategies)
+              for r in range(args.replicas)]
     with tempfile.TemporaryDirectory(prefix="admission-bench-") as tmp:
         workdir = pathlib.Path(tmp)
         paths = certs.write_certs(str(workdir / "tls"), "topology-webhook", "default")
@@ -594,6 +598,9 @@ def main() -> None:
                         help="live view with claims shared through the API, next to the same without")
     parser.add_argument("--allotments", action="store_true",
                         help="with --coordination: the webhooks with claims claim allotments (serve --claims-allotments)")
+    parser.add_argument("--strategies", type=lambda text: tuple(text.split(",")), default=STRATEGIES,
+                        help="with --coordination: the placement strategies of the reviews, comma-separated "
+                             "(default: %(default)s)")
     parser.add_argument("--replicas", type=int, default=1,
                         help="with --coordination: replicas of each, sharing the claims (default: %(default)s)")
     parser.add_argument("--hold-seconds", type=float, metavar="S",

@@ -3,6 +3,7 @@ through the real `kubernetes` client. The two-process cases are in test_replicas
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,9 +12,9 @@ from conftest import LABELS, LEAF, eventually
 
 from webhook.kube import allotment
 from webhook.kube.claims_text import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
-from webhook.kube.demo import make_node
+from webhook.kube.demo import make_node, make_pod
 from webhook.core.model import Outcome, PlacementRequest, Strategy
-from webhook.placement.placer import place_group, place_shared, release_shared
+from webhook.placement.placer import place_and_reserve, place_group, place_shared, release_shared
 
 NAMESPACE = "tw"
 LEASE = f"{NAMESPACE}/{LEASE_NAME}"
@@ -58,6 +59,27 @@ def test_a_replica_that_has_not_seen_the_other_claim_gets_409_and_decides_again(
     assert first.nodes != second.nodes and not warnings
     assert [code for *_, code in fake.writes] == [201, 409, 200], "created, conflict, written after a new decision"
     eventually(lambda: reserved(a) == reserved(b) == 16, what="both claims on both replicas")
+
+
+def test_a_write_of_ours_the_watch_brings_before_its_answer_leaves_decisions_made_before_it_valid(
+        fake, views, monkeypatch):
+    a, _ = views
+    claims = a.index.shared_claims
+    place_shared(a.index, whole_node("first"), "ml/Job/first")
+    place_and_reserve(a.index, whole_node("held"), "ml/Job/held")  # decided; its claim not written yet
+    basis = claims.basis()
+    replace = claims.api.replace_namespaced_lease
+
+    def watch_first(*args, **kwargs):
+        response = replace(*args, **kwargs)
+        claims.apply(fake.get("leases", LEASE))  # the watch's event, before the write's answer
+        return response
+    monkeypatch.setattr(claims.api, "replace_namespaced_lease", watch_first)
+    place_shared(a.index, whole_node("next"), "ml/Job/next")
+    assert claims.claim("ml/Job/held", basis, time.monotonic() + 5) is None, \
+        "only our own write came after its decision: written, not decided again"
+    assert set(read_claims(fake.get("leases", LEASE))) == {"ml/Job/first", "ml/Job/held", "ml/Job/next"}
+    assert [code for *_, code in fake.writes] == [201, 200, 200]
 
 
 def test_dry_runs_waits_and_releases_of_unshared_holds_write_nothing(fake, views):
@@ -192,18 +214,53 @@ def test_a_placement_inside_the_allotment_is_answered_without_a_write_and_writte
     allotment = claims.keys() - {"ml/Job/first"}
     assert len(allotment) == 1 and next(iter(allotment)).startswith("allotment/")
     allotted = claims[next(iter(allotment))]["sets"]
-    assert {leaf_of(node) for node in allotted} == {leaf_of(first.nodes[0])} and len(allotted) == 3, \
-        "the rest of the first placement's leaf"
+    assert {leaf_of(node) for node in allotted} == {leaf_of(first.nodes[0])} and len(allotted) == 4, \
+        "the first placement's leaf"
+    assert all(sets == ["0-7"] for sets in allotted.values()), \
+        "whole nodes: GPUs freed on them later are the allotment's too"
     second, warnings = place_shared(a.index, whole_node("second"), "ml/Job/second")
     assert second.nodes[0] in allotted and not warnings
     assert len(successful_writes(fake)) == 1, "taken from the allotment: no write before the answer"
     eventually(lambda: "ml/Job/second" in read_claims(fake.get("leases", LEASE)), what="the placement written")
     claims = read_claims(fake.get("leases", LEASE))
-    assert second.nodes[0] not in claims[next(iter(allotment))]["sets"], "the allotment less what it took"
+    assert claims[next(iter(allotment))]["sets"] == allotted, "the allotment renewed where it was"
     eventually(lambda: reserved(b) == 32, what="a's placements and what is left of its allotment, held on b")
     for name in ("x", "y", "z"):
         placed, _ = place_shared(b.index, whole_node(name), f"ml/Job/{name}")
         assert leaf_of(placed.nodes[0]) != leaf_of(first.nodes[0]), "never on a's allotment"
+
+
+def test_gpus_freed_on_an_allotted_node_after_the_allotment_was_written_are_taken_without_a_write(fake, make_view):
+    for i in range(32):
+        fake.put_node(make_node(f"n{i}", {**LABELS, LEAF: f"leaf-{i // 4}"}))
+    fake.put_pod(make_pod("busy", "n0", 8, namespace="ml"))  # leaf-0 the tightest fit: three nodes free
+    a, b = started_pair(fake, make_view, budget_seconds=2, allotments=True)
+    placed = [place_shared(a.index, whole_node(name), f"ml/Job/{name}")[0] for name in ("j1", "j2", "j3")]
+    assert {leaf_of(decision.nodes[0]) for decision in placed} == {0}
+    eventually(lambda: "ml/Job/j3" in read_claims(fake.get("leases", LEASE)), what="the placements written")
+    allotted = next(claim for key, claim in read_claims(fake.get("leases", LEASE)).items()
+                    if key.startswith(allotment.ALLOTMENT_PREFIX))["sets"]
+    assert allotted == {f"n{i}": ["0-7"] for i in range(4)}, "the whole leaf, the busy node too"
+    fake.delete("pods", "ml/busy")  # its pod ended: n0 is free, and no write says so
+    eventually(lambda: a.index.nodes["n0"].free == 8, what="the pod's end seen by a")
+    writes = len(successful_writes(fake))
+    fourth, warnings = place_shared(a.index, whole_node("j4"), "ml/Job/j4")
+    assert fourth.nodes == ("n0",) and not warnings
+    assert len(successful_writes(fake)) == writes, "inside the allotment: no write before the answer"
+    eventually(lambda: b.index.nodes["n0"].free == 0 and "ml/Job/j4" in b.index.ledger.holds,
+               what="the placement written and held on b")
+    taken, _ = place_shared(b.index, whole_node("other"), "ml/Job/other")
+    assert leaf_of(taken.nodes[0]) != 0
+
+
+def test_an_allotment_stays_in_its_domain_when_a_spread_lands_elsewhere(fake, wide_views):
+    a, _ = wide_views
+    place_shared(a.index, whole_node("first"), "ml/Job/first")
+    domain = a.index.shared_claims.allotment.path
+    spread, _ = place_shared(a.index, PlacementRequest("Job ml/spread", 2, 8, Strategy.DISTRIBUTED), "ml/Job/spread")
+    assert any(a.index.tree.nodes[node].path[:len(domain)] != domain for node in spread.nodes), "a spread misses it"
+    eventually(lambda: "ml/Job/spread" in read_claims(fake.get("leases", LEASE)), what="the spread written")
+    assert a.index.shared_claims.allotment.path == domain, "not moved to where the spread went"
 
 
 def test_two_replicas_placing_at_once_from_their_allotments_never_share_a_gpu(fake, wide_views):
@@ -251,18 +308,38 @@ def test_placements_outside_the_allotment_or_near_its_end_are_written_before_the
     assert len(successful_writes(fake)) == 3, "too little time left to write it after the answer"
 
 
-def test_while_a_write_is_in_flight_only_gpus_the_next_allotment_keeps_are_taken(fake, wide_views):
+def leave_4_gpus_in_the_allotment_of(fake, view, first) -> None:
+    """Pods the scheduler bound on the allotment's other nodes (4 GPUs of the leaf left free: an
+    allotment moves from a domain with less than a quarter of its bound free), seen by every view."""
+    allotted = set(view.index.shared_claims.allotment.gpus)
+    for node, gpus in zip(sorted(allotted - set(first.nodes)), (8, 8, 4)):
+        fake.put_pod(make_pod(f"bound-{node}", node, gpus, namespace="other"))
+    eventually(lambda: sum(view.index.nodes[node].free for node in allotted) == 4, what="the bound pods seen")
+
+
+def test_while_a_write_is_in_flight_only_gpus_the_next_allotment_keeps_are_taken(fake, wide_views, monkeypatch):
     a, _ = wide_views
     first, _ = place_shared(a.index, whole_node("first"), "ml/Job/first")
     allotted = set(a.index.shared_claims.allotment.gpus)
+    leave_4_gpus_in_the_allotment_of(fake, a, first)  # too little to stay in: the next write moves it
     elsewhere = f"leaf-{(leaf_of(first.nodes[0]) + 4) % 8}"
-    fake.write_delay_seconds = 0.5
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    claims, decided = a.index.shared_claims, threading.Event()
+    real_write = claims._write
+
+    def write_once_decided(body: dict, deadline: float) -> str | None:
+        decided.wait(5)  # the write moving the allotment stays in flight until "inside" is decided
+        return real_write(body, deadline)
+    monkeypatch.setattr(claims, "_write", write_once_decided)
+    with ThreadPoolExecutor(max_workers=2) as pool:
         moving = pool.submit(place_shared, a.index, PlacementRequest(
             "Job ml/outside", 1, 8, Strategy.CONSOLIDATED, preferred_domain=elsewhere), "ml/Job/outside")
-        eventually(lambda: a.index.shared_claims.allotment.next is not None, what="the write in flight")
-        inside, _ = place_shared(a.index, whole_node("inside"), "ml/Job/inside")
+        eventually(lambda: claims.allotment.next is not None, what="the write in flight")
+        placing = pool.submit(place_shared, a.index, PlacementRequest("Job ml/inside", 1, 4, Strategy.CONSOLIDATED),
+                              "ml/Job/inside")
+        eventually(lambda: a.index.ledger.hold("ml/Job/inside") is not None, what="inside decided")
+        decided.set()
         moving.result()
+        inside, _ = placing.result()
     assert inside.nodes[0] in allotted
     assert len(successful_writes(fake)) == 3, \
         "the in-flight write moves the allotment to the other leaf: a placement in the old one is written itself"
@@ -281,6 +358,7 @@ def test_after_a_write_whose_outcome_is_unknown_only_gpus_both_allotments_hold_a
     a, b = wide_views
     claims = a.index.shared_claims
     first, _ = place_shared(a.index, whole_node("first"), "ml/Job/first")
+    leave_4_gpus_in_the_allotment_of(fake, a, first)  # too little to stay in: the next write moves it
     fake.hold_watches()  # a's watch lags from now on, and a does not read its next write back
     read_back = claims.apply
     monkeypatch.setattr(claims, "apply", lambda *args, **kwargs: None)
@@ -292,13 +370,13 @@ def test_after_a_write_whose_outcome_is_unknown_only_gpus_both_allotments_hold_a
     assert warnings, "its answer was lost: made alone, as far as a knows"
     # The write was made: the allotment moved to the other leaf, and b may use the first leaf's GPUs.
     b.index.shared_claims._refresh(time.monotonic() + 2)
-    taken_by_b = {place_shared(b.index, PlacementRequest(f"Job ml/b{i}", 1, 8, Strategy.CONSOLIDATED,
-                                                         preferred_domain=f"leaf-{leaf_of(first.nodes[0])}"),
-                               f"ml/Job/b{i}")[0].nodes[0] for i in range(3)}
+    taken_by_b = place_shared(b.index, PlacementRequest("Job ml/b", 1, 4, Strategy.CONSOLIDATED,
+                                                        preferred_domain=f"leaf-{leaf_of(first.nodes[0])}"),
+                              "ml/Job/b")[0].nodes
     assert {leaf_of(node) for node in taken_by_b} == {leaf_of(first.nodes[0])}
     monkeypatch.setattr(claims, "_write", real_write)
     monkeypatch.setattr(claims, "apply", read_back)  # what a reads after a 409 it applies again
-    inside, _ = place_shared(a.index, whole_node("inside"), "ml/Job/inside")
+    inside, _ = place_shared(a.index, PlacementRequest("Job ml/inside", 1, 4, Strategy.CONSOLIDATED), "ml/Job/inside")
     fake.release_watches()
     assert inside.nodes[0] not in taken_by_b, "a took a GPU of its old allotment that the made write gave up"
 

@@ -2,7 +2,7 @@
 and the namespace rule (nothing outside a hold's namespace confirms or releases it)."""
 from webhook.objects.feed import index_of
 from webhook.objects import feed
-from webhook.core.injection import RESERVATION as RESERVATION_ANNOTATION
+from webhook.core.injection import GPU_IDS, RESERVATION as RESERVATION_ANNOTATION
 from webhook.settings.config import Config
 from webhook.kube.demo import make_node, make_pod
 from webhook.state.holds import ReservationLedger
@@ -51,7 +51,9 @@ def test_a_bound_pod_in_another_namespace_leaves_the_hold_on_the_index(clock):
     forged = make_pod("forged", decision.nodes[0], 8, "attacker",
                       annotations={RESERVATION_ANNOTATION: "team-victim/Job/train"})
     feed.upsert(index, forged, "Pod")
-    assert index.stats().gpus_reserved == 16 and set(index.ledger.holds) == {"team-victim/Job/train"}
+    whole = [tuple(range(8))]
+    assert set(index.ledger.holds) == {"team-victim/Job/train"}
+    assert all(list(index.ledger.held_on(node)) == whole == index.nodes[node].held for node in decision.nodes)
     feed.delete(index, forged, "Pod")
     assert index.stats().gpus_reserved == 16
 
@@ -61,3 +63,17 @@ def test_a_hold_on_a_node_not_listed_yet_counts_once_the_node_arrives(clock):
     index.reserve("ml/Job/elsewhere", {"late": [(0, 1, 2, 3, 4, 5, 6, 7)]})  # another replica's claim
     feed.upsert(index, make_node("late", {"topology.scheduler/leaf": "l1"}), "Node")
     assert index.stats().gpus_reserved == 8 and index.nodes["late"].free == 0
+
+
+def test_holds_over_gpus_a_pod_or_another_hold_has_count_once(clock):
+    """An allotment holds whole nodes: where it covers a running pod's GPUs or another claim's,
+    a node is not counted short twice, and the stats add up to its GPUs."""
+    index = index_of(Config(), [make_node("n", {"topology.scheduler/leaf": "l1"}, 8)],
+                     [make_pod("running", "n", 4, "ml", annotations={GPU_IDS: "0-3"})], clock)
+    index.reserve("ml/Job/claimed", {"n": [(4, 5)]})
+    index.reserve("allotment/other-replica", {"n": [tuple(range(8))]})
+    stats = index.stats()
+    assert index.nodes["n"].free == 0
+    assert (stats.gpus_used, stats.gpus_reserved, stats.gpus_total) == (4, 4, 8)
+    index.release("allotment/other-replica")
+    assert index.nodes["n"].free == 2 and index.stats().gpus_reserved == 2

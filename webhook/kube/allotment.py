@@ -1,12 +1,14 @@
 """A replica's allotment: GPUs it claims ahead, in the claims Lease, for its own next placements.
 
 With each write of the claims Lease (shared_claims.py), a replica that places also claims, under its own
-key (`allotment/<identity>`), every free GPU of one small domain around its latest placement (at
-most 1/ALLOTMENT_SHARE of the free GPUs it sees, and at most ALLOTMENT_MOST_GPUS). Every other replica holds those GPUs, as it holds
-any claim; this replica does not, and searches that domain first. A placement that lands wholly
-inside the allotment is admitted without a write: the allotment already keeps every other replica
-off its GPUs. A thread of the replica writes such placements as claims of their own within
-FLUSH_SECONDS, with the allotment less what they took, and renews it while it is used; unused for
+key (`allotment/<identity>`), the nodes of one small domain, whole (at most 1/ALLOTMENT_SHARE of the
+free GPUs it sees, and at most ALLOTMENT_MOST_GPUS, free there): the domain it had while it keeps
+room, else one around its latest placement written. Every other replica holds every GPU of those
+nodes, as it holds any claim; this replica does not, and searches that domain first. A placement
+that lands wholly inside the allotment is admitted without a write: the allotment already keeps
+every other replica off its GPUs, including those freed there after it was written (holds that
+lapse, pods that end). A thread of the replica writes such placements as claims of their own
+within FLUSH_SECONDS, with the allotment, and renews it while it is used; unused for
 ALLOTMENT_IDLE_SECONDS, or when the replica stops, it is given back. Placements of a group
 and releases by the gate are always written before their answer: the other replicas learn from
 the Lease which nodes a group has, and that a gated workload was started.
@@ -179,7 +181,9 @@ class Allotment:
         for key, hold in spent.items():
             if self.index.ledger.hold(key) is hold:
                 claims[key] = claim_of_hold(hold, self.index, self.wall())
-        chosen = self._choose(near) if keep and not self.wanted() else None
+        theirs = {node for key, claim in claims.items() if key.startswith(ALLOTMENT_PREFIX) and key != self.key
+                  for node in claim["sets"]}
+        chosen = self._choose(near, theirs) if keep and not self.wanted() else None
         self.next = chosen[1] if chosen else {}
         if chosen:
             claims[self.key] = {**claim_of(self.wall(), self.seconds,
@@ -208,22 +212,27 @@ class Allotment:
         self.uncovered.update(lapsed)
         return lapsed
 
-    def _choose(self, near: str | None) -> Chosen | None:
-        """The widest domain around node `near` (else the allotment's own domain) holding at most
-        1/share of the free GPUs and ALLOTMENT_MOST_GPUS, below the whole cluster, with its free GPUs. None when the
-        allotment is given back: idle, or no domain small enough has room."""
+    def _choose(self, near: str | None, theirs: set[str]) -> Chosen | None:
+        """The allotment's own domain while a quarter of what an allotment may hold is free there,
+        else the widest domain around node `near` (the latest placement written) holding at most
+        1/share of the free GPUs and ALLOTMENT_MOST_GPUS, below the whole cluster: every node of
+        it but those in other replicas' allotments (`theirs`), whole, so that GPUs freed there
+        later are the allotment's too. None when the allotment is given back: idle, or no domain
+        small enough has room.
+
+        Why it stays: placements that miss it (distributed spreads, a pod larger than its room)
+        land anywhere, and an allotment following each of them moves under the placements being
+        taken from it, which then miss too."""
         tree = self.index.tree
         if not self.share or time.monotonic() - self.last_used >= ALLOTMENT_IDLE_SECONDS:
             return None
         cap = min(tree.root.free_gpus // self.share, ALLOTMENT_MOST_GPUS)
-        member: Any = tree.nodes.get(near) if near else (walk.lookup(tree, self.path) if self.path else None)
+        own: Any = walk.lookup(tree, self.path) if self.path else None
+        member: Any = own if own is not None and cap // 4 <= own.free_gpus <= cap else tree.nodes.get(near or "", own)
         if member is None or member.free_gpus > cap:
             return None
         while member.parent is not None and member.parent is not tree.root and member.parent.free_gpus <= cap:
             member = member.parent
-        gpus = {}
-        for node in walk.nodes_under(member):
-            free = frozenset(range(node.gpus)) - node.taken_ids if node.eligible else frozenset()
-            if free:
-                gpus[node.name] = free
+        gpus = {node.name: frozenset(range(node.gpus)) for node in walk.nodes_under(member)
+                if node.eligible and node.name not in theirs}
         return (member.path, gpus) if gpus else None

@@ -120,13 +120,14 @@ class ApiClaims:
 
     # ---- reading: watch events, own writes, reads after a conflict ---------------------------
     def apply(self, lease: dict | None, version: str | None = None, own: bool = False) -> None:
-        """Make the ledger agree with a version of the Lease (None: it was deleted at `version`).
-        Older versions than one already applied are ignored (a watch event behind our write).
-        `own`: the version this replica's write made (only its claims changed). resourceVersions
-        are compared as numbers: the API calls them opaque, etcd's revisions are integers."""
+        """Make the ledger agree with a version of the Lease (None: deleted at `version`); versions
+        older than one applied are ignored (a watch event behind our write). `own`, or this replica
+        its holder: its write made it on the version applied here, so only its claims changed (the
+        watch may bring it first). resourceVersions are compared as numbers: etcd's are integers."""
         meta = (lease or {}).get("metadata") or {}
         if lease is not None and meta.get("name") != LEASE_NAME:
             return
+        own = own or ((lease or {}).get("spec") or {}).get("holderIdentity") == self.identity
         number = int(version or meta.get("resourceVersion") or 0)
         if number and number <= self._version:
             return  # read again under the lock below; this spares parsing a version already applied
@@ -135,10 +136,7 @@ class ApiClaims:
             if number and number <= self._version:
                 return
             self._version = number or self._version
-            if own and len(self._own_since) < 64:
-                self._own_since.add(self._version)
-            else:
-                self._own_since = {self._version}
+            self._own_since = self._own_since | {self._version} if own and len(self._own_since) < 64 else {self._version}
             self._lease = lease
             now = self.wall()
             self.allotment.applied(claims.pop(self.allotment.key, None),  # not held here: taken from

@@ -132,13 +132,14 @@ def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None
     answer for a placement inside this replica's allotment, unless it is a `group`'s (its other
     members, on any replica, join what the Lease says). Returns the decision and the warnings to
     give (a decision made alone)."""
-    if index.shared_claims is None or key is None:
+    claims = index.shared_claims
+    if claims is None or key is None:
         return place_and_reserve(index, request, key), []
-    first = None if group else index.shared_claims.first_domain()
-    if first is not None:
-        request = dataclasses.replace(request, search_first=first)
-    decision, alone = _shared(index, key, request.workload, lambda: place_and_reserve(index, request, key),
-                              may_spend=not group)
+
+    def decide() -> Decision:  # under the lock: the allotment as it is now, after a 409 too
+        first = None if group else claims.first_domain()
+        return place_and_reserve(index, dataclasses.replace(request, search_first=first) if first else request, key)
+    decision, alone = _shared(index, key, request.workload, decide, may_spend=not group)
     assert decision is not None
     return decision, alone
 

@@ -22,7 +22,8 @@ class ClusterStats:
 def cluster_stats(tree: TopologyTree, config: Config, preset: str | None) -> ClusterStats:
     total = tree.root.alloc_gpus
     free = tree.root.free_gpus
-    reserved = sum(n.held_gpus for n in tree.nodes.values() if n.eligible)
+    # held and neither used nor free: a hold over GPUs whose pods hold no IDs counts once
+    reserved = sum(min(n.held_gpus, max(0, n.gpus - n.free - n.used)) for n in tree.nodes.values() if n.eligible)
     stranded = sum(n.free for n in tree.nodes.values() if 0 < n.free < n.gpus)
     # Domains of several nodes only: a level whose domains are single hosts (GKE's host level,
     # nodes missing a label) would give a series per node, without bound.

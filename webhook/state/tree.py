@@ -187,7 +187,14 @@ class NodeState:
 
     @property
     def held_gpus(self) -> int:
-        return sum(len(ids) for ids in self.held)
+        """GPUs held and not taken by a pod or a ResourceClaim: holds may overlap each other and the
+        pods (an allotment holds whole nodes)."""
+        if not self.held:
+            return 0
+        held = {i for ids in self.held for i in ids}
+        held.difference_update(i for _, ids in self.pods.values() for i in ids)
+        held.difference_update(self.claimed)
+        return len(held)
 
     def compute_free(self) -> int:
         return max(0, self.gpus - self.used - self.held_gpus) if self.eligible else 0
