@@ -263,6 +263,32 @@ def test_an_allotment_stays_in_its_domain_when_a_spread_lands_elsewhere(fake, wi
     assert a.index.shared_claims.allotment.path == domain, "not moved to where the spread went"
 
 
+def test_spreads_are_answered_without_a_write_from_nodes_across_leaves_the_allotment_holds_for_them(
+        fake, wide_views):
+    a, b = wide_views
+    place_shared(a.index, whole_node("first"), "ml/Job/first")
+    first_spread, _ = place_shared(a.index, spread_of("s1", 2), "ml/Job/s1")  # asks: none held for spreads yet
+    assert len(successful_writes(fake)) == 2, "written before its answer"
+    claim = next(claim for key, claim in read_claims(fake.get("leases", LEASE)).items()
+                 if key.startswith(allotment.ALLOTMENT_PREFIX))
+    spread_nodes = set(claim["spread"])
+    assert len({leaf_of(node) for node in spread_nodes}) == len(spread_nodes) >= 2, "one node per leaf"
+    assert spread_nodes <= claim["sets"].keys(), "held whole by the other replicas like the rest of it"
+    second, warnings = place_shared(a.index, spread_of("s2", 2), "ml/Job/s2")
+    assert set(second.nodes) <= spread_nodes and len({leaf_of(node) for node in second.nodes}) == 2
+    assert not warnings and len(successful_writes(fake)) == 2, "taken from the allotment: no write before the answer"
+    assert second.request == spread_of("s2", 2), "decided on those nodes, recorded as asked"
+    wide, _ = place_shared(a.index, spread_of("wide", 8, gpus=1), "ml/Job/wide")
+    assert len({leaf_of(node) for node in wide.nodes}) == 8, "more pods than those leaves: spread over all of them"
+    assert len(successful_writes(fake)) == 3
+    eventually(lambda: "ml/Job/s2" in read_claims(fake.get("leases", LEASE)), what="the spread written after")
+    eventually(lambda: all(b.index.nodes[node].free == 0 for node in spread_nodes), what="held on b")
+
+
+def spread_of(name: str, pods: int, gpus: int = 4) -> PlacementRequest:
+    return PlacementRequest(f"Job ml/{name}", pods, gpus, Strategy.DISTRIBUTED)
+
+
 def test_two_replicas_placing_at_once_from_their_allotments_never_share_a_gpu(fake, wide_views):
     a, b = wide_views
     requests = [(view, PlacementRequest(f"Job ml/j{i}", 1, 1 + i % 4, Strategy.CONSOLIDATED), f"ml/Job/j{i}")
@@ -290,7 +316,7 @@ def test_an_allotment_unused_for_a_while_is_given_back(fake, wide_views, monkeyp
     eventually(lambda: reserved(b) == 32, what="the claim and the allotment on b")
     eventually(lambda: set(read_claims(fake.get("leases", LEASE))) == {"ml/Job/only"}, what="the allotment given back")
     eventually(lambda: reserved(b) == 8, what="only the claim held on b")
-    assert a.index.shared_claims.first_domain() is None
+    assert a.index.shared_claims.allotted() is None
 
 
 def test_placements_outside_the_allotment_or_near_its_end_are_written_before_the_answer(fake, wide_views):
@@ -303,7 +329,7 @@ def test_placements_outside_the_allotment_or_near_its_end_are_written_before_the
     assert len(successful_writes(fake)) == 2, "outside the allotment: written before the answer"
     allotted = a.index.shared_claims.allotment
     allotted.wall = lambda: time.time() + allotted.seconds - 2  # 2 s of its 10 left, under the budget + 1 s
-    assert allotted.first_domain() is None
+    assert allotted.allotted() is None
     place_shared(a.index, whole_node("late"), "ml/Job/late")
     assert len(successful_writes(fake)) == 3, "too little time left to write it after the answer"
 
@@ -427,7 +453,7 @@ def test_a_wait_for_room_only_another_replicas_allotment_has_asks_for_it_back_an
     assert not any(key.startswith(allotment.ALLOTMENT_PREFIX) and key.endswith(a.index.shared_claims.identity)
                    for key in claims), "a gave its allotment back"
     assert any(key.startswith(allotment.WANT_PREFIX) for key in claims), "b asked for it"
-    assert a.index.shared_claims.first_domain() is None, "a takes nothing more from it while it is wanted"
+    assert a.index.shared_claims.allotted() is None, "a takes nothing more from it while it is wanted"
     eventually(lambda: reserved(a) == reserved(b) == 30 * 8, what="both replicas hold every placement")
 
 
@@ -460,7 +486,7 @@ def test_a_wanted_allotment_is_taken_from_no_more_and_given_back_with_the_next_w
     place_shared(a.index, whole_node("first"), "ml/Job/first")
     mine = a.index.shared_claims.allotment
     with a.index.lock:
-        assert mine.first_domain() is not None
+        assert mine.allotted() is not None
         mine.wanted_until = mine.wall() + 5  # as a version of the Lease asking for it would set it
     writes = len(successful_writes(fake))
     second, _ = place_shared(a.index, whole_node("second"), "ml/Job/second")

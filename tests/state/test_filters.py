@@ -53,12 +53,15 @@ expression = st.builds(lambda key, op, values: {"key": key, "operator": op,
 node_strategy = st.builds(lambda labels, tainted, gpus: (labels, tainted, gpus),
                           st.dictionaries(st.sampled_from(KEYS), st.sampled_from(VALUES), max_size=3),
                           st.booleans(), st.sampled_from([0, 8]))
+names = st.lists(st.sampled_from([f"n{i}" for i in range(9)]), max_size=3)  # n8: a node that is not there
 request_strategy = st.builds(
     lambda selector, terms, tolerate: request(
-        node_selector=selector, required_node_terms=tuple({"matchExpressions": t} for t in terms),
+        node_selector=selector, required_node_terms=tuple(
+            {"matchExpressions": t, **({"matchFields": [{"key": "metadata.name", "operator": "In", "values": n}]}
+                                       if n else {})} for t, n in terms),
         tolerations=({"key": "dedicated", "operator": "Exists"},) if tolerate else ()),
     st.dictionaries(st.sampled_from(KEYS), st.sampled_from(VALUES), max_size=1),
-    st.lists(st.lists(expression, min_size=1, max_size=2), max_size=2), st.booleans())
+    st.lists(st.tuples(st.lists(expression, max_size=2), names), max_size=2), st.booleans())
 
 
 @settings(max_examples=300, deadline=None)

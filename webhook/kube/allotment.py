@@ -8,7 +8,11 @@ nodes, as it holds any claim; this replica does not, and searches that domain fi
 that lands wholly inside the allotment is admitted without a write: the allotment already keeps
 every other replica off its GPUs, including those freed there after it was written (holds that
 lapse, pods that end). A thread of the replica writes such placements as claims of their own
-within FLUSH_SECONDS, with the allotment, and renews it while it is used; unused for
+within FLUSH_SECONDS, with the allotment, and renews it while it is used. While this replica
+places distributed spreads (which round-robin over the leaves with room, so one small domain never
+holds them), the allotment also holds, whole, the roomiest node of each of the roomiest leaves
+outside its domain (up to the same bound of free GPUs again), and a spread is decided on those
+nodes first: taken when every pod lands on a node and a leaf of its own. Unused for
 ALLOTMENT_IDLE_SECONDS, or when the replica stops, it is given back. Placements of a group
 and releases by the gate are always written before their answer: the other replicas learn from
 the Lease which nodes a group has, and that a gated workload was started.
@@ -44,6 +48,7 @@ from ..placement import walk
 from ..placement.placer import CONFLICT
 from ..state.holds import Reservation
 from ..state.index import ClusterIndex
+from ..state.ports import Allotted
 from .claims_text import sets_of
 
 ALLOTMENT_PREFIX = "allotment/"  # a replica's allotment: claims key allotment/<identity>
@@ -55,7 +60,8 @@ FLUSH_SECONDS = 0.25  # placements taken from the allotment are written together
 WANT_PREFIX = "wanted/"  # wanted/<an allotment's key>: another replica asks for it back, until the claim's time
 WANT_LEAST_SECONDS = 1.0  # a want lasts at least this long: its holder sees it within a poll, a flush and a write
 
-Chosen = tuple[tuple, dict[str, frozenset[int]]]  # an allotment to write: its domain's path, node -> GPU ids
+Chosen = tuple[tuple, dict[str, frozenset[int]], tuple[str, ...]]  # an allotment to write: its domain's path,
+# node -> GPU ids, its nodes for spreads
 
 
 def claim_of(now: float, seconds: float, sets: Mapping[str, list[tuple[int, ...]]]) -> dict:
@@ -114,6 +120,8 @@ class Allotment:
         self.gpus: dict[str, frozenset[int]] = {}  # node -> GPU ids
         self.expires = 0.0  # wall clock
         self.path: tuple | None = None  # the domain it lies in
+        self.spread: tuple[str, ...] = ()  # and its nodes for spreads, across leaves
+        self.spreads_asked = float("-inf")  # time.monotonic(): a spread last asked for it
         self.next: dict[str, frozenset[int]] | None = None  # what the write in flight keeps of it
         self.spent: dict[str, Reservation] = {}  # placed inside it, not yet written as claims
         self.uncovered: set[str] = set()  # of those, the ones whose allotment lapsed (said once)
@@ -133,6 +141,7 @@ class Allotment:
                      for node, texts in claim["sets"].items()} if claim else {}
         self.expires = claim["expires"] if claim else 0.0
         self.path = tuple(tuple(pair) for pair in claim.get("domain") or ()) or None if claim else None
+        self.spread = tuple(sorted(claim.get("spread") or ())) if claim else ()
 
     def wanted(self) -> bool:
         """Another replica asked for it back: nothing more is taken from it, and it is given back now."""
@@ -146,9 +155,12 @@ class Allotment:
         """It is in use: not idle."""
         self.last_used = time.monotonic()
 
-    def first_domain(self) -> tuple | None:
-        """The allotment's domain, while placements may be taken from it."""
-        return self.path if self._spendable() else None
+    def allotted(self, spreading: bool = False) -> Allotted | None:
+        """The allotment's domain and nodes for spreads, while placements may be taken from it.
+        `spreading`: a spread asks, so its next writes hold nodes for spreads (while spreads come)."""
+        if spreading:
+            self.spreads_asked = time.monotonic()
+        return Allotted(self.path, self.spread) if self.path and self._spendable() else None
 
     def spend(self, key: str) -> bool:
         """Whether `key`'s hold (just made) lies wholly inside the allotment, which then stands for
@@ -188,7 +200,7 @@ class Allotment:
         if chosen:
             claims[self.key] = {**claim_of(self.wall(), self.seconds,
                                            {node: [tuple(sorted(ids))] for node, ids in chosen[1].items()}),
-                                "domain": [list(pair) for pair in chosen[0]]}
+                                "domain": [list(pair) for pair in chosen[0]], "spread": list(chosen[2])}
         return spent
 
     def written(self, spent: dict[str, Reservation], outcome: bool | None) -> None:
@@ -235,4 +247,30 @@ class Allotment:
             member = member.parent
         gpus = {node.name: frozenset(range(node.gpus)) for node in walk.nodes_under(member)
                 if node.eligible and node.name not in theirs}
-        return (member.path, gpus) if gpus else None
+        spread = self._spread_nodes(member, cap, theirs | gpus.keys())
+        gpus.update((name, frozenset(range(tree.nodes[name].gpus))) for name in spread)
+        return (member.path, gpus, spread) if gpus else None
+
+    def _spread_nodes(self, domain: Any, cap: int, left_out: set[str]) -> tuple[str, ...]:
+        """Nodes for its spreads while spreads come, whole: those it had that still have free GPUs,
+        then the roomiest node of each of the roomiest leaves it has none in (outside `domain`),
+        leaf after leaf, until their free GPUs reach `cap`. A spread round-robins over leaves,
+        which one small domain cannot hold; these let it be answered without a write too."""
+        tree = self.index.tree
+        if not tree.levels or time.monotonic() - self.spreads_asked >= ALLOTMENT_IDLE_SECONDS:
+            return ()
+        usable = [tree.nodes[name] for name in self.spread if name in tree.nodes and name not in left_out]
+        chosen = [node for node in usable if node.eligible and node.free]
+        free = sum(node.free for node in chosen)
+        had = {node.parent for node in chosen}
+        for leaf in sorted(tree.levels[-1].values(), key=lambda leaf: -leaf.free_gpus) if free < cap else ():
+            if free >= cap or not leaf.free_gpus:
+                break
+            if leaf in had or walk.is_under(leaf.path, domain.path):
+                continue
+            node = max((n for n in walk.nodes_under(leaf) if n.eligible and n.free and n.name not in left_out),
+                       key=lambda n: n.free, default=None)
+            if node is not None:
+                chosen.append(node)
+                free += node.free
+        return tuple(sorted(node.name for node in chosen))

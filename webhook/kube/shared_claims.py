@@ -43,6 +43,7 @@ from kubernetes.client.exceptions import ApiException
 from ..core.model import PlacementRequest
 from ..placement.placer import CONFLICT
 from ..state.index import ClusterIndex
+from ..state.ports import Allotted
 from .allotment import FLUSH_SECONDS, WANT_PREFIX, Allotment, asking_back, claim_of_hold, lapses, made
 from .claims_text import LEASE_NAME, lease_body, read_claims, sets_of
 
@@ -168,8 +169,8 @@ class ApiClaims:
         """The version a decision is made against (read under the index lock)."""
         return self._version
 
-    def first_domain(self) -> tuple | None:
-        return self.allotment.first_domain()
+    def allotted(self, spreading: bool = False) -> Allotted | None:
+        return self.allotment.allotted(spreading)
 
     def spend(self, key: str) -> bool:
         """Whether `key`'s new hold (under the index lock) is taken from this replica's allotment."""

@@ -16,7 +16,7 @@ import time
 import zlib
 from typing import Callable
 
-from ..core.model import GROUP_MISMATCH, NO_ROOM_NOW, Decision, DomainRef, Outcome, PlacementRequest
+from ..core.model import GROUP_MISMATCH, NO_ROOM_NOW, Decision, DomainRef, Outcome, PlacementRequest, Strategy
 from ..state.gated import GatedGroup
 from ..state.index import ClusterIndex
 from ..state.tree import TopologyTree
@@ -137,11 +137,26 @@ def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None
         return place_and_reserve(index, request, key), []
 
     def decide() -> Decision:  # under the lock: the allotment as it is now, after a 409 too
-        first = None if group else claims.first_domain()
-        return place_and_reserve(index, dataclasses.replace(request, search_first=first) if first else request, key)
+        spreading = (request.strategy is Strategy.DISTRIBUTED and not request.latency_sensitive
+                     and not request.preferred_domain)  # round-robin over the leaves with room
+        allotted = None if group else claims.allotted(spreading)
+        if allotted is None:
+            return place_and_reserve(index, request, key)
+        if allotted.spread and spreading:
+            spread = place_and_reserve(index, on_nodes(request, list(allotted.spread)), key)
+            if spread.outcome is Outcome.PLACED and _apart(index, spread, request.pods):
+                return dataclasses.replace(spread, request=request)
+        return place_and_reserve(index, dataclasses.replace(request, search_first=allotted.domain), key)
     decision, alone = _shared(index, key, request.workload, decide, may_spend=not group)
     assert decision is not None
     return decision, alone
+
+
+def _apart(index: ClusterIndex, spread: Decision, pods: int) -> bool:
+    """Whether a spread decided on an allotment's nodes for spreads is as far apart as one decided
+    on every node would start: each pod on a node and a leaf of its own."""
+    leaves = {index.tree.nodes[assigned.node].parent for assigned in spread.assignment}
+    return len(spread.assignment) == len(leaves) == pods
 
 
 def start_gated(index: ClusterIndex, group: GatedGroup) -> tuple[Decision | None, list[str]]:

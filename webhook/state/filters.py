@@ -175,12 +175,15 @@ class NodeFilters:
         return True
 
     def candidates(self, request: PlacementRequest, nodes: Mapping[str, NodeState]) -> Iterable[NodeState]:
-        """Nodes worth testing against the request: narrowed by nodeSelector and `In` terms."""
+        """Nodes worth testing against the request: narrowed by nodeSelector and `In` terms (of
+        labels, and of node names)."""
         narrowed: list[set[str]] = [self.by_label.get(item, set()) for item in request.node_selector.items()]
         per_term: list[set[str]] = []
         for term in request.required_node_terms:
             ins = [set().union(*(self.by_label.get((e.get("key"), v), set()) for v in e.get("values") or ()))
                    for e in term.get("matchExpressions") or () if e.get("operator") == "In"]
+            ins += [set(e.get("values") or ()) for e in term.get("matchFields") or ()
+                    if e.get("key") == "metadata.name" and e.get("operator") == "In"]
             if not ins:
                 per_term = []
                 break

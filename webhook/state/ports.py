@@ -2,9 +2,17 @@
 scale-ups), as the index and the placer call them, so that state/ and placement/ never import kube/."""
 from __future__ import annotations
 
-from typing import Mapping, Protocol, Sequence
+from typing import Mapping, NamedTuple, Protocol, Sequence
 
 from ..core.model import PlacementRequest
+
+
+class Allotted(NamedTuple):
+    """What this replica's allotment offers a placement now: the domain a consolidated or balanced
+    one searches first, and the nodes (one or two per leaf, across leaves) a spread tries first."""
+
+    domain: tuple
+    spread: tuple[str, ...]
 
 
 class SharedClaims(Protocol):
@@ -14,7 +22,7 @@ class SharedClaims(Protocol):
 
     def basis(self) -> int: ...  # the claims version decisions now see (read under the index lock)
     def claim(self, key: str, basis: int, deadline: float) -> str | None: ...  # None, CONFLICT or why not
-    def first_domain(self) -> tuple | None: ...  # the path of this replica's allotment, to search first
+    def allotted(self, spreading: bool = False) -> Allotted | None: ...  # to search first; None: none usable
     def spend(self, key: str) -> bool: ...  # True: key's new hold lies in the allotment, no claim needed now
     def ask_back(self, deadline: float, request: PlacementRequest) -> bool: ...  # True: others' allotments given back
     def unclaim(self, key: str, deadline: float) -> str | None: ...
