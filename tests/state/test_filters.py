@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from webhook.settings.config import Config
 from webhook.state.filters import NodeFilters, node_matches, tolerates
 from webhook.core.model import PlacementRequest
-from webhook.objects.feed import parse_node
+from webhook.objects.feed import index_of, parse_node
+from webhook.placement.placer import on_nodes
 from webhook.kube.demo import make_node
 
 CONFIG = Config()
@@ -82,3 +83,18 @@ def test_the_indexes_never_leave_out_a_node_a_request_may_use(specs, wanted):
     for state in nodes.values():  # counting out restores the empty index
         filters.count(state, -1)
     assert filters.gpu_nodes == 0 and not filters.by_label and not any(filters.taint_counts.values())
+
+
+def test_subsets_naming_nodes_are_kept_four_at_a_time_beside_the_others():
+    """An allotment's nodes for spreads change as they fill: every subset is counted again at each
+    change of its nodes, so old ones must not pile up to MAX_SUBSETS."""
+    index = index_of(CONFIG, [make_node(f"n{i}", {"pool": "a" if i % 2 else "b"}, 8) for i in range(12)], [])
+    selected = request(node_selector={"pool": "a"})
+    index.restricted_to(selected)
+    for i in range(6):
+        subset = index.restricted_to(on_nodes(request(), [f"n{i}", f"n{i + 1}"]))
+        assert set(subset.nodes) == {f"n{i}", f"n{i + 1}"}
+    kept = [held for held, _ in index.subsets]
+    assert len(kept) == 5 and selected in kept
+    assert [term["matchFields"][0]["values"] for held in kept if held is not selected
+            for term in held.required_node_terms] == [[f"n{i}", f"n{i + 1}"] for i in range(2, 6)]

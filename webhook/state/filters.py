@@ -20,6 +20,7 @@ from ..core.model import PlacementRequest
 from .tree import NodeState, TopologyTree
 
 MAX_SUBSETS = 32
+MAX_NAMED_SUBSETS = 4
 
 
 def tolerates(tolerations: Iterable[Mapping], taint: tuple[str, str, str]) -> bool:
@@ -216,9 +217,17 @@ class NodeFilters:
         return False
 
 
+def _names_nodes(request: PlacementRequest) -> bool:
+    return any(e.get("key") == "metadata.name" for term in request.required_node_terms
+               for e in term.get("matchFields") or ())
+
+
 class ConstrainedSubsets:
     """Trees of the nodes constrained requests may use, by their constraints (at most
-    `MAX_SUBSETS`, least recently used dropped), so repeated selectors cost one build."""
+    `MAX_SUBSETS`, least recently used dropped), so repeated selectors cost one build. Of those
+    naming nodes (a group placed by another replica, an allotment's nodes for spreads), which
+    change as GPUs are held and freed, only the last MAX_NAMED_SUBSETS are kept: every subset is
+    counted again at every change of its nodes."""
 
     def __init__(self) -> None:
         self._subsets: OrderedDict[tuple, tuple[PlacementRequest, TopologyTree]] = OrderedDict()
@@ -240,6 +249,9 @@ class ConstrainedSubsets:
                 if node_matches(node, request):
                     subset.attach(dataclasses.replace(node, parent=None))  # shares pods and holds
             cached = self._subsets[signature] = (request, subset)
+            named = [key for key, (held, _) in self._subsets.items() if _names_nodes(held)]
+            for key in named[:-MAX_NAMED_SUBSETS]:
+                del self._subsets[key]
             if len(self._subsets) > MAX_SUBSETS:
                 self._subsets.popitem(last=False)
         self._subsets.move_to_end(signature)
