@@ -9,7 +9,7 @@ from ..core.model import PlacementRequest
 
 class Allotted(NamedTuple):
     """What this replica's allotment offers a placement now: the domain a consolidated or balanced
-    one searches first, and the nodes (one or two per leaf, across leaves) a spread tries first."""
+    one searches first, and the nodes (one per leaf, across leaves) a spread tries first."""
 
     domain: tuple
     spread: tuple[str, ...]
