@@ -230,6 +230,19 @@ def test_a_placement_inside_the_allotment_is_answered_without_a_write_and_writte
         assert leaf_of(placed.nodes[0]) != leaf_of(first.nodes[0]), "never on a's allotment"
 
 
+def test_an_allotment_renewed_where_it_was_only_lasts_longer_on_the_other_replica(fake, wide_views):
+    a, b = wide_views
+    place_shared(a.index, whole_node("first"), "ml/Job/first")
+    key = a.index.shared_claims.allotment.key
+    written = read_claims(fake.get("leases", LEASE))[key]
+    held = eventually(lambda: b.index.ledger.hold(key), what="a's allotment held on b")
+    place_shared(a.index, whole_node("second"), "ml/Job/second")  # taken from it: the flush renews it
+    eventually(lambda: "ml/Job/second" in b.index.ledger.holds, what="the flush applied on b")
+    renewed = read_claims(fake.get("leases", LEASE))[key]
+    assert renewed["sets"] == written["sets"] and renewed["expires"] > written["expires"]
+    assert b.index.ledger.hold(key) is held, "the same hold, lasting longer: no node counted again"
+
+
 def test_gpus_freed_on_an_allotted_node_after_the_allotment_was_written_are_taken_without_a_write(fake, make_view):
     for i in range(32):
         fake.put_node(make_node(f"n{i}", {**LABELS, LEAF: f"leaf-{i // 4}"}))

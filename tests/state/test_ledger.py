@@ -34,6 +34,25 @@ def test_holds_expire_by_the_ledgers_own_clock_and_a_renewal_restarts_it(clock):
     assert ledger.expire() == {"n1"} and ledger.holds == {}
 
 
+def test_a_hold_renewed_with_the_same_sets_changes_no_node_and_keeps_its_bound_pods(clock):
+    """Another replica's claim renewed (its allotment, at each of its writes) costs no recount of
+    its nodes, and the pods already counted against it are not counted again. Only the holder's
+    own renewal: a hold is otherwise replaced, a new object (a gated release tells by it that
+    another replica claimed the same workload)."""
+    ledger = ReservationLedger(TTL, clock)
+    ledger.reserve("ml/Job/a", {"n1": [(0,), (1,)], "n2": [(0,)]})
+    assert ledger.confirm("ml/Job/a", "ml/a-0", "ml", "n2") == {"n2"}
+    held = ledger.hold("ml/Job/a")
+    assert not ledger.renew("ml/Job/a", {"n1": [(1,)]}, TTL * 2), "other sets: nothing renewed"
+    assert ledger.renew("ml/Job/a", {"n1": [(0,), (1,)]}, TTL * 2) and ledger.hold("ml/Job/a") is held
+    assert ledger.confirm("ml/Job/a", "ml/a-0", "ml", "n1") == set(), "counted once"
+    clock.now += TTL + 1
+    assert ledger.expire() == set() and ledger.hold("ml/Job/a").sets == {"n1": [(0,), (1,)]}
+    clock.now += TTL
+    assert ledger.expire() == {"n1"} and ledger.holds == {}
+    assert not ledger.renew("ml/Job/a", {"n1": [(0,), (1,)]}, TTL), "no hold: nothing renewed"
+
+
 def test_a_pod_of_another_namespace_confirms_nothing(clock):
     ledger = ReservationLedger(TTL, clock)
     ledger.reserve("team-victim/Job/train", {"n1": [(0, 1, 2, 3)]})

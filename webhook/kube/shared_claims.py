@@ -63,6 +63,25 @@ def describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
+def _hold(index: ClusterIndex, allotment: Allotment, applied: dict[str, dict], claims: dict[str, dict],
+          now: float) -> None:
+    """Make the ledger hold `claims` where it held `applied` (under the index lock): a claim new
+    or changed is held for the time it has left, one renewed with the same sets only lasts longer
+    (no node to count again), one gone is released."""
+    for key, claim in claims.items():
+        if key in allotment.spent:
+            continue  # placed here since this version was written: the hold here is newer
+        until = lapses(key, claim, allotment.seconds)
+        before = applied.get(key)
+        if before == claim or until <= now:
+            continue
+        sets = sets_of(claim)
+        if before is None or before["sets"] != claim["sets"] or not index.ledger.renew(key, sets, until - now):
+            index.reserve(key, sets, ttl=until - now)
+    for key in applied.keys() - claims.keys():
+        index.release(key)
+
+
 _WAITING = "waiting"
 
 
@@ -142,14 +161,7 @@ class ApiClaims:
             now = self.wall()
             self.allotment.applied(claims.pop(self.allotment.key, None),  # not held here: taken from
                                    claims.get(WANT_PREFIX + self.allotment.key))
-            for key, claim in claims.items():
-                if key in self.allotment.spent:
-                    continue  # placed here since this version was written: the hold here is newer
-                until = lapses(key, claim, self.allotment.seconds)
-                if self._applied.get(key) != claim and until > now:
-                    self.index.reserve(key, sets_of(claim), ttl=until - now)
-            for key in self._applied.keys() - claims.keys():
-                self.index.release(key)
+            _hold(self.index, self.allotment, self._applied, claims, now)
             self._applied = claims
 
     def deleted(self, lease: dict) -> None:

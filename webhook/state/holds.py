@@ -155,6 +155,16 @@ class ReservationLedger:
         heapq.heappush(self._expiry, (reservation.expires_at, key))
         return changed | set(sets) | self._pod_nodes_of(key)
 
+    def renew(self, key: str, sets_per_node: Mapping[str, Iterable[GpuSet]], ttl: float) -> bool:
+        """Move the end of `key`'s hold to now + `ttl` when it holds exactly these sets (no node
+        changes, and the pods counted against it stay counted); False, changing nothing, otherwise."""
+        held = self.holds.get(key)
+        if held is None or held.sets != {node: list(sets) for node, sets in sets_per_node.items() if sets}:
+            return False
+        held.expires_at = self.clock() + ttl
+        heapq.heappush(self._expiry, (held.expires_at, key))
+        return True
+
     def release(self, key: str) -> set[str]:
         reservation = self.holds.pop(key, None)
         if reservation is None:
