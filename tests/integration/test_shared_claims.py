@@ -280,7 +280,7 @@ def test_spreads_are_answered_without_a_write_from_nodes_across_leaves_the_allot
         fake, wide_views):
     a, b = wide_views
     place_shared(a.index, whole_node("first"), "ml/Job/first")
-    first_spread, _ = place_shared(a.index, spread_of("s1", 2), "ml/Job/s1")  # asks: none held for spreads yet
+    place_shared(a.index, spread_of("s1", 2), "ml/Job/s1")  # asks: none held for spreads yet
     assert len(successful_writes(fake)) == 2, "written before its answer"
     claim = next(claim for key, claim in read_claims(fake.get("leases", LEASE)).items()
                  if key.startswith(allotment.ALLOTMENT_PREFIX))
