@@ -136,9 +136,10 @@ def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None
     if claims is None or key is None:
         return place_and_reserve(index, request, key), []
 
+    spreading = (request.strategy is Strategy.DISTRIBUTED and not request.latency_sensitive
+                 and not request.preferred_domain)  # round-robin over the leaves with room
+
     def decide() -> Decision:  # under the lock: the allotment as it is now, after a 409 too
-        spreading = (request.strategy is Strategy.DISTRIBUTED and not request.latency_sensitive
-                     and not request.preferred_domain)  # round-robin over the leaves with room
         allotted = None if group else claims.allotted(spreading)
         if allotted is None:
             return place_and_reserve(index, request, key)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..settings.config import Config
-from .tree import TopologyTree
+from .tree import NodeState, TopologyTree
 
 
 @dataclass(frozen=True)
@@ -19,11 +19,16 @@ class ClusterStats:
     preset: str = "configured"  # the preset `levels: auto` chose, or "configured"
 
 
+def reserved_on(node: NodeState) -> int:
+    """Held GPUs that are neither free nor used by a pod: a hold over GPUs a pod already has (one
+    whose IDs we do not know, or an allotment's whole node) counts once."""
+    return min(node.held_gpus, max(0, node.gpus - node.free - node.used))
+
+
 def cluster_stats(tree: TopologyTree, config: Config, preset: str | None) -> ClusterStats:
     total = tree.root.alloc_gpus
     free = tree.root.free_gpus
-    # held and neither used nor free: a hold over GPUs whose pods hold no IDs counts once
-    reserved = sum(min(n.held_gpus, max(0, n.gpus - n.free - n.used)) for n in tree.nodes.values() if n.eligible)
+    reserved = sum(reserved_on(n) for n in tree.nodes.values() if n.eligible)
     stranded = sum(n.free for n in tree.nodes.values() if 0 < n.free < n.gpus)
     # Domains of several nodes only: a level whose domains are single hosts (GKE's host level,
     # nodes missing a label) would give a series per node, without bound.

@@ -20,6 +20,7 @@ from typing import Iterable, Sequence, cast
 
 from ...admission import AdmissionOutcome, AdmissionResult
 from ...state.index import ClusterIndex
+from ...state.stats import reserved_on
 from ...state.tree import Domain, NodeState
 
 SCHEMA_VERSION = 1
@@ -121,7 +122,7 @@ def node_counts(node: NodeState) -> dict[str, int]:
     neither takes on an out-of-service node is out."""
     free = node.free
     used = min(node.used, node.gpus - free)
-    held = min(node.held_gpus, node.gpus - free - used)
+    held = reserved_on(node)
     return {"total": node.gpus, "used": used, "held": held, "free": free, "out": node.gpus - free - used - held}
 
 
