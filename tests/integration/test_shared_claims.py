@@ -11,7 +11,7 @@ import pytest
 from conftest import LABELS, LEAF, eventually
 
 from webhook.kube import allotment
-from webhook.kube.claims_text import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
+from webhook.kube.claims_text import CLAIMS_ANNOTATION, LEASE_NAME, lease_body, read_claims
 from webhook.kube.demo import make_node, make_pod
 from webhook.core.model import Outcome, PlacementRequest, Strategy
 from webhook.placement.placer import place_and_reserve, place_group, place_shared, release_shared
@@ -515,3 +515,15 @@ def test_an_ask_that_cannot_be_written_answers_the_wait_at_once(fake, wide_views
     started = time.monotonic()
     assert place_shared(b.index, whole_node("last"), "ml/Job/last")[0].outcome is Outcome.WAIT
     assert time.monotonic() - started < 0.5, "not retried until the budget runs out"
+
+
+def test_a_claim_read_again_unchanged_is_the_object_read_before():
+    """How a replica applies a version cheaply: the claims it had read come back as the same
+    objects (one identity check each in the ledger), the changed ones as new ones."""
+    def lease(claims):
+        return lease_body(claims, NAMESPACE, "replica-a", None, 30)
+    kept, moved = ({"expires": 100.0, "sets": {node: ["0-3"]}} for node in ("n0", "n1"))
+    before = read_claims(lease({"ml/Job/kept": kept, "ml/Job/moved": moved}))
+    after = read_claims(lease({"ml/Job/kept": kept, "ml/Job/moved": {**moved, "sets": {"n2": ["0-3"]}}}), before)
+    assert after["ml/Job/kept"] is before["ml/Job/kept"]
+    assert after["ml/Job/moved"] is not before["ml/Job/moved"] and after["ml/Job/moved"]["sets"] == {"n2": ["0-3"]}

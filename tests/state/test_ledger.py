@@ -96,3 +96,33 @@ def test_holds_over_gpus_a_pod_or_another_hold_has_count_once(clock):
     assert (stats.gpus_used, stats.gpus_reserved, stats.gpus_total) == (4, 4, 8)
     index.release("allotment/other-replica")
     assert index.nodes["n"].free == 2 and index.stats().gpus_reserved == 2
+
+
+def test_a_hold_replaced_changes_only_the_nodes_whose_sets_differ(clock):
+    """A claim written again with one node more and one less (another replica's allotment, of a
+    hundred nodes) costs two recounts, not a hundred; the pods' holds under its key count neither
+    before nor after, so their nodes do not change, as they do when the hold is made or released."""
+    ledger = ReservationLedger(TTL, clock)
+    whole = [tuple(range(8))]
+    ledger.hold_pod("ml/a-0", "ml/Job/a", "ml", "p", (0,))
+    assert ledger.reserve("ml/Job/a", {f"n{i}": whole for i in range(100)}) == {f"n{i}" for i in range(100)} | {"p"}
+    assert ledger.reserve("ml/Job/a", {f"n{i}": whole for i in range(1, 101)}) == {"n0", "n100"}
+    assert ledger.reserve("ml/Job/a", {**{f"n{i}": whole for i in range(1, 101)}, "n5": [(0, 1)]}) == {"n5"}
+    assert ledger.reserve("ml/Job/a", {f"n{i}": whole for i in range(1, 101)}, ttl=TTL * 2) == {"n5"}
+    assert ledger.hold("ml/Job/a").expires_at == clock.now + TTL * 2, "still a new hold, for its own time"
+    assert ledger.reserve("ml/Job/a", {}) == {f"n{i}" for i in range(1, 101)} | {"p"}
+
+
+def test_an_index_whose_hold_was_replaced_counts_as_one_holding_the_new_sets_from_the_start(clock):
+    nodes = [make_node(f"n{i}", {"topology.scheduler/leaf": f"l{i % 2}"}, 8) for i in range(6)]
+    pods = [make_pod("running", "n1", 2, "ml", annotations={GPU_IDS: "0-1"})]
+    replaced, fresh = index_of(Config(), nodes, pods, clock), index_of(Config(), nodes, pods, clock)
+    replaced.reserve("allotment/r", {"n0": [tuple(range(8))], "n1": [tuple(range(8))], "n2": [(0, 1)]})
+    new = {"n1": [tuple(range(8))], "n2": [(0, 1), (2, 3)], "n3": [(4,)]}
+    replaced.reserve("allotment/r", new)
+    fresh.reserve("allotment/r", new)
+    assert {name: node.free for name, node in replaced.nodes.items()} == \
+        {name: node.free for name, node in fresh.nodes.items()} == {"n0": 8, "n1": 0, "n2": 4, "n3": 7, "n4": 8, "n5": 8}
+    assert replaced.stats() == fresh.stats()
+    assert [leaf.free_gpus for leaf in replaced.tree.levels[-1].values()] == \
+        [leaf.free_gpus for leaf in fresh.tree.levels[-1].values()]

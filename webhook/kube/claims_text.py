@@ -19,8 +19,9 @@ CLAIMS_ANNOTATION = "topology.scheduler/claims"
 
 def read_claims(lease: dict | None, known: Mapping[str, dict] | None = None) -> dict[str, dict]:
     """The claims a Lease carries: key -> {"expires": unix seconds, "sets": {node: ["0-7", ...]}}.
-    A claim that cannot be read is left out (logged): it must not stop the others. Claims equal
-    to one in `known` (read before) are not checked again: a write changes one claim of many."""
+    A claim that cannot be read is left out (logged): it must not stop the others. A claim equal
+    to one in `known` (read before) is not checked again and is returned as that very object, so
+    a reader tells it unchanged by identity: a write changes one claim of many."""
     text = (((lease or {}).get("metadata") or {}).get("annotations") or {}).get(CLAIMS_ANNOTATION)
     if not text:
         return {}
@@ -29,11 +30,12 @@ def read_claims(lease: dict | None, known: Mapping[str, dict] | None = None) -> 
     except ValueError:
         log.warning("lease %s: annotation %s is not JSON; ignoring its claims", LEASE_NAME, CLAIMS_ANNOTATION)
         return {}
-    readable = {}
+    readable: dict[str, dict] = {}
     known = known or {}
     for key, claim in claims.items() if isinstance(claims, dict) else ():
-        if known.get(key) == claim:
-            readable[key] = claim
+        before = known.get(key)
+        if before is not None and before == claim:
+            readable[key] = before
             continue
         try:
             sets_of(claim)

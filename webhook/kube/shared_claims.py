@@ -67,12 +67,13 @@ def _hold(index: ClusterIndex, allotment: Allotment, applied: dict[str, dict], c
           now: float) -> None:
     """Make the ledger hold `claims` where it held `applied` (under the index lock): a claim new
     or changed is held for the time it has left, one renewed with the same sets only lasts longer
-    (no node to count again), one gone is released."""
+    (no node to count again), one gone is released. A claim unchanged is the object applied
+    (read_claims), so most of a version costs a lookup each."""
     for key, claim in claims.items():
-        if key in allotment.spent:
-            continue  # placed here since this version was written: the hold here is newer
-        until = lapses(key, claim, allotment.seconds)
         before = applied.get(key)
+        if before is claim or key in allotment.spent:
+            continue  # unchanged, or placed here since this version was written (the hold here is newer)
+        until = lapses(key, claim, allotment.seconds)
         if before == claim or until <= now:
             continue
         sets = sets_of(claim)

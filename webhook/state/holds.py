@@ -143,7 +143,9 @@ class ReservationLedger:
     def reserve(self, key: str, sets_per_node: Mapping[str, Iterable[GpuSet]], ttl: float | None = None) -> set[str]:
         """Hold GPU sets for `key` until now + TTL (`ttl`, for a claim made elsewhere: what is left
         of it). Reserving a key again replaces its old hold, so placing a workload again never
-        books it twice. Returns the nodes whose holds changed."""
+        books it twice. Returns the nodes whose holds changed: where a hold is replaced, only the
+        nodes whose sets differ (another replica's allotment changes a few nodes of a hundred)."""
+        before = self.holds.get(key)
         changed = self.release(key)
         sets = {node: list(held) for node, held in sets_per_node.items() if held}
         if not sets:
@@ -153,7 +155,10 @@ class ReservationLedger:
         for node, held in sets.items():
             self._on_node.setdefault(node, {})[key] = held
         heapq.heappush(self._expiry, (reservation.expires_at, key))
-        return changed | set(sets) | self._pod_nodes_of(key)
+        if before is None:
+            return changed | set(sets) | self._pod_nodes_of(key)
+        # held before and after, so its pods' holds count neither time
+        return {node for node in changed | sets.keys() if before.sets.get(node) != sets.get(node)}
 
     def renew(self, key: str, sets_per_node: Mapping[str, Iterable[GpuSet]], ttl: float) -> bool:
         """Move the end of `key`'s hold to now + `ttl` when it holds exactly these sets (no node
