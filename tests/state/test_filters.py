@@ -98,3 +98,25 @@ def test_subsets_naming_nodes_are_kept_four_at_a_time_beside_the_others():
     assert len(kept) == 5 and selected in kept
     assert [term["matchFields"][0]["values"] for held in kept if held is not selected
             for term in held.required_node_terms] == [[f"n{i}", f"n{i + 1}"] for i in range(2, 6)]
+
+
+def test_a_subset_naming_other_nodes_is_the_oldest_alike_moved_and_counts_as_one_built_afresh():
+    """Nodes for spreads change by a few at each of an allotment's writes: the subset for the new
+    names is the least recently used one naming nodes for an otherwise equal request, with only
+    the nodes that differ moved, and it counts GPUs as a subset built for those names would."""
+    nodes = [make_node(f"n{i}", {"pool": "a" if i % 2 else "b", "topology.scheduler/leaf": f"l{i % 3}"}, 8)
+             for i in range(12)]
+    index, fresh = index_of(CONFIG, nodes, []), index_of(CONFIG, nodes, [])
+    index.reserve("ml/Job/held", {"n3": [(0, 1, 2)], "n7": [(4,)]})
+    fresh.reserve("ml/Job/held", {"n3": [(0, 1, 2)], "n7": [(4,)]})
+    olds = [index.restricted_to(on_nodes(request(), [f"n{i}", f"n{i + 1}", f"n{i + 2}"])) for i in range(4)]
+    unlike = index.restricted_to(on_nodes(request(node_selector={"pool": "a"}), ["n9", "n11"]))
+    assert len({id(subset) for subset in [*olds, unlike]}) == 5
+    moved = index.restricted_to(on_nodes(request(), ["n1", "n3", "n7"]))
+    assert moved is olds[1], "the oldest alike kept (olds[0] went when the fifth subset naming nodes was built)"
+    built = fresh.restricted_to(on_nodes(request(), ["n1", "n3", "n7"]))
+    assert set(moved.nodes) == set(built.nodes) == {"n1", "n3", "n7"}
+    assert moved.root.free_gpus == built.root.free_gpus == 8 + 5 + 7
+    assert {leaf.path: leaf.free_gpus for leaf in moved.levels[-1].values()} == \
+        {leaf.path: leaf.free_gpus for leaf in built.levels[-1].values()}
+    assert index.restricted_to(on_nodes(request(node_selector={"pool": "a"}), ["n9", "n11"])) is unlike
