@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import review_of
 from tests.fixtures.builders import gpu_job, gpu_pod
+from webhook.core.gpus import nvlink_groups
 from webhook.objects.feed import index_of
 from webhook.objects import feed
 from webhook import cli
@@ -261,7 +262,7 @@ def test_every_domain_sums_its_nodes_and_every_node_its_gpus(cluster):
         gpus = node["gpus"]
         assert gpus["free"] == state.free and gpus["total"] == state.gpus
         assert gpus["used"] + gpus["held"] + gpus["free"] + gpus["out"] == gpus["total"]
-        assert [len(group) for group in node["nvlink"]] == [len(group) for group in state.nvlink_groups()]
+        assert [len(group) for group in node["nvlink"]] == [len(group) for group in nvlink_groups(state.nvlink_domains, state.gpus)]
         letters = "".join(node["nvlink"])
         assert [letters.count(c) for c in "uhfx"] == [gpus["used"], gpus["held"], gpus["free"], gpus["out"]]
     free_on_page = read_page(render(data)).free

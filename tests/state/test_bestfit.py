@@ -38,9 +38,8 @@ change = st.tuples(st.integers(0, 7), st.integers(0, 3), st.integers(0, 8))  # (
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(change, max_size=6), min_size=1, max_size=6), st.sampled_from([1, 2, 4, 8]),
-       st.integers(1, 6))
-def test_an_order_caught_up_after_any_changes_answers_as_a_full_sort_would(rounds, gpus, pods):
+@given(st.lists(st.lists(change, max_size=6), min_size=1, max_size=6), st.sampled_from([1, 2, 4, 8]))
+def test_an_order_caught_up_after_any_changes_answers_as_a_full_sort_would(rounds, gpus):
     domains = {(("leaf", f"l{i}"),): FakeDomain((("leaf", f"l{i}"),)) for i in range(8)}
     for domain in domains.values():
         domain.free_by_node = [8, 8, 8, 8]
@@ -50,9 +49,10 @@ def test_an_order_caught_up_after_any_changes_answers_as_a_full_sort_would(round
         for which, node, free in changes:
             by_index[which].free_by_node[node] = free
             level.touch(by_index[which])
-        fitting = [d for d in domains.values() if d.fits_now(gpus) >= pods]
-        want = min(fitting, key=lambda d: orderings.best_fit(d, gpus)) if fitting else None
-        assert level.best_fit(gpus, pods) is want
+        for pods in range(1, 34):  # every answer: a key kept out of order misleads some search
+            fitting = [d for d in domains.values() if d.fits_now(gpus) >= pods]
+            want = min(fitting, key=lambda d: orderings.best_fit(d, gpus)) if fitting else None
+            assert level.best_fit(gpus, pods) is want
         open_ones = sorted((d for d in domains.values() if d.slots(gpus)), key=lambda d: orderings.roomiest(d, gpus))
         assert level.roomiest(gpus, 3) == open_ones[:3]
 

@@ -92,3 +92,16 @@ def test_a_pods_link_is_nvlink_only_inside_one_nvlink_domain():
     assert pcie_pairs.link_for((0, 1)) is Interconnect.NVLINK
     assert pcie_pairs.link_for((1, 2)) is Interconnect.PCIE
     assert pcie_pairs.link_for((3,)) is Interconnect.NVLINK  # one GPU talks to nobody
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["0-7", "0-3,4-7", "0-1,2-3,4-5,6-7", "0-5", "0-7,8-9", None]),
+       st.sets(st.integers(0, 7)), st.integers(1, 8))
+def test_a_pod_is_aligned_where_the_gpus_picked_for_it_share_an_nvlink_domain(declared, taken, gpus):
+    """pod_aligned skips the pick where one domain holds every GPU; it must answer as the pick does,
+    wherever the node's domains leave GPUs out (0-5) or name more than it has (0-7,8-9)."""
+    annotations = {"topology.scheduler/nvlink-domains": declared} if declared else {}
+    state = parse_node(make_node("n", {}, 8, annotations=annotations), CONFIG)
+    state.pods["p"] = (len(taken), tuple(sorted(taken)))
+    picked = state.pick_gpus(gpus, state.taken_ids)
+    assert state.pod_aligned(gpus) is (state.link_for(picked) is Interconnect.NVLINK)

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..core.model import Decision, quoted
+from ..core.model import MAPPINGS, Decision, quoted
 from ..objects.templates import mapping_of
 from ..objects.patch import encode, make_patch
 
@@ -133,7 +133,7 @@ def make_review(obj: Mapping, operation: str = "CREATE", namespace: str | None =
 
 def parse(body: object) -> Request:
     """The review's request; raises MalformedReview for a body that is not an AdmissionReview."""
-    if not isinstance(body, Mapping):
+    if not isinstance(body, MAPPINGS):
         raise MalformedReview(f"body is a JSON {type(body).__name__}, not an AdmissionReview object")
     if body.get("kind") != "AdmissionReview":
         raise MalformedReview(f"kind is {quoted(body.get('kind'))}, expected 'AdmissionReview'")
@@ -141,7 +141,7 @@ def parse(body: object) -> Request:
     if api_version not in REVIEW_API_VERSIONS:
         raise MalformedReview(f"apiVersion {quoted(api_version)} is not one of {', '.join(REVIEW_API_VERSIONS)}")
     request = body.get("request")
-    if not isinstance(request, Mapping):
+    if not isinstance(request, MAPPINGS):
         raise MalformedReview("request is missing or not an object")
     uid = request.get("uid")
     if not isinstance(uid, str) or not uid:

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from .model import ANNOTATION_PREFIX, PlacementRequest, Strategy
+from .model import ANNOTATION_PREFIX, MAPPINGS, PlacementRequest, Strategy
 
 PLACEMENT = ANNOTATION_PREFIX + "placement"
 GPU_IDS = ANNOTATION_PREFIX + "gpu-ids"
@@ -120,17 +120,17 @@ def _decidable(request: PlacementRequest) -> bool:
         return False
     terms = request.required_node_terms
     return len(terms) <= _MOST_TERMS and all(_node_term(t) for t in terms) and all(
-        isinstance(t, Mapping) for t in request.tolerations) and all(n >= 0 for _, n in request.resources)
+        isinstance(t, MAPPINGS) for t in request.tolerations) and all(n >= 0 for _, n in request.resources)
 
 
 def _node_term(term: object) -> bool:
     """A nodeSelectorTerm: lists of {key, operator, values} requirements."""
-    if not isinstance(term, Mapping):
+    if not isinstance(term, MAPPINGS):
         return False
     for part in ("matchExpressions", "matchFields"):
         expressions = term.get(part) or []
         if not isinstance(expressions, list) or not all(
-                isinstance(e, Mapping) and isinstance(e.get("key"), str) and isinstance(e.get("operator"), str)
+                isinstance(e, MAPPINGS) and isinstance(e.get("key"), str) and isinstance(e.get("operator"), str)
                 and isinstance(e.get("values") or [], list) for e in expressions):
             return False
     return True
@@ -189,8 +189,8 @@ def annotations_of(template: Mapping | None) -> Mapping:
     """The template's annotations; {} when absent or not a map (a DELETE's stored object is not
     shape-checked)."""
     meta = (template or {}).get("metadata")
-    found = meta.get("annotations") if isinstance(meta, Mapping) else None
-    return found if isinstance(found, Mapping) else {}
+    found = meta.get("annotations") if isinstance(meta, MAPPINGS) else None
+    return found if isinstance(found, MAPPINGS) else {}
 
 
 def recorded(template: Mapping | None) -> Injection:

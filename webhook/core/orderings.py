@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .model import Interconnect
-
 
 class Ranked(Protocol):
     """What the orderings read of a domain or a node (topology.Domain and NodeState meet it)."""
@@ -40,12 +38,7 @@ class GpuHost(Protocol):
     name: str
     free: int
 
-    @property
-    def taken_ids(self) -> set[int]: ...
-
-    def pick_gpus(self, count: int, taken: set[int]) -> tuple[int, ...]: ...
-
-    def link_for(self, ids: tuple[int, ...]) -> Interconnect: ...
+    def pod_aligned(self, gpus: int) -> bool: ...
 
 
 def best_fit(domain: Ranked, gpus: int) -> tuple:
@@ -62,7 +55,7 @@ def roomiest(domain: Ranked, gpus: int) -> tuple:
 
 def aligned_first(node: GpuHost, gpus: int) -> tuple:
     """A single-node pod among equally full nodes: one whose NVLink domain holds the pod whole wins."""
-    return node.link_for(node.pick_gpus(gpus, node.taken_ids)) is not Interconnect.NVLINK, node.name
+    return not node.pod_aligned(gpus), node.name
 
 
 def with_small_jobs_first(domain: Ranked, gpus: int) -> tuple:

@@ -30,7 +30,7 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from ..core.injection import GATE
-from ..core.model import Decision
+from ..core.model import MAPPINGS, Decision
 from ..objects import mutation
 from ..objects.patch import make_patch
 from ..placement.placer import release_shared, start_gated
@@ -244,7 +244,7 @@ class Releaser:
 def controller_of(pod: Mapping) -> Mapping | None:
     """The pod's controller ownerReference (its Job, say), if it has one."""
     for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
-        if isinstance(owner, Mapping) and owner.get("controller") is True:
+        if isinstance(owner, MAPPINGS) and owner.get("controller") is True:
             return owner
     return None
 

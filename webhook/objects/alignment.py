@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping
 
-from ..core.model import quoted
+from ..core.model import MAPPINGS, quoted
 from ..state.dra import CHANNEL_CLASS, RESOURCE_GROUP
 from .user_annotations import ALIGN, InvalidAnnotation
 from .templates import display_name, mapping_of
@@ -37,10 +37,10 @@ def handles(group: str, kind: str) -> bool:
 def _choice(request: Mapping) -> Mapping:
     """A request's first choice: `exactly`, else the first of `firstAvailable`."""
     exactly = request.get("exactly")
-    if isinstance(exactly, Mapping):
+    if isinstance(exactly, MAPPINGS):
         return exactly
     options = request.get("firstAvailable")
-    return options[0] if isinstance(options, list) and options and isinstance(options[0], Mapping) else {}
+    return options[0] if isinstance(options, list) and options and isinstance(options[0], MAPPINGS) else {}
 
 
 def _one_device(choice: Mapping) -> bool:
@@ -65,9 +65,9 @@ def aligned(obj: Mapping, namespace: str, is_gpu_class: Callable[[str], bool]) -
     found = devices.get("constraints")
     constraints: list = found if isinstance(found, list) else []
     attribute = ATTRIBUTES[how]
-    if any(isinstance(c, Mapping) and c.get("matchAttribute") == attribute for c in constraints):
+    if any(isinstance(c, MAPPINGS) and c.get("matchAttribute") == attribute for c in constraints):
         return None, []  # the user's own
-    requests: list[Mapping] = [r for r in devices["requests"] if isinstance(r, Mapping) and r.get("name")]
+    requests: list[Mapping] = [r for r in devices["requests"] if isinstance(r, MAPPINGS) and r.get("name")]
     if how == "numa":
         named: list[str] = []  # empty: every request of the claim
     else:

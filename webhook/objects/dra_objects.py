@@ -8,7 +8,7 @@ import re
 import sys
 from typing import Mapping
 
-from ..core.model import GPU_RESOURCE
+from ..core.model import GPU_RESOURCE, MAPPINGS
 from ..state.devices import DraFact
 from ..state.dra import (CHANNEL_CLASS, CLUSTER_SCOPED, COMPUTE_DOMAIN_LABEL, EXTENDED_RESOURCE_CLAIM, GPU_DRIVER,
                          ClaimEntry, ClaimFacts, ClaimRefs, DeviceRequest, PodGroupFacts, SliceFacts, TemplateFacts,
@@ -18,7 +18,7 @@ _GPU_TYPE = re.compile(r"""\.type\s*==\s*['"]gpu['"]""")
 
 
 def _mapping(value: object) -> Mapping:
-    return value if isinstance(value, Mapping) else {}
+    return value if isinstance(value, MAPPINGS) else {}
 
 
 def _list(value: object) -> list:

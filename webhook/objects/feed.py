@@ -14,7 +14,7 @@ from ..core.gpus import (NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_
                          pod_gpus, quantity_to_int)
 from ..core.injection import GATE, GPU_IDS, RESERVATION, WAITING_FOR, GateRecord, gate_record, parse_domain_path
 from ..core.memo import Memo
-from ..core.model import GPU_RESOURCE
+from ..core.model import GPU_RESOURCE, MAPPINGS
 from ..core.resources import node_allocatable, pod_requests
 from ..settings.config import Config, HardwareProfile
 from ..settings.presets import HOSTNAME_LABEL
@@ -243,7 +243,7 @@ def pending_hold(annotations: Mapping, spec: Mapping, gpus: int) -> tuple[str, s
 
 def holds_our_gate(pod: Mapping) -> bool:
     gates = (pod.get("spec") or {}).get("schedulingGates") or ()
-    return isinstance(gates, list) and any(isinstance(g, Mapping) and g.get("name") == GATE for g in gates)
+    return isinstance(gates, list) and any(isinstance(g, MAPPINGS) and g.get("name") == GATE for g in gates)
 
 
 def gated(pod: Mapping, key: bytes) -> GateRecord | str | None:
@@ -253,9 +253,9 @@ def gated(pod: Mapping, key: bytes) -> GateRecord | str | None:
     if not holds_our_gate(pod):
         return None
     meta = pod.get("metadata") or {}
-    if not isinstance(meta, Mapping) or not meta.get("name"):
+    if not isinstance(meta, MAPPINGS) or not meta.get("name"):
         return "it has no name"
     annotations = meta.get("annotations") or {}
-    if not isinstance(annotations, Mapping):
+    if not isinstance(annotations, MAPPINGS):
         return "its annotations are not a map"
     return gate_record(annotations, str(meta.get("namespace") or ""), key)

@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..core.model import ANNOTATION_PREFIX, quoted
+from ..core.model import ANNOTATION_PREFIX, MAPPINGS, quoted
 from .dra_objects import pod_group_of
 from ..state.holds import reservation_key
 
@@ -77,7 +77,7 @@ def membership(obj: Mapping, namespace: str, labels: Mapping, annotations: Mappi
                                "'.', '_' and '-' (at most 253 characters)")
         return Membership(reservation_key(namespace, "Group", text), f"group {namespace}/{text}", size, GROUP)
     spec = obj.get("spec")
-    pod_group = pod_group_of(spec if isinstance(spec, Mapping) else {})
+    pod_group = pod_group_of(spec if isinstance(spec, MAPPINGS) else {})
     if pod_group is not None:
         return Membership(reservation_key(namespace, POD_GROUP, pod_group), f"PodGroup {namespace}/{pod_group}", size,
                           POD_GROUP_FIELD)
@@ -130,7 +130,7 @@ def _owner_kind(obj: Mapping) -> str:
     names another kind's object (a Job, a Deployment) can never take that object's key."""
     owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
     for owner in owners:
-        if isinstance(owner, Mapping) and owner.get("controller") is True and owner.get("kind") in KUBEFLOW_KINDS:
+        if isinstance(owner, MAPPINGS) and owner.get("controller") is True and owner.get("kind") in KUBEFLOW_KINDS:
             return str(owner["kind"])
     return "KubeflowJob"
 

@@ -41,7 +41,7 @@ from ..settings.presets import HOSTNAME_LABEL
 from ..core.injection import (GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT,
                               REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL, Injection, annotations_of, at,
                               dumps_request, recorded, seal_gate)
-from ..core.model import ANNOTATION_PREFIX, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, Decision, Hold, Outcome, Strategy
+from ..core.model import ANNOTATION_PREFIX, EXCEEDS_NODES, GROWS_POOL, MAPPINGS, NO_MATCHING_NODES, Decision, Hold, Outcome, Strategy
 from .reconcile import annotations_in, containers, copy_tree, put, rewrite, set_annotations
 from .subject import Subject
 
@@ -245,4 +245,4 @@ def _gpu_containers(spec: Mapping) -> list[dict]:
     by_limits = [c for c in found if container_gpus(c) > 0]
     if by_limits:
         return by_limits
-    return [c for c in found if isinstance(c.get("resources"), Mapping) and c["resources"].get("claims")]
+    return [c for c in found if isinstance(c.get("resources"), MAPPINGS) and c["resources"].get("claims")]

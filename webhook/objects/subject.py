@@ -16,7 +16,7 @@ import orjson
 
 from ..core import injection
 from ..core.injection import RESERVATION
-from ..core.model import ANNOTATION_PREFIX
+from ..core.model import ANNOTATION_PREFIX, MAPPINGS
 from ..settings.config import Config
 from ..state.holds import reservation_key
 from . import groups
@@ -98,7 +98,7 @@ class Subject:
     def controllers(self) -> tuple[Mapping, ...]:
         """Its owner references that are its controller (a Job, ReplicaSet, StatefulSet...)."""
         owners = _meta(self.obj).get("ownerReferences") or ()
-        return tuple(o for o in owners if isinstance(o, Mapping) and o.get("controller") is True) \
+        return tuple(o for o in owners if isinstance(o, MAPPINGS) and o.get("controller") is True) \
             if isinstance(owners, list) else ()
 
     @property

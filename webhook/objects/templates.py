@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.model import MAPPINGS
 from .kinds import ANY, KINDS, Templates
 from .user_annotations import InvalidWorkload
 
@@ -56,8 +57,8 @@ def pod_templates(kind: str, obj: Mapping) -> list[PodTemplate]:
         for replica_where, replica_steps, replica in _expand(obj, spec_of.replica_spec, ""):
             node, where = replica, replica_where
             for key in spec_of.template:
-                node, where = node.get(key) if isinstance(node, Mapping) else None, field_path(where, key)
-            found.append(PodTemplate(where, node if isinstance(node, Mapping) else None, spec_of,
+                node, where = node.get(key) if isinstance(node, MAPPINGS) else None, field_path(where, key)
+            found.append(PodTemplate(where, node if isinstance(node, MAPPINGS) else None, spec_of,
                                      mapping_of(replica), replica_where, (*replica_steps, *spec_of.template)))
     return found
 
@@ -91,7 +92,7 @@ def field_path(where: str, key: str) -> str:
 
 
 def mapping_of(value: object) -> Mapping:
-    return value if isinstance(value, Mapping) else {}
+    return value if isinstance(value, MAPPINGS) else {}
 
 
 def _expand(node: Any, path: tuple[str, ...], where: str, who: str | None = None,
@@ -105,14 +106,14 @@ def _expand(node: Any, path: tuple[str, ...], where: str, who: str | None = None
     if key == ANY:
         if who is not None:
             _check(node, (list, dict), where, who)
-        entries = enumerate(node) if isinstance(node, list) else node.items() if isinstance(node, Mapping) else ()
+        entries = enumerate(node) if isinstance(node, list) else node.items() if isinstance(node, MAPPINGS) else ()
         for name, entry in entries:
             yield from _expand(entry, rest, f"{where}[{name}]" if isinstance(node, list)
                                else field_path(where, str(name)), who, (*steps, name))
         return
     if who is not None:
         _check(node, dict, where, who)
-    yield from _expand(node.get(key) if isinstance(node, Mapping) else None, rest, field_path(where, key), who,
+    yield from _expand(node.get(key) if isinstance(node, MAPPINGS) else None, rest, field_path(where, key), who,
                        (*steps, key))
 
 
@@ -120,7 +121,7 @@ def _check(value: Any, shape: Any, path: str, who: str, item: bool = False) -> N
     """`value` at `path` ("" is the object itself) has `shape`; a list item may not be null."""
     if value is None and not item and shape is not _NAME:
         return
-    if shape is _STRINGS and isinstance(value, Mapping):
+    if shape is _STRINGS and isinstance(value, MAPPINGS):
         for key, entry in value.items():
             _check(entry, str, f"{path}.{key}", who, item=True)
         return
@@ -129,7 +130,7 @@ def _check(value: Any, shape: Any, path: str, who: str, item: bool = False) -> N
     elif isinstance(shape, list):
         ok = isinstance(value, list)
     elif isinstance(shape, dict) or shape in (dict, _STRINGS):
-        ok = isinstance(value, Mapping)
+        ok = isinstance(value, MAPPINGS)
     else:
         ok = isinstance(value, shape) and not isinstance(value, bool)
     if not ok:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core.gpus import pod_gpus
-from ..core.model import PlacementRequest, quoted
+from ..core.model import MAPPINGS, PlacementRequest, quoted
 from ..core.resources import pod_requests
 from ..placement.placer import on_nodes
 from ..state.dra import CLIQUE_LABEL, ClaimDemand, ClaimRefs, PodGroupFacts
@@ -121,7 +121,7 @@ def read(subject: Subject, facts: ClusterFacts | None = None) -> Workload:
         min_bandwidth_gbps=asked.bandwidth(who, annotations.get(NETWORK_BANDWIDTH)),
         node_selector={str(k): str(v) for k, v in mapping_of(spec.get("nodeSelector")).items()},
         required_node_terms=_required_terms(who, spec),
-        tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, Mapping)),
+        tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, MAPPINGS)),
         resources=tuple(sorted(pod_requests(spec).items())),
         may_pin_wait=(not KINDS[kind].keeps_its_template and PREFERRED_DOMAIN not in annotations
                       and not any(key in annotations for key in PEER_PREFERRED)),
@@ -197,7 +197,7 @@ def _pods(subject: Subject, claimed: Callable[[Mapping], int]) -> tuple[Mapping,
     counted: list[tuple[Mapping, int, int, str]] = []
     for found in subject.templates:
         template = found.template
-        if template is None or not isinstance(template.get("spec"), Mapping):
+        if template is None or not isinstance(template.get("spec"), MAPPINGS):
             raise InvalidWorkload(f"{who}: {field_path(found.where, 'spec')} is missing; a pod spec with containers is "
                                   "required to place it")
         claims = claimed(template["spec"])  # raises InvalidWorkload itself
@@ -267,7 +267,7 @@ def _required_terms(who: str, spec: Mapping) -> tuple[Mapping, ...]:
     can never be scheduled, which is denied here rather than placed."""
     node_affinity = mapping_of(mapping_of(spec.get("affinity")).get("nodeAffinity"))
     required = mapping_of(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
-    terms = [t for t in required.get("nodeSelectorTerms") or () if isinstance(t, Mapping)]
+    terms = [t for t in required.get("nodeSelectorTerms") or () if isinstance(t, MAPPINGS)]
     matching = tuple(t for t in terms if t.get("matchExpressions") or t.get("matchFields"))
     if terms and not matching:
         raise InvalidWorkload(f"{who}: every required nodeSelectorTerm is empty, and an empty term matches no "

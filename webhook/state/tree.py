@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Iterator, Mapping
 
-from ..core.gpus import nvlink_groups, pick_aligned
+from ..core.gpus import pick_aligned
 from ..core.model import DomainRef, Interconnect, PlacementRequest
 from ..settings.config import Config, HardwareProfile
 from ..settings.presets import HOSTNAME_LABEL
@@ -206,9 +206,6 @@ class NodeState:
         taken.update(self.claimed)
         return taken
 
-    def nvlink_groups(self) -> list[tuple[int, ...]]:
-        return nvlink_groups(self.nvlink_domains, self.gpus)
-
     def link_for(self, ids: tuple[int, ...]) -> Interconnect:
         """The slowest link between a pod's GPUs here: NVLINK when one NVLink domain holds them all."""
         if len(ids) <= 1 or any(set(ids) <= set(group) for group in self.nvlink_domains):
@@ -217,6 +214,11 @@ class NodeState:
 
     def pick_gpus(self, count: int, taken: set[int]) -> tuple[int, ...]:
         return pick_aligned(self.nvlink_domains, self.gpus, count, taken)
+
+    def pod_aligned(self, gpus: int) -> bool:
+        """Whether a pod of `gpus` GPUs placed here now gets one NVLink domain's GPUs (no pick where one holds all)."""
+        whole = len(self.nvlink_domains) == 1 and set(range(self.gpus)) <= set(self.nvlink_domains[0])
+        return gpus <= 1 or whole or self.link_for(self.pick_gpus(gpus, self.taken_ids)) is Interconnect.NVLINK
 
 
 def nvlink_domains(declared: tuple[tuple[int, ...], ...] | None, profile: HardwareProfile,

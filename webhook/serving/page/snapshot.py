@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence, cast
 
 from ...admission import AdmissionOutcome, AdmissionResult
+from ...core.gpus import nvlink_groups
 from ...state.index import ClusterIndex
 from ...state.stats import reserved_on
 from ...state.tree import Domain, NodeState
@@ -133,7 +134,7 @@ def gpu_states(node: NodeState, counts: dict[str, int]) -> list[str]:
     used_ids = {i for _, ids in node.pods.values() for i in ids}
     held_ids = {i for ids in node.held for i in ids}
     idle = FREE if node.eligible else OUT
-    groups = node.nvlink_groups()
+    groups = nvlink_groups(node.nvlink_domains, node.gpus)
     letters = [USED if i in used_ids else HELD if i in held_ids else idle for group in groups for i in group]
     wanted = {USED: counts["used"], HELD: counts["held"], FREE: counts["free"], OUT: counts["out"]}
     excess = {letter: letters.count(letter) - amount for letter, amount in wanted.items()}
