@@ -66,3 +66,21 @@ def test_a_domain_pruned_since_it_was_touched_is_never_answered():
     gone = domains.pop((("leaf", "a"),))
     level.touch(gone)
     assert level.best_fit(8, 1) is domains[(("leaf", "b"),)]
+
+
+names = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=4)
+paths = st.lists(st.tuples(st.sampled_from(["leaf", "leaf-b", "kubernetes.io/hostname", ""]), names),
+                 min_size=1, max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(paths, min_size=1, max_size=12, unique_by=tuple).map(lambda ps: [tuple(p) for p in ps]))
+def test_domains_alike_but_for_their_paths_come_in_the_order_of_their_paths(drawn):
+    """Ties go by path, whatever the paths: a value a prefix of another, an unnamed domain's empty
+    value, labels of either level and of lone nodes, paths of any length."""
+    domains = {path: FakeDomain(path) for path in drawn}
+    for domain in domains.values():
+        domain.free_by_node = [8]
+    level = LevelOrders(lambda: domains)
+    assert [d.path for d in level.roomiest(8, len(domains))] == sorted(domains)
+    assert level.best_fit(8, 1).path == min(domains)
