@@ -282,17 +282,14 @@ def _spread(subset: TopologyTree, scope: Member, pods: int, gpus: int, depth: in
         groups = heapq.nsmallest(pods, open_leaves, key=lambda d: orderings.roomiest(d, gpus))
     else:
         groups = [scope]
-    # No group takes more than `pods` of its open nodes: only those are sorted, all are counted.
-    fitting = [walk.nodes_fitting(g, gpus) for g in groups]
-    queues = [heapq.nsmallest(pods, nodes, key=orderings.tightest_node) for nodes in fitting]
-    open_nodes = [len(nodes) for nodes in fitting]
+    queues = [sorted(walk.nodes_fitting(g, gpus), key=orderings.tightest_node) for g in groups]
     used: dict[str, int] = {}
     taken = [0] * len(groups)
     for _ in range(pods):
         open_groups = [i for i in range(len(groups)) if taken[i] < len(queues[i])]
         if not open_groups:
             break
-        i = min(open_groups, key=lambda k: orderings.round_robin(taken[k], open_nodes[k] - taken[k], k))
+        i = min(open_groups, key=lambda k: orderings.round_robin(taken[k], len(queues[k]) - taken[k], k))
         used[queues[i][taken[i]].name] = 1
         taken[i] += 1
     left = pods - sum(used.values())

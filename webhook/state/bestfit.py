@@ -79,10 +79,6 @@ class LevelOrders(Generic[R]):
                 old = keyed.get(path)
                 if old == new:  # a move this order does not see (about half of them for `open`)
                     continue
-                if old is not None and new is not None:
-                    keyed[path] = new
-                    _move(keys, bisect_left(keys, old), new)
-                    continue
                 if old is not None:
                     del keys[bisect_left(keys, old)]
                     del keyed[path]
@@ -109,14 +105,3 @@ class LevelOrders(Generic[R]):
         keys = self._current(OPEN, gpus)
         domains = self._domains()
         return [domains[path] for slots, path in keys[:count] if slots < 0]
-
-
-def _move(keys: list[tuple], at: int, new: tuple) -> None:
-    """Replace the key at `at` by `new`, keeping `keys` sorted. A domain's key mostly moves by a
-    GPU or two and keeps its place among its neighbours: then it is one write, not a deletion and
-    an insertion that each shift the list and search it."""
-    if (at == 0 or keys[at - 1] <= new) and (at + 1 == len(keys) or new <= keys[at + 1]):
-        keys[at] = new
-        return
-    del keys[at]
-    insort(keys, new)
