@@ -29,7 +29,8 @@ deadline); the ratio of the two p99s is what the held connections cost.
 --compare-with times admission.review() in process for this checkout and another one (say a
 `git worktree` of an earlier commit) in alternating subprocesses on the same cluster and reviews,
 and prints the paired ratios: how a change moved the decision path's cost, with the machine's
-drift during the run cancelled as far as alternation can.
+drift during the run cancelled as far as alternation can, and a 95% bootstrap interval of their
+geometric mean, which says whether the rounds can tell the two apart at all.
 
 --coordination starts the local fake API server (tests/integration/fakeapiserver.py) with the cluster loaded
 and two webhooks watching it (`serve --kubeconfig`), one sharing claims through the API
@@ -45,9 +46,11 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import math
 import os
 import pathlib
 import platform
+import random
 import socket
 import ssl
 import statistics
@@ -356,6 +359,13 @@ def compare(other: pathlib.Path, nodes: int, rounds: int, large: bool) -> None:
               f"{after['p99_ms']:.2f} | {after['p50_ms'] / before['p50_ms']:.2f} | {ratios[-1]:.2f} |")
     print(f"\nmedian mean-time ratio (this checkout / other): {statistics.median(ratios):.2f}; "
           f"load average after: {os.getloadavg()[0]:.2f}")
+    # The rounds as paired observations (bench/protocol.py's bootstrap over their log ratios): on a
+    # noisy machine a median of a few rounds moves by several percent with nothing changed.
+    from protocol import compare as paired  # bench/, this script's directory
+    logs = paired([math.log(r) for r in ratios], [0.0] * len(ratios), random.Random(0))
+    reading = {"ahead": "faster", "behind": "slower"}.get(logs.verdict, "no difference these rounds can tell")
+    print(f"geometric mean of the rounds' ratios: {math.exp(logs.mean):.3f}, 95% bootstrap interval "
+          f"[{math.exp(logs.low):.3f}, {math.exp(logs.high):.3f}]: {reading}")
 
 
 def fake_api_server(nodes_wanted: int, pipe) -> None:
