@@ -153,7 +153,9 @@ class ApiClaims:
         if number and number <= self._version:
             return  # read again under the lock below; this spares parsing a version already applied
         claims = read_claims(lease, self._applied)
-        with self.index.lock:
+        # One batch: a node several changed claims hold (the other replica's allotment, its
+        # placements in it) is recounted once, at the end, under the same lock.
+        with self.index.batch():
             if number and number <= self._version:
                 return
             self._version = number or self._version
