@@ -12,8 +12,9 @@ shared parts equal at once. So the object returned may be changed in place only 
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Callable, Mapping
+
+import orjson
 
 from ..core.injection import GATE, INJECTED, PREFERRED, REQUIRED_TERMS, WORKLOAD_LABEL, Injection, at
 from ..settings.config import Config
@@ -243,8 +244,9 @@ def put(node: dict, path: tuple[str, ...], items: list) -> None:
         parents[depth - 1].pop(path[depth - 1], None)
 
 
-def _canonical(item: Any) -> str:
-    return json.dumps(item, sort_keys=True)
+def _canonical(item: Any) -> bytes:
+    """An item's identity: its JSON with keys sorted (orjson: a fifteenth of json's time)."""
+    return orjson.dumps(item, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
 
 
 def _spread_identity(item: Mapping) -> tuple:
