@@ -217,8 +217,8 @@ class NodeState:
 
     def pod_aligned(self, gpus: int) -> bool:
         """Whether a pod of `gpus` GPUs placed here now gets one NVLink domain's GPUs (no pick where one holds all)."""
-        whole = len(self.nvlink_domains) == 1 and set(range(self.gpus)) <= set(self.nvlink_domains[0])
-        return gpus <= 1 or whole or self.link_for(self.pick_gpus(gpus, self.taken_ids)) is Interconnect.NVLINK
+        return (gpus <= 1 or (len(self.nvlink_domains) == 1 and set(range(self.gpus)) <= set(self.nvlink_domains[0]))
+                or self.link_for(self.pick_gpus(gpus, self.taken_ids)) is Interconnect.NVLINK)
 
 
 def nvlink_domains(declared: tuple[tuple[int, ...], ...] | None, profile: HardwareProfile,
