@@ -115,9 +115,12 @@ class PodCounts:
                 self.nodes.recount(self.nodes.ledger.confirm(reservation, key, pod.namespace, node_name))
             return
         node = self.nodes.node(node_name)
-        if self.on_node.get(key) == node_name and node is not None and node.pods[key][0] == gpus:
+        if (self.on_node.get(key) == node_name and node is not None and node.pods[key][0] == gpus
+                and self.reservations.get(key) == (reservation or None)):
             if pod.terminating and key not in node.terminating:
                 self._mark_terminating(node, key)
+            elif not pod.terminating and key in node.terminating:  # the last word counts, as a relist's would
+                self._unmark_terminating(node, key)
             return  # other status updates of a counted pod change nothing we count
         self.forget_gpus(key)
         self.nodes.recount(self.nodes.ledger.drop_pod(key))
@@ -203,6 +206,10 @@ class PodCounts:
         node.terminating.add(key)
         self.nodes.shift_freeing(node, node.pods[key][0])
 
+    def _unmark_terminating(self, node: NodeState, key: str) -> None:
+        self.nodes.shift_freeing(node, -node.pods[key][0])
+        node.terminating.discard(key)
+
     def _bind(self, node: NodeState, key: str, gpus: int, hinted: str | None) -> None:
         taken = {i for _, ids in node.pods.values() for i in ids}
         ids: tuple[int, ...] = ()
@@ -240,8 +247,7 @@ class PodCounts:
         node = self.nodes.node(node_name)
         if node is not None:
             if key in node.terminating:
-                self.nodes.shift_freeing(node, -node.pods[key][0])
-                node.terminating.discard(key)
+                self._unmark_terminating(node, key)
             node.pods.pop(key, None)
             self.nodes.changed(node)
         else:
