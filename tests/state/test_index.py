@@ -4,7 +4,7 @@ kept until it arrives, and any sequence of changes leaves the index as a rebuild
 left would make it."""
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from webhook.core.model import PlacementRequest, Strategy
@@ -149,6 +149,11 @@ def counted(index: ClusterIndex) -> tuple:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(change, max_size=50))
+# Found by this test: a counted pod's later word that it is not terminating, or that it carries a reservation
+@example([("node", "b1", "a", 0, ""), ("pod", 1, "b1", 1, False, True, 0, None, None),
+          ("pod", 1, "b1", 1, False, False, 0, None, None)])
+@example([("node", "b1", "a", 0, ""), ("pod", 1, "b1", 1, False, False, 0, None, None),
+          ("pod", 1, "b1", 1, False, False, 0, "ml/Job/j0", None)])
 def test_any_sequence_of_changes_leaves_the_index_as_a_rebuild_from_what_is_left(changes):
     incremental = ClusterIndex(CONFIG, clock=lambda: 0.0)
     incremental.restricted_to(CPU_BOUND)  # a constrained subset that each change must keep counted
