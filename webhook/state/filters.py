@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import json
 from collections import OrderedDict
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
+
+import orjson
 
 from ..core.model import PlacementRequest
 from .tree import NodeState, TopologyTree
@@ -223,9 +224,11 @@ def _names_nodes(request: PlacementRequest) -> bool:
 
 
 def _signature(request: PlacementRequest, terms: object) -> tuple:
-    """What a subset for `request` depends on, its required terms read as `terms`."""
+    """What a subset for `request` depends on, its required terms read as `terms` (as JSON with keys
+    sorted: orjson takes a fifteenth of json's time, and an allotment's terms name dozens of nodes)."""
     return (tuple(sorted(request.node_selector.items())), request.min_bandwidth_gbps,
-            json.dumps([terms, request.tolerations], sort_keys=True), request.resources,
+            orjson.dumps([terms, request.tolerations], option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS),
+            request.resources,
             request.gpus_per_pod if request.resources else 0)
 
 
