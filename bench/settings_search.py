@@ -47,6 +47,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "share-0.05": {"communication_share": 0.05},
     "share-0.2": {"communication_share": 0.2},
     "share-0.5": {"communication_share": 0.5},
+    "share-1": {"communication_share": 1.0},  # the dial's far end (bench/SETTINGS-SEARCH.md, section 9)
     "ungated": {"gate_waits": False},
     "unpinned": {"pin_when_waiting": False},
     "pin-where-fits": {"pin_only_where_locality_pays": False},
