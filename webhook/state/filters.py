@@ -239,6 +239,11 @@ def _unnamed(request: PlacementRequest) -> tuple:
                                 for term in request.required_node_terms])
 
 
+def _matching(request: PlacementRequest, tree: TopologyTree, filters: NodeFilters) -> Iterator[NodeState]:
+    """The nodes of `tree` a subset for `request` holds."""
+    return (node for node in filters.candidates(request, tree.nodes) if node_matches(node, request))
+
+
 class ConstrainedSubsets:
     """Trees of the nodes constrained requests may use, by their constraints (at most
     `MAX_SUBSETS`, least recently used dropped), so repeated selectors cost one build. Of those
@@ -265,9 +270,8 @@ class ConstrainedSubsets:
             cached = self._renamed(signature, request, tree, filters)
         if cached is None:
             subset = TopologyTree(tree.config, tree.width, serves=request)
-            for node in filters.candidates(request, tree.nodes):
-                if node_matches(node, request):
-                    subset.attach(dataclasses.replace(node, parent=None))  # shares pods and holds
+            for node in _matching(request, tree, filters):
+                subset.attach(dataclasses.replace(node, parent=None))  # shares pods and holds
             cached = self._subsets[signature] = (request, subset)
             named = [key for key, (held, _) in self._subsets.items() if _names_nodes(held)]
             for key in named[:-MAX_NAMED_SUBSETS]:
@@ -289,7 +293,7 @@ class ConstrainedSubsets:
             return None
         _, subset = self._subsets.pop(old)
         subset.serves = request
-        wanted = {node.name: node for node in filters.candidates(request, tree.nodes) if node_matches(node, request)}
+        wanted = {node.name: node for node in _matching(request, tree, filters)}
         for name in [name for name in subset.nodes if name not in wanted]:
             subset.detach(subset.nodes[name])
         for name, node in wanted.items():
