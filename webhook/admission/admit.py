@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..core import injection
 from ..settings.config import Config
-from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, GROWS_POOL, UNKNOWN_DOMAIN,
+from ..core.model import (ANNOTATION_PREFIX, EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, GROWS_POOL, UNKNOWN_DOMAIN,
                           UNKNOWN_LEVEL, Decision, Outcome, PlacementRequest, quoted)
 from ..objects import alignment, mutation, podgroups, provisioning, workload
 from ..objects.groups import GROUP_SIZE
@@ -76,11 +76,18 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
     subject = Subject(kind, request.group, obj, request.namespace, request.old)
     if not subject.ours(config):
         return answer(request, AdmissionOutcome.IGNORED)
+    manager = subject.managed_elsewhere(config)
+    if manager is not None:  # never ours to place, hold or block, whatever it carries
+        return answer(request, AdmissionOutcome.MANAGED_ELSEWHERE, warnings=_elsewhere(subject, manager))
     old = subject.old
     # Un-suspended (a queue such as Kueue admitted it): placed now, as if created now, inside the
-    # node selection the queue wrote; the template's scheduling fields may change in this update.
+    # node selection the queue wrote, changing only what the apiserver lets this update change.
     admitted_by_queue = (request.operation == "UPDATE" and old is not None and old.suspended
                          and not subject.suspended)
+    if admitted_by_queue and old is not None and old.started:
+        return answer(request, AdmissionOutcome.IGNORED, warnings=[
+            f"{subject.who} ran before it was suspended: the apiserver keeps its pod template as it is, "
+            "so it is not placed"])
     if request.operation == "UPDATE" and old is not None and subject.suspended and not old.suspended:
         # Suspended again (its queue preempted it): its pods go, and so does the hold for the ones
         # not bound yet; un-suspended later, it is placed afresh.
@@ -97,7 +104,7 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
         return answer(request, AdmissionOutcome.IGNORED)  # the scheduler is bypassed: affinity could only get it rejected
     if subject.made_for_group:
         return answer(request, AdmissionOutcome.IGNORED)  # an operator's StatefulSet: its pods are placed as group members
-    if (request.operation == "CREATE" and subject.placed and subject.written_key == subject.reservation_key(request.uid)
+    if (request.operation == "CREATE" and subject.placed and not subject.suspended and subject.written_key == subject.reservation_key(request.uid)
             and _sealed_if_gated(subject.template, request.namespace, config)):
         # Our own output, whole and for this very object (reinvocation): placing it again could only
         # move it. A copy of another object's output carries that object's key and is placed afresh,
@@ -115,8 +122,12 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
     if old is not None and old.placed and not admitted_by_queue:
         return kept(request, subject, index, config, wanted)
     if subject.suspended:
+        # Created suspended, it carries nothing of ours (a placement written before a later webhook
+        # suspended it, on reinvocation, is taken back) and names the scheduler its pods will have:
+        # once it is un-suspended only its scheduling directives may change.
         return answer(request, AdmissionOutcome.SUSPENDED, warnings=[
-            *wanted.warnings, f"{who} is suspended: nothing is placed or held until it is un-suspended"])
+            *wanted.warnings, f"{who} is suspended: nothing is placed or held until it is un-suspended"],
+            mutated=mutation.mutate(obj, kind, None, config) if request.operation == "CREATE" else None)
     if wanted.unknown:  # never a guess: admitted as written, and counted (outcome demand-unknown)
         return answer(request, AdmissionOutcome.DEMAND_UNKNOWN, warnings=list(wanted.warnings))
     key = wanted.group.key if wanted.group is not None else subject.reservation_key(request.uid)
@@ -137,13 +148,22 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
         decision, alone = place_shared(index, wanted.request, reserve)
     if decision.outcome is Outcome.NEVER:
         return denied(request, _never_message(subject, decision), decision)
-    mutated = provisioning.consumed_by(mutation.mutate(obj, kind, decision, config, key), kind, None)
+    mutated = provisioning.consumed_by(mutation.mutate(obj, kind, decision, config, key, admitted_by_queue), kind, None)
     if provisioning.wanted(decision, config) and index.scale_ups is not None and not request.dry_run:
         mutated, note = _scale_up(subject, index.scale_ups, mutated, decision, key, config)
         alone = [*alone, note]
     outcome = _WAITS_BY_CODE.get(decision.code or "", _OUTCOMES[decision.outcome])
     return answer(request, outcome, decision=decision, mutated=mutated,
                    warnings=[*wanted.warnings, *mutation.warnings(decision), *alone])
+
+
+def _elsewhere(subject: Subject, manager: str) -> list[str]:
+    """Why a workload that asks for our placement is left to `manager` (nothing for one that
+    carries only the peer's own annotations)."""
+    if not any(str(key).startswith(ANNOTATION_PREFIX) for key in subject.annotations):
+        return []
+    return [f"{subject.who} is placed by {manager}: its topology.scheduler annotations are not applied and "
+            "nothing is held for it (docs/operators-and-queues.md)"]
 
 
 def _pod_group(request: Request, obj: dict, config: Config) -> AdmissionResult:

@@ -52,9 +52,13 @@ WAITS_FOR_NODES = (EXCEEDS_NODES, NO_MATCHING_NODES)
 
 
 def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
-           reservation: str | None = None) -> dict:
+           reservation: str | None = None, scheduling_only: bool = False) -> dict:
     """A new object with `decision` applied to its pod template. decision None (nothing to place)
-    removes what we added before and only resets our scheduler name."""
+    removes what we added before and only resets our scheduler name. `scheduling_only`: an UPDATE
+    that un-suspends the object, where the apiserver lets a pod template change only its node
+    affinity, node selector, tolerations, scheduling gates, labels and annotations (a Job's:
+    k8s.io/kubernetes pkg/apis/batch/validation, validatePodTemplateUpdate): env, spread
+    constraints and the scheduler name stay as they are, or the update would be refused."""
     outputs: dict[str, str | None] = dict.fromkeys(OUTPUT_ANNOTATIONS)
     if decision is not None:
         if decision.hold is None and decision.outcome is not Outcome.NEVER:
@@ -65,8 +69,12 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
                         RESERVATION: reservation, WAITING_FOR: waiting, GATED_REQUEST: request,
                         GATE_SEAL: seal_gate(config.seal_key, reservation, request, waiting)
                         if request and reservation and waiting else None})
-    return rewrite(obj, kind, lambda _, meta, spec, previous: _desired(meta, spec, previous, kind, obj, decision,
-                                                                       config), lambda _: outputs, config)
+    def desired(_: str, meta: dict, spec: dict, previous: Injection) -> Injection:
+        wanted = _desired(meta, spec, previous, kind, obj, decision, config)
+        if scheduling_only:
+            return dataclasses.replace(wanted, spread=previous.spread, env=previous.env, label=previous.label)
+        return wanted
+    return rewrite(obj, kind, desired, lambda _: outputs, None if scheduling_only else config)
 
 
 def released(pod: Mapping, decision: Decision) -> dict:

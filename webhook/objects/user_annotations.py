@@ -25,6 +25,11 @@ INPUT_ANNOTATIONS = (GPU_COUNT, STRATEGY, LATENCY_SENSITIVE, PREFERRED_DOMAIN, N
 # level is consolidated and never wider than that level (max-domain); a preferred one is balanced.
 PEER_REQUIRED = ("kueue.x-k8s.io/podset-required-topology", "kai.scheduler/topology-required-placement")
 PEER_PREFERRED = ("kueue.x-k8s.io/podset-preferred-topology", "kai.scheduler/topology-preferred-placement")
+# Kueue's own: a workload with its queue label is queued by Kueue (a pod Kueue queues waits behind a
+# gate of Kueue's, and its topology-aware scheduling places a workload that names a level for it)
+KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+KUEUE_PREFIX = "kueue.x-k8s.io/"
+KUEUE_TOPOLOGY = re.compile(r"kueue\.x-k8s\.io/podset-(?:[a-z]+-)*topology")  # required, preferred, slice-required...
 MAX_GPU_COUNT_DIGITS = 7  # ten million GPUs: beyond any cluster, and far below Python's int parsing limit
 
 _BOOLEANS = {"true": True, "false": False}
