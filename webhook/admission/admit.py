@@ -1,5 +1,5 @@
 """What one review is answered with: which objects and operations we handle, and in what order
-the questions are asked (the envelope is envelope.py; UPDATE and DELETE of placed workloads,
+the questions are asked (the envelope is envelope.py; UPDATEs of placed workloads,
 lifecycle.py; controller-made replacements, repair.py).
 
 An exception anywhere below `review` is a bug: the object is admitted unmodified with a warning
@@ -10,8 +10,8 @@ not a pod of a template we already placed (unless its pinned domain lost the cap
 ever hold it: then it alone is repaired), not bound to a node -> ready -> read the request (from
 the object without our earlier additions) -> an UPDATE of a workload we placed keeps that
 placement -> a suspended workload waits for its queue (placed on the UPDATE that un-suspends it)
--> place and reserve -> mutate -> JSONPatch -> response. A DELETE of a workload we
-placed releases what its reservation still holds, and is always allowed.
+-> place and reserve -> mutate -> JSONPatch -> response. A DELETE is allowed and frees
+nothing: what a deleted workload held goes when the watch shows it deleted (state/holds.py).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from ..objects.templates import pod_template
 from ..objects.user_annotations import GPU_COUNT, MAX_DOMAIN, PEER_REQUIRED, PREFERRED_DOMAIN, InvalidWorkload
 from ..placement.placer import group_decision, place_group, place_shared
 from .envelope import AdmissionOutcome, AdmissionResult, Request, answer, denied, parse
-from .lifecycle import kept, released
+from .lifecycle import kept
 from .repair import placed_by_owner, repaired
 
 if TYPE_CHECKING:
@@ -64,8 +64,8 @@ def review(body: object, index: "ClusterIndex", config: Config,
 def _admit(request: Request, index: "ClusterIndex", config: Config,
            readiness: tuple[bool, str]) -> AdmissionResult:
     kind, obj = request.kind, request.obj
-    if request.operation == "DELETE":
-        return released(request, index)
+    if request.operation == "DELETE":  # frees nothing: a deletion is believed when the watch shows it
+        return answer(request, AdmissionOutcome.IGNORED)
     if obj is not None and request.operation == "CREATE" and podgroups.handles(request.group, kind):
         return _pod_group(request, obj, config)
     if obj is not None and request.operation == "CREATE" and alignment.handles(request.group, kind):
@@ -88,10 +88,6 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
         return answer(request, AdmissionOutcome.IGNORED, warnings=[
             f"{subject.who} ran before it was suspended: the apiserver keeps its pod template as it is, "
             "so it is not placed"])
-    if request.operation == "UPDATE" and old is not None and subject.suspended and not old.suspended:
-        # Suspended again (its queue preempted it): its pods go, and so does the hold for the ones
-        # not bound yet; un-suspended later, it is placed afresh.
-        return released(request, index)
     if request.operation not in KINDS[kind].operations and not admitted_by_queue:
         return answer(request, AdmissionOutcome.IGNORED)
     try:
@@ -139,16 +135,23 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
         mutated = mutation.mutate(obj, kind, None, config)
         return answer(request, AdmissionOutcome.IGNORED, mutated=mutated, warnings=[
             *wanted.warnings, f"{who} {wanted.idle}"])
+    # What this admission holds counts until the apiserver is seen to store it (state/holds.py):
+    # the stored object says so by this review's uid.
+    stamp = request.uid if index.ledger.provisional_seconds is not None and not request.dry_run else None
+    joined = False
     if wanted.group is not None:
-        decision, alone, joined = place_group(index, wanted.request, key, reserve=not request.dry_run)
+        decision, alone, joined = place_group(index, wanted.request, key, reserve=not request.dry_run, stamp=stamp)
         if joined:
             alone = [*alone, *_joined_notes(who, wanted.request, decision)]
     else:
         reserve = key if KINDS[kind].reserves and not request.dry_run else None
-        decision, alone = place_shared(index, wanted.request, reserve)
+        decision, alone = place_shared(index, wanted.request, reserve, stamp=stamp)
+        stamp = stamp if reserve is not None else None
     if decision.outcome is Outcome.NEVER:
         return denied(request, _never_message(subject, decision), decision)
     mutated = provisioning.consumed_by(mutation.mutate(obj, kind, decision, config, key, admitted_by_queue), kind, None)
+    if stamp is not None and not joined and decision.outcome is Outcome.PLACED:
+        mutated = mutation.stamped(mutated, key, stamp)
     if provisioning.wanted(decision, config) and index.scale_ups is not None and not request.dry_run:
         mutated, note = _scale_up(subject, index.scale_ups, mutated, decision, key, config)
         alone = [*alone, note]
@@ -199,7 +202,8 @@ def _scale_up(subject: Subject, scale_ups: "ScaleUps", mutated: dict, decision: 
     problem = scale_ups.create(objects)
     if problem is not None:
         return mutated, f"{who}: no ProvisioningRequest ({problem}); it waits for an ordinary scale-up"
-    return (provisioning.consumed_by(mutated, kind, name, provisioning_class),
+    # its key on the workload itself too: the watch deletes the scale-up when it sees it deleted
+    return (mutation.stamped(provisioning.consumed_by(mutated, kind, name, provisioning_class), key, None),
             f"{who}: ProvisioningRequest {namespace}/{name} ({provisioning_class}) asks for the nodes of its "
             f"{decision.request.pods} pods at once")
 

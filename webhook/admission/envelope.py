@@ -35,7 +35,6 @@ class AdmissionOutcome(str, enum.Enum):
     DENIED = "denied"
     FAILED_OPEN = "failed-open"
     NOT_READY = "not-ready"
-    RELEASED = "released"
     SUSPENDED = "suspended"
     MANAGED_ELSEWHERE = "managed-elsewhere"
     REPAIRED = "repaired"
@@ -63,7 +62,6 @@ OUTCOMES: Mapping[AdmissionOutcome, str] = {
     AdmissionOutcome.FAILED_OPEN: "admitted unmodified because of an error of ours (also counted in "
                    "`topology_admission_fail_open_total`)",
     AdmissionOutcome.NOT_READY: "admitted unmodified while the cluster view is not ready",
-    AdmissionOutcome.RELEASED: "a workload we placed is deleted: what its unbound pods still held is freed",
     AdmissionOutcome.SUSPENDED: "a suspended workload (a Job a queue such as Kueue holds back) admitted unplaced, holding nothing; "
                  "placed by the update that un-suspends it",
     AdmissionOutcome.MANAGED_ELSEWHERE: "placed by another queue or scheduler (a pod Kueue queues, a workload of Kueue's "

@@ -39,6 +39,10 @@ GATE = ANNOTATION_PREFIX + "placement"  # the name of our entry in spec.scheduli
 # and only what we sealed is believed.
 GATE_SEAL = ANNOTATION_PREFIX + "gate-seal"
 OUTPUT_ANNOTATIONS = (PLACEMENT, GPU_IDS, RESERVATION, WAITING_FOR, GATED_REQUEST, GATE_SEAL, INJECTED)
+# On the admitted object itself (a Pod's, a Job's metadata; not a template): the uid of the review
+# whose placement holds GPUs for it, beside that hold's RESERVATION key. The watch reads them to
+# make the hold firm once the apiserver has stored the object as admitted (state/holds.py).
+ADMISSION = ANNOTATION_PREFIX + "admission"
 # What a sealed request may say at most: far above any cluster, far below what would cost us.
 _MOST_PODS, _MOST_GPUS_PER_POD, _MOST_TERMS = 100_000, 1024, 64
 REQUIRED_TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")

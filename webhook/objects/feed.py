@@ -12,17 +12,19 @@ import orjson
 
 from ..core.gpus import (NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_gpu_set, parse_nvlink_domains,
                          pod_gpus, quantity_to_int)
-from ..core.injection import GATE, GPU_IDS, RESERVATION, WAITING_FOR, GateRecord, gate_record, parse_domain_path
+from ..core.injection import ADMISSION, GATE, GPU_IDS, RESERVATION, WAITING_FOR, GateRecord, gate_record, parse_domain_path
 from ..core.memo import Memo
 from ..core.model import GPU_RESOURCE, MAPPINGS
 from ..core.resources import node_allocatable, pod_requests
 from ..settings.config import Config, HardwareProfile
 from ..settings.presets import HOSTNAME_LABEL
 from ..state.dra import DRA_KINDS, ClaimRefs
+from ..state.holds import Stored, held_by, reservation_key
 from ..state.index import ClusterIndex, Fact, NodeGone
 from ..state.pods import PodFacts, PodGone
 from ..state.tree import NodeState, nvlink_domains
 from . import autoscaler_objects, dra_objects
+from .kinds import KINDS
 from .user_annotations import NETWORK_BANDWIDTH
 
 BANDWIDTH_LABEL = NETWORK_BANDWIDTH  # a node's label of the key a workload's annotation asks with
@@ -83,6 +85,8 @@ def fact_of(obj: Mapping, config: Config, kind: str | None = None) -> Fact | Non
         return parse_node(obj, config)
     if kind in DRA_KINDS:
         return dra_objects.dra_fact(kind, obj)
+    if kind in STORED_KINDS:
+        return stored(obj, kind)
     return autoscaler_objects.growth_fact(obj, kind)
 
 
@@ -95,7 +99,32 @@ def gone_of(obj: Mapping, kind: str | None = None) -> Fact | None:
         return NodeGone(str((obj.get("metadata") or {}).get("name", "")))
     if kind in DRA_KINDS:
         return dra_objects.dra_gone(kind, obj)
+    if kind in STORED_KINDS:
+        return stored(obj, kind, gone=True)
     return autoscaler_objects.growth_gone(obj, kind)
+
+
+# ----- Workloads we hold for, as stored --------------------------------------------------------
+
+# Every kind that holds GPUs once placed, but Pods (the pods' own stream reads them whole): the
+# watch reads their metadata to tell which admissions' holds the apiserver stored (state/holds.py).
+STORED_KINDS = tuple(kind.name for kind in KINDS.values() if kind.reserves and kind.name != "Pod")
+
+
+def stored(obj: Mapping, kind: str, gone: bool = False) -> Stored:
+    """A workload object's metadata as the ledger reads it: the key of its hold and the admission
+    it carries, both only where the key is its own (a ReplicaSet carries its Deployment's
+    annotations, and must not stand for it); else its own key, with no admission."""
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    namespace, key = str(meta.get("namespace") or ""), annotations.get(RESERVATION)
+    if isinstance(key, str) and held_by(key, namespace, kind):
+        return Stored(key, _text(annotations.get(ADMISSION)), gone, ours=True)
+    return Stored(reservation_key(namespace, kind, str(meta.get("name") or "")), None, gone)
+
+
+def stored_key(obj: Mapping, kind: str) -> str:
+    return stored(obj, kind).key
 
 
 # ----- Nodes -----------------------------------------------------------------------------------
@@ -199,7 +228,7 @@ def pod_facts(pod: Mapping, seal_key: bytes) -> PodFacts:
         # them the call (its type checks cost more than the rest of this line)
         bool(status.get("extendedResourceClaimStatus")) and dra_objects.covered_by_claim(pod),
         _requests_by_shape.get(shape, _requests, spec) if node_name and not finished else (),
-        str(reservation) if reservation else None, annotations.get(GPU_IDS),
+        str(reservation) if reservation else None, _text(annotations.get(ADMISSION)), annotations.get(GPU_IDS),
         parse_domain_path(annotations.get(WAITING_FOR)) if pending else None,
         pending_hold(annotations, spec, gpus) if pending else None,
         gated(pod, seal_key) if pending else None,
@@ -211,8 +240,13 @@ _NO_CLAIMS = ClaimRefs()
 
 def pod_gone(pod: Mapping) -> PodGone:
     meta = pod.get("metadata") or {}
-    return PodGone(pod_key(pod), str(meta.get("namespace") or ""),
-                   str((meta.get("annotations") or {}).get(RESERVATION) or ""))
+    annotations = meta.get("annotations") or {}
+    return PodGone(pod_key(pod), str(meta.get("namespace") or ""), str(annotations.get(RESERVATION) or ""),
+                   _text(annotations.get(ADMISSION)))
+
+
+def _text(value: object) -> str | None:
+    return str(value) if value else None
 
 
 def pending_hold(annotations: Mapping, spec: Mapping, gpus: int) -> tuple[str, str, tuple[int, ...]] | None:

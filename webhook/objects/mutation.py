@@ -38,7 +38,7 @@ from ..core.gpus import container_gpus, format_gpu_set
 from ..placement.enforce import waited_domain
 from ..settings.config import Config
 from ..settings.presets import HOSTNAME_LABEL
-from ..core.injection import (GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT,
+from ..core.injection import (ADMISSION, GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT,
                               REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL, Injection, annotations_of, at,
                               dumps_request, recorded, seal_gate)
 from ..core.model import ANNOTATION_PREFIX, EXCEEDS_NODES, GROWS_POOL, MAPPINGS, NO_MATCHING_NODES, Decision, Hold, Outcome, Strategy
@@ -75,6 +75,17 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
             return dataclasses.replace(wanted, spread=previous.spread, env=previous.env, label=previous.label)
         return wanted
     return rewrite(obj, kind, desired, lambda _: outputs, None if scheduling_only else config)
+
+
+def stamped(obj: dict, reservation: str, admission: str | None) -> dict:
+    """`obj` (a copy `mutate` made) marked, in its own metadata, with its reservation key and the
+    admission whose hold it makes (None: it makes none, but has a scale-up under that key): the
+    watch reads both from the stored object (metadata alone) to tell that the apiserver stored what
+    was admitted (state/holds.py), and deletes the scale-up of one it sees deleted."""
+    meta = obj["metadata"] = dict(obj.get("metadata") or {})
+    meta["annotations"] = {**annotations_in(meta), RESERVATION: reservation,
+                           **({ADMISSION: admission} if admission else {})}
+    return obj
 
 
 def released(pod: Mapping, decision: Decision) -> dict:

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 
 from ..core.gpus import BANDWIDTH_UNITS, BandwidthInBytes, parse_bandwidth_gbps
-from ..core.injection import OUTPUT_ANNOTATIONS
+from ..core.injection import ADMISSION, OUTPUT_ANNOTATIONS
 from ..core.model import ANNOTATION_PREFIX, Strategy, quoted
 from .groups import GROUP_ANNOTATIONS
 
@@ -47,7 +47,7 @@ class InvalidAnnotation(InvalidWorkload):
 def unknown_annotations(who: str, annotations: Mapping) -> list[str]:
     """A warning for each topology.scheduler/ key we neither read nor write: a typo is otherwise
     silently ignored."""
-    known = INPUT_ANNOTATIONS + OUTPUT_ANNOTATIONS
+    known = (*INPUT_ANNOTATIONS, *OUTPUT_ANNOTATIONS, ADMISSION)
     warnings = []
     for key in sorted(str(k) for k in annotations if str(k).startswith(ANNOTATION_PREFIX) and k not in known):
         guess = difflib.get_close_matches(key, INPUT_ANNOTATIONS, n=1, cutoff=0.8)
