@@ -86,7 +86,7 @@ def test_released_narrows_the_affinity_writes_the_gpus_and_lifts_only_our_gate()
     pod = gated_pod(schedulingGates=[user_gate], affinity={"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [USER_TERM]}]}}})
     placed = decision(request(pods=2, strategy=Strategy.BALANCED), nodes=("gpu-1", "gpu-2"))
-    out = valid(mutation.released(pod, placed))
+    out = valid(mutation.released(pod, placed, Config().seal_key))
     assert out["spec"]["schedulingGates"] == [user_gate]
     assert out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"] == [{"matchExpressions": [USER_TERM, PIN]}]  # only added to: the API's rule for gated pods
@@ -262,7 +262,7 @@ def test_a_release_changes_only_gates_affinity_and_our_annotations_whatever_the_
                                  required=((USER_TERM,),))
     pod["metadata"]["annotations"][injection.INJECTED] = forged.dumps()
     placed = decision(request(pods=2), nodes=("gpu-1", "gpu-2"))
-    out = mutation.released(pod, placed)
+    out = mutation.released(pod, placed, Config().seal_key)
     assert out["spec"]["containers"] == pod["spec"]["containers"] and out["metadata"]["labels"] == {"app": "x"}
     terms = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"] == [{"matchExpressions": [USER_TERM, PIN]}]  # narrowed, nothing removed

@@ -38,7 +38,11 @@ GATE = ANNOTATION_PREFIX + "placement"  # the name of our entry in spec.scheduli
 # The seal over what a release decides from (seal_gate): a pod's owner may edit its annotations,
 # and only what we sealed is believed.
 GATE_SEAL = ANNOTATION_PREFIX + "gate-seal"
-OUTPUT_ANNOTATIONS = (PLACEMENT, GPU_IDS, RESERVATION, WAITING_FOR, GATED_REQUEST, GATE_SEAL, INJECTED)
+# The seal over what an unbound pod's own hold is read from (its reservation, GPU set and node: a
+# single-pod placement), so that every replica, and one restarted, counts it; only what we sealed
+# is believed: a dry run's or another pod's annotations copied onto a pod hold nothing.
+HOLD_SEAL = ANNOTATION_PREFIX + "hold-seal"
+OUTPUT_ANNOTATIONS = (PLACEMENT, GPU_IDS, RESERVATION, WAITING_FOR, GATED_REQUEST, GATE_SEAL, HOLD_SEAL, INJECTED)
 # On the admitted object itself (a Pod's, a Job's metadata; not a template): the uid of the review
 # whose placement holds GPUs for it, beside that hold's RESERVATION key. The watch reads them to
 # make the hold firm once the apiserver has stored the object as admitted (state/holds.py).
@@ -145,6 +149,12 @@ def seal_gate(key: bytes, reservation: str, request_text: str, waiting_text: str
     from. The reservation key names the workload's namespace (namespace/Kind/name), so a record
     sealed for one namespace never verifies on a pod of another."""
     message = "\0".join(("gate-seal/v1", reservation, request_text, waiting_text)).encode()
+    return base64.urlsafe_b64encode(hmac.new(key, message, hashlib.sha256).digest()).decode().rstrip("=")
+
+
+def seal_hold(key: bytes, reservation: str, gpu_ids: str, node: str) -> str:
+    """HOLD_SEAL's value: a MAC over what an unbound pod's hold is read from (see seal_gate)."""
+    message = "\0".join(("hold-seal/v1", reservation, gpu_ids, node)).encode()
     return base64.urlsafe_b64encode(hmac.new(key, message, hashlib.sha256).digest()).decode().rstrip("=")
 
 

@@ -218,7 +218,8 @@ class Releaser:
         FAILED when the API refused the first one otherwise (the hold is dropped, and the workload
         is not decided again until its pods change); else RELEASED."""
         for position, gated in enumerate(group.pods):
-            operations = [_still_gated(gated.pod), *make_patch(gated.pod, mutation.released(gated.pod, decision))]
+            released = mutation.released(gated.pod, decision, self.index.config.seal_key)
+            operations = [_still_gated(gated.pod), *make_patch(gated.pod, released)]
             try:
                 self.patch_pod(gated.namespace, gated.name, operations)
             except ApiException as err:

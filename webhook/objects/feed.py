@@ -5,6 +5,7 @@ autoscalers' objects in autoscaler_objects.py.
 """
 from __future__ import annotations
 
+import hmac
 import time
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -12,7 +13,8 @@ import orjson
 
 from ..core.gpus import (NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_gpu_set, parse_nvlink_domains,
                          pod_gpus, quantity_to_int)
-from ..core.injection import ADMISSION, GATE, GPU_IDS, RESERVATION, WAITING_FOR, GateRecord, gate_record, parse_domain_path
+from ..core.injection import (ADMISSION, GATE, GPU_IDS, HOLD_SEAL, RESERVATION, WAITING_FOR, GateRecord, gate_record,
+                              parse_domain_path, seal_hold)
 from ..core.memo import Memo
 from ..core.model import GPU_RESOURCE, MAPPINGS
 from ..core.resources import node_allocatable, pod_requests
@@ -230,7 +232,7 @@ def pod_facts(pod: Mapping, seal_key: bytes) -> PodFacts:
         _requests_by_shape.get(shape, _requests, spec) if node_name and not finished else (),
         str(reservation) if reservation else None, _text(annotations.get(ADMISSION)), annotations.get(GPU_IDS),
         parse_domain_path(annotations.get(WAITING_FOR)) if pending else None,
-        pending_hold(annotations, spec, gpus) if pending else None,
+        pending_hold(annotations, spec, gpus, seal_key) if pending else None,
         gated(pod, seal_key) if pending else None,
         dra_objects.claim_refs(spec) if spec.get("resourceClaims") else _NO_CLAIMS, pod)
 
@@ -249,12 +251,14 @@ def _text(value: object) -> str | None:
     return str(value) if value else None
 
 
-def pending_hold(annotations: Mapping, spec: Mapping, gpus: int) -> tuple[str, str, tuple[int, ...]] | None:
+def pending_hold(annotations: Mapping, spec: Mapping, gpus: int, seal_key: bytes
+                 ) -> tuple[str, str, tuple[int, ...]] | None:
     """(reservation key, node, GPU set) an unbound pod holds: one carrying our reservation key and
-    the GPU set we chose, with node affinity naming one node (a single-pod placement). A pod
-    pinned to a domain of several nodes names no node: its workload's hold covers it."""
-    reservation, hinted = annotations.get(RESERVATION), annotations.get(GPU_IDS)
-    if not reservation or not hinted or gpus <= 0:
+    the GPU set we chose, with node affinity naming one node (a single-pod placement), all three
+    under our seal (HOLD_SEAL): annotations copied from a dry run or another pod hold nothing. A
+    pod pinned to a domain of several nodes names no node: its workload's hold covers it."""
+    reservation, hinted, seal = annotations.get(RESERVATION), annotations.get(GPU_IDS), annotations.get(HOLD_SEAL)
+    if not reservation or not hinted or not isinstance(seal, str) or gpus <= 0:
         return None
     try:
         held = parse_gpu_set(str(hinted))
@@ -272,7 +276,10 @@ def pending_hold(annotations: Mapping, spec: Mapping, gpus: int) -> tuple[str, s
                 named.add(str(values[0]))
     if len(named) != 1 or len(held) != gpus:
         return None
-    return str(reservation), named.pop(), held
+    node = named.pop()
+    if not hmac.compare_digest(seal, seal_hold(seal_key, str(reservation), str(hinted), node)):
+        return None
+    return str(reservation), node, held
 
 
 def holds_our_gate(pod: Mapping) -> bool:

@@ -107,6 +107,11 @@ class ReservationLedger:
         # and must not scan all holds. An entry whose hold was since released or renewed is skipped.
         self._expiry: list[tuple[float, str, bool]] = []
         self.pod_holds: dict[str, tuple[str, str, GpuSet]] = {}  # pod key -> (reservation key, node, set)
+        # When each pod that holds (or held) first did, while it is pending: a pod hold lasts a
+        # hold's TTL from then at most (a sealed pod kept unbound behind another's gate holds no
+        # room for good), and a pod whose time is up is not held again by its next event.
+        self._pod_since: dict[str, float] = {}
+        self._pod_expiry: list[tuple[float, str]] = []
         self._pods_on_node: dict[str, dict[str, tuple[str, GpuSet]]] = {}  # node -> pod key -> (key, set)
         self._pods_of: dict[str, set[str]] = {}  # reservation key -> pod keys holding under it
         self.groups: dict[str, tuple[Any, float]] = {}  # group key -> (its decision, expires_at)
@@ -147,14 +152,22 @@ class ReservationLedger:
         Returns the nodes whose holds changed."""
         if not in_namespace(key, namespace) or self.pod_holds.get(pod) == (key, node, held):
             return set()
-        changed = self.drop_pod(pod)
+        since = self._pod_since.setdefault(pod, self.clock())
+        changed = self._unhold_pod(pod)
+        if since + self.ttl_seconds <= self.clock():
+            return changed
+        heapq.heappush(self._pod_expiry, (since + self.ttl_seconds, pod))
         self.pod_holds[pod] = (key, node, held)
         self._pods_on_node.setdefault(node, {})[pod] = (key, held)
         self._pods_of.setdefault(key, set()).add(pod)
         return changed | {node}
 
     def drop_pod(self, pod: str) -> set[str]:
-        """The pod is bound, finished or gone: it holds nothing any more."""
+        """The pod is bound, finished or gone, or no longer carries a hold: it holds nothing any more."""
+        self._pod_since.pop(pod, None)
+        return self._unhold_pod(pod)
+
+    def _unhold_pod(self, pod: str) -> set[str]:
         entry = self.pod_holds.pop(pod, None)
         if entry is None:
             return set()
@@ -315,6 +328,11 @@ class ReservationLedger:
         """Release every hold whose time has run out; returns the nodes whose holds changed."""
         now = self.clock()
         changed: set[str] = set()
+        while self._pod_expiry and self._pod_expiry[0][0] <= now:
+            until, pod = heapq.heappop(self._pod_expiry)
+            since = self._pod_since.get(pod)
+            if since is not None and since + self.ttl_seconds == until:
+                changed |= self._unhold_pod(pod)
         while self._expiry and self._expiry[0][0] <= now:
             expires_at, key, firm = heapq.heappop(self._expiry)
             reservation = (self.holds if firm else self.pending).get(key)
