@@ -12,7 +12,7 @@ import urllib.request
 import yaml
 
 from conftest import eventually
-from e2e.conftest import job
+from e2e.conftest import filler, job
 from webhook.admission import make_review
 
 WINDOW = 10.0  # provisional_hold_seconds, the default the local cluster runs with
@@ -114,3 +114,33 @@ def test_a_stored_jobs_hold_outlives_the_window_and_goes_when_the_watch_sees_it_
         assert holds(cluster, namespace) == [[key], [key]]  # firm on both: the watch saw it stored
         cluster.kubectl("delete", "job", "held", "-n", namespace, "--cascade=orphan")
         eventually(lambda: holds(cluster, namespace) == [[], []], timeout=30, what="the hold gone on both")
+
+
+def test_a_job_created_again_under_its_name_while_its_pods_are_gated_starts(cluster):
+    """Helm's before-hook-creation, `kubectl replace --force` (issue 59 item 3): the old Job's gated
+    pods, deleted by the garbage collector, neither join the new Job's group nor shrink it."""
+    nodes = [n["metadata"]["name"] for n in cluster.nodes()]
+    with cluster.namespace("again") as namespace:
+        cluster.apply(*(filler(node) for node in nodes), namespace=namespace)  # no room anywhere
+        annotations = {"topology.scheduler/placement-strategy": "consolidated"}
+        cluster.apply(job("train", 2, annotations=annotations), namespace=namespace)
+
+        def gated_pods(uid=None):
+            pods = [p for p in cluster.pods(namespace, "job-name=train")
+                    if {"name": GATE} in (p["spec"].get("schedulingGates") or [])]
+            return [p for p in pods if uid is None or p["metadata"]["ownerReferences"][0]["uid"] == uid]
+        eventually(lambda: len(gated_pods()) == 2, timeout=60, what="the first Job's pods gated")
+        cluster.kubectl("delete", "job", "train", "-n", namespace, "--wait=false")
+        cluster.apply(job("train", 2, annotations=annotations), namespace=namespace)
+        uid = json.loads(cluster.kubectl("get", "job", "train", "-n", namespace, "-o", "json").stdout)["metadata"]["uid"]
+        eventually(lambda: len(gated_pods(uid)) == 2 and len(gated_pods()) == 2, timeout=90,
+                   what="the new Job's pods gated, the old ones gone")
+        leaf = [n for n in cluster.nodes() if n["metadata"]["labels"]["topology.scheduler/leaf"] == "leaf-1"]
+        for node in leaf[:2]:
+            cluster.kubectl("delete", "pod", f"fill-{node['metadata']['name']}", "-n", namespace, "--grace-period=0",
+                            "--force")
+        eventually(lambda: len([p for p in cluster.pods(namespace, "job-name=train") if p["spec"].get("nodeName")]) == 2,
+                   timeout=60, what="the new Job started")
+
+
+GATE = "topology.scheduler/placement"

@@ -165,6 +165,7 @@ class GateRecord:
     reservation: str
     request: PlacementRequest
     path: tuple[tuple[str, str], ...]
+    owner: str = ""  # the uid of its controller where its reservation names that controller (a Job)
 
 
 def gate_record(annotations: Mapping, namespace: str, key: bytes) -> GateRecord | str:

@@ -5,6 +5,7 @@ autoscalers' objects in autoscaler_objects.py.
 """
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import time
 from typing import Callable, Iterable, Mapping, Sequence
@@ -26,6 +27,7 @@ from ..state.index import ClusterIndex, Fact, NodeGone
 from ..state.pods import PodFacts, PodGone
 from ..state.tree import NodeState, nvlink_domains
 from . import autoscaler_objects, dra_objects
+from .groups import KUBEFLOW_KINDS
 from .kinds import KINDS
 from .user_annotations import NETWORK_BANDWIDTH
 
@@ -288,9 +290,9 @@ def holds_our_gate(pod: Mapping) -> bool:
 
 
 def gated(pod: Mapping, key: bytes) -> GateRecord | str | None:
-    """The sealed record of a pod our gate holds; why it is not believed (the releaser cannot
-    decide it: it stays gated, listed by `kubectl get pods` as SchedulingGated, and is reported);
-    None for any other pod."""
+    """The sealed record of a pod our gate holds, with the owner it is released with; why it is not
+    believed (the releaser cannot decide it: it stays gated, listed by `kubectl get pods` as
+    SchedulingGated, and is reported); None for any other pod."""
     if not holds_our_gate(pod):
         return None
     meta = pod.get("metadata") or {}
@@ -299,4 +301,31 @@ def gated(pod: Mapping, key: bytes) -> GateRecord | str | None:
     annotations = meta.get("annotations") or {}
     if not isinstance(annotations, MAPPINGS):
         return "its annotations are not a map"
-    return gate_record(annotations, str(meta.get("namespace") or ""), key)
+    record = gate_record(annotations, str(meta.get("namespace") or ""), key)
+    if isinstance(record, str):
+        return record
+    owner, why = _named_owner(meta, record.reservation)
+    return why if why is not None else dataclasses.replace(record, owner=owner)
+
+
+# The kinds whose pods they make themselves: a gated pod whose reservation names one of these must
+# be made by that very object (its controller), or it is a copy (a replay) and is never released.
+_DIRECT_OWNERS = frozenset({"Job", *KUBEFLOW_KINDS})
+
+
+def _named_owner(meta: Mapping, reservation: str) -> tuple[str, str | None]:
+    """(the uid of the pod's controller where its reservation names it, "" where the reservation
+    names no controller of its pods: a JobSet's, a group's; why not, where it names one the pod's
+    controller is not)."""
+    _, kind, name = (reservation.split("/", 2) + ["", ""])[:3]
+    if kind not in _DIRECT_OWNERS:
+        return "", None
+    owners = meta.get("ownerReferences") or ()
+    controller = next((o for o in owners if isinstance(o, MAPPINGS) and o.get("controller") is True), None) \
+        if isinstance(owners, list) else None
+    if controller is None or controller.get("kind") != kind or controller.get("name") != name \
+            or not controller.get("uid"):
+        made_by = f"{controller.get('kind')} {controller.get('name')}" if controller else "no controller"
+        return "", (f"its reservation names {kind} {name}, but it was made by {made_by}: a copy of another "
+                    "workload's pod is never released with it")
+    return str(controller["uid"]), None
