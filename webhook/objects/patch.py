@@ -23,6 +23,7 @@ import orjson
 # keys YAML loaded as numbers), as json.dumps(default=str) did.
 _AS_JSON = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_NON_STR_KEYS
 _APPENDED = object()  # what changed_parts gives for a list only appended to: left out of the diff
+_POINTER_ESCAPES = str.maketrans({"~": "~0", "/": "~1"})  # RFC 6901, as jsonpatch writes a key in a path
 # Patches remembered by the shape of what changed: pods placed alike (a group's members, a
 # controller's replicas, a burst of copies of one manifest, single-node pods of one size and
 # strategy) change alike but for their strings, and their patch is made and checked once.
@@ -47,9 +48,9 @@ def make_patch(received: Any, mutated: Any) -> list[dict]:
     received_part, mutated_part = changed_parts(received, mutated, appended)
     operations = [] if received_part is _APPENDED else _checked_diff(received_part, mutated_part)
     for path, (kept, items) in appended.items():
-        operations += [{"op": "add", "path": jsonpatch.JsonPointer.from_parts([*path, str(kept + i)]).path,
-                        "value": orjson.loads(orjson.dumps(item, default=str, option=_AS_JSON))}
-                       for i, item in enumerate(items)]
+        pointer = "".join(f"/{part.translate(_POINTER_ESCAPES)}" for part in path)
+        values = orjson.loads(orjson.dumps(items, default=str, option=_AS_JSON))  # fresh, and as JSON has them
+        operations += [{"op": "add", "path": f"{pointer}/{kept + i}", "value": value} for i, value in enumerate(values)]
     return operations
 
 
