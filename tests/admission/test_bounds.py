@@ -47,8 +47,8 @@ def test_twenty_thousand_gpu_init_containers_are_refused_at_once_with_the_count_
     result = admission.review(admission.make_review(job_with_init_containers(20_000)), index, CONFIG)
     assert result.outcome == "denied" and result.patch == ()
     assert result.review["response"]["status"]["message"] == (
-        "Job ml/train: has 20001 containers in its pod templates (spec.template.spec: 20000 initContainers, "
-        f"1 containers); allowed: at most {MAX_CONTAINERS} in all, init containers included")
+        "Job ml/train: has 20001 containers in its pod templates (spec.template.spec.initContainers: 20000, "
+        f"spec.template.spec.containers: 1); allowed: at most {MAX_CONTAINERS} in all, init containers included")
     assert index.ledger.holds == before  # refused before anything was placed or held
 
 
@@ -59,6 +59,22 @@ def test_the_bound_counts_every_container_of_every_kind(index, kind):
     result = admission.review(admission.make_review(obj), index, CONFIG)
     assert result.outcome == "denied"
     assert f"has {MAX_CONTAINERS + 1} containers" in result.review["response"]["status"]["message"]
+
+
+def test_the_bound_is_on_all_the_templates_of_an_object_together(index):
+    """A JobSet's replicated Jobs each within the bound, together past it: the message says where."""
+    def replicated(name: str, count: int) -> dict:
+        return {"name": name, "replicas": 1, "template": {"spec": {"template": {"spec": {
+            "restartPolicy": "Never", "containers": [container(f"c{i}", gpus=0) for i in range(count)]}}}}}
+    jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+              "metadata": {"name": "sweep", "namespace": "ml", "annotations": STRATEGY},
+              "spec": {"replicatedJobs": [replicated("leader", 1), replicated("workers", 200), replicated("eval", 100)]}}
+    result = admission.review(admission.make_review(jobset), index, CONFIG)
+    assert result.outcome == "denied" and result.review["response"]["status"]["message"] == (
+        "JobSet ml/sweep: has 301 containers in its pod templates (spec.replicatedJobs[1].template.spec.template.spec"
+        ".containers: 200, spec.replicatedJobs[2].template.spec.template.spec.containers: 100, "
+        "spec.replicatedJobs[0].template.spec.template.spec.containers: 1); allowed: at most 256 in all, init "
+        "containers included")
 
 
 def test_at_the_bound_the_patch_touches_only_the_containers_where_ranks_run(index):

@@ -47,7 +47,8 @@ def check_counts(templates: Sequence[PodTemplate], who: str) -> None:
     total = sum(sum(lengths) for _, lengths in counted)
     if total > MAX_CONTAINERS:
         largest = sorted(counted, key=lambda item: -sum(item[1]))[:3]
-        where = "; ".join(f"{path}: {init} initContainers, {app} containers" for path, (init, app) in largest)
+        where = ", ".join(f"{path}.{key}: {count}" for path, lengths in largest
+                          for key, count in zip(CONTAINER_LISTS, lengths) if count)
         raise InvalidWorkload(f"{who}: has {total} containers in its pod templates ({where}); allowed: at most "
                               f"{MAX_CONTAINERS} in all, init containers included")
 
@@ -67,8 +68,7 @@ def oversized_annotations(kind: str, obj: Mapping, who: str) -> str | None:
             ours = sum(size for key, size in sizes.items() if key.startswith(ANNOTATION_PREFIX))
             return (f"{who}: {where}.annotations would total {total} bytes, {ours} of them topology.scheduler/ "
                     f"annotations ({sizes.get(INJECTED, 0)} in {INJECTED}); allowed: at most "
-                    f"{ANNOTATIONS_MAX_BYTES} bytes (the apiserver's limit), so the webhook refuses what the "
-                    "apiserver would")
+                    f"{ANNOTATIONS_MAX_BYTES} bytes, the apiserver's limit on the annotations of an object")
     return None
 
 
