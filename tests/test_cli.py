@@ -218,6 +218,7 @@ def test_certs_refuses_a_service_name_that_is_not_a_dns_label(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--bind", "8443"], "--bind '8443' is not HOST:PORT"),
     (["--bind", "0.0.0.0:99999"], "--bind '0.0.0.0:99999' is not HOST:PORT"),
+    (["--bind", "0.0.0.0:\u00b2"], "is not HOST:PORT"),  # a digit to str.isdigit, not to int()
     (["--cert", "tls.crt"], "--cert and --key go together"),
     (["--workers", "0"], "--workers 0: serve runs exactly 1 worker process"),
     (["--workers", "2"], "--workers 2: serve runs exactly 1 worker process"),  # the demo cluster

@@ -68,7 +68,22 @@ def workloads(draw) -> dict:
     variables = draw(env)
     if variables:
         spec["containers"][0]["env"] = variables
+    # Init containers, classic or sidecars (restartPolicy Always), with GPUs or not: only the sidecars
+    # asking GPUs get our env, and only the containers whose env changes are copied and patched.
+    init = draw(st.lists(st.builds(_init_container, st.sampled_from(["setup", "side"]), st.sampled_from([0, 1]),
+                                   st.booleans(), env), max_size=2, unique_by=lambda c: c["name"]))
+    if init:
+        spec["initContainers"] = init
     return pod
+
+
+def _init_container(name: str, gpus: int, sidecar: bool, variables: list) -> dict:
+    out: dict = {"name": name, "image": "busybox", **({"restartPolicy": "Always"} if sidecar else {})}
+    if gpus:
+        out["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    if variables:
+        out["env"] = variables
+    return out
 
 
 def wire_patch(response: dict) -> list:

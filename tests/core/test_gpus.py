@@ -14,7 +14,7 @@ def test_nvlink_domains_parse(text, domains):
     assert gpus.parse_nvlink_domains(text) == domains
 
 
-@pytest.mark.parametrize("text", ["0-3,3-7", "a-b", "3-1", "0--1"])
+@pytest.mark.parametrize("text", ["0-3,3-7", "a-b", "3-1", "0--1", "\u0660-\u0667", "\uff10-\uff17"])
 def test_nvlink_domains_reject(text):
     with pytest.raises(ValueError):
         gpus.parse_nvlink_domains(text)
@@ -23,6 +23,12 @@ def test_nvlink_domains_reject(text):
 @pytest.mark.parametrize("domains", [((0, 1, 2, 3), (4, 5, 6, 7)), ((0, 2), (1, 3)), ((0, 1, 5, 6, 7),)])
 def test_nvlink_domains_round_trip(domains):
     assert gpus.parse_nvlink_domains(gpus.format_nvlink_domains(domains)) == domains
+
+
+@pytest.mark.parametrize("amount", ["\u0668", "\uff18", "\u00b2"])
+def test_a_gpu_quantity_in_digits_other_than_0_to_9_is_not_a_number(amount):
+    with pytest.raises(ValueError, match="is not a whole number"):
+        gpus.quantity_to_int(amount)
 
 
 def test_pod_gpus_counts_sidecars_and_init_peak():
@@ -44,7 +50,7 @@ def test_bandwidth(text, gbps):
     assert gpus.parse_bandwidth_gbps(text) == pytest.approx(gbps)
 
 
-@pytest.mark.parametrize("text", ["fast", "", "400", "-1Gb"])
+@pytest.mark.parametrize("text", ["fast", "", "400", "-1Gb", "\uff14\uff10\uff10Gb"])
 def test_bandwidth_rejects(text):
     with pytest.raises(ValueError):
         gpus.parse_bandwidth_gbps(text)

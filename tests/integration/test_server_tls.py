@@ -15,7 +15,7 @@ from cryptography import x509
 from webhook.serving import certs
 from webhook.kube import demo
 
-from conftest import assert_valid_kubernetes_object, review_of, start_server, stop_server
+from conftest import assert_valid_kubernetes_object, patched_object, review_of, start_server, stop_server
 from tests.fixtures.builders import gpu_job, gpu_pod
 
 
@@ -64,6 +64,38 @@ def test_readyz_and_metrics_on_their_own_port(tls_server, apiserver):
                  "topology_gpu_allocation_ratio", "topology_domain_utilization_ratio",
                  "topology_scheduler_domain_fragmentation_ratio", "topology_admission_fail_open_total"):
         assert name in text
+
+
+def test_eight_templates_of_twenty_thousand_gpu_init_containers_at_once_are_refused_and_others_still_placed(
+        tls_server, apiserver):
+    """Issue 59's tenant: eight 1.8 MB reviews at once, as many as the server has threads, each
+    answered with the count and the bound, while an ordinary review sent meanwhile is placed.
+    How long each takes is measured in bench/flood_bench.py."""
+    job = gpu_job("huge", 1, 8, placement_strategy="consolidated")
+    job["spec"]["template"]["spec"]["initContainers"] = [
+        {"name": f"step-{i}", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+        for i in range(20_000)]
+    answers: list = []
+
+    def send_huge() -> None:
+        answers.append(requests.post(f"{apiserver.base_url}/mutate?timeout=5s", json=review_of(job),
+                                     verify=apiserver.ca, timeout=60))
+
+    senders = [threading.Thread(target=send_huge) for _ in range(8)]
+    for sender in senders:
+        sender.start()
+    ordinary = review_of(gpu_pod("ordinary", 8, placement_strategy="consolidated"))
+    answer = apiserver.post(ordinary, 30)
+    for sender in senders:
+        sender.join()
+    assert [answer.status_code for answer in answers] == [200] * 8
+    for refused in answers:
+        response = refused.json()["response"]
+        assert response["allowed"] is False and "patch" not in response
+        assert response["status"]["message"].startswith("Job ml/huge: has 20001 containers in its pod templates")
+        assert "allowed: at most 256 in all" in response["status"]["message"]
+    placed = patched_object(ordinary, answer.json())
+    assert "topology.scheduler/placement" in placed["metadata"]["annotations"]
 
 
 def test_a_client_that_does_not_trust_our_ca_is_refused(tls_server):

@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.fixtures.builders import container, subject_of, workload
 from webhook.objects import workload as wl
@@ -6,6 +8,7 @@ from webhook.objects.user_annotations import InvalidAnnotation, InvalidWorkload
 from webhook.core.model import Strategy
 
 GPU_COUNT = "topology.scheduler/gpu-count"
+GROUP_SIZE = "topology.scheduler/group-size"
 
 
 @pytest.mark.parametrize("kind, replicas, per_pod, gpu_count, pods, gpus, warning", [
@@ -59,6 +62,13 @@ def test_no_gpus_anywhere_means_nothing_to_place():
     pytest.param(GPU_COUNT, "0", "whole number of GPUs greater than 0", id="gpu-count zero"),
     pytest.param(GPU_COUNT, "-4", "whole number of GPUs greater than 0", id="gpu-count negative"),
     pytest.param(GPU_COUNT, "1.5", "whole number of GPUs greater than 0", id="gpu-count fractional"),
+    pytest.param(GPU_COUNT, "\u0668", "in the digits 0-9", id="gpu-count Arabic-Indic 8"),
+    pytest.param(GPU_COUNT, "\uff18", "in the digits 0-9", id="gpu-count fullwidth 8"),
+    pytest.param(GPU_COUNT, "1\u0666", "in the digits 0-9", id="gpu-count ASCII and Arabic-Indic"),
+    pytest.param("topology.scheduler/network-bandwidth", "\u0664\u0660\u0660Gb", "200Gb",
+                 id="bandwidth in Arabic-Indic digits"),
+    pytest.param("topology.scheduler/network-bandwidth", "\uff14\uff10\uff10Gb", "200Gb",
+                 id="bandwidth in fullwidth digits"),
     pytest.param("topology.scheduler/placement-strategy", "tight", "consolidated, distributed, balanced",
                  id="unknown strategy"),
     pytest.param("topology.scheduler/latency-sensitive", "yes", "true, false", id="latency-sensitive not boolean"),
@@ -75,6 +85,20 @@ def test_invalid_annotation_names_object_annotation_value_and_allowed(key, value
     message = str(err.value)
     assert message.startswith("Job ml/train: ") and key in message and f'"{value}"' in message
     assert "allowed: " in message and allowed in message and "\n" not in message
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(st.characters(categories=["Nd"]), min_size=1, max_size=3), st.sampled_from([GPU_COUNT, GROUP_SIZE]))
+def test_an_integer_annotation_takes_the_digits_0_to_9_and_no_other_script(digits, key):
+    """Python's int() reads every script's digits (`\u0668` and `\uff18` are 8); Kubernetes reads
+    only 0-9. What int() would take in other digits is refused with the annotation's message."""
+    obj = workload("Pod", gpus=1, annotations={key: digits, "topology.scheduler/group": "sweep"})
+    if digits.isascii() and int(digits) > 0:
+        wl.read(subject_of(obj))
+        return
+    with pytest.raises(InvalidAnnotation) as err:
+        wl.read(subject_of(obj))
+    assert f'{key}="{digits}"' in str(err.value) and "allowed: " in str(err.value)
 
 
 def test_gpu_count_that_does_not_divide_over_replicas_without_limits_is_denied():

@@ -331,6 +331,7 @@ def test_the_page_and_its_json_agree_and_forbid_every_load_from_elsewhere(demo_i
     ("POST", "", "405 Method Not Allowed", b"read-only"),
     ("GET", "refresh=-1", "400 Bad Request", b"refresh='-1': allowed: whole seconds from 0 (never) to 3600"),
     ("GET", "refresh=99999", "400 Bad Request", b"allowed: whole seconds"),
+    ("GET", "refresh=%C2%B2", "400 Bad Request", b"allowed: whole seconds"),  # a superscript 2: int() refuses it
     ("GET", "&".join(f"a{i}=1" for i in range(20)), "400 Bad Request", b"at most 8 query parameters"),
 ])
 def test_a_request_the_page_cannot_take_gets_a_one_line_answer(demo_index, method, query, status, said):

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..core.model import MAPPINGS, Decision, quoted
-from ..objects.templates import mapping_of
+from ..objects.limits import oversized_annotations
+from ..objects.templates import display_name, mapping_of
 from ..objects.patch import encode, make_patch
 
 REVIEW_API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
@@ -177,7 +178,13 @@ def answer(request: Request, outcome: AdmissionOutcome, decision: Decision | Non
            mutated: dict | None = None, warnings: list[str] | None = None, status: dict | None = None,
            error: str | None = None) -> AdmissionResult:
     """The answer. `mutated`: the object as we would have it (its JSON Patch from the received
-    object goes into the answer); None leaves the object as it came."""
+    object goes into the answer); None leaves the object as it came. An object the apiserver would
+    refuse for its annotations' size is never sent back: the answer is a denial that says so."""
+    if mutated is not None and status is None:
+        oversized = oversized_annotations(request.kind, mutated,
+                                          display_name(request.kind, mutated, request.namespace))
+        if oversized is not None:
+            return denied(request, oversized, decision)
     operations = make_patch(request.obj, mutated) if mutated is not None and request.obj is not None else []
     clean: list[str] = []
     for text in warnings or ():

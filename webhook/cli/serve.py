@@ -111,7 +111,7 @@ def live_source(args: argparse.Namespace) -> bool:
 
 def parse_bind(text: str, flag: str = "--bind", example_port: int = DEFAULT_PORT) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise UsageError(f"{flag} {text!r} is not HOST:PORT (for example 0.0.0.0:{example_port} or "
                          f"[::]:{example_port})")
     return host.strip("[]"), int(port)

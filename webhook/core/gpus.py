@@ -17,6 +17,9 @@ from .model import GPU_RESOURCE
 from .resources import containers_total
 
 NVLINK_DOMAINS_ANNOTATION = "topology.scheduler/nvlink-domains"
+# A whole number as Kubernetes writes one. Not `\d`, nor str.isdigit: Python's int() takes any
+# script's digits (`٨`, `８`: 8; `²` it refuses), which no Kubernetes component reads as a number.
+ASCII_DIGITS = r"[0-9]+"
 
 
 @functools.lru_cache(maxsize=4096)  # every bound pod's GPU hint is parsed; few distinct strings exist
@@ -29,7 +32,7 @@ def parse_nvlink_domains(text: str) -> tuple[tuple[int, ...], ...]:
             continue
         gpus: list[int] = []
         for piece in part.split("+"):
-            match = re.fullmatch(r"(\d+)(?:-(\d+))?", piece)
+            match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", piece)
             if not match:
                 raise ValueError(f"{piece!r} is not a GPU index or range a-b")
             low = int(match.group(1))
@@ -99,7 +102,7 @@ def quantity_to_int(value: object) -> int:
     if isinstance(value, int):
         return value
     text = str(value).strip()
-    if not re.fullmatch(r"\d+", text):
+    if not re.fullmatch(ASCII_DIGITS, text):
         raise ValueError(f"{value!r} is not a whole number")
     return int(text)
 
@@ -123,7 +126,7 @@ def _gpus_of(container: Mapping) -> dict[str, int]:
     return {GPU_RESOURCE: container_gpus(container)}
 
 
-_BANDWIDTH = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(b|bps|B|Bps)?(?:/s)?", re.IGNORECASE)
+_BANDWIDTH = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(b|bps|B|Bps)?(?:/s)?", re.IGNORECASE)
 _SCALE = {"": 1e-9, "k": 1e-6, "m": 1e-3, "g": 1.0, "t": 1e3}
 
 

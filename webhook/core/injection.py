@@ -48,7 +48,9 @@ OUTPUT_ANNOTATIONS = (PLACEMENT, GPU_IDS, RESERVATION, WAITING_FOR, GATED_REQUES
 # make the hold firm once the apiserver has stored the object as admitted (state/holds.py).
 ADMISSION = ANNOTATION_PREFIX + "admission"
 # What a sealed request may say at most: far above any cluster, far below what would cost us.
-_MOST_PODS, _MOST_GPUS_PER_POD, _MOST_TERMS = 100_000, 1024, 64
+# Admission takes on no template with more node terms (webhook/objects/limits.py): its wait could
+# never be released.
+_MOST_PODS, _MOST_GPUS_PER_POD, MOST_NODE_TERMS = 100_000, 1024, 64
 REQUIRED_TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
 PREFERRED = ("affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
 
@@ -127,7 +129,7 @@ def _decidable(request: PlacementRequest) -> bool:
             request.min_bandwidth_gbps, (int, float))):
         return False
     terms = request.required_node_terms
-    return len(terms) <= _MOST_TERMS and all(_node_term(t) for t in terms) and all(
+    return len(terms) <= MOST_NODE_TERMS and all(_node_term(t) for t in terms) and all(
         isinstance(t, MAPPINGS) for t in request.tolerations) and all(n >= 0 for _, n in request.resources)
 
 

@@ -4,7 +4,9 @@ The chart's pre-delete hook runs `ungate --all` before an uninstall, because not
 gated pod once the webhook is gone; a person runs the same after removing the webhook by hand.
 Only our gate goes (the pod's record says we added it), with the wait's annotations; every other
 gate stays. A pod pinned while waiting (gate_waits off) keeps its pin: Kubernetes lets a pod's node
-affinity change only while it is gated, so such a pod is named, not changed.
+affinity change only while it is gated, so such a pod is named, not changed. A gated Job's pod
+template keeps our gate: the API lets it change only while the Job is suspended with no active pod,
+which a running Job is not (why not suspend it, or widen our rights: docs/operations/upgrades.md).
 """
 from __future__ import annotations
 

@@ -3,11 +3,12 @@ pool, cluster-autoscaler's status ConfigMap into its node groups. What the pools
 state/growth.py."""
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 import yaml
 
-from ..core.gpus import quantity_to_int
+from ..core.gpus import ASCII_DIGITS, quantity_to_int
 from ..core.model import GPU_RESOURCE
 from ..state.growth import (CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND, NODEPOOL_LABEL,
                             GrowthFact, Pool)
@@ -99,7 +100,7 @@ def nodepool(obj: Mapping) -> Pool | None:
             absent.add(key)
         elif op in ("Exists", "Gt", "Lt", "Gte", "Lte"):
             unknown.add(key)
-            if op != "Exists" and values and values[0].isdigit():
+            if op != "Exists" and values and re.fullmatch(ASCII_DIGITS, values[0]):
                 bounds.setdefault(key, []).append((str(op), int(values[0])))
     taints = tuple((str(t.get("key", "")), str(t.get("value", "") or ""), str(t.get("effect", "")))
                    for t in template_spec.get("taints") or () if isinstance(t, dict)
@@ -121,8 +122,9 @@ def _gpus_per_node(fixed: Mapping[str, str], choices: Mapping[str, tuple[str, ..
     instance types; None when neither says (then the largest of its nodes there are)."""
     for key in GPU_COUNT_LABELS:
         counts = [fixed[key]] if key in fixed else list(choices.get(key, ()))
-        if any(c.isdigit() for c in counts):
-            return max(int(c) for c in counts if c.isdigit())
+        whole = [int(c) for c in counts if re.fullmatch(ASCII_DIGITS, c)]
+        if whole:
+            return max(whole)
         upper = [bound - (op == "Lt") for op, bound in bounds.get(key, ()) if op in ("Lt", "Lte")]
         if upper:
             return min(upper)

@@ -137,7 +137,7 @@ def _owner_kind(obj: Mapping) -> str:
 
 def _size(value: object, key: str = GROUP_SIZE) -> int:
     text = str(value).strip()
-    if not re.fullmatch(r"\d{1,6}", text) or not 0 < int(text) <= MAX_GROUP_SIZE:
+    if not re.fullmatch(r"[0-9]{1,6}", text) or not 0 < int(text) <= MAX_GROUP_SIZE:
         raise InvalidGroup(f"annotation {key}={quoted(value)} is not allowed; allowed: a whole number of pods "
-                           f"from 1 to {MAX_GROUP_SIZE}")
+                           f"from 1 to {MAX_GROUP_SIZE} in the digits 0-9")
     return int(text)

@@ -18,9 +18,10 @@ carried on the Decision; it is written here):
 - `distributed` adds topologySpreadConstraints on the decision's spread keys, selecting the pods
   by the template label `topology.scheduler/workload`; a (topologyKey, whenUnsatisfiable) pair
   the user already has is left alone (the API rejects duplicates).
-- Containers that request GPUs (app, sidecar or init) get the NCCL profile of the interconnect
-  the job crosses (none for a 1-GPU workload: it talks to no one) and CUDA_DEVICE_ORDER=PCI_BUS_ID;
-  a variable the user set is never overridden.
+- App and sidecar containers that request GPUs get the NCCL profile of the interconnect the job
+  crosses (none for a 1-GPU workload: it talks to no one) and CUDA_DEVICE_ORDER=PCI_BUS_ID; a
+  variable the user set is never overridden. Init containers that are not sidecars get none: they
+  run one at a time, before the ranks start, and take no part in the job's communicators.
 - Annotations on the template: `placement` (summary), `gpu-ids` (NVLink-aligned host GPU set of a
   single-pod workload, a hint for device plugins and DRA drivers: the container renumbers its
   GPUs from 0, so host indices never go into CUDA_VISIBLE_DEVICES), `reservation` (the key the
@@ -43,7 +44,7 @@ from ..core.injection import (ADMISSION, GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS
                               annotations_of, at, dumps_request, recorded, seal_gate, seal_hold)
 from ..core.model import ANNOTATION_PREFIX, EXCEEDS_NODES, GROWS_POOL, MAPPINGS, NO_MATCHING_NODES, Decision, Hold, Outcome, Strategy
 from .kinds import KINDS
-from .reconcile import annotations_in, containers, copy_tree, put, rewrite, set_annotations
+from .reconcile import annotations_in, copy_tree, put, rewrite, set_annotations
 from .subject import Subject
 
 __all__ = ["GPU_IDS", "INJECTED", "PLACEMENT", "RESERVATION", "WAITING_FOR", "WORKLOAD_LABEL", "Injection"]  # for callers
@@ -279,14 +280,18 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
     profile = dict(config.nccl_profiles.get(link.value, {})) if link and decision.request.total_gpus > 1 else {}
     profile.update(CUDA_DEVICE_ORDER)
     profile = dict(sorted(profile.items()))  # the record keeps names sorted: so does the container
-    env = {c["name"]: profile for c in _gpu_containers(spec)}
+    env = {c["name"]: profile for c in _ranks_containers(spec)}
     return Injection(required, preferred, spread, env, label, decision.hold is Hold.GATE)
 
 
-def _gpu_containers(spec: Mapping) -> list[dict]:
-    """The containers that use the pod's GPUs: those asking nvidia.com/gpu, else (GPUs asked through
-    Dynamic Resource Allocation) those that use one of the pod's claims."""
-    found = containers(spec)
+def _ranks_containers(spec: Mapping) -> list[dict]:
+    """The containers where the job's ranks run on the pod's GPUs: app containers and sidecars (init
+    containers with restartPolicy Always) asking nvidia.com/gpu, else (GPUs asked through Dynamic
+    Resource Allocation) those that use one of the pod's claims. NCCL reads its environment when
+    ranks that run together form a communicator; an init container of any other kind runs alone
+    and to completion before the app containers start, so it is never one of them."""
+    found = [c for c in spec.get("initContainers") or () if isinstance(c, dict) and c.get("restartPolicy") == "Always"]
+    found += [c for c in spec.get("containers") or () if isinstance(c, dict)]
     by_limits = [c for c in found if container_gpus(c) > 0]
     if by_limits:
         return by_limits

@@ -1,9 +1,14 @@
 """The JSONPatch (RFC 6902) from the object the apiserver sent to the object we want.
 
-`jsonpatch` escapes `~` and `/` in keys (`topology.scheduler~1placement`) and adds a
+Only what changed is patched: the parts equal on both sides are left out before anything is
+diffed (`changed_parts`), and a list only appended to (our env after a user's, our expressions
+after theirs) is patched by adding its new items after the kept ones, with no diff at all: a
+review's patch costs what we write, not what the user's lists hold. The rest is diffed by
+`jsonpatch`, which escapes `~` and `/` in keys (`topology.scheduler~1placement`) and adds a
 missing parent as a whole value instead of adding under it. A patch that decodes but does not
-apply is a 500 the apiserver does not let failurePolicy absorb, so every patch is applied here
-to the received object first and must give exactly the mutated one.
+apply is a 500 the apiserver does not let failurePolicy absorb, so every diff is applied here to
+the received parts first and must give exactly the mutated ones; the appends are exact by
+construction (`make_patch`).
 """
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ import orjson
 # What JSON has not is written as `str` writes it (a `creationTimestamp` YAML loaded as a datetime,
 # keys YAML loaded as numbers), as json.dumps(default=str) did.
 _AS_JSON = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_NON_STR_KEYS
-_KEPT = "\x00kept\x00"  # an item of a list only appended to, the same on both sides (changed_parts)
+_APPENDED = object()  # what changed_parts gives for a list only appended to: left out of the diff
+_POINTER_ESCAPES = str.maketrans({"~": "~0", "/": "~1"})  # RFC 6901, as jsonpatch writes a key in a path
 # Patches remembered by the shape of what changed: pods placed alike (a group's members, a
 # controller's replicas, a burst of copies of one manifest, single-node pods of one size and
 # strategy) change alike but for their strings, and their patch is made and checked once.
@@ -31,11 +37,20 @@ class PatchError(RuntimeError):
 def make_patch(received: Any, mutated: Any) -> list[dict]:
     """The operations that turn `received` into `mutated`; [] when they are equal. Both are taken
     as JSON documents, as the apiserver holds them: no shared sub-objects, and values YAML gives
-    that JSON has not (a `creationTimestamp` loaded as a datetime) compared as text."""
-    appended: dict[tuple[str, ...], int] = {}
-    operations = _checked_diff(*changed_parts(received, mutated, appended))
-    if appended and not _only_appends(operations, appended):  # the stand-ins were matched up otherwise
-        operations = _checked_diff(*changed_parts(received, mutated))
+    that JSON has not (a `creationTimestamp` loaded as a datetime) compared as text.
+
+    The diff's operations come first, then one `add` per item appended to a list, at its index.
+    That is exact: such a list is at the same path on both sides, so are its parents (mappings on
+    both sides, or items of lists of one length, matched by index: changed_parts), and the diff
+    neither replaces nor removes a parent both sides hold, nor shifts the indices of a list it
+    sees at one length, so every add lands after the items the received list holds."""
+    appended: dict[tuple[str, ...], tuple[int, list]] = {}
+    received_part, mutated_part = changed_parts(received, mutated, appended)
+    operations = [] if received_part is _APPENDED else _checked_diff(received_part, mutated_part)
+    for path, (kept, items) in appended.items():
+        pointer = "".join(f"/{part.translate(_POINTER_ESCAPES)}" for part in path)
+        values = orjson.loads(orjson.dumps(items, default=str, option=_AS_JSON))  # fresh, and as JSON has them
+        operations += [{"op": "add", "path": f"{pointer}/{kept + i}", "value": value} for i, value in enumerate(values)]
     return operations
 
 
@@ -110,34 +125,7 @@ def _checked_operations(received_text: bytes, mutated_text: bytes) -> bytes:
     return orjson.dumps(diff.patch)
 
 
-def _only_appends(operations: list[dict], appended: dict[tuple[str, ...], int]) -> bool:
-    """Whether every operation on a list diffed with stand-ins (`appended`: its path -> the items
-    it kept) adds a whole item after the kept ones, and none replaces or removes that list or what
-    holds it: then the kept items are neither moved nor written, and the patch is the same on the
-    real list as on the stand-ins the check applied it to."""
-    for operation in operations:
-        parts = _pointer_parts(operation["path"])
-        for path, kept in appended.items():
-            if parts[:len(path)] != path:
-                continue
-            if len(parts) == len(path):  # the list itself
-                return False
-            index = parts[len(path)]
-            whole_item_after = len(parts) == len(path) + 1 and index.isdigit() and int(index) >= kept
-            if not (operation["op"] == "add" and whole_item_after):
-                return False
-        if any(path[:len(parts)] == parts and len(parts) < len(path) for path in appended):
-            return False  # above the list: a value written there would carry the stand-ins
-    return True
-
-
-def _pointer_parts(path: str) -> tuple[str, ...]:
-    """The keys of a JSON pointer jsonpatch wrote (RFC 6901: `~1` is `/`, then `~0` is `~`), as
-    `jsonpatch.JsonPointer(path).parts` gives them, without building one per operation."""
-    return tuple(part.replace("~1", "/").replace("~0", "~") for part in path.split("/")[1:])
-
-
-def changed_parts(received: Any, mutated: Any, appended: dict[tuple[str, ...], int] | None = None,
+def changed_parts(received: Any, mutated: Any, appended: dict[tuple[str, ...], tuple[int, list]] | None = None,
                   path: tuple[str, ...] = ()) -> tuple[Any, Any]:
     """Both documents with every part that is equal on both sides left out, at every depth. The
     diff and its check then walk what changed, not the whole object (comparing and copying equal
@@ -147,18 +135,18 @@ def changed_parts(received: Any, mutated: Any, appended: dict[tuple[str, ...], i
     Two lists of one length are compared item by item, as a mapping from index to item: the same
     paths (`/spec/containers/0/env`), and what differs inside an item is patched inside it, never
     by replacing the list. Given `appended`, a list only appended to (our env after a user's, our
-    expressions after theirs) keeps its length, its kept items stood in for by one short marker,
-    and is recorded there by path: jsonpatch serializes every item of two lists of different
-    lengths to match them up, and a real pod's kept items made that most of the patch's cost.
-    Other lists of different lengths are kept whole, for the diff to match up."""
+    expressions after theirs) is left out too (`_APPENDED` on both sides), and recorded there by
+    path with its kept length and its new items: jsonpatch would serialize every item of two lists
+    of different lengths to match them up, a cost that grew with the user's list. Other lists of
+    different lengths are kept whole, for the diff to match up."""
     if isinstance(received, list) and isinstance(mutated, list):
         kept = len(received)
         if kept == len(mutated):
             indices = [str(i) for i in range(kept)]
             received, mutated = dict(zip(indices, received)), dict(zip(indices, mutated))
         elif appended is not None and 0 < kept < len(mutated) and mutated[:kept] == received:
-            appended[path] = kept
-            return [_KEPT] * kept, [_KEPT] * kept + mutated[kept:]
+            appended[path] = (kept, mutated[kept:])
+            return _APPENDED, _APPENDED
     if not (isinstance(received, dict) and isinstance(mutated, dict)):
         return received, mutated
     kept_received, kept_mutated = {}, {}
@@ -169,7 +157,9 @@ def changed_parts(received: Any, mutated: Any, appended: dict[tuple[str, ...], i
         other = mutated[key]
         if value is other or value == other:
             continue
-        kept_received[key], kept_mutated[key] = changed_parts(value, other, appended, (*path, str(key)))
+        received_part, mutated_part = changed_parts(value, other, appended, (*path, str(key)))
+        if received_part is not _APPENDED:
+            kept_received[key], kept_mutated[key] = received_part, mutated_part
     for key, other in mutated.items():
         if key not in received:
             kept_mutated[key] = other

@@ -5,10 +5,11 @@ workload label, the scheduling gate), by the rule mutation.py states. On a copy:
 is never changed.
 
 The copy is made as it is written: the mappings and lists on the way down to each pod template,
-the template, its metadata and annotations, its spec, the spec's affinity and containers are new;
-everything else (volumes, resources, env items, the user's constraints) is the object's own,
-shared. A review's copy then costs what we write, not the pod's size, and the patch finds the
-shared parts equal at once. So the object returned may be changed in place only there.
+the template, its metadata and annotations, its spec, the spec's affinity, its container lists and
+the containers whose env we change are new; everything else (other containers, volumes,
+resources, env items, the user's constraints) is the object's own, shared. A review's copy then
+costs what we write, not the pod's size, and the patch finds the shared parts equal at once
+(webhook/objects/patch.py). So the object returned may be changed in place only there.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import orjson
 
 from ..core.injection import GATE, INJECTED, PREFERRED, REQUIRED_TERMS, WORKLOAD_LABEL, Injection, at
 from ..settings.config import Config
+from .limits import CONTAINER_LISTS
 from .templates import pod_templates
 
 
@@ -68,13 +70,14 @@ def _copied_down(root: dict, steps: tuple[str | int, ...], copies: set[int]) -> 
 
 def _spec_copy(spec: Mapping) -> dict:
     """A pod spec's copy new where the writers change it in place: itself, its affinity (whole:
-    small, and reconciled term by term), its container lists and containers."""
+    small, and reconciled term by term) and its container lists (a container is copied when its
+    env changes: `_apply_env`)."""
     copy = dict(spec)
     if isinstance(copy.get("affinity"), dict):
         copy["affinity"] = copy_tree(copy["affinity"])
-    for key in ("initContainers", "containers"):
+    for key in CONTAINER_LISTS:
         if isinstance(copy.get(key), list):
-            copy[key] = [dict(c) if isinstance(c, dict) else c for c in copy[key]]
+            copy[key] = list(copy[key])
     return copy
 
 
@@ -90,17 +93,34 @@ def _apply(meta: dict, spec: dict, previous: Injection, desired: Injection) -> I
                                       list(desired.spread), _spread_identity)
     put(spec, ("topologySpreadConstraints",), spread)
     gated = _apply_gate(spec, previous.gated, desired.gated)
-    env = {}
-    for container in containers(spec):
-        name = str(container["name"])  # the shape check (templates.py): every container is named
-        want = [{"name": k, "value": v} for k, v in desired.env.get(name, {}).items()]
-        had = [{"name": k, "value": v} for k, v in previous.env.get(name, {}).items()]
-        items, owned = _reconcile(container.get("env") or [], had, want, lambda e: e.get("name"))
-        put(container, ("env",), items)
-        if owned:
-            env[name] = {e["name"]: e["value"] for e in owned}
+    env = _apply_env(spec, previous.env, desired.env)
     return Injection(required, preferred_owned[0] if preferred_owned else None, tuple(spread_owned), env, label,
                      gated)
+
+
+def _apply_env(spec: dict, previous: Mapping[str, Mapping[str, str]],
+               desired: Mapping[str, Mapping[str, str]]) -> dict[str, dict[str, str]]:
+    """Our env variables in the containers named in either record, each container copied into
+    its list before its env changes (the others stay the object's own); returns what we now own."""
+    named = previous.keys() | desired.keys()
+    env = {}
+    for key in CONTAINER_LISTS:
+        listed = spec.get(key)
+        if not (named and isinstance(listed, list)):
+            continue
+        for position, container in enumerate(listed):
+            name = container.get("name") if isinstance(container, dict) else None
+            if not isinstance(name, str) or name not in named:
+                continue
+            want = [{"name": k, "value": v} for k, v in desired.get(name, {}).items()]
+            had = [{"name": k, "value": v} for k, v in previous.get(name, {}).items()]
+            items, owned = _reconcile(container.get("env") or [], had, want, lambda e: e.get("name"))
+            if (container.get("env") or []) != items:
+                listed[position] = container = dict(container)
+                put(container, ("env",), items)
+            if owned:
+                env[name] = {e["name"]: e["value"] for e in owned}
+    return env
 
 
 def _apply_gate(spec: dict, previous: bool, desired: bool) -> bool:
@@ -167,7 +187,10 @@ def _apply_label(meta: dict, previous: str | None, desired: str | None) -> str |
 def _reconcile(items: list, previous: list, desired: list, identity: Callable[[Any], Any]) -> tuple[list, list]:
     """Our `previous` items are replaced in place by the desired item of the same identity, or
     dropped; desired items whose identity is free are appended; other items are never touched.
-    Returns (new items, the desired items that are now ours)."""
+    Returns (new items, the desired items that are now ours): the items themselves when we had
+    none there and want none (the user's list is not walked: a tenant's can be 30,000 long)."""
+    if not previous and not desired:
+        return items, []
     leftover = list(previous)
     wanted = {identity(d): d for d in desired}
     out, owned = [], []
@@ -199,7 +222,7 @@ def copy_tree(node: Any) -> Any:
 
 
 def containers(spec: Mapping) -> list[dict]:
-    return [c for key in ("initContainers", "containers") for c in spec.get(key) or () if isinstance(c, dict)]
+    return [c for key in CONTAINER_LISTS for c in spec.get(key) or () if isinstance(c, dict)]
 
 
 def annotations_in(meta: Mapping) -> Mapping:

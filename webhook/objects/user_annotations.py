@@ -7,7 +7,7 @@ import difflib
 import re
 from collections.abc import Mapping
 
-from ..core.gpus import BANDWIDTH_UNITS, BandwidthInBytes, parse_bandwidth_gbps
+from ..core.gpus import ASCII_DIGITS, BANDWIDTH_UNITS, BandwidthInBytes, parse_bandwidth_gbps
 from ..core.injection import ADMISSION, OUTPUT_ANNOTATIONS
 from ..core.model import ANNOTATION_PREFIX, Strategy, quoted
 from .groups import GROUP_ANNOTATIONS
@@ -59,12 +59,12 @@ def unknown_annotations(who: str, annotations: Mapping) -> list[str]:
 
 def gpu_count(who: str, value: object) -> int:
     text = str(value).strip()
-    if re.fullmatch(r"\d+", text) and len(text.lstrip("0")) > MAX_GPU_COUNT_DIGITS:
+    if re.fullmatch(ASCII_DIGITS, text) and len(text.lstrip("0")) > MAX_GPU_COUNT_DIGITS:
         raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={quoted(value)} ({len(text)} digits) is not allowed; "
                                 f"allowed: a whole number of GPUs from 1 to {10 ** MAX_GPU_COUNT_DIGITS - 1}")
-    if not re.fullmatch(r"\d+", text) or int(text) <= 0:
+    if not re.fullmatch(ASCII_DIGITS, text) or int(text) <= 0:
         raise InvalidAnnotation(f"{who}: annotation {GPU_COUNT}={quoted(value)} is not allowed; "
-                                "allowed: a whole number of GPUs greater than 0, e.g. \"8\"")
+                                "allowed: a whole number of GPUs greater than 0 in the digits 0-9, e.g. \"8\"")
     return int(text)
 
 

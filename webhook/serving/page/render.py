@@ -260,7 +260,7 @@ def _query(environ: dict) -> tuple[Selection, int]:
         return (query.get(name) or [""])[0]
 
     refresh_text = arg("refresh") or str(DEFAULT_REFRESH_SECONDS)
-    if not refresh_text.isdigit() or int(refresh_text) > MAX_REFRESH_SECONDS:
+    if not (refresh_text.isascii() and refresh_text.isdigit()) or int(refresh_text) > MAX_REFRESH_SECONDS:
         raise BadQuery(f"refresh={refresh_text[:20]!r}: allowed: whole seconds from 0 (never) to {MAX_REFRESH_SECONDS}")
     return Selection.of(arg("namespace"), arg("workload"), arg("focus")), int(refresh_text)
 
