@@ -1,4 +1,5 @@
-"""The evaluation protocol's statistics: paired differences, a bootstrap interval and a verdict.
+"""The evaluation protocol's statistics: paired differences, a bootstrap interval and a verdict, and Holm's step-down
+(holm_steps), which bench/evaluate.py's detail rows and bench/scorecard.py both adjust their families with.
 
 Each evaluation seed gives one stream that ours and a baseline both run, so their difference on
 that stream is one observation; seeds are independent draws. The verdict reads the 95% bootstrap
@@ -10,6 +11,7 @@ from __future__ import annotations
 import random
 import statistics
 from dataclasses import dataclass
+from typing import Sequence
 
 RESAMPLES = 4000
 LEVEL = 0.95
@@ -45,3 +47,17 @@ def compare(ours: list[float], theirs: list[float], rng: random.Random, lower_is
     else:
         verdict = "level"
     return Paired(statistics.fmean(diffs), low, high, sum(map(better, diffs)), n, verdict)
+
+
+def holm_steps(pvalues: Sequence[float]) -> list[tuple[float, float]]:
+    """(adjusted p-value, factor) of each p-value of one family, in their order. Holm's step-down:
+    with p(1) <= ... <= p(m) sorted, the k-th is adjusted to min(1, max over j <= k of
+    (m - j + 1) p(j)). The factor c is that maximum over p(k) itself (m - k + 1 <= c <= m): a test
+    or interval at level alpha / c rejects exactly when the adjusted p-value is at most alpha."""
+    m = len(pvalues)
+    steps = [(1.0, float(m))] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda i: pvalues[i]), 1):
+        running = max(running, (m - rank + 1) * pvalues[i])
+        steps[i] = (min(1.0, running), running / pvalues[i] if pvalues[i] > 0 else float(m - rank + 1))
+    return steps

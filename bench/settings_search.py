@@ -7,7 +7,8 @@ every 1 s + 50 ms, 30% of each stream not ours, streams v2).
 
     # tuning: seen seeds only (refuses others), means over seeds, no verdicts
     .venv/bin/python bench/settings_search.py tune --seeds 20261122 20261123 20261124 --out /tmp/tune
-    # judging: fresh seeds (refuses seen ones), Holm-corrected paired verdicts (bench/evaluate.py's)
+    # judging: fresh seeds (refuses seen ones), on the scorecard (bench/scorecard.py: M1-M4 against Kueue's
+    # modes and against today's default), with evaluate.py's per-bucket verdicts as detail
     .venv/bin/python bench/settings_search.py judge --candidates unprotected share-0.2 --n-seeds 12 --out /tmp/judge
 
 The 24 seeds of the judgement in bench/SETTINGS-SEARCH.md have since been added to
@@ -31,7 +32,7 @@ import time
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import evaluate, report, simulate  # noqa: E402
+from bench import evaluate, report, scorecard, simulate  # noqa: E402
 from bench.engine import run  # noqa: E402
 from bench.policies import Ours  # noqa: E402
 from webhook.core.model import Strategy  # noqa: E402
@@ -199,26 +200,68 @@ def cell_table(results, networks, cells, seeds, keys) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tune_scorecard(results, networks, cells, seeds, keys) -> str:
+    """Per variant and network, the scorecard's means over the seeds (in sample: no verdicts): for M1
+    and M2 the cells where ours' mean is above some Kueue mode's and the worst such share; M4 at
+    overload against each mode's, in points."""
+    lines = ["| ours' setting | network | M1 cells above a Kueue mode (of), worst | M2 cells above a Kueue mode (of), "
+             "worst | M2 loaded cells below every Kueue mode (of) | M4 at overload - the best Kueue mode, points, worst |",
+             "|---|---|---|---|---|---|"]
+    metrics = {"M1": scorecard.mean_jct, "M2": scorecard.weighted_jct}
+    for key in keys:
+        if key in KUEUES:
+            continue
+        for net in networks:
+            def mean(trace, load, k, value):
+                return _mean(value(results[net, trace, load, s, k]) for s in seeds)
+
+            words = []
+            for value in metrics.values():
+                shares = [mean(t, l, key, value) / mean(t, l, mode, value) - 1 for t, l in cells for mode in KUEUES]
+                above = [x for x in shares if x > 0]
+                words.append(f"{len(above)} ({len(shares)}), {100 * max(shares):+.1f}%")
+            loaded = [(t, l) for t, l in cells if l >= scorecard.LOADED]
+            below = sum(all(mean(t, l, key, scorecard.weighted_jct) < mean(t, l, mode, scorecard.weighted_jct)
+                            for mode in KUEUES) for t, l in loaded)
+            m4 = [mean(t, l, key, scorecard.useful_points) - max(mean(t, l, mode, scorecard.useful_points)
+                                                                 for mode in KUEUES) for t, l in cells if l > 1]
+            lines.append(f"| {key} | {net} | {words[0]} | {words[1]} | {below} ({len(loaded)}) | "
+                         + (f"{min(m4):+.2f}" if m4 else "") + " |")
+    return "\n".join(lines) + "\n"
+
+
 def judged(results, networks, cells, seeds, candidates, wall: float, command: str) -> str:
-    """evaluate.py's verdicts per network (its own Holm families): default and each candidate against
-    Kueue's three modes, and each candidate against the default (candidate - default)."""
+    """The scorecard (bench/scorecard.py) of the default and of each candidate against Kueue's three
+    modes, and of each candidate against the default (candidate / default - 1), per network; then
+    evaluate.py's per-bucket verdicts (rings and JCT per bucket) as detail."""
     names = {"default": evaluate.OURS, **{c: f"setting-{c}" for c in candidates}}
     for key, name in names.items():
         simulate.STRATEGY_OF.setdefault(name, "consolidated" + ("" if key == "default" else f", {key}"))
-    out = []
+    scorecard.NAMES.setdefault(evaluate.OURS, "today's default")
+    cards: dict[str, dict[str, list]] = {name: {} for name in names.values()}
+    against_default: dict[str, dict[str, list]] = {c: {} for c in candidates}
+    detail = []
     for net in networks:
         mine = {(t, l, s, names.get(k, k)): v for (n, t, l, s, k), v in results.items() if n == net}
+        for name in names.values():
+            cards[name][net] = scorecard.scorecard(mine, cells, seeds, name, KUEUES, scorecard.rng_for(seeds, net))
+        for c in candidates:
+            against_default[c][net] = scorecard.scorecard(mine, cells, seeds, names[c], (evaluate.OURS,),
+                                                          scorecard.rng_for(seeds, net))
         rows = evaluate.verdicts(mine, cells, seeds, tuple(names.values()), KUEUES)
         conditions = evaluate.conditions_of(simulate.parse_network(net), True, simulate.Runtime())
-        out.append(evaluate.render(rows, seeds, simulate.FULL.spec.gpus, wall, command, 0, conditions))
-        against = evaluate.verdicts(mine, cells, seeds, tuple(names[c] for c in candidates), (evaluate.OURS,))
-        out.append(f"#### Each candidate - today's default, network {net} (Holm per candidate x metric)\n\n"
-                   "| trace | load | bucket | candidate - default | interval (Holm) | candidate won | verdict |\n"
-                   "|---|---:|---|---:|---:|---:|---|\n" + "".join(
-                       f"| {t} | {l:g} | {b} | {evaluate._num(p.mean)} | [{evaluate._num(p.low)}, "
-                       f"{evaluate._num(p.high)}] | {p.wins}/{p.n} | {p.verdict} ({v.removeprefix('setting-')}) |\n"
-                       for t, l, b, _, p, v in against))
-    return "\n".join(out)
+        detail.append(evaluate.render(rows, seeds, simulate.FULL.spec.gpus, wall, command, 0, conditions))
+    out = []
+    runtime = f"{simulate.runtime_text(simulate.Runtime())}, streams v{simulate.STREAMS}"
+    for key, name in names.items():
+        out.append(f"## Ours, {key}\n\n" + evaluate.scorecard_section(cards[name], seeds, simulate.FULL.spec.gpus,
+                                                                       wall, command, 0, runtime))
+    for c in candidates:
+        out.append(f"## {c} against today's default (candidate / default - 1; Holm per candidate x metric x "
+                   "network)\n\n" + "\n".join(f"#### Network {net}\n\n" + scorecard.render(rows, net)
+                                             for net, rows in against_default[c].items()))
+    out.append("## Detail: rings and per-bucket completion time (evaluate.py's verdicts)\n")
+    return "\n".join(out + detail)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             keys.append("default")
         results, wall, made = run_all(args.out, args.networks, cells, seeds, keys)
         print(f"\n{made} runs made in {wall:.0f} s; seeds {' '.join(map(str, seeds))} (seen: in sample)\n")
+        print(tune_scorecard(results, args.networks, cells, seeds, keys))
         print(tune_table(results, args.networks, cells, seeds, keys))
         print(cell_table(results, args.networks, cells, seeds, keys))
         return 0

@@ -278,6 +278,21 @@ def test_a_node_whose_pods_are_terminating_is_the_wait_target():
     assert place(index, request(1)).nodes == ("ending",)
 
 
+def test_pods_that_a_terminating_pods_node_will_hold_wait_pinned_to_that_node_alone():
+    """KAI pipelines a job onto GPUs being released. Two pods of 4 GPUs: node `ending` holds both
+    once its terminating pod is gone, so nothing is expected sooner anywhere wider; pinning the
+    wait to the rack of two nodes would only let the pods split across them."""
+    nodes = [make_node(name, {"topology.scheduler/leaf": "l1"}) for name in ("busy", "ending")]
+    ending = make_pod("old-train", "ending", 8)
+    ending["metadata"]["deletionTimestamp"] = "2026-11-24T04:00:00Z"
+    index = index_of(Config(), nodes, [make_pod("serve", "busy", 8), ending])
+    decision = place(index, request(2, gpus=4))
+    assert decision.outcome is Outcome.WAIT and decision.locality_pays and decision.scope.name == "ending"
+    assert NodeRequirement("kubernetes.io/hostname", ("ending",)) in decision.requirements
+    assert any("expected to take 0.00 run times, in leaf l1 0.00" in r and "does not pay" in r
+               for r in decision.reasons), decision.reasons
+
+
 def test_node_selector_affinity_and_bandwidth_filter_before_counting(cluster):
     feed.upsert(cluster, make_node("fast", {"topology.scheduler/leaf": "leaf-9",
                                            "topology.scheduler/network-bandwidth": "800Gb"}), "Node")
@@ -536,6 +551,29 @@ def test_a_split_over_racks_of_two_spines_is_pinned_to_those_racks_not_the_whole
     decision = place(index, request(6))
     assert decision.outcome is Outcome.PLACED and decision.scope.level_name == "zone"
     assert NodeRequirement("topology.scheduler/leaf", ("r1", "r2", "r3")) in decision.requirements
+
+
+def test_a_job_no_spine_holds_fills_the_fewest_racks_of_the_spines_it_takes_as_kueue_does():
+    """Kueue's BestFit descent (findTopologyAssignment, phase 2b) pools the racks of every spine it
+    took and fills the roomiest first, the last rack the tightest that holds the rest. Spine s1 has
+    racks with 4, 2, 2 and 1 free nodes (9), s2 two racks of 4 (8); 13 whole-node pods hold in no
+    spine. Filling s1 whole and then 4 in s2 would take 5 racks; 4 + 4 + 4 + the rack of 1 take 4."""
+    free = {"s1": {"r1": 4, "r2": 2, "r3": 2, "r4": 1}, "s2": {"r5": 4, "r6": 4, "r7": 0, "r8": 0}}
+    nodes, pods = [], []
+    for spine, racks in free.items():
+        for rack, idle in racks.items():
+            for n in range(4):
+                name = f"{rack}-n{n}"
+                nodes.append(make_node(name, {"topology.kubernetes.io/zone": "z", "topology.scheduler/spine": spine,
+                                              "topology.scheduler/leaf": rack}))
+                if n >= idle:
+                    pods.append(make_pod(f"busy-{name}", name, 8))
+    index = index_of(Config(), nodes, pods)
+    for strategy in (Strategy.CONSOLIDATED, Strategy.BALANCED):  # balanced: a peer's preferred level
+        decision = place(index, request(13, strategy=strategy))
+        assert decision.outcome is Outcome.PLACED and decision.scope.level_name == "zone"
+        assert leaves_of(index, decision) == ["r1", "r4", "r5", "r6"]
+        assert NodeRequirement("topology.scheduler/leaf", ("r1", "r4", "r5", "r6")) in decision.requirements
 
 
 def test_best_fit_orders_follow_nodes_that_move_between_leaves_and_leaves_that_go(cluster):

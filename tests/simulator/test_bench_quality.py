@@ -464,6 +464,10 @@ def test_evaluation_pairs_ours_with_every_baseline_on_the_seeds_it_prints(capsys
     assert "--seeds 17 18 --cells helios_all:1.2`" in out  # the command that repeats it names its cells
     rows = [[c.strip() for c in line.strip("| ").split("|")] for line in out.splitlines()
             if line.startswith("| helios_all")]
+    # The scorecard's rows (against Kueue preferred, the one mode run without --kueue-modes), then the detail's.
+    card = [r for r in rows if r[2] == "Kueue preferred"]
+    rows = [r for r in rows if r[2] != "Kueue preferred"]
+    assert len(card) == 1 and all(card[0][3:7]) and "Scorecard on fresh seeds" in out
     assert {(r[2], r[3]) for r in rows} >= {(bucket, b) for bucket in ("9-64", *evaluate.ALLOCATIONS)
                                             for b in evaluate.BASELINES}
     for row in rows:

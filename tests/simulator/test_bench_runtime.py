@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench import costmodel, engine, evaluate, fabric, policies, simulate, traces
+from bench import balanced, costmodel, engine, evaluate, fabric, policies, simulate, traces
 from webhook.core.model import Strategy
 
 QUICK = fabric.ClusterSpec(zones=1, spines_per_zone=2, leaves_per_spine=2, nodes_per_leaf=4)  # 128 GPUs
@@ -169,3 +169,19 @@ def test_balanced_runs_as_consolidated_so_it_has_no_column(runtime):
     column is due back."""
     assert digest(run("ours-balanced", runtime)) == digest(run("ours-consolidated", runtime))
     assert "ours-balanced" not in simulate.SWEEP_KEYS + evaluate.OURS_VARIANTS
+
+
+def test_the_releases_a_foreign_pod_could_race_are_those_with_an_arrival_inside_their_latency():
+    """bench/balanced.py's count: a job the releaser started runs from a whole-second tick plus the
+    latency; a foreign job that arrives inside that window could take its GPUs in a real cluster."""
+    def record(job_id, submit_s, start_s):
+        return engine.JobRecord(traces.Job(job_id, submit_s, 60, 2, 8), start_s, 60, 2, 2, 2, 2, 1, 0.1, 0.1)
+
+    result = engine.RunResult("ours", records=[record("a", 3.2, 5.05),  # released at the tick of 5 s
+                                               record("b", 7.0, 7.0),  # started as it arrived
+                                               record("c", 8.5, 10.05)],  # released at 10 s
+                              foreign=[record("f1", 5.02, 5.02), record("f2", 9.0, 9.0), record("f3", 10.05, 10.05)])
+    assert balanced.raced_releases(result, 0.05) == (2, 1)  # f1 inside a's window; f3 arrives as c runs
+    # At the tick's own instant an arrival comes before the releaser's pass (bench/engine.py): no race.
+    result.foreign[0] = record("f1", 5.0, 5.0)
+    assert balanced.raced_releases(result, 0.05) == (2, 0)

@@ -5,9 +5,10 @@ Consolidated (and balanced, which only changes how the mutation enforces it):
      leaf, a spine, a zone, the cluster. Among domains of that level take the best fit (the least
      capacity that still fits), so whole leaves and whole NVLink domains stay free for big jobs.
      A preferred domain is searched first, then its ancestors outwards (nearest by topology).
-  2. Split the pods over that domain's children: the fewest children that hold them, with
-     balanced shares (4+4 beats 1+7: the smallest share on a node sets the bandwidth), best-fit
-     children first; recurse down to nodes.
+  2. Split the pods over that domain's children: the fewest children that hold them, a level at
+     a time with the children of every domain taken pooled (Kueue's BestFit descent), down to
+     nodes, where the shares are balanced (4+4 beats 1+7: the smallest share on a node sets the
+     bandwidth).
   3. Per pod, pick an NVLink-aligned GPU set on its node (the smallest NVLink domain that holds it).
 Distributed: one pod per node where possible, round-robin over leaves for failure isolation;
 latency-sensitive workloads stay inside one domain of the level above the leaves.
@@ -174,26 +175,25 @@ def _tightest_node(subset: TopologyTree, scope: Member, need: int, gpus: int) ->
 
 
 def _split(member: Member, pods: int, gpus: int) -> list[tuple[NodeState, int]]:
-    """Pods per node under `member`, over the fewest children that hold them.
+    """Pods per node under `member`, over the fewest domains at each level below it.
 
+    Across switches the split does not change the estimate (every node brings its own NICs;
+    crossing costs the same), so a level at a time, as Kueue's BestFit descends: the children of
+    every domain taken above are pooled, the roomiest filled first and the rest given to the
+    tightest that holds it, which leaves the fewest partly used leaves behind. Pooled, a spine
+    taken whole does not take its scattered racks: only the fewest racks of the spines taken.
     Across nodes the shares are balanced: the node with the fewest of the job's GPUs sets its
-    NIC bandwidth, so 4+4 beats 1+7. Across switches the split does not change the estimate
-    (every node brings its own NICs; crossing costs the same), so there the roomiest children are
-    filled first and the remainder goes to the tightest child that holds it, which leaves the
-    fewest partly used leaves behind (Kueue's BestFit does the same)."""
+    NIC bandwidth, so 4+4 beats 1+7."""
     if not member.children:
         return [(walk.as_node(member), pods)]
-    kids = sorted((c for c in member.children.values() if c.fits_now(gpus) > 0),
-                  key=lambda c: orderings.roomiest_child(c, gpus))
-    if not kids[0].children:  # across nodes
-        chosen, shares = _balanced(kids, pods, gpus)
-    else:
-        chosen, shares = _roomiest_then_tightest(kids, pods, gpus)
-    result: list[tuple[NodeState, int]] = []
-    for kid, n in zip(chosen, shares):
-        if n:
-            result.extend(_split(kid, n, gpus))
-    return result
+    taken: list[Member] = [member]
+    while True:
+        kids = sorted((c for parent in taken for c in parent.children.values() if c.fits_now(gpus) > 0),
+                      key=lambda c: orderings.roomiest_child(c, gpus))
+        if not kids[0].children:  # across nodes
+            chosen, shares = _balanced(kids, pods, gpus)
+            return [(walk.as_node(kid), n) for kid, n in zip(chosen, shares) if n]
+        taken = _roomiest_then_tightest(kids, pods, gpus)
 
 
 def _fewest(kids: list[Member], pods: int, gpus: int) -> int:
@@ -223,18 +223,16 @@ def _balanced(kids: list[Member], pods: int, gpus: int) -> tuple[list[Member], l
     return chosen, shares
 
 
-def _roomiest_then_tightest(kids: list[Member], pods: int, gpus: int) -> tuple[list[Member], list[int]]:
+def _roomiest_then_tightest(kids: list[Member], pods: int, gpus: int) -> list[Member]:
+    """The fewest of `kids` (roomiest first) that hold the pods, the last the tightest that holds the rest."""
     chosen: list[Member] = []
-    shares: list[int] = []
     left = pods
     for i, kid in enumerate(kids):
         if kid.fits_now(gpus) >= left:  # the rest fits in one child: the tightest that holds it
-            last = min(kids[i:], key=lambda c: orderings.tightest_for_rest(c, gpus, left))
-            return chosen + [last], shares + [left]
+            return chosen + [min(kids[i:], key=lambda c: orderings.tightest_for_rest(c, gpus, left))]
         chosen.append(kid)
-        shares.append(kid.fits_now(gpus))
         left -= kid.fits_now(gpus)
-    return chosen, shares
+    return chosen
 
 
 def _distributed(subset: TopologyTree, request: PlacementRequest, chain: list[Member], narrowest: int) -> Decision:

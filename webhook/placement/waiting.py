@@ -235,7 +235,9 @@ def _worth_spilling(subset: TopologyTree, request: PlacementRequest, inside_targ
                     member: Member, wider: Domain) -> tuple[bool, str]:
     """Whether the request should wait in `wider` rather than `member`, and the figures that say
     so: the wait it expects there is shorter by at least what spanning `wider` would stretch its
-    run. Both in run times, the unit the webhook can reason in without knowing any: a run is
+    run. Never when it expects no wait in `member` (the room its terminating pods free holds it:
+    KAI's pipelining onto releasing GPUs): nothing wider is sooner, and a wider pin would only let
+    the pods split. Both in run times, the unit the webhook can reason in without knowing any: a run is
     stretched by `communication_share` times how much lower the bandwidth is than the bandwidth
     `tight` inside the target, on nodes like `node` (`inside_target`: the first by name at every level)."""
     share = subset.config.communication_share
@@ -243,7 +245,7 @@ def _worth_spilling(subset: TopologyTree, request: PlacementRequest, inside_targ
     stretch = share * tight * (1 / estimate.bandwidth_across(subset, request, wider.ref.level, node)
                                - 1 / estimate.bandwidth_across(subset, request, member.ref.level, node))
     here, there = (expected_wait(m, request.gpus_per_pod, request.pods) for m in (member, wider))
-    worth = here - there >= stretch
+    worth = here > 0 and here - there >= stretch
     return worth, (f"waiting for room in {member.label} is expected to take {here:.2f} run times, in "
                    f"{wider.label} {there:.2f}, and spanning it stretches the run by at most {stretch:.2f} "
                    f"(communication share {share:g}), so spilling {'pays' if worth else 'does not pay'}")
