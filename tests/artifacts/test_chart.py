@@ -55,6 +55,8 @@ VALUE_SETS = {
     # What a cluster before 1.30 can run: no matchConditions, no gated waits.
     "no-match-conditions": {"webhook": {"matchConditions": {"enabled": False}}, "config": {"gate_waits": False}},
     "no-release-on-delete": {"webhook": {"releaseOnDelete": False}},
+    # Mutual TLS with the apiserver: the CA that signed its client certificate, from a ConfigMap.
+    "client-certificates": {"tls": {"clientCA": {"configMap": "apiserver-client-ca"}}},
     "operators": {"webhook": {"operators": ["jobset.x-k8s.io", "kubeflow.org", "ray.io"]}},
     # The metrics port open (a cluster that fronts it itself), scraped over plain HTTP.
     "metrics-open": {"metrics": {"secure": False}, "serviceMonitor": {"enabled": True}, "crdCheck": False},
@@ -238,8 +240,20 @@ def test_webhook_service_name_port_and_path_reach_the_server(case):
     assert metrics["targetPort"] == metrics_port["name"] == "metrics"
     assert arg_after(container, "--metrics-bind") == f"0.0.0.0:{metrics_port['containerPort']}"
     assert container["args"][0] == "serve"
-    assert container["livenessProbe"]["httpGet"] == {"scheme": "HTTPS", "port": "https", "path": HEALTHZ_PATH}
-    assert container["readinessProbe"]["httpGet"] == {"scheme": "HTTPS", "port": "https", "path": READYZ_PATH}
+    # kubelet's probes carry no client certificate: with one required they ask the metrics port
+    probed = ("HTTPS", "metrics") if "--client-ca" in container["args"] else ("HTTPS", "https")
+    assert container["livenessProbe"]["httpGet"] == {"scheme": probed[0], "port": probed[1], "path": HEALTHZ_PATH}
+    assert container["readinessProbe"]["httpGet"] == {"scheme": probed[0], "port": probed[1], "path": READYZ_PATH}
+
+
+def test_client_certificates_are_required_against_the_ca_mounted_from_its_configmap():
+    assert "--client-ca" not in webhook_container("defaults")["args"]  # off unless asked
+    volume, mount, file_name = mounted_file("client-certificates", "--client-ca")
+    assert volume["configMap"] == {"name": "apiserver-client-ca", "items": [{"key": "ca.crt", "path": file_name}]}
+    assert mount["readOnly"] and "subPath" not in mount  # kubelet swaps a changed CA in; the server reloads it
+    from webhook import cli
+    args = cli.build_parser().parse_args(webhook_container("client-certificates")["args"])
+    assert args.client_ca == f"{mount['mountPath']}/{file_name}"
 
 
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
@@ -616,7 +630,11 @@ def test_network_policy_admits_only_the_webhook_and_metrics_ports():
     assert policy["spec"]["podSelector"] == one("defaults", "Deployment")["spec"]["selector"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     webhook, metrics = policy["spec"]["ingress"]
-    assert webhook == {"ports": [{"port": "https", "protocol": "TCP"}]}  # the apiserver is no pod: any source
+    # The apiserver's calls, through the konnectivity agents of GKE (k8s-app) and AKS (app); no other pod.
+    system = {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}
+    assert webhook == {"ports": [{"port": "https", "protocol": "TCP"}], "from": [
+        {"namespaceSelector": system, "podSelector": {"matchLabels": {"k8s-app": "konnectivity-agent"}}},
+        {"namespaceSelector": system, "podSelector": {"matchLabels": {"app": "konnectivity-agent"}}}]}
     # The metrics port: the release's own namespace and namespaces labelled for monitoring, not every one.
     assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}},
@@ -625,10 +643,12 @@ def test_network_policy_admits_only_the_webhook_and_metrics_ports():
     (closed_policy,) = [obj for path, text in closed.items() if path.endswith("networkpolicy.yaml")
                         for obj in yaml.safe_load_all(text) if obj]
     assert closed_policy["spec"]["ingress"] == [webhook]  # empty: no source, never every source
-    narrowed = chart().render({"networkPolicy": {"webhookFrom": [{"ipBlock": {"cidr": "10.0.0.0/28"}}]}},
-                              name=RELEASE, namespace=NAMESPACE)
-    text = "".join(narrowed.values())
-    assert "cidr: 10.0.0.0/28" in text
+    for webhook_from, sources in (([{"ipBlock": {"cidr": "10.0.0.0/28"}}], [{"ipBlock": {"cidr": "10.0.0.0/28"}}]),
+                                  ([], None)):  # a control plane's own range (EKS); or any source
+        (opened,) = [obj for path, text in chart().render({"networkPolicy": {"webhookFrom": webhook_from}},
+                                                          name=RELEASE, namespace=NAMESPACE).items()
+                     if path.endswith("networkpolicy.yaml") for obj in yaml.safe_load_all(text) if obj]
+        assert opened["spec"]["ingress"][0].get("from") == sources
     assert "kind: NetworkPolicy" not in "".join(
         chart().render({"networkPolicy": {"enabled": False}}, name=RELEASE, namespace=NAMESPACE).values())
 
