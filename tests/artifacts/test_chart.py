@@ -793,11 +793,28 @@ def test_a_custom_resource_without_its_crd_stops_the_install_naming_the_crd(valu
     assert f"needs the CRD {crd}, which this cluster does not have" in str(err.value)
 
 
-def test_the_prometheus_rule_carries_the_alert_file_checked_by_promtool():
+def test_the_prometheus_rule_carries_the_alert_file_checked_by_promtool_for_this_release():
     rule = one("everything-on", "PrometheusRule")
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert rule["spec"] == yaml.safe_load((CHART_DIR / "files" / "alerts.yaml").read_text())
+    # The file is written for release topology-webhook in topology-system; this one is tw in gpu-infra.
+    text = (CHART_DIR / "files" / "alerts.yaml").read_text()
+    for default, ours in (('namespace="topology-system"', f'namespace="{NAMESPACE}"'),
+                          ('job="topology-webhook"', f'job="{FULLNAME}"'),
+                          ('deployment="topology-webhook"', f'deployment="{FULLNAME}"')):
+        assert default in text
+        text = text.replace(default, ours)
+    assert rule["spec"] == yaml.safe_load(text)
+    assert one("everything-on", "Service")["metadata"]["name"] == FULLNAME  # the ServiceMonitor's job
+    assert one("everything-on", "Deployment")["metadata"]["name"] == FULLNAME
     assert not objects("defaults", "PrometheusRule")
+
+
+def test_chart_metadata_names_home_sources_maintainers_and_an_icon_in_the_repository():
+    metadata = chart().metadata  # what Artifact Hub shows
+    assert metadata["sources"] == [metadata["home"]] and metadata["maintainers"]
+    raw = metadata["home"].replace("https://github.com/", "https://raw.githubusercontent.com/") + "/main/"
+    assert metadata["icon"].startswith(raw) and (CHART_DIR.parents[1] / metadata["icon"].removeprefix(raw)).is_file()
+    assert {"gpu", "nvlink", "topology"} <= set(metadata["keywords"])
 
 
 def test_the_dashboard_is_a_configmap_for_the_grafana_sidecar_over_metrics_we_export():
