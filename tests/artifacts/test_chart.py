@@ -4,7 +4,8 @@ the official Kubernetes schemas.
 Supported Kubernetes versions: 1.30 to 1.37 with the default values; 1.28 and 1.29 with
 webhook.matchConditions.enabled=false. cert-manager (cert-manager.io) and Prometheus Operator
 (monitoring.coreos.com) objects have no schema in kubernetes-validate, so they are skipped there and
-checked field by field below.
+checked field by field below; Prometheus Operator's also against its CRDs' schemas
+(tests/fixtures/crds).
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import json
 from pathlib import Path
 
 import celpy
+import gzip
 import helm_python
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -221,6 +224,43 @@ def test_every_object_passes_the_kubernetes_schema(case, version):
         validate(json.dumps(obj, sort_keys=True), version)
 
 
+def strict(schema):
+    """A CRD's schema as kubectl's strict field validation applies it: no field it does not name
+    (a structural schema prunes them silently instead). Go's `^(?i)...` patterns are written the
+    way Python's re takes them, `(?i)^...`."""
+    if isinstance(schema, list):
+        return [strict(value) for value in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: strict(value) for key, value in schema.items()}
+    if "properties" in out and "additionalProperties" not in out \
+            and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    if isinstance(out.get("pattern"), str) and out["pattern"].startswith("^(?i)"):
+        out["pattern"] = "(?i)^" + out["pattern"].removeprefix("^(?i)")
+    return out
+
+
+@functools.cache
+def crd_validator(api_version: str, kind: str) -> jsonschema.protocols.Validator:
+    group, _, version = api_version.partition("/")
+    path = CHART_DIR.parents[1] / "tests" / "fixtures" / "crds" / f"{group}_{version}_{kind}.json.gz"
+    schema = strict(json.loads(gzip.decompress(path.read_bytes())))
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
+def assert_passes_its_crd(obj: dict) -> None:
+    crd_validator(obj["apiVersion"], obj["kind"]).validate(obj)
+
+
+@pytest.mark.parametrize("case", [case for case in VALUE_SETS
+                                  if any(o["apiVersion"].startswith("monitoring.coreos.com/") for o in rendered(case))])
+def test_every_prometheus_operator_object_passes_its_crd_schema(case):
+    for obj in rendered(case):
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            assert_passes_its_crd(obj)
+
+
 # --- The chart agrees with the server ------------------------------------------------------------
 
 @pytest.mark.parametrize("case", VALUE_SETS)
@@ -259,16 +299,27 @@ def test_client_certificates_are_required_against_the_ca_mounted_from_its_config
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
+SCRAPER = f"{FULLNAME}-metrics-scraper"
+
+
 @pytest.mark.parametrize("case, ca", [
     ("everything-on", {"secret": {"name": f"{FULLNAME}-self-managed-tls", "key": "ca.crt"}}),
     ("metrics-readers", {"configMap": {"name": f"{FULLNAME}-metrics-ca", "key": "ca.crt"}}),
 ])
-def test_service_monitor_scrapes_over_https_with_prometheus_token_checking_our_certificate(case, ca):
+def test_service_monitor_scrapes_over_https_with_a_token_allowed_metrics_checking_our_certificate(case, ca):
     (endpoint,) = one(case, "ServiceMonitor")["spec"]["endpoints"]
     # On the metrics port, apart from the TLS port the apiserver calls (issue 14); HTTPS with a
-    # token the webhook checks (issue 41).
+    # token the webhook checks (issue 41), through `authorization`, not the deprecated bearerTokenFile.
     assert (endpoint["port"], endpoint["scheme"], endpoint["path"]) == ("metrics", "https", METRICS_PATH)
-    assert endpoint["bearerTokenFile"] == SERVICE_ACCOUNT_TOKEN
+    assert "bearerTokenFile" not in endpoint
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": f"{SCRAPER}-token", "key": "token"}}
+    token = one(case, "Secret", f"{SCRAPER}-token")
+    assert token["type"] == "kubernetes.io/service-account-token" and "data" not in token  # Kubernetes fills it
+    assert token["metadata"]["annotations"] == {"kubernetes.io/service-account.name": SCRAPER}
+    assert one(case, "ServiceAccount", SCRAPER)["automountServiceAccountToken"] is False
+    binding = one(case, "ClusterRoleBinding", SCRAPER)  # get on /metrics, nothing else
+    assert binding["roleRef"]["name"] == f"{FULLNAME}-metrics-reader"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SCRAPER, "namespace": NAMESPACE}]
     assert endpoint["tlsConfig"] == {"serverName": f"{FULLNAME}.{NAMESPACE}.svc", "ca": ca}
     assert f"{FULLNAME}.{NAMESPACE}.svc" in SERVICE_DNS_NAMES  # the serving certificate names it
     if "configMap" in ca:
@@ -281,12 +332,31 @@ def test_service_monitor_takes_your_tls_config_and_scrapes_plain_http_when_the_p
     manifests = chart().render({"serviceMonitor": {"enabled": True, "tlsConfig": {"insecureSkipVerify": True}},
                                 "crdCheck": False}, name=RELEASE, namespace=NAMESPACE)
     (monitor,) = [obj for path, text in manifests.items() if path.endswith("servicemonitor.yaml")
-                  for obj in yaml.safe_load_all(text) if obj]
+                  for obj in yaml.safe_load_all(text) if obj and obj["kind"] == "ServiceMonitor"]
     assert monitor["spec"]["endpoints"][0]["tlsConfig"] == {"insecureSkipVerify": True}
     (endpoint,) = one("metrics-open", "ServiceMonitor")["spec"]["endpoints"]
     assert endpoint["scheme"] == "http" and "tlsConfig" not in endpoint and "bearerTokenFile" not in endpoint
     assert "--no-metrics-secure" in webhook_container("metrics-open")["args"]
     assert "--no-metrics-secure" not in webhook_container("defaults")["args"]  # a live `serve` is secure by default
+    assert not [obj for obj in rendered("metrics-open") if obj["metadata"]["name"].startswith(SCRAPER)]
+
+
+@pytest.mark.parametrize("values, endpoint_token, scrape_class", [
+    pytest.param({"token": "bearerTokenFile"}, {"bearerTokenFile": SERVICE_ACCOUNT_TOKEN}, None,
+                 id="an operator older than authorization: Prometheus' own token, deprecated field"),
+    pytest.param({"token": "scrapeClass", "scrapeClass": "service-account-token"}, {}, "service-account-token",
+                 id="the scrape class brings the authorization (its credentialsFile)"),
+])
+def test_service_monitor_other_tokens_make_no_scraper_identity(values, endpoint_token, scrape_class):
+    manifests = chart().render({"serviceMonitor": {"enabled": True, **values}, "crdCheck": False},
+                               name=RELEASE, namespace=NAMESPACE)
+    objs = [obj for path, text in manifests.items() if path.endswith("servicemonitor.yaml")
+            for obj in yaml.safe_load_all(text) if obj]
+    (monitor,) = objs  # no ServiceAccount, token Secret or binding of ours
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert {k: v for k, v in endpoint.items() if k in ("bearerTokenFile", "authorization")} == endpoint_token
+    assert monitor["spec"].get("scrapeClass") == scrape_class
+    assert_passes_its_crd(monitor)
 
 
 def test_the_webhook_may_ask_who_reads_its_metrics_port_and_readers_get_roles_of_their_own():
@@ -840,7 +910,8 @@ def test_the_keys_platform_teams_expect_reach_the_objects():
     assert pod["serviceAccountName"] == "platform-sa"
     assert not [obj for obj in objects(case, "ServiceAccount") if obj["metadata"]["name"] == "platform-sa"]  # yours
     bindings = [subject["name"] for obj in rendered(case) if obj["kind"] in ("ClusterRoleBinding", "RoleBinding")
-                and "discovery" not in obj["metadata"]["name"] for subject in obj["subjects"]]
+                and not obj["metadata"]["name"].endswith(("-discovery", "-metrics-scraper"))  # their own accounts
+                for subject in obj["subjects"]]
     assert bindings and set(bindings) == {"platform-sa"}
     assert pod["affinity"] == VALUE_SETS[case]["affinity"]  # replaces the built-in anti-affinity
     assert pod["topologySpreadConstraints"] == VALUE_SETS[case]["topologySpreadConstraints"]
