@@ -57,3 +57,28 @@ def test_wheel_and_sdist_carry_the_license(tmp_path):
     with tarfile.open(sdist) as archive:
         (member,) = [m for m in archive.getmembers() if m.name.endswith("/LICENSE")]
         assert archive.extractfile(member).read().decode() == license_text
+
+
+def pin_test_tools():
+    """.ci/pin_test_tools.py, the writer of .ci/constraints-test.txt."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("pin_test_tools", ROOT / ".ci" / "pin_test_tools.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_test_tools_are_pinned_at_the_versions_the_tests_run_with():
+    """Every test extra and what it pulls in beyond the runtime, exactly as installed here."""
+    assert (ROOT / ".ci" / "constraints-test.txt").read_text() == pin_test_tools().render(), \
+        "run: .venv/bin/python .ci/pin_test_tools.py"
+    pinned = {line.partition("==")[0] for line in (ROOT / ".ci" / "constraints-test.txt").read_text().splitlines()
+              if line and not line.startswith("#")}
+    assert {"pytest", "mypy", "helm-python-sdk", "hypothesis", "cel-python", "kubernetes-validate"} <= pinned
+
+
+def test_ci_installs_the_test_tools_with_their_pins():
+    run = (ROOT / ".ci" / "run").read_text()
+    assert "-c .ci/constraints.txt -c .ci/constraints-test.txt -e '.[test]'" in run
+
