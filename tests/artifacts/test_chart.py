@@ -928,14 +928,42 @@ def test_the_keys_platform_teams_expect_reach_the_objects():
 
 
 
-def test_the_chart_readme_lists_every_value_as_values_yaml_says():
+@functools.cache
+def chart_readme():
+    """.ci/chart_readme.py, the writer of the chart README's values table."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("chart_readme", CHART_DIR.parents[1] / ".ci" / "chart_readme.py")
     generator = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(generator)
+    return generator
+
+
+def test_the_chart_readme_lists_every_value_as_values_yaml_says():
+    generator = chart_readme()
     assert (CHART_DIR / "README.md").read_text() == generator.render(), "run: python .ci/chart_readme.py"
     listed = {line.split("`")[1] for line in generator.render().splitlines() if line.startswith("| `")}
     assert set(yaml.safe_load((CHART_DIR / "values.yaml").read_text())) <= listed
+
+
+def test_each_value_is_described_by_its_own_comment():
+    text = (CHART_DIR / "values.yaml").read_text()
+    described = {key: description for key, _, description in chart_readme().rows(text, yaml.safe_load(text))}
+    # replicas' comment is its own, not podAntiAffinity's; fullnameOverride has one of its own
+    assert "per process" in described["replicas"] and "per process" not in described["podAntiAffinity"]
+    assert described["podAntiAffinity"].startswith("How replicas keep off each other's nodes.")
+    assert described["fullnameOverride"].startswith("Replaces the whole release-scoped name")
+    assert "fullnameOverride" not in described["nameOverride"]
+
+
+@pytest.mark.parametrize("text, undescribed", [
+    pytest.param("# Names.\nnameOverride: ''\nfullnameOverride: ''\n", "fullnameOverride", id="one comment, two keys"),
+    pytest.param("# A note on what follows.\n\nreplicas: 2\n", "replicas", id="a comment ended by a blank line"),
+    pytest.param("# The image.\nimage:\n  tag: ''  # the tag\n  # more about the tag\nreplicas: 2\n", "replicas",
+                 id="a comment of the block above"),
+])
+def test_a_value_without_a_comment_of_its_own_stops_the_readme(text, undescribed):
+    with pytest.raises(SystemExit, match=f"say what {undescribed} is for"):
+        chart_readme().rows(text, yaml.safe_load(text))
 
 
 def test_the_nccl_profiles_example_in_values_keeps_the_built_in_variables_of_its_class():
