@@ -26,6 +26,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store
 
+from tests.fixtures.shared import ci_script
 from webhook.serving.paths import DEFAULT_PORT, HEALTHZ_PATH, METRICS_PATH, MUTATE_PATH, READYZ_PATH
 from webhook.settings.config import DEFAULT_NCCL_PROFILES, LINK_CLASSES, Config, HardwareProfile
 from webhook.settings.loading import FILE_KEYS, config_from_mapping
@@ -928,14 +929,9 @@ def test_the_keys_platform_teams_expect_reach_the_objects():
 
 
 
-@functools.cache
 def chart_readme():
     """.ci/chart_readme.py, the writer of the chart README's values table."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("chart_readme", CHART_DIR.parents[1] / ".ci" / "chart_readme.py")
-    generator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator)
-    return generator
+    return ci_script("chart_readme")
 
 
 def test_the_chart_readme_lists_every_value_as_values_yaml_says():

@@ -9,6 +9,8 @@ import sys
 import tarfile
 import zipfile
 
+from tests.fixtures.shared import ci_script
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -59,19 +61,9 @@ def test_wheel_and_sdist_carry_the_license(tmp_path):
         assert archive.extractfile(member).read().decode() == license_text
 
 
-def pin_test_tools():
-    """.ci/pin_test_tools.py, the writer of .ci/constraints-test.txt."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("pin_test_tools", ROOT / ".ci" / "pin_test_tools.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_test_tools_are_pinned_at_the_versions_the_tests_run_with():
     """Every test extra and what it pulls in beyond the runtime, exactly as installed here."""
-    assert (ROOT / ".ci" / "constraints-test.txt").read_text() == pin_test_tools().render(), \
+    assert (ROOT / ".ci" / "constraints-test.txt").read_text() == ci_script("pin_test_tools").render(), \
         "run: .venv/bin/python .ci/pin_test_tools.py"
     pinned = {line.partition("==")[0] for line in (ROOT / ".ci" / "constraints-test.txt").read_text().splitlines()
               if line and not line.startswith("#")}
