@@ -34,6 +34,7 @@ def test_pending_pods_replace_their_jobs_hold_and_survive_a_restart(clock):
     index = index_of(config, NODES, [], clock)
     pod = admitted_pod(index, config, "a")
     held_node = next(iter(index.ledger.holds["ml/Job/a"].sets))
+    clock.now += 5  # its controller makes the pod
     feed.upsert(index, pod, "Pod")
     assert index.stats().gpus_reserved == 8, "the Job's pod replaces the Job's hold, it does not add to it"
 
@@ -43,9 +44,12 @@ def test_pending_pods_replace_their_jobs_hold_and_survive_a_restart(clock):
     assert (held_node,) not in taken, "the pending pod's node is not given again"
     assert place_and_reserve(restarted, whole_node("d"), "ml/Job/d").outcome is Outcome.WAIT
 
-    clock.now += config.reservation_ttl_seconds + 1  # the Job's hold lapses; its pending pod still holds
+    clock.now += config.reservation_ttl_seconds - 4  # the Job's hold lapses; its pending pod still holds
     index.expire_reservations()
-    assert index.stats().gpus_reserved == 8
+    assert index.stats().gpus_reserved == 8 and index.ledger.holds == {}
+    clock.now += 5  # and a pod unbound for a hold's whole time holds no more (issue 59 item 5)
+    index.expire_reservations()
+    assert index.stats().gpus_reserved == 0
 
     bound = {**pod, "spec": {**pod["spec"], "nodeName": held_node}, "status": {"phase": "Running"}}
     for view in (index, restarted):

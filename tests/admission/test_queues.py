@@ -61,7 +61,9 @@ def test_updates_of_a_suspended_job_that_keep_it_suspended_place_nothing(demo_in
     assert result.outcome == "ignored" and not result.patch and demo_index.stats().gpus_reserved == 0
 
 
-def test_a_job_suspended_again_by_its_queue_releases_its_hold_and_is_placed_afresh_when_readmitted(demo_index):
+def test_a_job_suspended_again_by_its_queue_is_placed_afresh_when_readmitted(demo_index):
+    """Its suspension frees nothing by review (its pods' deletions and the hold's time do); its
+    re-admission is placed again, replacing the hold it made before."""
     job = suspended_job()
     running = copy.deepcopy(job)
     running["spec"]["suspend"] = False
@@ -69,9 +71,8 @@ def test_a_job_suspended_again_by_its_queue_releases_its_hold_and_is_placed_afre
     assert placed.outcome == "placed" and demo_index.stats().gpus_reserved == 16
     preempted = copy.deepcopy(placed.admitted)
     preempted["spec"]["suspend"] = True
-    released = review(update_review(placed.admitted, preempted), demo_index, Config())
-    assert released.outcome == "released" and not released.patch
-    assert demo_index.stats().gpus_reserved == 0
+    suspended = review(update_review(placed.admitted, preempted), demo_index, Config())
+    assert suspended.outcome == "ignored" and not suspended.patch
     readmitted = copy.deepcopy(preempted)
     readmitted["spec"]["suspend"] = False
     again = review(update_review(preempted, readmitted), demo_index, Config())
@@ -149,3 +150,103 @@ def test_a_group_larger_than_any_domain_of_its_max_level_is_denied_with_the_larg
     result = placed_job({"topology.scheduler/max-domain": "leaf"}, demo_index, 5)
     assert result.outcome == "denied"
     assert "no leaf holds that many even when idle (at most 4)" in result.review["response"]["status"]["message"]
+
+
+# ----- coexistence: what another queue or scheduler places is never ours to block ---------------
+
+def kueue_tas_job(level: str = "topology.scheduler/leaf") -> dict:
+    """A Job as Kueue's topology-aware scheduling runs it: queue label, suspended, the podset's level."""
+    job = workload("Job", replicas=4, template_annotations={"kueue.x-k8s.io/podset-required-topology": level})
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    job["spec"]["suspend"] = True
+    return job
+
+
+def unsuspended_by_kueue_tas(job: dict) -> dict:
+    """Kueue's un-suspend UPDATE of a TAS Job: its topology gate and podset label on the template."""
+    admitted = copy.deepcopy(job)
+    admitted["spec"]["suspend"] = False
+    template = admitted["spec"]["template"]
+    template["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/topology"}]
+    template["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    template["metadata"].setdefault("labels", {})["kueue.x-k8s.io/podset"] = "main"
+    return admitted
+
+
+def test_kueues_topology_aware_job_is_left_to_kueue_at_creation_and_at_its_unsuspend(demo_index):
+    job = kueue_tas_job()
+    created = review(review_of(job), demo_index, Config())
+    assert created.outcome == "managed-elsewhere" and not created.patch and not created.warnings
+    admitted = review(update_review(job, unsuspended_by_kueue_tas(job)), demo_index, Config())
+    # the update the apiserver would refuse if it changed env or anything but scheduling directives
+    assert admitted.outcome == "managed-elsewhere" and not admitted.patch
+    assert demo_index.stats().gpus_reserved == 0
+
+
+def test_kueues_pods_are_left_to_kueue(demo_index):
+    """The pods of a Kueue TAS Job carry its gate; a pod Kueue queues carries its queue label."""
+    pod = workload("Pod", template_annotations={"kueue.x-k8s.io/podset-required-topology": "topology.scheduler/leaf",
+                                                "topology.scheduler/placement-strategy": "consolidated"})
+    pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/topology"}]
+    gated = review(review_of(pod), demo_index, Config())
+    assert gated.outcome == "managed-elsewhere" and not gated.patch
+    assert any("placed by Kueue" in w and "not applied" in w for w in gated.warnings)  # it asked for ours
+    queued = workload("Pod", template_annotations={"topology.scheduler/gpu-count": "8"})
+    queued["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    assert review(review_of(queued), demo_index, Config()).outcome == "managed-elsewhere"
+    assert demo_index.stats().gpus_reserved == 0
+
+
+def test_pods_naming_another_scheduler_are_left_to_it(demo_index):
+    job = workload("Job", replicas=2, template_annotations={"kai.scheduler/topology-required-placement":
+                                                            "topology.scheduler/leaf"})
+    job["spec"]["template"]["spec"]["schedulerName"] = "kai-scheduler"
+    result = review(review_of(job), demo_index, Config())
+    assert result.outcome == "managed-elsewhere" and not result.patch
+    assert demo_index.stats().gpus_reserved == 0
+
+
+def test_an_unsuspend_changes_only_what_the_apiserver_lets_a_suspended_jobs_template_change(demo_index):
+    """Env, spread constraints and the scheduler name of a Job's template are immutable even
+    while it is suspended; node affinity, gates, labels and annotations are not
+    (k8s.io/kubernetes pkg/apis/batch/validation validatePodTemplateUpdate)."""
+    for strategy in ("consolidated", "distributed"):
+        job = suspended_job()
+        job["metadata"]["name"] = f"train-{strategy}"
+        job["spec"]["template"]["metadata"]["annotations"]["topology.scheduler/placement-strategy"] = strategy
+        admitted = copy.deepcopy(job)
+        admitted["spec"]["suspend"] = False
+        result = review(update_review(job, admitted), demo_index, Config())
+        assert result.outcome == "placed"
+        before, after = job["spec"]["template"], result.admitted["spec"]["template"]
+        mutable = ("affinity", "nodeSelector", "tolerations", "schedulingGates")
+        assert {k: v for k, v in after["spec"].items() if k not in mutable} == \
+            {k: v for k, v in before["spec"].items() if k not in mutable}
+        assert after["spec"].get("affinity", {}).keys() <= {"nodeAffinity"}
+
+
+def test_a_job_that_ran_before_its_suspension_is_not_placed_at_its_unsuspend(demo_index):
+    job = suspended_job()
+    job["status"] = {"startTime": "2026-11-28T10:00:00Z"}
+    admitted = copy.deepcopy(job)
+    admitted["spec"]["suspend"] = False
+    result = review(update_review(job, admitted), demo_index, Config())
+    assert result.outcome == "ignored" and not result.patch
+    assert any("ran before it was suspended" in w for w in result.warnings)
+    assert demo_index.stats().gpus_reserved == 0
+
+
+def test_a_job_suspended_by_a_later_webhook_carries_nothing_of_ours(demo_index):
+    """Kueue's webhook may suspend a Job after ours placed it; on reinvocation we take it back."""
+    job = workload("Job", replicas=2, template_annotations={"topology.scheduler/placement-strategy": "consolidated"})
+    job["spec"]["template"]["spec"]["schedulerName"] = "topology-aware-scheduler"
+    placed = review(review_of(job), demo_index, Config())
+    assert placed.outcome == "placed"
+    suspended = copy.deepcopy(placed.admitted)
+    suspended["spec"]["suspend"] = True
+    again = review(review_of(suspended), demo_index, Config())
+    assert again.outcome == "suspended"
+    template = again.admitted["spec"]["template"]
+    assert not any(k.startswith("topology.scheduler/") and k not in job["spec"]["template"]["metadata"]["annotations"]
+                   for k in template["metadata"].get("annotations", {}))
+    assert "affinity" not in template["spec"] and template["spec"]["schedulerName"] == "default-scheduler"

@@ -27,6 +27,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store
 
 from tests.fixtures.shared import ci_script
+from webhook.objects.feed import STORED_KINDS
+from webhook.objects.kinds import KINDS
 from webhook.serving.paths import DEFAULT_PORT, HEALTHZ_PATH, METRICS_PATH, MUTATE_PATH, READYZ_PATH
 from webhook.settings.config import DEFAULT_NCCL_PROFILES, LINK_CLASSES, Config, HardwareProfile
 from webhook.settings.loading import FILE_KEYS, config_from_mapping
@@ -58,7 +60,6 @@ VALUE_SETS = {
     "fail-closed": {"webhook": {"failurePolicy": "Fail"}},
     # What a cluster before 1.30 can run: no matchConditions, no gated waits.
     "no-match-conditions": {"webhook": {"matchConditions": {"enabled": False}}, "config": {"gate_waits": False}},
-    "no-release-on-delete": {"webhook": {"releaseOnDelete": False}},
     # Mutual TLS with the apiserver: the CA that signed its client certificate, from a ConfigMap.
     "client-certificates": {"tls": {"clientCA": {"configMap": "apiserver-client-ca"}}},
     "operators": {"webhook": {"operators": ["jobset.x-k8s.io", "kubeflow.org", "ray.io"]}},
@@ -130,7 +131,7 @@ def one(case: str, kind: str, name: str | None = None) -> dict:
     return found[0]
 
 
-PLACEMENT_WEBHOOK, RELEASE_WEBHOOK = "placement.topology.scheduler", "release.topology.scheduler"
+PLACEMENT_WEBHOOK = "placement.topology.scheduler"
 
 
 def webhook_entries(case: str) -> dict[str, dict]:
@@ -655,26 +656,16 @@ def test_match_conditions_can_be_switched_off():
     assert all("matchConditions" not in e for e in webhook_entries("no-match-conditions").values())
 
 
-@pytest.mark.parametrize("case", ["defaults", "fail-closed"])
-def test_release_webhook_sees_deletes_of_placed_workloads_and_never_blocks_them(case):
-    entry = webhook_entry(case, RELEASE_WEBHOOK)
-    assert entry["failurePolicy"] == "Ignore" and entry["sideEffects"] == "NoneOnDryRun"
-    registered = {(group, resource) for rule in entry["rules"] for group in rule["apiGroups"]
-                  for resource in rule["resources"]}
-    assert registered == {("batch", "jobs"), ("apps", "deployments"), ("apps", "statefulsets"), ("apps", "replicasets")}
-    assert all(rule["operations"] == ["DELETE"] for rule in entry["rules"])
-    (condition,) = entry["matchConditions"]
-    placed = pod_template({"topology.scheduler/gpu-count": "8", "topology.scheduler/reservation": "ml/Job/train"})
-    assert evaluate_match_condition(condition["expression"], old=workload("Job", placed))
-    unplaced = pod_template({"topology.scheduler/gpu-count": "8"})
-    assert not evaluate_match_condition(condition["expression"], old=workload("Job", unplaced))
-    assert not evaluate_match_condition(condition["expression"], old=workload("Job", pod_template()))
-
-
-@pytest.mark.parametrize("case", ["no-release-on-delete", "no-match-conditions"])
-def test_release_on_delete_is_off_when_asked_or_without_match_conditions(case):
-    # Without match conditions every workload delete in the cluster would call the webhook.
+@pytest.mark.parametrize("case", ["defaults", "everything-on", "no-match-conditions"])
+def test_no_entry_sees_deletions_and_the_role_watches_every_kind_whose_holds_the_watch_confirms(case):
+    """A DELETE review would free nothing (state/holds.py): deletions come from the watch, so the
+    role lists and watches every kind an admission holds GPUs for (objects/feed.py STORED_KINDS)."""
     assert set(webhook_entries(case)) == {PLACEMENT_WEBHOOK}
+    assert not any("DELETE" in rule["operations"] for rule in webhook_entry(case)["rules"])
+    watched = {(group, resource) for rule in rules_of(case, FULLNAME) if {"list", "watch"} <= set(rule["verbs"])
+               for group in rule["apiGroups"] for resource in rule["resources"]}
+    wanted = {(KINDS[kind].group, KINDS[kind].resource[1]) for kind in STORED_KINDS}
+    assert wanted <= watched
 
 
 # --- A safe deployment ---------------------------------------------------------------------------
@@ -771,12 +762,17 @@ def rules_of(case: str, role_name: str) -> list[dict]:
     return one(case, "ClusterRole", role_name)["rules"]
 
 
-def test_webhook_reads_nodes_pods_gpu_devices_claims_pod_groups_and_compute_domains_and_patches_only_pods():
-    read = ["get", "list", "watch"]
+def test_webhook_reads_nodes_pods_workloads_gpu_devices_claims_pod_groups_and_compute_domains_and_patches_only_pods():
+    read, watch = ["get", "list", "watch"], ["list", "watch"]
     assert rules_of("defaults", FULLNAME) == [
         {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": read},
+        # the workloads' metadata (admissions stored, workloads deleted), and a gated Job's size
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": read},
+        {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets", "replicasets"], "verbs": watch},
+        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": watch},
+        {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs", "mpijobs"], "verbs": watch},
+        {"apiGroups": ["ray.io"], "resources": ["rayclusters", "rayjobs"], "verbs": watch},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},  # gate_waits (on by default): the releaser
-        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]},  # ... reads a gated Job's size
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},  # ... names a pod it refuses
         {"apiGroups": ["resource.k8s.io"],
          "resources": ["resourceslices", "resourceclaims", "resourceclaimtemplates", "deviceclasses"], "verbs": read},

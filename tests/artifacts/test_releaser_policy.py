@@ -80,7 +80,7 @@ PLACED = decision(request(pods=2, strategy=Strategy.BALANCED), nodes=("gpu-1", "
 ])
 def test_every_release_and_ungate_the_webhook_writes_passes(gates, terms):
     pod = gated_pod(gates, terms)
-    released = mutation.released(pod, PLACED)
+    released = mutation.released(pod, PLACED, GATED.seal_key)
     assert PIN in required(released)[-1]["matchExpressions"]  # the release pins: the rules below see it
     assert refusals(pod, released) == []
     assert refusals(pod, mutation.ungated(pod)) == []

@@ -64,8 +64,10 @@ API_VERSIONS = {"nodes": "v1", "pods": "v1", "leases": "coordination.k8s.io/v1",
                 "podtemplates": "v1", "provisioningrequests": "autoscaling.x-k8s.io/v1", "jobs": "batch/v1",
                 "events": "v1"}
 CLUSTER_SCOPED = {"nodes", "mutatingwebhookconfigurations", "nodepools"}
-# Lists and watches of whole collections: the core ones, and Karpenter's NodePools when `serve_nodepools`.
-COLLECTIONS = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods", "/apis/karpenter.sh/v1/nodepools": "nodepools"}
+# Lists and watches of whole collections: the core ones, Jobs (whole: the webhook asks for their
+# metadata, which a real apiserver sends alone), and Karpenter's NodePools when `serve_nodepools`.
+COLLECTIONS = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods", "/apis/karpenter.sh/v1/nodepools": "nodepools",
+               "/apis/batch/v1/jobs": "jobs"}
 # Dynamic Resource Allocation and PodGroups, listed and watched across namespaces when `serve_dra`
 # (a cluster whose API does not serve them answers 404, as without it).
 DRA_PATHS = {"/apis/resource.k8s.io/v1/resourceslices": "resourceslices",

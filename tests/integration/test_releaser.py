@@ -35,18 +35,24 @@ def cluster(fake, zones=1, spines=2, nodes=2):
                 fake.put_pod(make_pod(f"busy-{name}", name, 8))
 
 
-def gated_job(view, name="train", pods=2):
-    """A 2x8-GPU consolidated Job admitted while nothing is free, and the pods its controller makes."""
+def gated_job(fake, view, name="train", pods=2, stored=True):
+    """A 2x8-GPU consolidated Job admitted while nothing is free, stored in the API (unless not
+    `stored`), and the pods its controller makes."""
     job = workload("Job", name=name, replicas=pods, annotations={"topology.scheduler/placement-strategy": "consolidated"})
     result = admission.review(admission.make_review(job), view.index, view.config)
     assert result.outcome == "waiting", result.outcome
     patch = json.loads(base64.b64decode(result.review["response"]["patch"]))
-    template = pod_template("Job", jsonpatch.apply_patch(job, patch))
+    admitted = {**jsonpatch.apply_patch(job, patch), "status": {}}
+    admitted["metadata"].update(namespace="ml", uid=f"uid-job-{name}")
+    if stored:
+        fake.put("jobs", admitted)
+    template = pod_template("Job", admitted)
     assert {"name": GATE} in template["spec"]["schedulingGates"]
-    return [{"apiVersion": "v1", "kind": "Pod",
-             "metadata": {**json.loads(json.dumps(template["metadata"])), "name": f"{name}-{i}", "namespace": "ml",
-                          "uid": f"uid-{name}-{i}"},
-             "spec": json.loads(json.dumps(template["spec"])), "status": {"phase": "Pending"}} for i in range(pods)]
+    return owned([{"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {**json.loads(json.dumps(template["metadata"])), "name": f"{name}-{i}",
+                                "namespace": "ml", "uid": f"uid-{name}-{i}"},
+                   "spec": json.loads(json.dumps(template["spec"])), "status": {"phase": "Pending"}}
+                  for i in range(pods)], admitted)
 
 
 def stored(fake, name):
@@ -69,7 +75,7 @@ def test_a_gated_job_starts_in_an_equal_domain_that_frees_first(fake, make_view)
     view = make_view(fake, GATED, on_release=results.append, release_interval_seconds=0.05)
     view.start()
     assert view.wait_synced(15)
-    pods = gated_job(view)
+    pods = gated_job(fake, view)
     waited = pods[0]["metadata"]["annotations"][WAITING_FOR]
     for pod in pods:
         fake.put_pod(pod)
@@ -92,7 +98,7 @@ def test_a_gated_job_waits_while_only_a_wider_span_has_room(fake, make_view):
     view = make_view(fake, GATED, release_interval_seconds=0.05)
     view.start()
     assert view.wait_synced(15)
-    pods = gated_job(view)
+    pods = gated_job(fake, view)
     for pod in pods:
         fake.put_pod(pod)
     eventually(lambda: len(view.index.pods.gated) == 2, what="both pods seen gated")
@@ -111,7 +117,7 @@ def test_two_replicas_release_a_workload_once(fake, make_view):
     for view in views:
         view.start()
         assert view.wait_synced(15)
-    pods = gated_job(views[0])
+    pods = gated_job(fake, views[0])
     for pod in pods:
         fake.put_pod(pod)
     for view in views:
@@ -134,7 +140,7 @@ def test_the_fake_apiserver_refuses_what_the_apiserver_refuses_on_a_gated_pod(fa
     view = make_view(fake, GATED)
     view.start()
     assert view.wait_synced(15)
-    pod = gated_job(view)[0]
+    pod = gated_job(fake, view)[0]
     pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": [{"key": LEAF, "operator": "In", "values": ["leaf-0-0"]}]}]}}}
     fake.put_pod(pod)
@@ -157,9 +163,9 @@ def test_one_edited_gated_pod_stops_no_other_release_and_is_reported(fake, make_
     view = make_view(fake, GATED, on_release=results.append, release_interval_seconds=0.05)
     view.start()
     assert view.wait_synced(15)
-    victim = gated_job(view, "victim")
+    victim = gated_job(fake, view, "victim")
     for name, request in (("zero", '{"pods": 0}'), ("text", '"two"'), ("negative", None)):
-        pod = gated_job(view, name)[0]
+        pod = gated_job(fake, view, name)[0]
         annotations = pod["metadata"]["annotations"]
         if request is None:  # a request of its own, consistent but with negative GPUs
             request = annotations[GATED_REQUEST].replace('"gpus_per_pod":8', '"gpus_per_pod":-8')
@@ -189,8 +195,8 @@ def test_a_pod_of_another_namespace_neither_takes_nor_steers_a_gated_workload(fa
     view = make_view(fake, GATED, release_interval_seconds=0.05)
     view.start()
     assert view.wait_synced(15)
-    victim = gated_job(view, "victim")
-    thief = gated_job(view, "aaa")[0]  # sorts before the victim's pods
+    victim = gated_job(fake, view, "victim")
+    thief = gated_job(fake, view, "aaa")[0]  # sorts before the victim's pods
     thief["metadata"]["namespace"] = "team-a"
     for form in ("copied", "own-request"):
         pod = json.loads(json.dumps(thief))
@@ -233,10 +239,11 @@ def test_a_job_scaled_while_gated_is_released_at_its_new_size(fake, make_view, b
     assert view.wait_synced(15)
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": "ml", "uid": "job-uid"},
            "spec": {"parallelism": after, "completions": after}, "status": {}}
-    pods = gated_job(view, pods=before)
+    pods = owned(gated_job(fake, view, pods=before, stored=False), job)
     if owner == "read":
         fake.put("jobs", job)
-        pods = owned(pods, job)
+    else:
+        fake.forbidden.add("jobs")  # the chart's RBAC lets it read Jobs; a narrower one may not
     if after > before:
         extra = json.loads(json.dumps(pods[-1]))
         extra["metadata"].update(name="train-9", uid="uid-train-9")
@@ -263,7 +270,7 @@ def test_replicas_sharing_claims_release_no_more_than_the_room(fake, make_view, 
     for view in views:
         view.start()
         assert view.wait_synced(15)
-    jobs = [gated_job(views[0], f"job-{i:02}") for i in range(12)]
+    jobs = [gated_job(fake, views[0], f"job-{i:02}") for i in range(12)]
     for pods in jobs:
         for pod in pods:
             fake.put_pod(pod)
@@ -293,7 +300,7 @@ def test_a_release_the_api_refuses_is_left_and_the_pass_goes_on(fake, make_view)
     view = make_view(fake, GATED, on_release=results.append, release_interval_seconds=0.05)
     view.start()
     assert view.wait_synced(15)
-    first, second = gated_job(view, "aaa-first"), gated_job(view, "zzz-second")
+    first, second = gated_job(fake, view, "aaa-first"), gated_job(fake, view, "zzz-second")
     for pods in (first, second):
         for pod in pods:
             fake.put_pod(pod)
@@ -313,3 +320,63 @@ def test_a_release_the_api_refuses_is_left_and_the_pass_goes_on(fake, make_view)
         eventually(lambda: released(fake, pod["metadata"]["name"]), what="the second workload released")
     assert all(stored(fake, p["metadata"]["name"])["spec"]["schedulingGates"] == [{"name": GATE}] for p in first)
     assert "failed" in results and "released-by-another-replica" not in results
+
+
+def free_everything(fake, spines=2, nodes=2):
+    for spine in range(spines):
+        for node in range(nodes):
+            fake.delete("pods", f"default/busy-gpu-z0-s{spine}-n{node}")
+
+
+@pytest.mark.parametrize("change", ["deleted", "suspended", "scaled to 0"])
+def test_a_gated_job_whose_owner_went_away_is_not_released_when_room_opens(fake, make_view, change):
+    """Asked once a pass before any release: a Job deleted, suspended or wanting no pods gets none
+    started (its pods, gone soon, would hold their room for nothing)."""
+    cluster(fake, zones=1, spines=2)
+    view = make_view(fake, GATED, release_interval_seconds=0.05)
+    view.start()
+    assert view.wait_synced(15)
+    pods = gated_job(fake, view)
+    stored_job = fake.get("jobs", "ml/train")
+    if change == "deleted":
+        fake.delete("jobs", "ml/train")
+    else:
+        stored_job["spec"].update({"suspend": True} if change == "suspended" else {"parallelism": 0})
+        fake.put("jobs", stored_job)
+    for pod in pods:
+        fake.put_pod(pod)
+    eventually(lambda: len(view.index.pods.gated) == 2, what="both pods seen gated")
+    free_everything(fake)
+    other = gated_job(fake, view, "other")  # a workload still wanted is released: the passes ran
+    for pod in other:
+        fake.put_pod(pod)
+    eventually(lambda: all(released(fake, pod["metadata"]["name"]) for pod in other), what="the other released")
+    assert all(stored(fake, pod["metadata"]["name"])["spec"]["schedulingGates"] for pod in pods)
+    assert view.index.ledger.hold("ml/Job/train") is None
+
+
+def test_a_job_created_again_under_its_name_starts_once_the_old_ones_pods_are_gone(fake, make_view):
+    """Helm's before-hook-creation, `kubectl replace --force`: the old Job is deleted while its pods
+    are gated and a new one takes its name; the garbage collector deletes the old pods later."""
+    cluster(fake, zones=1, spines=2)
+    view = make_view(fake, GATED, release_interval_seconds=0.05)
+    view.start()
+    assert view.wait_synced(15)
+    old = gated_job(fake, view)
+    for pod in old:
+        fake.put_pod(pod)
+    eventually(lambda: len(view.index.pods.gated) == 2, what="the old pods seen gated")
+    fake.delete("jobs", "ml/train")
+    new = gated_job(fake, view)
+    for pod in new:
+        pod["metadata"]["ownerReferences"][0]["uid"] = "uid-job-train-again"
+        pod["metadata"].update(name=pod["metadata"]["name"] + "-again", uid=pod["metadata"]["uid"] + "-again")
+    job = fake.get("jobs", "ml/train")
+    fake.put("jobs", {**job, "metadata": {**job["metadata"], "uid": "uid-job-train-again"}})
+    for pod in new:
+        fake.put_pod(pod)
+    for pod in old:  # the garbage collector
+        fake.delete("pods", f"ml/{pod['metadata']['name']}")
+    free_everything(fake)
+    for pod in new:
+        eventually(lambda: released(fake, pod["metadata"]["name"]), what="the new Job's pods released")

@@ -110,18 +110,40 @@ def test_a_replica_restarted_in_the_burst_still_gives_no_node_twice(fake, replic
     eventually(lambda: metric(restarted, RESERVED) == NODES * 8, what="every claim on the restarted replica")
 
 
-def test_a_workload_admitted_on_one_replica_and_deleted_through_the_other_is_released_on_both(fake, replicas):
+def test_a_workload_admitted_on_one_replica_and_deleted_is_released_on_both_when_their_watches_see_it(
+        fake, replicas):
+    """A DELETE review, sent to either, frees nothing: each replica frees what its own watch shows
+    deleted."""
     add_nodes(fake, 1)
     start, _ = replicas
     a, b = start("a"), start("b")
     sent = whole_node_jobs(1, "solo")[0]
     stored = patched_object(sent, a.client().post(sent).json())
+    fake.put("jobs", stored)  # the apiserver stored it as admitted
     eventually(lambda: metric(b, RESERVED) == 8, what="the claim seen by b")
-    assert b.client().post(deletion(stored)).json()["response"]["auditAnnotations"]["outcome"] == "released"
+    answer = b.client().post(deletion(stored)).json()["response"]
+    assert answer["allowed"] and "patch" not in answer and "auditAnnotations" not in answer  # ignored
+    assert metric(a, RESERVED) == metric(b, RESERVED) == 8
+    fake.delete("jobs", "ml/solo-0")
     eventually(lambda: metric(a, RESERVED) == metric(b, RESERVED) == 0, what="the hold gone on both")
-    assert CLAIMS_ANNOTATION in fake.get("leases", f"{NAMESPACE}/{LEASE_NAME}")["metadata"]["annotations"]
     again = a.client().post(whole_node_jobs(1, "next")[0]).json()["response"]
     assert again["auditAnnotations"] == {**again["auditAnnotations"], "outcome": "placed", "domain": "node n0"}
+
+
+def test_a_review_the_apiserver_never_stored_is_held_on_no_replica_past_its_window(fake, replicas, tmp_path):
+    """A CREATE POSTed straight to one replica's port (or refused after us): its claim reaches the
+    other replica as provisional too, and both let it go."""
+    add_nodes(fake, 1)
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("provisional_hold_seconds: 2\n")
+    start, _ = replicas
+    a, b = start("a", "--config", str(settings)), start("b", "--config", str(settings))
+    forged = whole_node_jobs(1, "forged")[0]
+    assert a.client().post(forged).json()["response"]["auditAnnotations"]["outcome"] == "placed"
+    eventually(lambda: metric(b, RESERVED) == 8, what="the claim seen by b")
+    eventually(lambda: metric(a, RESERVED) == metric(b, RESERVED) == 0, timeout=15, what="lapsed on both")
+    real = whole_node_jobs(1, "real")[0]
+    assert b.client().post(real).json()["response"]["auditAnnotations"]["outcome"] == "placed"
 
 
 def test_with_writes_hanging_admissions_answer_within_the_budget_and_count_it(fake, replicas):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from webhook.core.injection import GPU_IDS, RESERVATION, WAITING_FOR
+from webhook.core.injection import GPU_IDS, HOLD_SEAL, RESERVATION, WAITING_FOR, seal_hold
 from webhook.objects import feed
 from webhook.settings.config import Config
 from webhook.state.devices import DraFact
@@ -81,8 +81,10 @@ AFFINITY_TO_N2 = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecuti
     {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n2"]}]}]}}}
 
 
-def pending_single_placement() -> dict:
-    obj = pod_with(PENDING, {RESERVATION: "ml/Pod/train-0", GPU_IDS: "0-3"})
+def pending_single_placement(seal: str | None = None) -> dict:
+    """A pod we placed alone on n2, with our seal over its hold (or the one given)."""
+    sealed = seal_hold(CONFIG.seal_key, "ml/Pod/train-0", "0-3", "n2") if seal is None else seal
+    obj = pod_with(PENDING, {RESERVATION: "ml/Pod/train-0", GPU_IDS: "0-3", HOLD_SEAL: sealed})
     obj["spec"]["affinity"] = AFFINITY_TO_N2
     return obj
 
@@ -99,6 +101,12 @@ PODS = [  # (why, the object, what the PodFacts say)
     ("pending, placed alone on one node: it holds its GPU set there", pending_single_placement(),
      dict(held=("ml/Pod/train-0", "n2", (0, 1, 2, 3)))),
     ("a hint the API never sees as ours holds nothing", pod_with(PENDING, {GPU_IDS: "0-3"}), dict(held=None)),
+    ("our annotations copied without our seal hold nothing", pending_single_placement(seal="forged"),
+     dict(held=None)),
+    ("nor do they sealed for another node", {**pending_single_placement(), "spec": {
+        **pending_single_placement()["spec"], "affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n3"]}]}]}}}}}, dict(held=None)),
     ("its GPUs came through a claim the scheduler made", {**pod_with(BOUND), "status": {
         "phase": "Running", "extendedResourceClaimStatus": {"resourceClaimName": "train-0-gpu"}}},
      dict(covered_by_claim=True)),

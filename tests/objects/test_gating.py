@@ -78,7 +78,11 @@ def gated_pod(**spec):
     job = mutation.mutate(workload("Job", spec=deep(spec)), "Job", waiting(), GATED, "ml/Job/train")
     template = template_of(job)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {**deep(template["metadata"]), "name": "train-0",
-                                                              "namespace": "ml"}, "spec": deep(template["spec"])}
+                                                              "namespace": "ml", "ownerReferences": [JOB_OWNER]},
+            "spec": deep(template["spec"])}
+
+
+JOB_OWNER = {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "uid-train", "controller": True}
 
 
 def test_released_narrows_the_affinity_writes_the_gpus_and_lifts_only_our_gate():
@@ -86,7 +90,7 @@ def test_released_narrows_the_affinity_writes_the_gpus_and_lifts_only_our_gate()
     pod = gated_pod(schedulingGates=[user_gate], affinity={"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [USER_TERM]}]}}})
     placed = decision(request(pods=2, strategy=Strategy.BALANCED), nodes=("gpu-1", "gpu-2"))
-    out = valid(mutation.released(pod, placed))
+    out = valid(mutation.released(pod, placed, Config().seal_key))
     assert out["spec"]["schedulingGates"] == [user_gate]
     assert out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"] == [{"matchExpressions": [USER_TERM, PIN]}]  # only added to: the API's rule for gated pods
@@ -130,10 +134,16 @@ def sealed(pod):
 
 
 def pod_named(name, **changes):
+    """A gated pod of a Job (ml/Job/train, or the one a changed reservation names, as its controller)."""
     pod = gated_pod()
     pod["metadata"]["name"] = name
     pod["metadata"]["annotations"].update(changes)
+    job = pod["metadata"]["annotations"][injection.RESERVATION].rpartition("/")[2]
+    pod["metadata"]["ownerReferences"] = [{**JOB_OWNER, "name": job, "uid": f"uid-{job}"}]
     return sealed(pod)
+
+
+GROUP = "ml/Job/train@uid-train"  # its pods' group: the Job's reservation key, and that Job's uid
 
 
 def test_a_gated_workload_is_ready_once_all_its_pods_exist_and_a_replacement_starts_alone():
@@ -220,20 +230,20 @@ def test_a_gated_workload_follows_its_owners_size():
     pods = GatedPods()
     for i in range(3):  # a Job decided for 2 pods, scaled to 3 while gated
         note(pods, f"ml/train-{i}", pod_named(f"train-{i}"), now=float(i))
-    assert list(pods.unsure({})) == ["ml/Job/train"]
+    assert list(pods.unsure({})) == [GROUP]
     assert [len(g.pods) for g in pods.ready({})] == [3]  # without its owner's word: the pods made
-    assert [len(g.pods) for g in pods.ready({}, sizes={"ml/Job/train": 2})] == [2]  # the owner's word wins
-    (group,) = pods.ready({}, sizes={"ml/Job/train": 3})
+    assert [len(g.pods) for g in pods.ready({}, sizes={GROUP: 2})] == [2]  # the owner's word wins
+    (group,) = pods.ready({}, sizes={GROUP: 3})
     assert group.request.pods == 3 and len(group.pods) == 3 and group.hold == "ml/Job/train"
     pods.forget("ml/train-2")  # bound elsewhere, say: not a deletion
     pods.forget("ml/train-1")
     assert pods.ready({}) == []  # 1 of 2: as if its controller were still making them
-    (group,) = pods.ready({}, sizes={"ml/Job/train": 1})
+    (group,) = pods.ready({}, sizes={GROUP: 1})
     assert group.request.pods == 1 and [p.name for p in group.pods] == ["train-0"]
     # released, then scaled up again: the new pod joins under a hold of its own, and the one
     # released is not decided again
     note(pods, "ml/train-5", pod_named("train-5"), now=9.0)
-    (group,) = pods.ready({}, started={"ml/train-0"}, sizes={"ml/Job/train": 2})
+    (group,) = pods.ready({}, started={"ml/train-0"}, sizes={GROUP: 2})
     assert [p.name for p in group.pods] == ["train-5"] and group.request.pods == 1
     assert group.hold == "ml/Job/train+train-5"
 
@@ -262,7 +272,7 @@ def test_a_release_changes_only_gates_affinity_and_our_annotations_whatever_the_
                                  required=((USER_TERM,),))
     pod["metadata"]["annotations"][injection.INJECTED] = forged.dumps()
     placed = decision(request(pods=2), nodes=("gpu-1", "gpu-2"))
-    out = mutation.released(pod, placed)
+    out = mutation.released(pod, placed, Config().seal_key)
     assert out["spec"]["containers"] == pod["spec"]["containers"] and out["metadata"]["labels"] == {"app": "x"}
     terms = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"] == [{"matchExpressions": [USER_TERM, PIN]}]  # narrowed, nothing removed
@@ -281,3 +291,42 @@ def test_a_replacement_for_a_pod_deleted_while_gated_restores_the_size():
     note(pods, "ml/train-2", pod_named("train-2"), now=5.0)
     (group,) = pods.ready({})
     assert group.request.pods == 2 and [p.name for p in group.pods] == ["train-0", "train-2"]
+
+
+# -- groups by owner: a Job created again under its name, and copies of its pods (issue 59) ---------
+
+def test_a_job_created_again_under_its_name_starts_a_group_its_old_pods_neither_join_nor_shrink():
+    from webhook.state.gated import GatedPods
+    pods = GatedPods()
+    old, new = [], []
+    for i in range(2):
+        old.append(pod_named(f"old-{i}"))
+        note(pods, f"ml/old-{i}", old[-1], now=1.0)
+    for i in range(2):  # the same name, another Job: another uid
+        pod = pod_named(f"new-{i}")
+        pod["metadata"]["ownerReferences"][0]["uid"] = "uid-train-again"
+        new.append(pod)
+        note(pods, f"ml/new-{i}", pod, now=2.0)
+    assert sorted(g.group for g in pods.ready({})) == ["ml/Job/train@uid-train", "ml/Job/train@uid-train-again"]
+    for i in range(2):  # the garbage collector deletes the old Job's pods
+        pods.deleted(f"ml/old-{i}")
+    (group,) = pods.ready({})
+    assert group.group == "ml/Job/train@uid-train-again" and [p.name for p in group.pods] == ["new-0", "new-1"]
+
+
+@pytest.mark.parametrize("owner, why", [
+    ({"kind": "Job", "name": "other", "uid": "uid-other"}, "made by Job other"),  # a copy put under another Job
+    (None, "made by no controller"),  # a copy with its owner stripped
+])
+def test_a_copy_of_a_jobs_pod_under_another_owner_or_none_is_refused_and_joins_nothing(owner, why):
+    from webhook.state.gated import GatedPods
+    pods = GatedPods()
+    for i in range(2):
+        note(pods, f"ml/train-{i}", pod_named(f"train-{i}"), now=1.0)
+    copy = pod_named("aaa-copy")  # named to sort first
+    copy["metadata"]["ownerReferences"] = [{**JOB_OWNER, **owner}] if owner else []
+    assert not note(pods, "ml/aaa-copy", copy, now=2.0)
+    (refused, reason) = pods.refused["ml/aaa-copy"]
+    assert "its reservation names Job train" in reason and why in reason
+    (group,) = pods.ready({})
+    assert [p.name for p in group.pods] == ["train-0", "train-1"]

@@ -554,3 +554,25 @@ def test_best_fit_orders_follow_nodes_that_move_between_leaves_and_leaves_that_g
                           key=lambda d: (d.fits_now(g), d.partly_used, d.free_gpus, d.path), default=None)
             assert cluster.tree.orders[2].best_fit(g, pods) is scanned
     assert all(d.ref.name != "leaf-1" for d in cluster.levels[2].values())
+
+
+def test_a_placed_job_is_confined_to_the_very_nodes_held_for_it_and_a_deployment_to_its_domain():
+    """Pinned only to its domain, a Job's pods could be bound onto nodes of that domain held for
+    another workload, which then finds no room where it is pinned (issue 59 item 9)."""
+    from webhook.admission import review
+    from webhook.cli import file_index
+    from webhook.kube import demo
+    from tests.fixtures.builders import workload
+    from conftest import review_of
+
+    index, _ = file_index(Config(), demo.demo_cluster())
+    for kind, expect_nodes in (("Job", True), ("Deployment", False)):
+        obj = workload(kind, name=f"train-{kind.lower()}", replicas=2,
+                       template_annotations={"topology.scheduler/placement-strategy": "consolidated"})
+        result = review(review_of(obj), index, Config())
+        assert result.outcome == "placed"
+        terms = result.admitted["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        named = [e["values"] for e in terms[0]["matchExpressions"] if e["key"] == "kubernetes.io/hostname"]
+        held = sorted(a.node for a in result.decision.assignment)
+        assert named == ([held] if expect_nodes else []), (kind, named, held)

@@ -20,6 +20,7 @@ class Stats:
     gpus_total: int = 64
     gpus_used: int = 24
     gpus_reserved: int = 8
+    gpus_provisional: int = 2
     allocation_ratio: float = 0.5
     fragmentation_ratio: float = 0.25
     domain_utilization: tuple = (("spine", "spine-1", 0.75), ("leaf", "leaf-2", 1.0))
@@ -60,6 +61,7 @@ def test_cluster_gauges_are_read_from_the_view_at_scrape_time():
     assert got[("topology_scheduler_domain_fragmentation_ratio", ())] == 0.25
     assert got[("topology_domain_utilization_ratio", (("domain", "leaf-2"), ("level", "leaf")))] == 1.0
     assert got[("topology_cluster_gpus", (("state", "reserved"),))] == 8
+    assert got[("topology_cluster_gpus", (("state", "provisional"),))] == 2
     levels = ",".join(Stats.levels)
     assert got[("topology_levels_info", (("levels", levels), ("preset", "gke")))] == 1
 

@@ -402,3 +402,14 @@ def test_mutate_says_when_it_cannot_write_the_page(tmp_path, capsys):
     assert cli.main(["mutate", "-f", str(manifest), "--nodes", "tests/fixtures/demo-nodes.yaml",
                      "--html", str(tmp_path / "missing" / "page.html")]) == 2
     assert "--html" in capsys.readouterr().err
+
+
+def test_a_hold_not_seen_stored_yet_is_listed_as_provisional_until_the_watch_shows_it(demo_index, clock):
+    demo_index.ledger.provisional_seconds = 10.0  # as under a view fed from the API
+    decisions = RecentDecisions()
+    result = admit(demo_index, gpu_pod("solo", 2, placement_strategy="consolidated"), decisions)
+    [hold] = snapshot(demo_index, decisions.entries(), now=0.0)["holds"]
+    assert (hold["source"], hold["expires_in_s"]) == ("provisional admission", 10.0)
+    feed.upsert(demo_index, {**result.admitted, "metadata": {**result.admitted["metadata"], "uid": "u-solo"}}, "Pod")
+    [hold] = snapshot(demo_index, decisions.entries(), now=0.0)["holds"]
+    assert (hold["source"], hold["expires_in_s"]) == ("admission", Config().reservation_ttl_seconds)

@@ -32,7 +32,7 @@ def pod(name: str, on: str | None, gpus: int, *, finished: bool = False, termina
         reservation: str | None = None, waiting: str | None = None) -> PodFacts:
     return PodFacts(key=f"ml/{name}", namespace="ml", node_name=on, finished=finished, terminating=terminating,
                     gpus=gpus, covered_by_claim=False, requests=(("cpu", cpu),) if cpu else (),
-                    reservation=reservation, gpu_ids=None, waiting_for=((LEAF, waiting),) if waiting else None,
+                    reservation=reservation, admission=None, gpu_ids=None, waiting_for=((LEAF, waiting),) if waiting else None,
                     held=None, gate=None, claims=ClaimRefs(), obj={})
 
 

@@ -126,3 +126,18 @@ def test_an_index_whose_hold_was_replaced_counts_as_one_holding_the_new_sets_fro
     assert replaced.stats() == fresh.stats()
     assert [leaf.free_gpus for leaf in replaced.tree.levels[-1].values()] == \
         [leaf.free_gpus for leaf in fresh.tree.levels[-1].values()]
+
+
+def test_an_unbound_pods_own_hold_lasts_a_holds_time_from_when_it_was_first_seen(clock):
+    """A sealed pod kept unbound behind someone else's gate holds no room for good (issue 59 item 5):
+    past the TTL a later placement may take its room, and its next event does not hold it again."""
+    ledger = ReservationLedger(TTL, clock)
+    assert ledger.hold_pod("ml/p", "ml/Pod/p", "ml", "n1", (0, 1)) == {"n1"}
+    clock.now += TTL - 1
+    assert ledger.hold_pod("ml/p", "ml/Pod/p", "ml", "n1", (0, 1)) == set()  # an event of the same pod
+    assert ledger.expire() == set() and sorted(ledger.held_on("n1")) == [(0, 1)]
+    clock.now += 2
+    assert ledger.expire() == {"n1"} and list(ledger.held_on("n1")) == []
+    assert ledger.hold_pod("ml/p", "ml/Pod/p", "ml", "n1", (0, 1)) == set() and list(ledger.held_on("n1")) == []
+    ledger.drop_pod("ml/p")  # bound, or gone: a pod of that key seen afresh holds afresh
+    assert ledger.hold_pod("ml/p", "ml/Pod/p", "ml", "n1", (0, 1)) == {"n1"}

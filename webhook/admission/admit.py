@@ -1,5 +1,5 @@
 """What one review is answered with: which objects and operations we handle, and in what order
-the questions are asked (the envelope is envelope.py; UPDATE and DELETE of placed workloads,
+the questions are asked (the envelope is envelope.py; UPDATEs of placed workloads,
 lifecycle.py; controller-made replacements, repair.py).
 
 An exception anywhere below `review` is a bug: the object is admitted unmodified with a warning
@@ -10,8 +10,8 @@ not a pod of a template we already placed (unless its pinned domain lost the cap
 ever hold it: then it alone is repaired), not bound to a node -> ready -> read the request (from
 the object without our earlier additions) -> an UPDATE of a workload we placed keeps that
 placement -> a suspended workload waits for its queue (placed on the UPDATE that un-suspends it)
--> place and reserve -> mutate -> JSONPatch -> response. A DELETE of a workload we
-placed releases what its reservation still holds, and is always allowed.
+-> place and reserve -> mutate -> JSONPatch -> response. A DELETE is allowed and frees
+nothing: what a deleted workload held goes when the watch shows it deleted (state/holds.py).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..core import injection
 from ..settings.config import Config
-from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, GROWS_POOL, UNKNOWN_DOMAIN,
+from ..core.model import (ANNOTATION_PREFIX, EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, GROWS_POOL, UNKNOWN_DOMAIN,
                           UNKNOWN_LEVEL, Decision, Outcome, PlacementRequest, quoted)
 from ..objects import alignment, mutation, podgroups, provisioning, workload
 from ..objects.groups import GROUP_SIZE
@@ -31,7 +31,7 @@ from ..objects.templates import pod_template
 from ..objects.user_annotations import GPU_COUNT, MAX_DOMAIN, PEER_REQUIRED, PREFERRED_DOMAIN, InvalidWorkload
 from ..placement.placer import group_decision, place_group, place_shared
 from .envelope import AdmissionOutcome, AdmissionResult, Request, answer, denied, parse
-from .lifecycle import kept, released
+from .lifecycle import kept
 from .repair import placed_by_owner, repaired
 
 if TYPE_CHECKING:
@@ -64,8 +64,8 @@ def review(body: object, index: "ClusterIndex", config: Config,
 def _admit(request: Request, index: "ClusterIndex", config: Config,
            readiness: tuple[bool, str]) -> AdmissionResult:
     kind, obj = request.kind, request.obj
-    if request.operation == "DELETE":
-        return released(request, index)
+    if request.operation == "DELETE":  # frees nothing: a deletion is believed when the watch shows it
+        return answer(request, AdmissionOutcome.IGNORED)
     if obj is not None and request.operation == "CREATE" and podgroups.handles(request.group, kind):
         return _pod_group(request, obj, config)
     if obj is not None and request.operation == "CREATE" and alignment.handles(request.group, kind):
@@ -76,15 +76,18 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
     subject = Subject(kind, request.group, obj, request.namespace, request.old)
     if not subject.ours(config):
         return answer(request, AdmissionOutcome.IGNORED)
+    manager = subject.managed_elsewhere(config)
+    if manager is not None:  # never ours to place, hold or block, whatever it carries
+        return answer(request, AdmissionOutcome.MANAGED_ELSEWHERE, warnings=_elsewhere(subject, manager))
     old = subject.old
     # Un-suspended (a queue such as Kueue admitted it): placed now, as if created now, inside the
-    # node selection the queue wrote; the template's scheduling fields may change in this update.
+    # node selection the queue wrote, changing only what the apiserver lets this update change.
     admitted_by_queue = (request.operation == "UPDATE" and old is not None and old.suspended
                          and not subject.suspended)
-    if request.operation == "UPDATE" and old is not None and subject.suspended and not old.suspended:
-        # Suspended again (its queue preempted it): its pods go, and so does the hold for the ones
-        # not bound yet; un-suspended later, it is placed afresh.
-        return released(request, index)
+    if admitted_by_queue and old is not None and old.started:
+        return answer(request, AdmissionOutcome.IGNORED, warnings=[
+            f"{subject.who} ran before it was suspended: the apiserver keeps its pod template as it is, "
+            "so it is not placed"])
     if request.operation not in KINDS[kind].operations and not admitted_by_queue:
         return answer(request, AdmissionOutcome.IGNORED)
     try:
@@ -97,7 +100,7 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
         return answer(request, AdmissionOutcome.IGNORED)  # the scheduler is bypassed: affinity could only get it rejected
     if subject.made_for_group:
         return answer(request, AdmissionOutcome.IGNORED)  # an operator's StatefulSet: its pods are placed as group members
-    if (request.operation == "CREATE" and subject.placed and subject.written_key == subject.reservation_key(request.uid)
+    if (request.operation == "CREATE" and subject.placed and not subject.suspended and subject.written_key == subject.reservation_key(request.uid)
             and _sealed_if_gated(subject.template, request.namespace, config)):
         # Our own output, whole and for this very object (reinvocation): placing it again could only
         # move it. A copy of another object's output carries that object's key and is placed afresh,
@@ -115,8 +118,12 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
     if old is not None and old.placed and not admitted_by_queue:
         return kept(request, subject, index, config, wanted)
     if subject.suspended:
+        # Created suspended, it carries nothing of ours (a placement written before a later webhook
+        # suspended it, on reinvocation, is taken back) and names the scheduler its pods will have:
+        # once it is un-suspended only its scheduling directives may change.
         return answer(request, AdmissionOutcome.SUSPENDED, warnings=[
-            *wanted.warnings, f"{who} is suspended: nothing is placed or held until it is un-suspended"])
+            *wanted.warnings, f"{who} is suspended: nothing is placed or held until it is un-suspended"],
+            mutated=mutation.mutate(obj, kind, None, config) if request.operation == "CREATE" else None)
     if wanted.unknown:  # never a guess: admitted as written, and counted (outcome demand-unknown)
         return answer(request, AdmissionOutcome.DEMAND_UNKNOWN, warnings=list(wanted.warnings))
     key = wanted.group.key if wanted.group is not None else subject.reservation_key(request.uid)
@@ -128,22 +135,38 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
         mutated = mutation.mutate(obj, kind, None, config)
         return answer(request, AdmissionOutcome.IGNORED, mutated=mutated, warnings=[
             *wanted.warnings, f"{who} {wanted.idle}"])
+    # What this admission holds counts until the apiserver is seen to store it (state/holds.py):
+    # the stored object says so by this review's uid.
+    stamp = request.uid if index.ledger.provisional_seconds is not None and not request.dry_run else None
+    joined = False
     if wanted.group is not None:
-        decision, alone, joined = place_group(index, wanted.request, key, reserve=not request.dry_run)
+        decision, alone, joined = place_group(index, wanted.request, key, reserve=not request.dry_run, stamp=stamp)
         if joined:
             alone = [*alone, *_joined_notes(who, wanted.request, decision)]
     else:
         reserve = key if KINDS[kind].reserves and not request.dry_run else None
-        decision, alone = place_shared(index, wanted.request, reserve)
+        decision, alone = place_shared(index, wanted.request, reserve, stamp=stamp)
+        stamp = stamp if reserve is not None else None
     if decision.outcome is Outcome.NEVER:
         return denied(request, _never_message(subject, decision), decision)
-    mutated = provisioning.consumed_by(mutation.mutate(obj, kind, decision, config, key), kind, None)
+    mutated = provisioning.consumed_by(mutation.mutate(obj, kind, decision, config, key, admitted_by_queue), kind, None)
+    if stamp is not None and not joined and decision.outcome is Outcome.PLACED:
+        mutated = mutation.stamped(mutated, key, stamp)
     if provisioning.wanted(decision, config) and index.scale_ups is not None and not request.dry_run:
         mutated, note = _scale_up(subject, index.scale_ups, mutated, decision, key, config)
         alone = [*alone, note]
     outcome = _WAITS_BY_CODE.get(decision.code or "", _OUTCOMES[decision.outcome])
     return answer(request, outcome, decision=decision, mutated=mutated,
                    warnings=[*wanted.warnings, *mutation.warnings(decision), *alone])
+
+
+def _elsewhere(subject: Subject, manager: str) -> list[str]:
+    """Why a workload that asks for our placement is left to `manager` (nothing for one that
+    carries only the peer's own annotations)."""
+    if not any(str(key).startswith(ANNOTATION_PREFIX) for key in subject.annotations):
+        return []
+    return [f"{subject.who} is placed by {manager}: its topology.scheduler annotations are not applied and "
+            "nothing is held for it (docs/operators-and-queues.md)"]
 
 
 def _pod_group(request: Request, obj: dict, config: Config) -> AdmissionResult:
@@ -179,7 +202,8 @@ def _scale_up(subject: Subject, scale_ups: "ScaleUps", mutated: dict, decision: 
     problem = scale_ups.create(objects)
     if problem is not None:
         return mutated, f"{who}: no ProvisioningRequest ({problem}); it waits for an ordinary scale-up"
-    return (provisioning.consumed_by(mutated, kind, name, provisioning_class),
+    # its key on the workload itself too: the watch deletes the scale-up when it sees it deleted
+    return (mutation.stamped(provisioning.consumed_by(mutated, kind, name, provisioning_class), key, None),
             f"{who}: ProvisioningRequest {namespace}/{name} ({provisioning_class}) asks for the nodes of its "
             f"{decision.request.pods} pods at once")
 

@@ -35,8 +35,8 @@ class AdmissionOutcome(str, enum.Enum):
     DENIED = "denied"
     FAILED_OPEN = "failed-open"
     NOT_READY = "not-ready"
-    RELEASED = "released"
     SUSPENDED = "suspended"
+    MANAGED_ELSEWHERE = "managed-elsewhere"
     REPAIRED = "repaired"
     DEMAND_UNKNOWN = "demand-unknown"
     CONSTRAINED = "constrained"
@@ -62,9 +62,11 @@ OUTCOMES: Mapping[AdmissionOutcome, str] = {
     AdmissionOutcome.FAILED_OPEN: "admitted unmodified because of an error of ours (also counted in "
                    "`topology_admission_fail_open_total`)",
     AdmissionOutcome.NOT_READY: "admitted unmodified while the cluster view is not ready",
-    AdmissionOutcome.RELEASED: "a workload we placed is deleted: what its unbound pods still held is freed",
     AdmissionOutcome.SUSPENDED: "a suspended workload (a Job a queue such as Kueue holds back) admitted unplaced, holding nothing; "
                  "placed by the update that un-suspends it",
+    AdmissionOutcome.MANAGED_ELSEWHERE: "placed by another queue or scheduler (a pod Kueue queues, a workload of Kueue's "
+                         "topology-aware scheduling, pods naming another scheduler): admitted unchanged, holding nothing "
+                         "([queues](docs/operators-and-queues.md#kueue-kai-and-other-schedulers))",
     AdmissionOutcome.REPAIRED: "a pod of a placed workload whose pinned domain lost the capacity to ever hold it, placed again alone",
     AdmissionOutcome.DEMAND_UNKNOWN: "admitted as written: GPUs asked through a ResourceClaimTemplate or claim not known yet "
                       "([DRA](docs/dra.md))",

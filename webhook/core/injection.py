@@ -53,7 +53,15 @@ GATE = ANNOTATION_PREFIX + "placement"  # the name of our entry in spec.scheduli
 # On the same pods: the seal (a keyed hash, the key shared by the replicas) over what a release
 # decides from. A pod's owner may edit its annotations; only what we sealed is believed.
 GATE_SEAL = ANNOTATION_PREFIX + "gate-seal"
-OUTPUT_ANNOTATIONS = (PLACEMENT, GPU_IDS, RESERVATION, WAITING_FOR, GATED_REQUEST, GATE_SEAL, INJECTED)
+# The seal over what an unbound pod's own hold is read from (its reservation, GPU set and node: a
+# single-pod placement), so that every replica, and one restarted, counts it; only what we sealed
+# is believed: a dry run's or another pod's annotations copied onto a pod hold nothing.
+HOLD_SEAL = ANNOTATION_PREFIX + "hold-seal"
+OUTPUT_ANNOTATIONS = (PLACEMENT, GPU_IDS, RESERVATION, WAITING_FOR, GATED_REQUEST, GATE_SEAL, HOLD_SEAL, INJECTED)
+# On the admitted object itself (a Pod's, a Job's metadata; not a template): the uid of the review
+# whose placement holds GPUs for it, beside that hold's RESERVATION key. The watch reads them to
+# make the hold firm once the apiserver has stored the object as admitted (state/holds.py).
+ADMISSION = ANNOTATION_PREFIX + "admission"
 # What a sealed request may say at most: far above any cluster, far below what would cost us.
 _MOST_PODS, _MOST_GPUS_PER_POD, _MOST_TERMS = 100_000, 1024, 64
 REQUIRED_TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
@@ -159,6 +167,12 @@ def seal_gate(key: bytes, reservation: str, request_text: str, waiting_text: str
     return base64.urlsafe_b64encode(hmac.new(key, message, hashlib.sha256).digest()).decode().rstrip("=")
 
 
+def seal_hold(key: bytes, reservation: str, gpu_ids: str, node: str) -> str:
+    """HOLD_SEAL's value: a MAC over what an unbound pod's hold is read from (see seal_gate)."""
+    message = "\0".join(("hold-seal/v1", reservation, gpu_ids, node)).encode()
+    return base64.urlsafe_b64encode(hmac.new(key, message, hashlib.sha256).digest()).decode().rstrip("=")
+
+
 @dataclass(frozen=True)
 class GateRecord:
     """What a gated pod's annotations say its release decides from, sealed by us."""
@@ -166,6 +180,7 @@ class GateRecord:
     reservation: str
     request: PlacementRequest
     path: tuple[tuple[str, str], ...]
+    owner: str = ""  # the uid of its controller where its reservation names that controller (a Job)
 
 
 def gate_record(annotations: Mapping, namespace: str, key: bytes) -> GateRecord | str:

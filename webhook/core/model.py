@@ -156,6 +156,9 @@ class Decision:
     domains: tuple[DomainRef, ...] = ()  # the domains used one level below the scope (the span)
     assignment: tuple[NodeAssignment, ...] = ()  # empty unless PLACED
     requirements: tuple[NodeRequirement, ...] = ()  # node affinity that confines pods to the choice
+    # PLACED: the nodes it holds, by their hostname label (none past a few hundred): pods whose work
+    # ends are confined to exactly these, so that none lands on a node held for another workload
+    held_nodes: tuple[str, ...] = ()
     spread_keys: tuple[str, ...] = ()  # topology keys to spread pods over (distributed)
     interconnect: Interconnect | None = None
     bus_bandwidth_gbs: float | None = None  # estimated all-reduce bus bandwidth, GB/s

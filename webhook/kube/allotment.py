@@ -71,8 +71,11 @@ def claim_of(now: float, seconds: float, sets: Mapping[str, list[tuple[int, ...]
 
 
 def claim_of_hold(hold: Reservation, index: ClusterIndex, now: float) -> dict:
-    """The claim of a hold of this replica's ledger: its sets, lapsing when the hold does."""
-    return claim_of(now, hold.expires_at - index.ledger.clock(), hold.sets)
+    """The claim of a hold of this replica's ledger: its sets, lapsing when the hold does once
+    firm, and the admission it was made for: every replica holds it as provisional until its
+    own watch shows that admission stored (state/holds.py)."""
+    claim = claim_of(now, (hold.firm_until or hold.expires_at) - index.ledger.clock(), hold.sets)
+    return {**claim, "stamp": hold.stamp} if hold.stamp else claim
 
 
 def made(problem: str | None) -> bool | None:

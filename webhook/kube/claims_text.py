@@ -1,6 +1,7 @@
 """What the replicas' claims Lease carries (shared_claims.py): its name, the annotation holding
-the claims (reservation key -> {"expires": unix seconds, "sets": {node: GPU sets as text}}), and
-the claims read from it and written into it."""
+the claims (reservation key -> {"expires": unix seconds, "sets": {node: GPU sets as text}, and
+"stamp": the admission it was made for, where one was}), and the claims read from it and written
+into it."""
 from __future__ import annotations
 
 import datetime
@@ -41,6 +42,8 @@ def read_claims(lease: dict | None, known: Mapping[str, dict] | None = None) -> 
             sets_of(claim)
             if not isinstance(claim["expires"], (int, float)):
                 raise TypeError("expires is not a number")
+            if not isinstance(claim.get("stamp", ""), str):
+                raise TypeError("stamp is not text")
             readable[key] = claim
         except (ValueError, TypeError, KeyError, AttributeError):
             log.warning("lease %s: claim %s cannot be read; ignoring it", LEASE_NAME, key)

@@ -50,7 +50,7 @@ from kubernetes.client.exceptions import ApiException
 from ..objects import feed
 from ..settings.config import Config
 from ..state.index import ClusterIndex, NodeGone
-from .kinds import DRA_LISTS, GROWTH_STREAMS, claims_stream, dra_streams, growth_streams, pod_stream
+from .kinds import claims_stream, dra_streams, growth_streams, pod_stream, stored_streams
 from .shared_claims import DEFAULT_BUDGET_SECONDS, ApiClaims, describe
 from .releaser import Releaser
 from .scaleups import ApiScaleUps
@@ -100,11 +100,10 @@ class ApiFeed:
         self.page_size = page_size
         self.expire_interval_seconds = expire_interval_seconds
         rng = rng or random.Random()
-        self._backoff = {kind: Backoff(backoff_base, backoff_cap, random.Random(rng.random()))
-                         for kind in ("nodes", "pods", "leases", *GROWTH_STREAMS,
-                                      *(plural for plural, _, _ in DRA_LISTS))}
         core = k8s_client.CoreV1Api(api_client)
         index = self.index
+        # The watch tells an admission's hold stored, so holds are provisional until it does.
+        index.ledger.provisional_seconds = config.provisional_hold_seconds
         self._streams: tuple[Stream, ...] = (
             Stream("nodes", core.list_node, lambda node: (node.get("metadata") or {}).get("name", ""),
                    self._upsert_node, lambda node: self._delete_node(node["metadata"]["name"]),
@@ -121,7 +120,9 @@ class ApiFeed:
             index.share_claims(claims)
             self.claims = claims
             self._streams += (claims_stream(claims, api_client, claims_namespace),)
-        self._streams += dra_streams(api_client, index)
+        self._streams += dra_streams(api_client, index) + stored_streams(index, api_client)
+        self._backoff = {stream.kind: Backoff(backoff_base, backoff_cap, random.Random(rng.random()))
+                         for stream in self._streams}
         # Gated waits are started by a pass after the cluster changed, at most once an interval.
         self.releaser = Releaser.over_api(index, api_client, on_release) if config.gate_waits else None
         self.release_interval_seconds = release_interval_seconds

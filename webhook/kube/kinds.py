@@ -7,14 +7,17 @@ happens at import time.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Any, Callable
 
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from ..objects import autoscaler_objects, dra_objects, feed
 from ..state import dra
+from ..objects.kinds import KINDS
+from ..objects.provisioning import request_name
 from ..state.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND
+from ..state.holds import Stored
 from ..state.index import ClusterIndex
 from .shared_claims import LEASE_NAME, ApiClaims
 from .streams import NOT_FOUND, Stream
@@ -57,6 +60,42 @@ def growth_streams(index: ClusterIndex, core: k8s_client.CoreV1Api,
                       functools.partial(feed.delete, index, kind=object_kind),
                       functools.partial(index.keys, object_kind), forget, optional=True)
     return tuple(stream(kind, object_kind, call) for kind, (object_kind, call) in zip(GROWTH_STREAMS, calls))
+
+
+# ----- Workloads we hold for, as stored ------------------------------------------------------------
+
+# Only their metadata: the apiserver sends a workload's without its spec or status (what a
+# PartialObjectMetadata list and watch carry), all that tells an admission's hold stored.
+_METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+_METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+
+
+def stored_streams(index: ClusterIndex, api_client: k8s_client.ApiClient) -> tuple[Stream, ...]:
+    """List+watch of the metadata of every workload kind that holds GPUs once placed (but pods,
+    which the pod stream reads), each optional: an operator's kind the cluster does not serve,
+    or the chart's RBAC does not grant, confirms nothing and holds lapse as unconfirmed."""
+    custom = k8s_client.CustomObjectsApi(api_client)
+
+    def stream(kind: str) -> Stream:
+        found = KINDS[kind]
+        version, plural = found.resource
+
+        def metadata(**kwargs: Any) -> object:  # a fresh header map each call: the client adds to it
+            accept = _METADATA_WATCH if kwargs.get("watch") else _METADATA_LIST
+            return custom.list_cluster_custom_object(found.group, version, plural, _headers={"Accept": accept},
+                                                     **kwargs)
+
+        def deleted(obj: dict) -> None:
+            gone = feed.stored(obj, kind, gone=True)
+            index.apply(gone)
+            if index.scale_ups is not None and gone.ours:  # its scale-up, if it had one, goes with it
+                index.scale_ups.delete(gone.key.split("/", 1)[0], request_name(gone.key))
+
+        def forget(key: str) -> None:
+            index.apply(Stored(key, index.ledger.stored.get(key), gone=True))
+        return Stream(plural, metadata, functools.partial(feed.stored_key, kind=kind),
+                      feed.upserter(index, kind), deleted, functools.partial(index.keys, kind), forget, optional=True)
+    return tuple(stream(kind) for kind in feed.STORED_KINDS)
 
 
 # ----- Dynamic Resource Allocation and PodGroups ------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Every replica runs one, on the pods its live view sees. A pass, after the cluster changed, takes the
 gated workloads whose pods all exist (as many as their owner wants now: a Job scaled while gated
-is followed), oldest first, decides each again (placer.start_gated: its domain, else one no wider)
+is followed; none of one whose owner is deleted, suspended or wants no pods, asked once a pass),
+oldest first, decides each again (placer.start_gated: its domain, else one no wider)
 and holds and claims the placement through the replicas' shared claims (compare-and-swap) before
 any pod is patched: a replica that loses that race reads the claims again and finds the
 workload held, so it is never released twice nor onto room another release took. Then it patches
@@ -34,7 +35,7 @@ from ..core.model import MAPPINGS, Decision
 from ..objects import mutation
 from ..objects.patch import make_patch
 from ..placement.placer import release_shared, start_gated
-from ..state.gated import GatedGroup
+from ..state.gated import GatedGroup, GatedPod
 from ..state.index import ClusterIndex
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ RESULTS: Mapping[str, str] = {
 }
 API_SECONDS = 5  # each call the releaser makes: a slow apiserver delays a pass, never stops it
 EVENTS_PER_PASS = 10
-# Where a gated workload's owner says how many pods it wants, by the owner's kind.
+# Where a gated workload's owner says how many pods it wants, by the owner's kind (0: gone).
 OwnerSize = Callable[[str, Mapping], "int | None"]
 
 
@@ -110,8 +111,8 @@ class Releaser:
             try:
                 response = batch.read_namespaced_job(str(owner.get("name")), namespace, _preload_content=False,
                                                      _request_timeout=API_SECONDS)
-            except ApiException:
-                return None  # not to be read (gone, or not allowed): what its pods say decides
+            except ApiException as err:
+                return 0 if err.status == 404 else None  # gone; or not to be read: what its pods say decides
             job = json.loads(response.data)
             if (job.get("metadata") or {}).get("uid") != owner.get("uid"):
                 return 0  # another Job of that name: the owner is gone
@@ -146,12 +147,13 @@ class Releaser:
         self.seen_changes = changes
         self._drop_side_holds()
         started = 0
-        groups = self.index.gated_groups(set(self.patched), self._sizes())
+        asked: dict[str, int | None] = {}  # each owner asked once a pass
+        groups = self.index.gated_groups(set(self.patched), self._sizes(asked))
         self.refusing = {key: pods for key, pods in self.refusing.items()
-                         if any(g.reservation == key and _as_seen(g) == pods for g in groups)}
+                         if any(g.group == key and _as_seen(g) == pods for g in groups)}
         for group in groups:
-            if self.refusing.get(group.reservation) == _as_seen(group):
-                continue
+            if self.refusing.get(group.group) == _as_seen(group) or self._owner_wants(group.pods[0], asked) == 0:
+                continue  # the owner is gone, suspended or wants no pods: never started for it
             try:
                 decision, alone = start_gated(self.index, group)
                 for warning in alone:
@@ -196,21 +198,29 @@ class Releaser:
             self.on_release(REFUSED)
             self.warn(pod, why)
 
-    def _sizes(self) -> dict[str, int]:
-        """How many pods each gated workload's owner wants, where its pods disagree with its request."""
+    def _sizes(self, asked: dict[str, int | None]) -> dict[str, int]:
+        """How many pods each gated group's owner wants, where its pods disagree with its request."""
         sizes = {}
-        for reservation, pod in self.index.gated_unsure().items():
-            owner = controller_of(pod.pod)
-            if owner is None:
-                continue
-            try:
-                size = self.owner_size(pod.namespace, owner)
-            except Exception as err:  # noqa: BLE001 - unknown: the request says, as before
-                log.warning("could not read the owner of %s: %s", reservation, err)
-                size = None
+        for group, pod in self.index.gated_unsure().items():
+            size = self._owner_wants(pod, asked)
             if size is not None:
-                sizes[reservation] = size
+                sizes[group] = size
         return sizes
+
+    def _owner_wants(self, pod: GatedPod, asked: dict[str, int | None]) -> int | None:
+        """How many pods the controller of a gated pod wants now (0: it is gone, suspended or
+        done), asked once a pass (`asked`, by its uid); None when it cannot be read."""
+        owner = controller_of(pod.pod)
+        if owner is None:
+            return None
+        uid = str(owner.get("uid"))
+        if uid not in asked:
+            try:
+                asked[uid] = self.owner_size(pod.namespace, owner)
+            except Exception as err:  # noqa: BLE001 - unknown: the request says, as before
+                log.warning("could not read the owner of %s: %s", pod.reservation, err)
+                asked[uid] = None
+        return asked[uid]
 
     def _patch(self, group: GatedGroup, decision: Decision) -> str:
         """Patch the group's pods. TAKEN when someone else lifted the first one's gate first (the
@@ -218,7 +228,8 @@ class Releaser:
         FAILED when the API refused the first one otherwise (the hold is dropped, and the workload
         is not decided again until its pods change); else RELEASED."""
         for position, gated in enumerate(group.pods):
-            operations = [_still_gated(gated.pod), *make_patch(gated.pod, mutation.released(gated.pod, decision))]
+            released = mutation.released(gated.pod, decision, self.index.config.seal_key)
+            operations = [_still_gated(gated.pod), *make_patch(gated.pod, released)]
             try:
                 self.patch_pod(gated.namespace, gated.name, operations)
             except ApiException as err:
@@ -228,7 +239,7 @@ class Releaser:
                     release_shared(self.index, group.hold)
                     taken = err.status == 422 and not self.still_gated(gated.namespace, gated.name)
                     if not taken:
-                        self.refusing[group.reservation] = _as_seen(group)
+                        self.refusing[group.group] = _as_seen(group)
                     self.on_release(TAKEN if taken else FAILED)
                     return TAKEN if taken else FAILED
                 self.on_release(FAILED)

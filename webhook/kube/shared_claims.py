@@ -76,9 +76,10 @@ def _hold(index: ClusterIndex, allotment: Allotment, applied: dict[str, dict], c
         until = lapses(key, claim, allotment.seconds)
         if before == claim or until <= now:
             continue
-        sets = sets_of(claim)
-        if before is None or before["sets"] != claim["sets"] or not index.ledger.renew(key, sets, until - now):
-            index.reserve(key, sets, ttl=until - now)
+        sets, stamp = sets_of(claim), claim.get("stamp")
+        if (before is None or before["sets"] != claim["sets"] or before.get("stamp") != stamp
+                or not index.ledger.renew(key, sets, until - now)):
+            index.reserve(key, sets, ttl=until - now, stamp=stamp)
     for key in applied.keys() - claims.keys():
         index.release(key)
 

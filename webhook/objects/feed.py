@@ -5,6 +5,8 @@ autoscalers' objects in autoscaler_objects.py.
 """
 from __future__ import annotations
 
+import dataclasses
+import hmac
 import time
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -12,17 +14,21 @@ import orjson
 
 from ..core.gpus import (NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_gpu_set, parse_nvlink_domains,
                          pod_gpus, quantity_to_int)
-from ..core.injection import GATE, GPU_IDS, RESERVATION, WAITING_FOR, GateRecord, gate_record, parse_domain_path
+from ..core.injection import (ADMISSION, GATE, GPU_IDS, HOLD_SEAL, RESERVATION, WAITING_FOR, GateRecord, gate_record,
+                              parse_domain_path, seal_hold)
 from ..core.memo import Memo
 from ..core.model import GPU_RESOURCE, MAPPINGS
 from ..core.resources import node_allocatable, pod_requests
 from ..settings.config import Config, HardwareProfile
 from ..settings.presets import HOSTNAME_LABEL
 from ..state.dra import DRA_KINDS, ClaimRefs
+from ..state.holds import Stored, held_by, reservation_key
 from ..state.index import ClusterIndex, Fact, NodeGone
 from ..state.pods import PodFacts, PodGone
 from ..state.tree import NodeState, nvlink_domains
 from . import autoscaler_objects, dra_objects
+from .groups import KUBEFLOW_KINDS
+from .kinds import KINDS
 from .user_annotations import NETWORK_BANDWIDTH
 
 BANDWIDTH_LABEL = NETWORK_BANDWIDTH  # a node's label of the key a workload's annotation asks with
@@ -83,6 +89,8 @@ def fact_of(obj: Mapping, config: Config, kind: str | None = None) -> Fact | Non
         return parse_node(obj, config)
     if kind in DRA_KINDS:
         return dra_objects.dra_fact(kind, obj)
+    if kind in STORED_KINDS:
+        return stored(obj, kind)
     return autoscaler_objects.growth_fact(obj, kind)
 
 
@@ -95,7 +103,32 @@ def gone_of(obj: Mapping, kind: str | None = None) -> Fact | None:
         return NodeGone(str((obj.get("metadata") or {}).get("name", "")))
     if kind in DRA_KINDS:
         return dra_objects.dra_gone(kind, obj)
+    if kind in STORED_KINDS:
+        return stored(obj, kind, gone=True)
     return autoscaler_objects.growth_gone(obj, kind)
+
+
+# ----- Workloads we hold for, as stored --------------------------------------------------------
+
+# Every kind that holds GPUs once placed, but Pods (the pods' own stream reads them whole): the
+# watch reads their metadata to tell which admissions' holds the apiserver stored (state/holds.py).
+STORED_KINDS = tuple(kind.name for kind in KINDS.values() if kind.reserves and kind.name != "Pod")
+
+
+def stored(obj: Mapping, kind: str, gone: bool = False) -> Stored:
+    """A workload object's metadata as the ledger reads it: the key of its hold and the admission
+    it carries, both only where the key is its own (a ReplicaSet carries its Deployment's
+    annotations, and must not stand for it); else its own key, with no admission."""
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    namespace, key = str(meta.get("namespace") or ""), annotations.get(RESERVATION)
+    if isinstance(key, str) and held_by(key, namespace, kind):
+        return Stored(key, _text(annotations.get(ADMISSION)), gone, ours=True)
+    return Stored(reservation_key(namespace, kind, str(meta.get("name") or "")), None, gone)
+
+
+def stored_key(obj: Mapping, kind: str) -> str:
+    return stored(obj, kind).key
 
 
 # ----- Nodes -----------------------------------------------------------------------------------
@@ -199,9 +232,9 @@ def pod_facts(pod: Mapping, seal_key: bytes) -> PodFacts:
         # them the call (its type checks cost more than the rest of this line)
         bool(status.get("extendedResourceClaimStatus")) and dra_objects.covered_by_claim(pod),
         _requests_by_shape.get(shape, _requests, spec) if node_name and not finished else (),
-        str(reservation) if reservation else None, annotations.get(GPU_IDS),
+        str(reservation) if reservation else None, _text(annotations.get(ADMISSION)), annotations.get(GPU_IDS),
         parse_domain_path(annotations.get(WAITING_FOR)) if pending else None,
-        pending_hold(annotations, spec, gpus) if pending else None,
+        pending_hold(annotations, spec, gpus, seal_key) if pending else None,
         gated(pod, seal_key) if pending else None,
         dra_objects.claim_refs(spec) if spec.get("resourceClaims") else _NO_CLAIMS, pod)
 
@@ -211,16 +244,23 @@ _NO_CLAIMS = ClaimRefs()
 
 def pod_gone(pod: Mapping) -> PodGone:
     meta = pod.get("metadata") or {}
-    return PodGone(pod_key(pod), str(meta.get("namespace") or ""),
-                   str((meta.get("annotations") or {}).get(RESERVATION) or ""))
+    annotations = meta.get("annotations") or {}
+    return PodGone(pod_key(pod), str(meta.get("namespace") or ""), str(annotations.get(RESERVATION) or ""),
+                   _text(annotations.get(ADMISSION)))
 
 
-def pending_hold(annotations: Mapping, spec: Mapping, gpus: int) -> tuple[str, str, tuple[int, ...]] | None:
+def _text(value: object) -> str | None:
+    return str(value) if value else None
+
+
+def pending_hold(annotations: Mapping, spec: Mapping, gpus: int, seal_key: bytes
+                 ) -> tuple[str, str, tuple[int, ...]] | None:
     """(reservation key, node, GPU set) an unbound pod holds: one carrying our reservation key and
-    the GPU set we chose, with node affinity naming one node (a single-pod placement). A pod
-    pinned to a domain of several nodes names no node: its workload's hold covers it."""
-    reservation, hinted = annotations.get(RESERVATION), annotations.get(GPU_IDS)
-    if not reservation or not hinted or gpus <= 0:
+    the GPU set we chose, with node affinity naming one node (a single-pod placement), all three
+    under our seal (HOLD_SEAL): annotations copied from a dry run or another pod hold nothing. A
+    pod pinned to a domain of several nodes names no node: its workload's hold covers it."""
+    reservation, hinted, seal = annotations.get(RESERVATION), annotations.get(GPU_IDS), annotations.get(HOLD_SEAL)
+    if not reservation or not hinted or not isinstance(seal, str) or gpus <= 0:
         return None
     try:
         held = parse_gpu_set(str(hinted))
@@ -238,7 +278,10 @@ def pending_hold(annotations: Mapping, spec: Mapping, gpus: int) -> tuple[str, s
                 named.add(str(values[0]))
     if len(named) != 1 or len(held) != gpus:
         return None
-    return str(reservation), named.pop(), held
+    node = named.pop()
+    if not hmac.compare_digest(seal, seal_hold(seal_key, str(reservation), str(hinted), node)):
+        return None
+    return str(reservation), node, held
 
 
 def holds_our_gate(pod: Mapping) -> bool:
@@ -247,9 +290,9 @@ def holds_our_gate(pod: Mapping) -> bool:
 
 
 def gated(pod: Mapping, key: bytes) -> GateRecord | str | None:
-    """The sealed record of a pod our gate holds; why it is not believed (the releaser cannot
-    decide it: it stays gated, listed by `kubectl get pods` as SchedulingGated, and is reported);
-    None for any other pod."""
+    """The sealed record of a pod our gate holds, with the owner it is released with; why it is not
+    believed (the releaser cannot decide it: it stays gated, listed by `kubectl get pods` as
+    SchedulingGated, and is reported); None for any other pod."""
     if not holds_our_gate(pod):
         return None
     meta = pod.get("metadata") or {}
@@ -258,4 +301,31 @@ def gated(pod: Mapping, key: bytes) -> GateRecord | str | None:
     annotations = meta.get("annotations") or {}
     if not isinstance(annotations, MAPPINGS):
         return "its annotations are not a map"
-    return gate_record(annotations, str(meta.get("namespace") or ""), key)
+    record = gate_record(annotations, str(meta.get("namespace") or ""), key)
+    if isinstance(record, str):
+        return record
+    owner, why = _named_owner(meta, record.reservation)
+    return why if why is not None else dataclasses.replace(record, owner=owner)
+
+
+# The kinds whose pods they make themselves: a gated pod whose reservation names one of these must
+# be made by that very object (its controller), or it is a copy (a replay) and is never released.
+_DIRECT_OWNERS = frozenset({"Job", *KUBEFLOW_KINDS})
+
+
+def _named_owner(meta: Mapping, reservation: str) -> tuple[str, str | None]:
+    """(the uid of the pod's controller where its reservation names it, "" where the reservation
+    names no controller of its pods: a JobSet's, a group's; why not, where it names one the pod's
+    controller is not)."""
+    _, kind, name = (reservation.split("/", 2) + ["", ""])[:3]
+    if kind not in _DIRECT_OWNERS:
+        return "", None
+    owners = meta.get("ownerReferences") or ()
+    controller = next((o for o in owners if isinstance(o, MAPPINGS) and o.get("controller") is True), None) \
+        if isinstance(owners, list) else None
+    if controller is None or controller.get("kind") != kind or controller.get("name") != name \
+            or not controller.get("uid"):
+        made_by = f"{controller.get('kind')} {controller.get('name')}" if controller else "no controller"
+        return "", (f"its reservation names {kind} {name}, but it was made by {made_by}: a copy of another "
+                    "workload's pod is never released with it")
+    return str(controller["uid"]), None

@@ -23,6 +23,7 @@ class Templates:
 class WorkloadKind:
     name: str
     group: str  # API group ("" is the core group)
+    resource: tuple[str, str]  # (version, plural) the API serves it as: where the watch lists it
     templates: tuple[Templates, ...]
     # Operations we place on. Pods are immutable after CREATE, and a Job's template too, so an
     # UPDATE patch would be rejected; on UPDATE the others keep the placement made at creation.
@@ -57,28 +58,28 @@ def _ray(prefix: tuple[str, ...]) -> tuple[Templates, ...]:
 
 
 KINDS: Mapping[str, WorkloadKind] = {kind.name: kind for kind in (
-    WorkloadKind("Pod", "", (Templates((), ()),), ("CREATE",), placed_by_owner=True, reserves=True),
-    WorkloadKind("Job", "batch", (Templates(("spec",), _TEMPLATE, job=()),), ("CREATE",), placed_by_owner=False,
-                 reserves=True, suspend=("spec", "suspend")),
-    WorkloadKind("CronJob", "batch", (Templates(("spec", "jobTemplate", "spec"), _TEMPLATE, job=()),),
+    WorkloadKind("Pod", "", ("v1", "pods"), (Templates((), ()),), ("CREATE",), placed_by_owner=True, reserves=True),
+    WorkloadKind("Job", "batch", ("v1", "jobs"), (Templates(("spec",), _TEMPLATE, job=()),), ("CREATE",),
+                 placed_by_owner=False, reserves=True, suspend=("spec", "suspend")),
+    WorkloadKind("CronJob", "batch", ("v1", "cronjobs"), (Templates(("spec", "jobTemplate", "spec"), _TEMPLATE, job=()),),
                  ("CREATE", "UPDATE"), placed_by_owner=False, reserves=False),
-    *(WorkloadKind(name, "apps", (Templates(("spec",), _TEMPLATE, counts=_REPLICAS),), ("CREATE", "UPDATE"),
-                   placed_by_owner=name == "ReplicaSet", reserves=True)
+    *(WorkloadKind(name, "apps", ("v1", f"{name.lower()}s"), (Templates(("spec",), _TEMPLATE, counts=_REPLICAS),),
+                   ("CREATE", "UPDATE"), placed_by_owner=name == "ReplicaSet", reserves=True)
       for name in ("Deployment", "StatefulSet", "ReplicaSet")),
     # The operators' objects: every pod template gets the one decision for the whole object.
-    WorkloadKind("JobSet", "jobset.x-k8s.io",
+    WorkloadKind("JobSet", "jobset.x-k8s.io", ("v1alpha2", "jobsets"),
                  (Templates(("spec", "replicatedJobs", ANY), ("template", "spec", "template"), counts=_REPLICAS,
                             job=("template", "spec")),), ("CREATE",), placed_by_owner=False, reserves=True,
                  suspend=("spec", "suspend")),
     # Training-operator 1.x: its pods carry the job's key, so they are placed by their owner
-    WorkloadKind("PyTorchJob", "kubeflow.org",
+    WorkloadKind("PyTorchJob", "kubeflow.org", ("v1", "pytorchjobs"),
                  (Templates(("spec", "pytorchReplicaSpecs", ANY), _TEMPLATE, counts=_REPLICAS),), ("CREATE",),
                  placed_by_owner=False, reserves=True, suspend=("spec", "runPolicy", "suspend")),
-    WorkloadKind("MPIJob", "kubeflow.org", (Templates(("spec", "mpiReplicaSpecs", ANY), _TEMPLATE, counts=_REPLICAS),),
+    WorkloadKind("MPIJob", "kubeflow.org", ("v2beta1", "mpijobs"), (Templates(("spec", "mpiReplicaSpecs", ANY), _TEMPLATE, counts=_REPLICAS),),
                  ("CREATE",), placed_by_owner=False, reserves=True, suspend=("spec", "runPolicy", "suspend")),
-    WorkloadKind("RayCluster", "ray.io", _ray(("spec",)), ("CREATE", "UPDATE"), placed_by_owner=False,
+    WorkloadKind("RayCluster", "ray.io", ("v1", "rayclusters"), _ray(("spec",)), ("CREATE", "UPDATE"), placed_by_owner=False,
                  reserves=True),
-    WorkloadKind("RayJob", "ray.io", _ray(("spec", "rayClusterSpec")), ("CREATE",), placed_by_owner=False,
+    WorkloadKind("RayJob", "ray.io", ("v1", "rayjobs"), _ray(("spec", "rayClusterSpec")), ("CREATE",), placed_by_owner=False,
                  reserves=True, suspend=("spec", "suspend")),
 )}
 

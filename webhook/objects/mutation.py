@@ -38,10 +38,11 @@ from ..core.gpus import container_gpus, format_gpu_set
 from ..placement.enforce import waited_domain
 from ..settings.config import Config
 from ..settings.presets import HOSTNAME_LABEL
-from ..core.injection import (GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, INJECTED, OUTPUT_ANNOTATIONS, PLACEMENT,
-                              REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL, Injection, annotations_of, at,
-                              dumps_request, recorded, seal_gate)
+from ..core.injection import (ADMISSION, GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, HOLD_SEAL, INJECTED, OUTPUT_ANNOTATIONS,
+                              PLACEMENT, REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL, Injection,
+                              annotations_of, at, dumps_request, recorded, seal_gate, seal_hold)
 from ..core.model import ANNOTATION_PREFIX, EXCEEDS_NODES, GROWS_POOL, MAPPINGS, NO_MATCHING_NODES, Decision, Hold, Outcome, Strategy
+from .kinds import KINDS
 from .reconcile import annotations_in, containers, copy_tree, put, rewrite, set_annotations
 from .subject import Subject
 
@@ -52,9 +53,13 @@ WAITS_FOR_NODES = (EXCEEDS_NODES, NO_MATCHING_NODES)
 
 
 def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
-           reservation: str | None = None) -> dict:
+           reservation: str | None = None, scheduling_only: bool = False) -> dict:
     """A new object with `decision` applied to its pod template. decision None (nothing to place)
-    removes what we added before and only resets our scheduler name."""
+    removes what we added before and only resets our scheduler name. `scheduling_only`: an UPDATE
+    that un-suspends the object, where the apiserver lets a pod template change only its node
+    affinity, node selector, tolerations, scheduling gates, labels and annotations (a Job's:
+    k8s.io/kubernetes pkg/apis/batch/validation, validatePodTemplateUpdate): env, spread
+    constraints and the scheduler name stay as they are, or the update would be refused."""
     outputs: dict[str, str | None] = dict.fromkeys(OUTPUT_ANNOTATIONS)
     if decision is not None:
         if decision.hold is None and decision.outcome is not Outcome.NEVER:
@@ -64,24 +69,64 @@ def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
         outputs.update({PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
                         RESERVATION: reservation, WAITING_FOR: waiting, GATED_REQUEST: request,
                         GATE_SEAL: seal_gate(config.seal_key, reservation, request, waiting)
-                        if request and reservation and waiting else None})
-    return rewrite(obj, kind, lambda _, meta, spec, previous: _desired(meta, spec, previous, kind, obj, decision,
-                                                                       config), lambda _: outputs, config)
+                        if request and reservation and waiting else None,
+                        HOLD_SEAL: _hold_seal(config.seal_key, reservation, decision)})
+    def desired(_: str, meta: dict, spec: dict, previous: Injection) -> Injection:
+        wanted = _desired(meta, spec, previous, kind, obj, decision, config)
+        if scheduling_only:
+            return dataclasses.replace(wanted, spread=previous.spread, env=previous.env, label=previous.label)
+        return wanted
+    return rewrite(obj, kind, desired, lambda _: outputs, None if scheduling_only else config)
 
 
-def released(pod: Mapping, decision: Decision) -> dict:
+def stamped(obj: dict, reservation: str, admission: str | None) -> dict:
+    """`obj` (a copy `mutate` made) marked, in its own metadata, with its reservation key and the
+    admission whose hold it makes (None: it makes none, but has a scale-up under that key): the
+    watch reads both from the stored object (metadata alone) to tell that the apiserver stored what
+    was admitted (state/holds.py), and deletes the scale-up of one it sees deleted."""
+    meta = obj["metadata"] = dict(obj.get("metadata") or {})
+    meta["annotations"] = {**annotations_in(meta), RESERVATION: reservation,
+                           **({ADMISSION: admission} if admission else {})}
+    return obj
+
+
+def _hold_seal(key: bytes, reservation: str | None, decision: Decision) -> str | None:
+    """HOLD_SEAL for a placement on one node with one GPU set: what the pods' holds are read from."""
+    ids = format_gpu_set(decision.gpu_ids)
+    if reservation is None or not ids or len(decision.held_nodes) != 1:
+        return None
+    return seal_hold(key, reservation, ids, decision.held_nodes[0])
+
+
+def released(pod: Mapping, decision: Decision, seal_key: bytes) -> dict:
     """A gated pod (see `Hold.GATE`, placement/enforce.py) let go where `decision` places it: the decision's domain added as
     required node affinity, its GPU ids and summary written, our gate removed. Nothing else
     changes: a pod's containers are fixed at creation, and while it is gated the API allows only
     narrowing its node affinity (KEP-3838), so the pin is required even for a balanced wait."""
+    expressions = confining(decision, ends=True)  # what our gate holds is a workload whose work ends
+
     def desired(_: str, meta: dict, spec: dict, previous: Injection) -> Injection:
-        expressions = tuple(r.expression for r in decision.requirements)
         return dataclasses.replace(previous, required=(expressions,) if expressions else (), gated=False)
 
+    reservation = annotations_of(pod).get(RESERVATION)
     outputs = {PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
-               WAITING_FOR: None, GATED_REQUEST: None, GATE_SEAL: None}
-    expressions = tuple(r.expression for r in decision.requirements)
+               WAITING_FOR: None, GATED_REQUEST: None, GATE_SEAL: None,
+               HOLD_SEAL: _hold_seal(seal_key, str(reservation), decision) if reservation else None}
     return _gated_pod_changed(pod, rewrite(pod, "Pod", desired, lambda _: outputs, None), expressions, True)
+
+
+def confining(decision: Decision, ends: bool) -> tuple[dict, ...]:
+    """The node affinity expressions that keep a decision's pods where it was made: its domain's
+    labels, and, for a placement of a workload whose work `ends`, the very nodes it holds (by
+    hostname). Without these, kube-scheduler may bind a pod on another node of its domain, one held
+    for another workload, which then finds no room where it was pinned (issue 59 item 9). A
+    Deployment's template outlives its nodes' room (a rollout's new pods beside the old), so it is
+    confined to its domain only."""
+    expressions = tuple(r.expression for r in decision.requirements)
+    if expressions and ends and decision.held_nodes and not any(
+            r.key == HOSTNAME_LABEL for r in decision.requirements):
+        expressions += ({"key": HOSTNAME_LABEL, "operator": "In", "values": list(decision.held_nodes)},)
+    return expressions
 
 
 def ungated(pod: Mapping) -> dict:
@@ -92,7 +137,7 @@ def ungated(pod: Mapping) -> dict:
         return dataclasses.replace(previous, gated=False)
 
     outputs = {PLACEMENT: "released from its scheduling gate without placement (topology-webhook ungate)",
-               WAITING_FOR: None, GATED_REQUEST: None, GATE_SEAL: None}
+               WAITING_FOR: None, GATED_REQUEST: None, GATE_SEAL: None, HOLD_SEAL: None}
     return _gated_pod_changed(pod, rewrite(pod, "Pod", desired, lambda _: outputs, None), (), False)
 
 
@@ -207,7 +252,7 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
              config: Config) -> Injection:
     if decision is None or decision.outcome is Outcome.NEVER:
         return Injection()
-    expressions = tuple(r.expression for r in decision.requirements)
+    expressions = confining(decision, ends=not KINDS[kind].keeps_its_template)
     required: tuple[tuple[dict, ...], ...] = ()
     preferred = None
     # A gated wait gets neither: the releaser writes the pin where it starts it.

@@ -23,7 +23,8 @@ from . import groups
 from .groups import InvalidGroup, Membership
 from .kinds import KINDS, supports
 from .templates import PodTemplate, check_fields, display_name, mapping_of, pod_templates
-from .user_annotations import PEER_PREFERRED, PEER_REQUIRED, InvalidAnnotation, InvalidWorkload
+from .user_annotations import (KUEUE_PREFIX, KUEUE_QUEUE_NAME, KUEUE_TOPOLOGY, PEER_PREFERRED, PEER_REQUIRED,
+                               InvalidAnnotation, InvalidWorkload)
 
 # Objects of the kinds we handle nest about 20 levels at most (managedFields included); far deeper
 # would exhaust Python's recursion in copying and diffing, so it is refused up front.
@@ -83,6 +84,28 @@ class Subject:
             return True
         return any(_spec(found).get("schedulerName") in config.scheduler_names for found in self.templates)
 
+    def managed_elsewhere(self, config: Config) -> str | None:
+        """Who places it when another queue or scheduler does, else None. Kueue places a pod it
+        queues (its queue label, or a gate of Kueue's) and any workload of a queue that asks for
+        its topology-aware scheduling; the scheduler its pods name, when that is neither ours nor
+        the one we hand pods to (KAI's, say), places them. A Kueue workload that asks only for our
+        placement is ours, placed when Kueue un-suspends it."""
+        meta = _meta(self.obj)
+        queued = KUEUE_QUEUE_NAME in mapping_of(meta.get("labels")) or KUEUE_QUEUE_NAME in mapping_of(
+            meta.get("annotations"))
+        for found in self.templates:
+            spec = _spec(found)
+            gates = spec.get("schedulingGates")
+            if isinstance(gates, list) and any(isinstance(g, MAPPINGS) and str(g.get("name")).startswith(KUEUE_PREFIX)
+                                               for g in gates):
+                return "Kueue"
+            scheduler = spec.get("schedulerName")
+            if scheduler and scheduler != config.default_scheduler and scheduler not in config.scheduler_names:
+                return f"scheduler {scheduler}"
+        if queued and (self.kind == "Pod" or any(KUEUE_TOPOLOGY.fullmatch(str(k)) for k in self.annotations)):
+            return "Kueue"
+        return None
+
     @cached_property
     def suspended(self) -> bool:
         """Suspended (`spec.suspend: true`, or its kind's equivalent): a queue admits it later."""
@@ -93,6 +116,14 @@ class Subject:
         for key in path:
             node = mapping_of(node).get(key)
         return node is True
+
+    @property
+    def started(self) -> bool:
+        """A Job that has run pods since it was last suspended (`status.startTime`, reset by the
+        Job controller at a suspension) or runs some now: the apiserver keeps its pod template as
+        it is, even while it is suspended."""
+        status = mapping_of(self.obj.get("status"))
+        return self.kind == "Job" and bool(status.get("startTime") or status.get("active"))
 
     @cached_property
     def controllers(self) -> tuple[Mapping, ...]:

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 
 from ..core.gpus import BANDWIDTH_UNITS, BandwidthInBytes, parse_bandwidth_gbps
-from ..core.injection import OUTPUT_ANNOTATIONS
+from ..core.injection import ADMISSION, OUTPUT_ANNOTATIONS
 from ..core.model import ANNOTATION_PREFIX, Strategy, quoted
 from .groups import GROUP_ANNOTATIONS
 
@@ -43,6 +43,11 @@ INPUT_ANNOTATIONS = (GPU_COUNT, STRATEGY, LATENCY_SENSITIVE, PREFERRED_DOMAIN, N
 # level is consolidated and never wider than that level (max-domain); a preferred one is balanced.
 PEER_REQUIRED = ("kueue.x-k8s.io/podset-required-topology", "kai.scheduler/topology-required-placement")
 PEER_PREFERRED = ("kueue.x-k8s.io/podset-preferred-topology", "kai.scheduler/topology-preferred-placement")
+# Kueue's own: a workload with its queue label is queued by Kueue (a pod Kueue queues waits behind a
+# gate of Kueue's, and its topology-aware scheduling places a workload that names a level for it)
+KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+KUEUE_PREFIX = "kueue.x-k8s.io/"
+KUEUE_TOPOLOGY = re.compile(r"kueue\.x-k8s\.io/podset-(?:[a-z]+-)*topology")  # required, preferred, slice-required...
 MAX_GPU_COUNT_DIGITS = 7  # ten million GPUs: beyond any cluster, and far below Python's int parsing limit
 
 _BOOLEANS = {"true": True, "false": False}
@@ -60,7 +65,7 @@ class InvalidAnnotation(InvalidWorkload):
 def unknown_annotations(who: str, annotations: Mapping) -> list[str]:
     """A warning for each topology.scheduler/ key we neither read nor write: a typo is otherwise
     silently ignored."""
-    known = INPUT_ANNOTATIONS + OUTPUT_ANNOTATIONS
+    known = (*INPUT_ANNOTATIONS, *OUTPUT_ANNOTATIONS, ADMISSION)
     warnings = []
     for key in sorted(str(k) for k in annotations if str(k).startswith(ANNOTATION_PREFIX) and k not in known):
         guess = difflib.get_close_matches(key, INPUT_ANNOTATIONS, n=1, cutoff=0.8)

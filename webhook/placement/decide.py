@@ -330,8 +330,10 @@ def _placed(subset: TopologyTree, request: PlacementRequest, scope: Member, spli
                    f"{bandwidth:.0f} GB/s ({profile.name}{', estimate' if profile.estimate else ''})")
     # Distributed pins only its scope: below it the spread constraints do the work.
     confine = [node for node, _ in split] if request.strategy is not Strategy.DISTRIBUTED else []
+    named = sorted({walk.hostname(node) for node, _ in split})
     return Decision(Outcome.PLACED, request, scope.ref, domains=domains, assignment=tuple(assignment),
                     requirements=walk.requirements(subset, scope, confine) if pin else (),
+                    held_nodes=tuple(named) if len(named) <= walk.MAX_NAMED_NODES else (),
                     spread_keys=spread, interconnect=interconnect, bus_bandwidth_gbs=round(bandwidth, 1),
                     profile=profile.name, reasons=tuple(reasons))
 

@@ -98,35 +98,38 @@ def _decide(index: ClusterIndex, request: PlacementRequest, key: str | None) -> 
     return protection.chosen(decision, second, shield)
 
 
-def place_and_reserve(index: ClusterIndex, request: PlacementRequest, key: str | None) -> Decision:
-    """Decide and hold the chosen GPUs under `key`, atomically. The workload's own earlier hold is
-    dropped first, so placing it again (reinvocation, retries) never counts it twice; without a
-    key (dry runs) nothing is held."""
+def place_and_reserve(index: ClusterIndex, request: PlacementRequest, key: str | None,
+                      stamp: str | None = None) -> Decision:
+    """Decide and hold the chosen GPUs under `key`, atomically; for the admission `stamp`, held
+    provisionally until the apiserver is seen to store it (state/holds.py). The workload's own
+    earlier hold (that admission's, with a stamp) is dropped first, so placing it again
+    (reinvocation, retries) never counts it twice; without a key (dry runs) nothing is held."""
     if key is None:
         with index.lock:
             index.expire_reservations()
             return _decide(index, request, None)
-    decision = _held(index, key, lambda: _decide(index, request, key))
+    decision = _held(index, key, lambda: _decide(index, request, key), stamp)
     assert decision is not None  # _decide always decides
     return decision
 
 
-def _held(index: ClusterIndex, key: str, decide: Callable[[], Decision | None]) -> Decision | None:
+def _held(index: ClusterIndex, key: str, decide: Callable[[], Decision | None], stamp: str | None = None
+          ) -> Decision | None:
     """`decide()` with the index locked and `key`'s own hold dropped, and a placement held under it."""
     with index.lock:
         index.expire_reservations()
-        index.release(key)
+        index.release(key, stamp)
         decision = decide()
         if decision is not None and decision.outcome is Outcome.PLACED:
             sets: dict[str, list[tuple[int, ...]]] = {}
             for assigned in decision.assignment:
                 sets.setdefault(assigned.node, []).extend(assigned.gpu_ids)
-            index.reserve(key, sets)
+            index.reserve(key, sets, stamp=stamp)
         return decision
 
 
-def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None, group: bool = False
-                 ) -> tuple[Decision, list[str]]:
+def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None, group: bool = False,
+                 stamp: str | None = None) -> tuple[Decision, list[str]]:
     """`place_and_reserve`, and the hold claimed for every replica when they share claims: at
     most one write when nobody else wrote meanwhile, a new decision for every 409; none before the
     answer for a placement inside this replica's allotment, unless it is a `group`'s (its other
@@ -134,7 +137,7 @@ def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None
     give (a decision made alone)."""
     claims = index.shared_claims
     if claims is None or key is None:
-        return place_and_reserve(index, request, key), []
+        return place_and_reserve(index, request, key, stamp), []
 
     spreading = (request.strategy is Strategy.DISTRIBUTED and not request.latency_sensitive
                  and not request.preferred_domain)  # round-robin over the leaves with room
@@ -142,12 +145,12 @@ def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None
     def decide() -> Decision:  # under the lock: the allotment as it is now, after a 409 too
         allotted = None if group else claims.allotted(spreading)
         if allotted is None:
-            return place_and_reserve(index, request, key)
+            return place_and_reserve(index, request, key, stamp)
         if allotted.spread and spreading:
-            spread = place_and_reserve(index, on_nodes(request, list(allotted.spread)), key)
+            spread = place_and_reserve(index, on_nodes(request, list(allotted.spread)), key, stamp)
             if spread.outcome is Outcome.PLACED and _apart(index, spread, request.pods):
                 return dataclasses.replace(spread, request=request)
-        return place_and_reserve(index, dataclasses.replace(request, search_first=allotted.domain), key)
+        return place_and_reserve(index, dataclasses.replace(request, search_first=allotted.domain), key, stamp)
     decision, alone = _shared(index, key, request.workload, decide, may_spend=not group)
     assert decision is not None
     return decision, alone
@@ -212,7 +215,7 @@ def _shared(index: ClusterIndex, key: str, who: str, decide: Callable[[], Decisi
             return decision, [claims.alone(who, problem)]
 
 
-def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserve: bool
+def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserve: bool, stamp: str | None = None
                 ) -> tuple[Decision, list[str], bool]:
     """The decision of the group `key`: the one its first member got, or, for the first member, a
     new one for the whole group, held under the group's key (`reserve`) and remembered for the
@@ -234,7 +237,7 @@ def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserv
             return _mismatch(request, f"{claimed.pods} pod(s)"), [], True
         if nodes:  # another replica placed the group first and claimed it: decide on its nodes
             request = on_nodes(request, nodes)
-        decision, alone = place_shared(index, request, key if reserve else None, group=True)
+        decision, alone = place_shared(index, request, key if reserve else None, group=True, stamp=stamp)
         if reserve and decision.outcome is not Outcome.NEVER:  # a denial is the member's alone
             with index.lock:
                 index.ledger.remember_group(key, decision)

@@ -46,6 +46,8 @@ GPU_STATES: Mapping[str, str] = {
     "total": "GPUs of the nodes in the cluster view",
     "used": "in use by pods (or allocated claims) the cluster view sees",
     "reserved": "held for workloads admitted and not yet bound",
+    "provisional": "of those reserved, held for admissions the watch has not shown stored yet: they lapse "
+                   "within provisional_hold_seconds unless it does",
 }
 
 # Admission handling takes about a millisecond; the apiserver gives up after 10 s by default.

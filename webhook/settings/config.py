@@ -159,7 +159,14 @@ class Config:
         maximum, outweighs a user's weaker preferences; lower it to let theirs count more.""")
     reservation_ttl_seconds: float = _setting(300.0, doc="""
         How long a placement holds its GPUs for pods not yet bound, so the next admission does not
-        hand them out twice; the hold then lapses (deleting a workload we placed frees it at once).""")
+        hand them out twice; the hold then lapses (deleting a workload we placed frees it as soon
+        as the watch sees the deletion).""")
+    provisional_hold_seconds: float = _setting(10.0, doc="""
+        How long an admission's hold counts before the watch shows its object stored as admitted
+        (a later webhook or policy may refuse it, and a review may not come from the apiserver at
+        all): then it is held for `reservation_ttl_seconds`, else it lapses. Above the webhook's
+        timeout plus the time the apiserver takes to store the object and the watch to bring it.
+        Only with a view fed from the API: holds made from files are firm at once.""")
     max_body_bytes: int = _setting(3 * 1024 * 1024, doc="""
         The largest admission request body served; larger ones are answered 413. At most the
         apiserver's own request limit, so no object it would store is refused.""")

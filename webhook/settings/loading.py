@@ -53,6 +53,7 @@ def levels_from(spec: Any) -> tuple[Level, ...]:
 _SCALARS: Mapping[str, tuple[type, float, float]] = {
     "cluster_oversubscription": (float, 1.0, 1000.0),
     "reservation_ttl_seconds": (float, 1.0, 86400.0),
+    "provisional_hold_seconds": (float, 1.0, 300.0),
     "stale_after_seconds": (float, 5.0, 86400.0),
     "protect_waiting_seconds": (float, 0.0, 86400.0),
     "communication_share": (float, 0.0, 1.0),

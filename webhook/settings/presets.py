@@ -88,3 +88,29 @@ def choose_preset(counts: Mapping[str, int], total: int) -> tuple[str, str | Non
     order = [preset for preset, _ in _PRESET_MARKS]
     best = max(counts, key=lambda preset: (counts[preset], -order.index(preset)))
     return best, None
+
+
+class PresetVotes:
+    """The presets each node's labels mark (`levels: auto`), counted as nodes come and go."""
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, frozenset[str]] = {}
+        self._counts: dict[str, int] = {}
+
+    def vote(self, name: str, marks: frozenset[str] | None, chosen: str | None, warned: bool
+             ) -> tuple[str, str | None] | None:
+        """Count node `name`'s marks (None: the node is gone); the (preset, warning) the nodes call
+        for now, or None when that cannot have changed from `chosen` (and its warning, `warned`)."""
+        if self._by_node.get(name) == marks:
+            return None
+        removed = self._by_node.pop(name, ())
+        for preset in removed:
+            self._counts[preset] -= 1
+        if marks is not None:
+            self._by_node[name] = marks
+            for preset in marks:
+                self._counts[preset] = self._counts.get(preset, 0) + 1
+            if marks == {chosen} and not removed and not warned:
+                return None  # a node adds only to the preset chosen: it stays chosen (most nodes of a list)
+        return choose_preset(self._counts, len(self._by_node))
+

@@ -3,7 +3,9 @@ and which workloads are whole enough to be decided again.
 
 A gated pod carries what the releaser needs to decide its workload again without the workload
 object: its request as decided (`gated-request`), the domain it waits in (`waiting-for`) and its
-reservation key. A workload is ready when all its pods exist: the gated ones, plus the bound ones
+reservation key. Pods make one group by that key and, where the key names their controller (a
+Job's), by that controller's uid too: a Job deleted and created again under its name starts a new
+group, which the old one's pods (deleted later by the garbage collector) neither join nor shrink. A workload is ready when all its pods exist: the gated ones, plus the bound ones
 of a workload that is partly running already (a pod replaced after a failure is gated again by its
 template, and is started alone). Pure: the index feeds it pods and the placer asks it for groups.
 """
@@ -24,10 +26,16 @@ class GatedPod:
 
     key: str  # the pod's key in the index
     reservation: str
+    owner: str  # its controller's uid where the reservation names that controller, else ""
     request: PlacementRequest
     path: tuple[tuple[str, str], ...]  # the domain it waits in
     since: float  # when the index first saw it gated, by the index's clock
     pod: Mapping
+
+    @property
+    def group(self) -> str:
+        """The group it is released with: its reservation, and its owner's uid where it has one."""
+        return f"{self.reservation}@{self.owner}" if self.owner else self.reservation
 
     @property
     def name(self) -> str:
@@ -46,6 +54,7 @@ class GatedGroup:
     request: PlacementRequest  # for the gated pods only, when some of its pods already run
     path: tuple[tuple[str, str], ...]
     pods: tuple[GatedPod, ...]
+    group: str  # its pods' group (GatedPod.group)
     # The key its release is held and claimed under: the workload's own, or, for pods that join a
     # workload part of which started already (a replacement, a scale-up), one of their own, so
     # that the hold of the part that started is not dropped.
@@ -57,7 +66,7 @@ class GatedPods:
 
     def __init__(self) -> None:
         self.pods: dict[str, GatedPod] = {}
-        self.by_reservation: dict[str, dict[str, GatedPod]] = {}
+        self.by_group: dict[str, dict[str, GatedPod]] = {}
         # Pods our gate holds whose record is not believed: key -> (the pod, why). Never decided;
         # the releaser reports each once.
         self.refused: dict[str, tuple[Mapping, str]] = {}
@@ -79,15 +88,15 @@ class GatedPods:
         if found is None:
             self.forget(key)
             return False
-        reservation, request, path = found.reservation, found.request, found.path
         seen = self.pods.get(key)
-        since = seen.since if seen is not None and seen.reservation == reservation else now
+        entry = GatedPod(key, found.reservation, found.owner, found.request, found.path, now, pod)
+        if seen is not None and seen.group == entry.group:
+            entry = dataclasses.replace(entry, since=seen.since)
         self.forget(key)
-        entry = GatedPod(key, reservation, request, path, since, pod)
         self.pods[key] = entry
-        self.by_reservation.setdefault(reservation, {})[key] = entry
-        if seen is None and self.removed.get(reservation):
-            self.removed[reservation] -= 1  # a replacement for a pod deleted while gated, not a new one
+        self.by_group.setdefault(entry.group, {})[key] = entry
+        if seen is None and self.removed.get(entry.group):
+            self.removed[entry.group] -= 1  # a replacement for a pod deleted while gated, not a new one
         return seen is None
 
     def forget(self, key: str) -> None:
@@ -95,50 +104,55 @@ class GatedPods:
         entry = self.pods.pop(key, None)
         if entry is None:
             return
-        group = self.by_reservation[entry.reservation]
+        group = self.by_group[entry.group]
         del group[key]
         if not group:
-            del self.by_reservation[entry.reservation]
-            self.removed.pop(entry.reservation, None)
+            del self.by_group[entry.group]
+            self.removed.pop(entry.group, None)
 
     def deleted(self, key: str) -> None:
         """A pod is gone from the API: one our gate held leaves its workload smaller."""
         entry = self.pods.get(key)
-        if entry is not None and len(self.by_reservation[entry.reservation]) > 1:
-            self.removed[entry.reservation] = self.removed.get(entry.reservation, 0) + 1
+        if entry is not None and len(self.by_group[entry.group]) > 1:
+            self.removed[entry.group] = self.removed.get(entry.group, 0) + 1
         self.forget(key)
 
     def unsure(self, running: Mapping[str, int]) -> dict[str, GatedPod]:
-        """Workloads whose pods exist in another number than their request says (scaled while
-        gated, or not all made yet), with one of their pods: their owner says how many it wants."""
-        return {reservation: next(iter(members.values())) for reservation, members in self.by_reservation.items()
-                if len(members) + running.get(reservation, 0) != next(iter(members.values())).request.pods}
+        """Groups whose pods exist in another number than their request says (scaled while gated,
+        or not all made yet), with one of their pods: their owner says how many it wants."""
+        unsure = {}
+        for group, members in self.by_group.items():
+            first = next(iter(members.values()))
+            if len(members) + running.get(first.reservation, 0) != first.request.pods:
+                unsure[group] = first
+        return unsure
 
     def ready(self, running: Mapping[str, int], started: Collection[str] = (),
               sizes: Mapping[str, int] | None = None) -> list[GatedGroup]:
-        """Workloads whose pods all exist, oldest first. `running` counts each reservation's bound
+        """Groups whose pods all exist, oldest first. `running` counts each reservation's bound
         pods; `started`, pods released already (not bound yet: not decided again); `sizes`, how
-        many pods a workload's owner wants now, where it differs from the request. Without the
+        many pods a group's owner wants now (by group), where it differs from the request. Without the
         owner's word, what its pods say: more pods than the request were made (scaled up), or as
         many fewer as were deleted while gated (scaled down); else the request. One whose gated
         pods disagree on the request or domain (two objects under one key) is decided as its first
         pod says."""
         groups = []
-        for reservation, members in self.by_reservation.items():
+        for group, members in self.by_group.items():
             pods = sorted((p for key, p in members.items() if key not in started), key=lambda p: p.name)
             if not pods:
                 continue
             first = pods[0]
+            reservation = first.reservation
             going = running.get(reservation, 0) + len(members) - len(pods)
             made = running.get(reservation, 0) + len(members)
-            size = (sizes or {}).get(reservation, made if made > first.request.pods
-                                     else first.request.pods - self.removed.get(reservation, 0))
+            size = (sizes or {}).get(group, made if made > first.request.pods
+                                     else first.request.pods - self.removed.get(group, 0))
             wanted = min(len(pods), size - going)
             if wanted <= 0 or len(pods) + going < size:
                 continue  # its controller has not made every pod yet, or removes the ones left over
             request = first.request if wanted == first.request.pods else dataclasses.replace(first.request, pods=wanted)
             pods = pods[:wanted]  # never more than its owner wants
             hold = reservation if not going else f"{reservation}+{pods[0].name}"
-            groups.append(GatedGroup(reservation, request, first.path, tuple(pods), hold))
+            groups.append(GatedGroup(reservation, request, first.path, tuple(pods), group, hold))
         groups.sort(key=lambda g: (min(p.since for p in g.pods), g.reservation))
         return groups

@@ -26,13 +26,13 @@ from typing import Callable, Collection, Iterable, Iterator, Mapping
 from ..core.memo import Memo
 from ..core.model import PlacementRequest
 from ..settings.config import Config
-from ..settings.presets import PRESETS, choose_preset, preset_marks
+from ..settings.presets import PRESETS, PresetVotes, preset_marks
 from . import dra
 from .devices import Devices, DraFact
 from .filters import ConstrainedSubsets, NodeFilters
 from .gated import GatedGroup, GatedPod
 from .growth import GrowthFact, GrowthState, Pool
-from .holds import ReservationLedger
+from .holds import ReservationLedger, Stored
 from .pods import PodCounts, PodFacts, PodGone
 from .ports import ScaleUps, SharedClaims
 from .stats import ClusterStats, cluster_stats
@@ -49,7 +49,7 @@ class NodeGone:
 
 # What the index applies: a Node's facts (a NodeState, unattached), a Pod's, a DRA object's, an
 # autoscaler's, or the deletion of one.
-Fact = NodeState | NodeGone | PodFacts | PodGone | DraFact | GrowthFact
+Fact = NodeState | NodeGone | PodFacts | PodGone | DraFact | GrowthFact | Stored
 
 
 def out_of_the_collectors_way() -> None:
@@ -90,8 +90,7 @@ class ClusterIndex:
         # `levels: auto`: the preset the nodes' labels call for (None: levels as configured), the
         # presets each node's labels mark and how many nodes mark each, and why none fits.
         self.preset: str | None = None
-        self._node_presets: dict[str, frozenset[str]] = {}
-        self._preset_counts: dict[str, int] = {}
+        self._preset_votes = PresetVotes()
         self.levels_warning: str | None = None
         self._unsettled: dict[str, NodeState] | None = None  # nodes changed in the open batch()
         self._picks: Memo = Memo()  # GPU sets picked by (NVLink domains, GPUs, count, taken)
@@ -109,6 +108,8 @@ class ClusterIndex:
                 self._delete_node(fact.name)
             elif isinstance(fact, DraFact):
                 self.devices.apply(fact)
+            elif isinstance(fact, Stored):
+                self.recount(self.ledger.apply(fact))
             elif fact.gone:
                 self.growth.forget(fact.key)
             else:
@@ -212,20 +213,13 @@ class ClusterIndex:
     def _mark_presets(self, name: str, marks: frozenset[str] | None) -> None:
         """With `levels: auto`, count the presets a node's labels mark (None: the node is gone)
         and move to the levels the nodes now call for when that changes."""
-        if not self.config.levels_auto or self._node_presets.get(name) == marks:
+        if not self.config.levels_auto:
             return
-        removed = self._node_presets.pop(name, ())
-        for preset in removed:
-            self._preset_counts[preset] -= 1
-        if marks is not None:
-            self._node_presets[name] = marks
-            for preset in marks:
-                self._preset_counts[preset] = self._preset_counts.get(preset, 0) + 1
-            if marks == {self.preset} and not removed and self.levels_warning is None:
-                return  # a node adds only to the preset chosen: it stays chosen (most nodes of a list)
-        preset, self.levels_warning = choose_preset(self._preset_counts, len(self._node_presets))
-        if preset != self.preset:
-            self._relevel(preset)
+        voted = self._preset_votes.vote(name, marks, self.preset, self.levels_warning is not None)
+        if voted is not None:
+            preset, self.levels_warning = voted
+            if preset != self.preset:
+                self._relevel(preset)
 
     def _relevel(self, preset: str) -> None:
         """Rebuild the tree on the preset's levels, every node with its pods and holds: O(nodes),
@@ -295,13 +289,13 @@ class ClusterIndex:
 
     def keys(self, kind: str) -> set[str]:
         """Keys of the objects of `kind` the index holds, by the feed's keys (a relist forgets the
-        others): pods, DRA kinds, autoscalers' kinds."""
+        others): pods, DRA kinds, workloads stored with an admission's hold, autoscalers' kinds."""
         with self.lock:
             if kind == "Pod":
                 return self.pods.counted()
             if kind in dra.DRA_KINDS:
                 return self.devices.keys(kind)
-            return {key for key in self.growth.objects if key.startswith(kind + "/")}
+            return self.ledger.stored_of(kind) | {key for key in self.growth.objects if key.startswith(kind + "/")}
 
     def inventory_warnings(self) -> list[str]:
         """What the GPU count per node cannot be sure of now, for people."""
@@ -325,17 +319,20 @@ class ClusterIndex:
 
     # -- reservations ------------------------------------------------------------------------
 
-    def reserve(self, key: str, sets_per_node: Mapping[str, list[tuple[int, ...]]], ttl: float | None = None) -> None:
-        """Hold GPU sets on nodes for a workload until its pods are seen bound or it expires.
+    def reserve(self, key: str, sets_per_node: Mapping[str, list[tuple[int, ...]]], ttl: float | None = None,
+                stamp: str | None = None) -> None:
+        """Hold GPU sets on nodes for a workload until its pods are seen bound or it expires;
+        provisionally, for an admission's `stamp`, until the watch shows it stored (holds.py).
         Reserving a key again replaces the old hold, so re-placing a workload never double-books.
         A node not seen yet keeps its sets in the ledger and counts them when it arrives: another
         replica's claims can be read before this replica has listed every node."""
         with self.lock:
-            self.recount(self.ledger.reserve(key, sets_per_node, ttl))
+            self.recount(self.ledger.reserve(key, sets_per_node, ttl, stamp))
 
-    def release(self, key: str) -> None:
+    def release(self, key: str, stamp: str | None = None) -> None:
+        """Drop `key`'s holds (with an admission's `stamp`: the one that admission would replace)."""
         with self.lock:
-            self.recount(self.ledger.release(key))
+            self.recount(self.ledger.release(key, stamp))
 
     def expire_reservations(self) -> None:
         with self.lock:
@@ -362,4 +359,4 @@ class ClusterIndex:
 
     def stats(self) -> ClusterStats:
         with self.lock:
-            return cluster_stats(self.tree, self.config, self.preset)
+            return cluster_stats(self.tree, self.config, self.preset, self.ledger.provisional_gpus())

@@ -37,6 +37,7 @@ class PodFacts:
     covered_by_claim: bool  # the scheduler turned its extended resources into a claim (status says)
     requests: Requests  # every other resource it asks for
     reservation: str | None  # our reservation key on it
+    admission: str | None  # the review whose hold it was admitted with, when it is the admitted object
     gpu_ids: str | None  # the GPU set we hinted
     waiting_for: DomainPath | None  # the domain of a pinned wait it carries
     # (reservation key, node, GPU set) it holds unbound: a single-pod placement naming one node
@@ -53,6 +54,7 @@ class PodGone:
     key: str
     namespace: str
     reservation: str  # "" when it carries none
+    admission: str | None = None  # the review whose hold it was admitted with
 
 
 class Nodes(Protocol):
@@ -67,7 +69,6 @@ class Nodes(Protocol):
     def shift_freeing(self, node: NodeState, delta: int) -> None: ...
     def through_claims(self, facts: PodFacts) -> bool: ...  # its GPUs are counted from its claim's devices
     def claims_demand(self, namespace: str, claims: ClaimRefs) -> ClaimDemand: ...
-    def release(self, key: str) -> None: ...
     def pick(self, node: NodeState, gpus: int, taken: set[int]) -> tuple[int, ...]: ...
 
 
@@ -88,6 +89,8 @@ class PodCounts:
     def apply(self, pod: PodFacts) -> None:
         """A pod added or changed (files and watch events alike)."""
         key, node_name = pod.key, pod.node_name
+        if pod.admission and pod.reservation and in_namespace(pod.reservation, pod.namespace):
+            self.nodes.recount(self.nodes.ledger.store(pod.reservation, pod.admission))  # stored as admitted
         through_claims = self.nodes.through_claims(pod)
         gpus = 0 if through_claims else pod.gpus  # its claim's devices are what it uses: counted once, there
         pending = not node_name and not pod.finished
@@ -150,7 +153,7 @@ class PodCounts:
         self.gated.deleted(pod.key)
         self.nodes.recount(self.nodes.ledger.drop_pod(pod.key))
         if pod.reservation and held_by(pod.reservation, pod.namespace, "Pod"):
-            self.nodes.release(pod.reservation)
+            self.nodes.recount(self.nodes.ledger.unstore(pod.reservation, pod.admission))
 
     def adopt(self, node: NodeState) -> None:
         """A node seen (again) takes the pods already bound to it, those being deleted too."""

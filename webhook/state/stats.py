@@ -12,6 +12,7 @@ class ClusterStats:
     gpus_total: int
     gpus_used: int
     gpus_reserved: int
+    gpus_provisional: int  # of the GPU sets held, those of admissions not seen stored yet
     allocation_ratio: float
     fragmentation_ratio: float  # free GPUs stranded on partly used nodes / all free GPUs
     domain_utilization: tuple[tuple[str, str, float], ...]  # (level name, domain, used share)
@@ -25,7 +26,7 @@ def reserved_on(node: NodeState) -> int:
     return min(node.held_gpus, max(0, node.gpus - node.free - node.used))
 
 
-def cluster_stats(tree: TopologyTree, config: Config, preset: str | None) -> ClusterStats:
+def cluster_stats(tree: TopologyTree, config: Config, preset: str | None, provisional: int = 0) -> ClusterStats:
     total = tree.root.alloc_gpus
     free = tree.root.free_gpus
     reserved = sum(reserved_on(n) for n in tree.nodes.values() if n.eligible)
@@ -36,7 +37,7 @@ def cluster_stats(tree: TopologyTree, config: Config, preset: str | None) -> Clu
         (config.levels[d.ref.level].name, d.ref.name, round(1 - d.free_gpus / d.alloc_gpus, 6) if d.alloc_gpus else 0.0)
         for level in tree.levels for d in sorted(level.values(), key=lambda d: d.ref.path) if d.nodes > 1)
     return ClusterStats(
-        gpus_total=total, gpus_used=total - free - reserved, gpus_reserved=reserved,
+        gpus_total=total, gpus_used=total - free - reserved, gpus_reserved=reserved, gpus_provisional=provisional,
         allocation_ratio=(total - free) / total if total else 0.0,
         fragmentation_ratio=stranded / free if free else 0.0,
         domain_utilization=utilization, levels=tuple(lv.label for lv in config.levels),

@@ -128,16 +128,7 @@ the schedulers the webhook stands in for.
 {{- end -}}
 
 {{/*
-The release webhook's match condition: the deleted workload's pod template carries the
-reservation key the placement wrote (DELETE sends the stored object as oldObject).
-*/}}
-{{- define "topology-webhook.reservationExpression" -}}
-{{- $annotations := "oldObject.spec.template.metadata.annotations" -}}
-{{- printf "%s && 'topology.scheduler/reservation' in %s" (include "topology-webhook.celPresent" $annotations) $annotations -}}
-{{- end -}}
-
-{{/*
-Where the apiserver sends reviews, and for which namespaces; the same for both webhooks.
+Where the apiserver sends reviews, and for which namespaces.
 Called with (list . fullname caBundle).
 */}}
 {{- define "topology-webhook.webhookTarget" -}}

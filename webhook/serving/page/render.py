@@ -37,7 +37,7 @@ CONTENT_SECURITY_POLICY = ("default-src 'none'; style-src 'unsafe-inline'; img-s
 COLOURS = {"used": "#475569", "held": "#f59e0b", "free": "#22c55e", "out": "#f87171"}
 _CLASSES = {"used": USED, "held": HELD, "free": FREE, "out": OUT}  # a GPU cell's CSS class is its letter
 _OUTCOME_ORDER = (AdmissionOutcome.WAITING, AdmissionOutcome.WAITING_FOR_GROWTH, AdmissionOutcome.WAITING_FOR_NODES,
-                  AdmissionOutcome.PLACED, AdmissionOutcome.REPAIRED, AdmissionOutcome.DENIED, AdmissionOutcome.RELEASED,
+                  AdmissionOutcome.PLACED, AdmissionOutcome.REPAIRED, AdmissionOutcome.DENIED,
                   AdmissionOutcome.SUSPENDED, AdmissionOutcome.NOT_READY, AdmissionOutcome.FAILED_OPEN)
 
 _STYLE = """

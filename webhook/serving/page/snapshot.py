@@ -177,7 +177,7 @@ class _Reader:
         self.extra: dict[int, dict[str, int]] = {}
         self.marked_domains: set[int] = set()
         special = set(index.tree.out_of_service)
-        special.update(node for hold in index.ledger.holds.values() for node in hold.sets)
+        special.update(node for hold, _ in index.ledger.workload_holds() for node in hold.sets)
         special.update(node for _, node, _ in index.ledger.pod_holds.values())
         for name in special:
             node = index.nodes.get(name)
@@ -236,19 +236,22 @@ class _Reader:
 
     def holds(self, now: float) -> tuple[list[dict], int]:
         """Holds of the selected workloads, soonest expiry first: made at admission (with their
-        expiry), or read from pending pods that carry our placement (held until they bind)."""
+        expiry; "provisional admission" until the watch shows the workload stored as admitted), or
+        read from pending pods that carry our placement (held until they bind)."""
         rows = []
         ledger = self.index.ledger
-        for key, hold in ledger.holds.items():
+        for hold, firm in ledger.workload_holds():
+            key = hold.key
             namespace, kind, name = split_key(key)
             if self.selection.matches(namespace, name):
                 rows.append({"key": key, "namespace": namespace, "kind": kind, "name": name,
                              "gpus": sum(len(ids) for sets in hold.sets.values() for ids in sets),
                              "nodes": sorted(hold.sets, key=natural)[:NODES_PER_ENTRY], "node_count": len(hold.sets),
-                             "expires_in_s": round(hold.expires_at - now, 1), "source": "admission"})
+                             "expires_in_s": round(hold.expires_at - now, 1),
+                             "source": "admission" if firm else "provisional admission"})
         pending: dict[str, dict[str, int]] = {}
         for key, node, ids in ledger.pod_holds.values():
-            if key not in ledger.holds:
+            if ledger.hold(key) is None:
                 by_node = pending.setdefault(key, {})
                 by_node[node] = by_node.get(node, 0) + len(ids)
         for key, by_node in pending.items():
@@ -283,7 +286,7 @@ def namespaces_present(index: ClusterIndex, decisions: Iterable[RecordedDecision
     """The namespaces of the recorded decisions and of the index's holds: those a page could list."""
     present = {entry.namespace for entry in decisions}
     with index.lock:
-        present.update(split_key(key)[0] for key in index.ledger.holds)
+        present.update(split_key(hold.key)[0] for hold, _ in index.ledger.workload_holds())
         present.update(split_key(key)[0] for key, _, _ in index.ledger.pod_holds.values())
     return present
 
@@ -298,8 +301,8 @@ def snapshot(index: ClusterIndex, decisions: Sequence[RecordedDecision], now: fl
         marked.update(node for entry in workloads if entry.outcome in (AdmissionOutcome.PLACED, AdmissionOutcome.REPAIRED) for node in entry.nodes)
     with index.lock:
         if selection.filtering:
-            marked.update(node for key, hold in index.ledger.holds.items()
-                          if selection.matches(*split_key(key)[::2]) for node in hold.sets)
+            marked.update(node for hold, _ in index.ledger.workload_holds()
+                          if selection.matches(*split_key(hold.key)[::2]) for node in hold.sets)
         reader = _Reader(index, selection, marked)
         holds, holds_total = reader.holds(index.ledger.clock())
         out_rows, out_total = reader.out_of_service()
