@@ -32,28 +32,40 @@ key at install time.
 
 def rows(text: str, values: dict) -> list[tuple[str, str, str]]:
     """(dotted key, default, description) for every key down to the second level, in file order.
-    A key's description is the comment block just above it plus its inline comment."""
+    A key's description is its own comment: the comment lines right above it at its indentation
+    (a blank line ends a comment that belongs to no key; one indented otherwise belongs to the
+    block above), plus its inline comment. Every key must have one: a SystemExit names those
+    that do not."""
     out, comment, parents = [], [], []
     for line in text.splitlines():
         stripped = line.strip()
         if stripped.startswith("#"):
-            comment.append(stripped.lstrip("#").strip())
+            comment.append((len(line) - len(line.lstrip()), stripped.lstrip("#").strip()))
             continue
         match = KEY.match(line)
         if not match:
             if not stripped:
                 comment = []
             continue
-        depth = len(match["indent"]) // 2
+        indent = len(match["indent"])
+        depth = indent // 2
         parents = parents[:depth] + [match["key"]]
+        own = []
+        for at, words in reversed(comment):  # the run just above the key, at its indentation
+            if at != indent:
+                break
+            own.insert(0, words)
         inline = match["rest"].split(" #", 1)[1].strip() if " #" in match["rest"] else ""
         if depth <= 1:
             default = values
             for part in parents:
                 default = default[part]
             shown = "" if isinstance(default, dict) and default and depth == 0 else json.dumps(default)
-            out.append((".".join(parents), shown, " ".join([*comment, inline]).strip()))
+            out.append((".".join(parents), shown, " ".join([*own, inline]).strip()))
         comment = []
+    undescribed = [key for key, _, description in out if not description]
+    if undescribed:
+        raise SystemExit(f"values.yaml: say what {', '.join(undescribed)} is for, in a comment right above it")
     return out
 
 

@@ -7,7 +7,10 @@
 - docs/reference/metrics.md: every metric the registry of webhook.serving.metrics.Metrics serves,
   with its type, labels and help, and the values of each label from the constants of the code
   that counts them;
-- docs/reference/cli.md: every command and flag of webhook.cli.build_parser(), with their help.
+- docs/reference/cli.md: every command and flag of webhook.cli.build_parser(), with their help;
+- docs/reference/annotations.md and what-we-write.md: every annotation of INPUT_ANNOTATIONS
+  (webhook/objects/user_annotations.py) and OUTPUT_ANNOTATIONS (webhook/core/injection.py), in
+  their order, each with the comment right above the constant that names it in the tuple.
 
 Each page keeps its hand-written prose: only the part between the markers BEGIN and END is written.
 
@@ -16,8 +19,11 @@ Each page keeps its hand-written prose: only the part between the markers BEGIN 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import functools
+import importlib
+import importlib.util
 import os
 import pathlib
 import re
@@ -313,12 +319,92 @@ def cli_body(page: pathlib.Path) -> str:
     return "\n".join(out)
 
 
+# ----- annotations.md, what-we-write.md -----------------------------------------------------------
+
+def _module_file(module: str) -> pathlib.Path:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, module
+    return pathlib.Path(spec.origin)
+
+
+def _assignment(module: str, name: str) -> tuple[str, ast.Assign]:
+    """The module-level assignment of `name` in `module`, followed through `from .x import name`."""
+    for node in ast.parse(_module_file(module).read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return module, node
+        if isinstance(node, ast.ImportFrom) and any((alias.asname or alias.name) == name for alias in node.names):
+            (alias,) = [alias for alias in node.names if (alias.asname or alias.name) == name]
+            package = module.rsplit(".", node.level)[0]
+            return _assignment(f"{package}.{node.module}" if node.module else package, alias.name)
+    raise SystemExit(f"{module}: no assignment of {name}")
+
+
+def _constants(module: str, expression: ast.expr) -> list[tuple[str, str]]:
+    """(module, name) of each constant a tuple of annotations is made of, in order: its names, and
+    the names of the tuples it adds."""
+    if isinstance(expression, ast.BinOp) and isinstance(expression.op, ast.Add):
+        return _constants(module, expression.left) + _constants(module, expression.right)
+    if isinstance(expression, ast.Tuple):
+        return [found for element in expression.elts for found in _constants(module, element)]
+    if isinstance(expression, ast.Name):
+        where, node = _assignment(module, expression.id)
+        is_tuple = isinstance(getattr(importlib.import_module(where), expression.id), tuple)
+        return _constants(where, node.value) if is_tuple else [(where, expression.id)]
+    raise SystemExit(f"{module}: say annotations as names of constants, not {ast.dump(expression)}")
+
+
+def _comment_above(module: str, node: ast.Assign) -> str:
+    """The comment lines right above an assignment, joined."""
+    lines = _module_file(module).read_text().splitlines()
+    above: list[str] = []
+    for line in reversed(lines[:node.lineno - 1]):
+        if not line.startswith("#"):
+            break
+        above.insert(0, line.lstrip("#").strip())
+    return " ".join(above)
+
+
+def annotations_of(tuple_name: str, module: str) -> list[tuple[str, str]]:
+    """(annotation, its comment) for each member of the tuple `module.tuple_name`, in its order."""
+    _, node = _assignment(module, tuple_name)
+    members = _constants(module, node.value)
+    rows = [(getattr(importlib.import_module(where), name), _comment_above(where, _assignment(where, name)[1]))
+            for where, name in members]
+    assert [key for key, _ in rows] == list(getattr(importlib.import_module(module), tuple_name))
+    silent = [key for key, comment in rows if not comment]
+    if silent:
+        raise SystemExit(f"{', '.join(silent)}: say what it is in a comment right above its constant (the "
+                         f"constant {tuple_name} names)")
+    return rows
+
+
+def annotations_body(page: pathlib.Path) -> str:
+    out = ["| Annotation | Values | Default |", "|---|---|---|"]
+    for key, comment in annotations_of("INPUT_ANNOTATIONS", "webhook.objects.user_annotations"):
+        values, marker, default = comment.rpartition("Default: ")
+        if not marker:
+            raise SystemExit(f"{key}: end its comment with `Default: ...` (what applies when it is not set)")
+        out.append(f"| `{key}` | {cell(relink(values.strip(), page))} | {cell(relink(default.rstrip('.'), page))} |")
+    return "\n".join(out) + "\n"
+
+
+def written_body(page: pathlib.Path) -> str:
+    out = ["| Annotation | What it holds |", "|---|---|"]
+    out += [f"| `{key}` | {cell(relink(comment, page))} |"
+            for key, comment in annotations_of("OUTPUT_ANNOTATIONS", "webhook.core.injection")]
+    return "\n".join(out) + "\n"
+
+
 # ----- the pages ----------------------------------------------------------------------------------
 
 PAGES: dict[str, tuple[str, Callable[[pathlib.Path], str]]] = {
     "docs/reference/settings.md": ("webhook/settings/config.py", settings_body),
     "docs/reference/metrics.md": ("webhook/serving/metrics.py and the constants it counts", metrics_body),
     "docs/reference/cli.md": ("webhook/cli/ (build_parser and each command's register)", cli_body),
+    "docs/reference/annotations.md": ("the comments of INPUT_ANNOTATIONS' constants (webhook/objects/user_annotations.py, "
+                                      "groups.py)", annotations_body),
+    "docs/reference/what-we-write.md": ("the comments of OUTPUT_ANNOTATIONS' constants (webhook/core/injection.py)",
+                                        written_body),
 }
 
 

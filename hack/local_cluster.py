@@ -14,7 +14,7 @@ started, by PID, and removes the state; `status` says what runs. Bad flags or a 
 line on stderr, exit 2, nothing left running.
 
 There are no kubelets: pods are bound by kube-scheduler and stay Pending-bound; a test that needs a
-pod to finish patches its status, as a kubelet would (../shared/reference/real-control-plane.md).
+pod to finish patches its status, as a kubelet would.
 """
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ the official Kubernetes schemas.
 Supported Kubernetes versions: 1.30 to 1.37 with the default values; 1.28 and 1.29 with
 webhook.matchConditions.enabled=false. cert-manager (cert-manager.io) and Prometheus Operator
 (monitoring.coreos.com) objects have no schema in kubernetes-validate, so they are skipped there and
-checked field by field below.
+checked field by field below; Prometheus Operator's also against its CRDs' schemas
+(tests/fixtures/crds).
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import json
 from pathlib import Path
 
 import celpy
+import gzip
 import helm_python
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -23,6 +26,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store
 
+from tests.fixtures.shared import ci_script
 from webhook.objects.feed import STORED_KINDS
 from webhook.objects.kinds import KINDS
 from webhook.serving.paths import DEFAULT_PORT, HEALTHZ_PATH, METRICS_PATH, MUTATE_PATH, READYZ_PATH
@@ -56,6 +60,8 @@ VALUE_SETS = {
     "fail-closed": {"webhook": {"failurePolicy": "Fail"}},
     # What a cluster before 1.30 can run: no matchConditions, no gated waits.
     "no-match-conditions": {"webhook": {"matchConditions": {"enabled": False}}, "config": {"gate_waits": False}},
+    # Mutual TLS with the apiserver: the CA that signed its client certificate, from a ConfigMap.
+    "client-certificates": {"tls": {"clientCA": {"configMap": "apiserver-client-ca"}}},
     "operators": {"webhook": {"operators": ["jobset.x-k8s.io", "kubeflow.org", "ray.io"]}},
     # The metrics port open (a cluster that fronts it itself), scraped over plain HTTP.
     "metrics-open": {"metrics": {"secure": False}, "serviceMonitor": {"enabled": True}, "crdCheck": False},
@@ -220,6 +226,43 @@ def test_every_object_passes_the_kubernetes_schema(case, version):
         validate(json.dumps(obj, sort_keys=True), version)
 
 
+def strict(schema):
+    """A CRD's schema as kubectl's strict field validation applies it: no field it does not name
+    (a structural schema prunes them silently instead). Go's `^(?i)...` patterns are written the
+    way Python's re takes them, `(?i)^...`."""
+    if isinstance(schema, list):
+        return [strict(value) for value in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: strict(value) for key, value in schema.items()}
+    if "properties" in out and "additionalProperties" not in out \
+            and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    if isinstance(out.get("pattern"), str) and out["pattern"].startswith("^(?i)"):
+        out["pattern"] = "(?i)^" + out["pattern"].removeprefix("^(?i)")
+    return out
+
+
+@functools.cache
+def crd_validator(api_version: str, kind: str) -> jsonschema.protocols.Validator:
+    group, _, version = api_version.partition("/")
+    path = CHART_DIR.parents[1] / "tests" / "fixtures" / "crds" / f"{group}_{version}_{kind}.json.gz"
+    schema = strict(json.loads(gzip.decompress(path.read_bytes())))
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
+def assert_passes_its_crd(obj: dict) -> None:
+    crd_validator(obj["apiVersion"], obj["kind"]).validate(obj)
+
+
+@pytest.mark.parametrize("case", [case for case in VALUE_SETS
+                                  if any(o["apiVersion"].startswith("monitoring.coreos.com/") for o in rendered(case))])
+def test_every_prometheus_operator_object_passes_its_crd_schema(case):
+    for obj in rendered(case):
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            assert_passes_its_crd(obj)
+
+
 # --- The chart agrees with the server ------------------------------------------------------------
 
 @pytest.mark.parametrize("case", VALUE_SETS)
@@ -239,23 +282,46 @@ def test_webhook_service_name_port_and_path_reach_the_server(case):
     assert metrics["targetPort"] == metrics_port["name"] == "metrics"
     assert arg_after(container, "--metrics-bind") == f"0.0.0.0:{metrics_port['containerPort']}"
     assert container["args"][0] == "serve"
-    assert container["livenessProbe"]["httpGet"] == {"scheme": "HTTPS", "port": "https", "path": HEALTHZ_PATH}
-    assert container["readinessProbe"]["httpGet"] == {"scheme": "HTTPS", "port": "https", "path": READYZ_PATH}
+    # kubelet's probes carry no client certificate: with one required they ask the metrics port
+    probed = ("HTTPS", "metrics") if "--client-ca" in container["args"] else ("HTTPS", "https")
+    assert container["livenessProbe"]["httpGet"] == {"scheme": probed[0], "port": probed[1], "path": HEALTHZ_PATH}
+    assert container["readinessProbe"]["httpGet"] == {"scheme": probed[0], "port": probed[1], "path": READYZ_PATH}
+
+
+def test_client_certificates_are_required_against_the_ca_mounted_from_its_configmap():
+    assert "--client-ca" not in webhook_container("defaults")["args"]  # off unless asked
+    volume, mount, file_name = mounted_file("client-certificates", "--client-ca")
+    assert volume["configMap"] == {"name": "apiserver-client-ca", "items": [{"key": "ca.crt", "path": file_name}]}
+    assert mount["readOnly"] and "subPath" not in mount  # kubelet swaps a changed CA in; the server reloads it
+    from webhook import cli
+    args = cli.build_parser().parse_args(webhook_container("client-certificates")["args"])
+    assert args.client_ca == f"{mount['mountPath']}/{file_name}"
 
 
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+SCRAPER = f"{FULLNAME}-metrics-scraper"
 
 
 @pytest.mark.parametrize("case, ca", [
     ("everything-on", {"secret": {"name": f"{FULLNAME}-self-managed-tls", "key": "ca.crt"}}),
     ("metrics-readers", {"configMap": {"name": f"{FULLNAME}-metrics-ca", "key": "ca.crt"}}),
 ])
-def test_service_monitor_scrapes_over_https_with_prometheus_token_checking_our_certificate(case, ca):
+def test_service_monitor_scrapes_over_https_with_a_token_allowed_metrics_checking_our_certificate(case, ca):
     (endpoint,) = one(case, "ServiceMonitor")["spec"]["endpoints"]
     # On the metrics port, apart from the TLS port the apiserver calls (issue 14); HTTPS with a
-    # token the webhook checks (issue 41).
+    # token the webhook checks (issue 41), through `authorization`, not the deprecated bearerTokenFile.
     assert (endpoint["port"], endpoint["scheme"], endpoint["path"]) == ("metrics", "https", METRICS_PATH)
-    assert endpoint["bearerTokenFile"] == SERVICE_ACCOUNT_TOKEN
+    assert "bearerTokenFile" not in endpoint
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": f"{SCRAPER}-token", "key": "token"}}
+    token = one(case, "Secret", f"{SCRAPER}-token")
+    assert token["type"] == "kubernetes.io/service-account-token" and "data" not in token  # Kubernetes fills it
+    assert token["metadata"]["annotations"] == {"kubernetes.io/service-account.name": SCRAPER}
+    assert one(case, "ServiceAccount", SCRAPER)["automountServiceAccountToken"] is False
+    binding = one(case, "ClusterRoleBinding", SCRAPER)  # get on /metrics, nothing else
+    assert binding["roleRef"]["name"] == f"{FULLNAME}-metrics-reader"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SCRAPER, "namespace": NAMESPACE}]
     assert endpoint["tlsConfig"] == {"serverName": f"{FULLNAME}.{NAMESPACE}.svc", "ca": ca}
     assert f"{FULLNAME}.{NAMESPACE}.svc" in SERVICE_DNS_NAMES  # the serving certificate names it
     if "configMap" in ca:
@@ -268,12 +334,31 @@ def test_service_monitor_takes_your_tls_config_and_scrapes_plain_http_when_the_p
     manifests = chart().render({"serviceMonitor": {"enabled": True, "tlsConfig": {"insecureSkipVerify": True}},
                                 "crdCheck": False}, name=RELEASE, namespace=NAMESPACE)
     (monitor,) = [obj for path, text in manifests.items() if path.endswith("servicemonitor.yaml")
-                  for obj in yaml.safe_load_all(text) if obj]
+                  for obj in yaml.safe_load_all(text) if obj and obj["kind"] == "ServiceMonitor"]
     assert monitor["spec"]["endpoints"][0]["tlsConfig"] == {"insecureSkipVerify": True}
     (endpoint,) = one("metrics-open", "ServiceMonitor")["spec"]["endpoints"]
     assert endpoint["scheme"] == "http" and "tlsConfig" not in endpoint and "bearerTokenFile" not in endpoint
     assert "--no-metrics-secure" in webhook_container("metrics-open")["args"]
     assert "--no-metrics-secure" not in webhook_container("defaults")["args"]  # a live `serve` is secure by default
+    assert not [obj for obj in rendered("metrics-open") if obj["metadata"]["name"].startswith(SCRAPER)]
+
+
+@pytest.mark.parametrize("values, endpoint_token, scrape_class", [
+    pytest.param({"token": "bearerTokenFile"}, {"bearerTokenFile": SERVICE_ACCOUNT_TOKEN}, None,
+                 id="an operator older than authorization: Prometheus' own token, deprecated field"),
+    pytest.param({"token": "scrapeClass", "scrapeClass": "service-account-token"}, {}, "service-account-token",
+                 id="the scrape class brings the authorization (its credentialsFile)"),
+])
+def test_service_monitor_other_tokens_make_no_scraper_identity(values, endpoint_token, scrape_class):
+    manifests = chart().render({"serviceMonitor": {"enabled": True, **values}, "crdCheck": False},
+                               name=RELEASE, namespace=NAMESPACE)
+    objs = [obj for path, text in manifests.items() if path.endswith("servicemonitor.yaml")
+            for obj in yaml.safe_load_all(text) if obj]
+    (monitor,) = objs  # no ServiceAccount, token Secret or binding of ours
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert {k: v for k, v in endpoint.items() if k in ("bearerTokenFile", "authorization")} == endpoint_token
+    assert monitor["spec"].get("scrapeClass") == scrape_class
+    assert_passes_its_crd(monitor)
 
 
 def test_the_webhook_may_ask_who_reads_its_metrics_port_and_readers_get_roles_of_their_own():
@@ -607,7 +692,11 @@ def test_network_policy_admits_only_the_webhook_and_metrics_ports():
     assert policy["spec"]["podSelector"] == one("defaults", "Deployment")["spec"]["selector"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     webhook, metrics = policy["spec"]["ingress"]
-    assert webhook == {"ports": [{"port": "https", "protocol": "TCP"}]}  # the apiserver is no pod: any source
+    # The apiserver's calls, through the konnectivity agents of GKE (k8s-app) and AKS (app); no other pod.
+    system = {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}
+    assert webhook == {"ports": [{"port": "https", "protocol": "TCP"}], "from": [
+        {"namespaceSelector": system, "podSelector": {"matchLabels": {"k8s-app": "konnectivity-agent"}}},
+        {"namespaceSelector": system, "podSelector": {"matchLabels": {"app": "konnectivity-agent"}}}]}
     # The metrics port: the release's own namespace and namespaces labelled for monitoring, not every one.
     assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}},
@@ -616,10 +705,12 @@ def test_network_policy_admits_only_the_webhook_and_metrics_ports():
     (closed_policy,) = [obj for path, text in closed.items() if path.endswith("networkpolicy.yaml")
                         for obj in yaml.safe_load_all(text) if obj]
     assert closed_policy["spec"]["ingress"] == [webhook]  # empty: no source, never every source
-    narrowed = chart().render({"networkPolicy": {"webhookFrom": [{"ipBlock": {"cidr": "10.0.0.0/28"}}]}},
-                              name=RELEASE, namespace=NAMESPACE)
-    text = "".join(narrowed.values())
-    assert "cidr: 10.0.0.0/28" in text
+    for webhook_from, sources in (([{"ipBlock": {"cidr": "10.0.0.0/28"}}], [{"ipBlock": {"cidr": "10.0.0.0/28"}}]),
+                                  ([], None)):  # a control plane's own range (EKS); or any source
+        (opened,) = [obj for path, text in chart().render({"networkPolicy": {"webhookFrom": webhook_from}},
+                                                          name=RELEASE, namespace=NAMESPACE).items()
+                     if path.endswith("networkpolicy.yaml") for obj in yaml.safe_load_all(text) if obj]
+        assert opened["spec"]["ingress"][0].get("from") == sources
     assert "kind: NetworkPolicy" not in "".join(
         chart().render({"networkPolicy": {"enabled": False}}, name=RELEASE, namespace=NAMESPACE).values())
 
@@ -769,11 +860,28 @@ def test_a_custom_resource_without_its_crd_stops_the_install_naming_the_crd(valu
     assert f"needs the CRD {crd}, which this cluster does not have" in str(err.value)
 
 
-def test_the_prometheus_rule_carries_the_alert_file_checked_by_promtool():
+def test_the_prometheus_rule_carries_the_alert_file_checked_by_promtool_for_this_release():
     rule = one("everything-on", "PrometheusRule")
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert rule["spec"] == yaml.safe_load((CHART_DIR / "files" / "alerts.yaml").read_text())
+    # The file is written for release topology-webhook in topology-system; this one is tw in gpu-infra.
+    text = (CHART_DIR / "files" / "alerts.yaml").read_text()
+    for default, ours in (('namespace="topology-system"', f'namespace="{NAMESPACE}"'),
+                          ('job="topology-webhook"', f'job="{FULLNAME}"'),
+                          ('deployment="topology-webhook"', f'deployment="{FULLNAME}"')):
+        assert default in text
+        text = text.replace(default, ours)
+    assert rule["spec"] == yaml.safe_load(text)
+    assert one("everything-on", "Service")["metadata"]["name"] == FULLNAME  # the ServiceMonitor's job
+    assert one("everything-on", "Deployment")["metadata"]["name"] == FULLNAME
     assert not objects("defaults", "PrometheusRule")
+
+
+def test_chart_metadata_names_home_sources_maintainers_and_an_icon_in_the_repository():
+    metadata = chart().metadata  # what Artifact Hub shows
+    assert metadata["sources"] == [metadata["home"]] and metadata["maintainers"]
+    raw = metadata["home"].replace("https://github.com/", "https://raw.githubusercontent.com/") + "/main/"
+    assert metadata["icon"].startswith(raw) and (CHART_DIR.parents[1] / metadata["icon"].removeprefix(raw)).is_file()
+    assert {"gpu", "nvlink", "topology"} <= set(metadata["keywords"])
 
 
 def test_the_dashboard_is_a_configmap_for_the_grafana_sidecar_over_metrics_we_export():
@@ -799,7 +907,8 @@ def test_the_keys_platform_teams_expect_reach_the_objects():
     assert pod["serviceAccountName"] == "platform-sa"
     assert not [obj for obj in objects(case, "ServiceAccount") if obj["metadata"]["name"] == "platform-sa"]  # yours
     bindings = [subject["name"] for obj in rendered(case) if obj["kind"] in ("ClusterRoleBinding", "RoleBinding")
-                and "discovery" not in obj["metadata"]["name"] for subject in obj["subjects"]]
+                and not obj["metadata"]["name"].endswith(("-discovery", "-metrics-scraper"))  # their own accounts
+                for subject in obj["subjects"]]
     assert bindings and set(bindings) == {"platform-sa"}
     assert pod["affinity"] == VALUE_SETS[case]["affinity"]  # replaces the built-in anti-affinity
     assert pod["topologySpreadConstraints"] == VALUE_SETS[case]["topologySpreadConstraints"]
@@ -816,14 +925,37 @@ def test_the_keys_platform_teams_expect_reach_the_objects():
 
 
 
+def chart_readme():
+    """.ci/chart_readme.py, the writer of the chart README's values table."""
+    return ci_script("chart_readme")
+
+
 def test_the_chart_readme_lists_every_value_as_values_yaml_says():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("chart_readme", CHART_DIR.parents[1] / ".ci" / "chart_readme.py")
-    generator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator)
+    generator = chart_readme()
     assert (CHART_DIR / "README.md").read_text() == generator.render(), "run: python .ci/chart_readme.py"
     listed = {line.split("`")[1] for line in generator.render().splitlines() if line.startswith("| `")}
     assert set(yaml.safe_load((CHART_DIR / "values.yaml").read_text())) <= listed
+
+
+def test_each_value_is_described_by_its_own_comment():
+    text = (CHART_DIR / "values.yaml").read_text()
+    described = {key: description for key, _, description in chart_readme().rows(text, yaml.safe_load(text))}
+    # replicas' comment is its own, not podAntiAffinity's; fullnameOverride has one of its own
+    assert "per process" in described["replicas"] and "per process" not in described["podAntiAffinity"]
+    assert described["podAntiAffinity"].startswith("How replicas keep off each other's nodes.")
+    assert described["fullnameOverride"].startswith("Replaces the whole release-scoped name")
+    assert "fullnameOverride" not in described["nameOverride"]
+
+
+@pytest.mark.parametrize("text, undescribed", [
+    pytest.param("# Names.\nnameOverride: ''\nfullnameOverride: ''\n", "fullnameOverride", id="one comment, two keys"),
+    pytest.param("# A note on what follows.\n\nreplicas: 2\n", "replicas", id="a comment ended by a blank line"),
+    pytest.param("# The image.\nimage:\n  tag: ''  # the tag\n  # more about the tag\nreplicas: 2\n", "replicas",
+                 id="a comment of the block above"),
+])
+def test_a_value_without_a_comment_of_its_own_stops_the_readme(text, undescribed):
+    with pytest.raises(SystemExit, match=f"say what {undescribed} is for"):
+        chart_readme().rows(text, yaml.safe_load(text))
 
 
 def test_the_nccl_profiles_example_in_values_keeps_the_built_in_variables_of_its_class():

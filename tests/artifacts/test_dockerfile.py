@@ -16,6 +16,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.fixtures.shared import ci_script
 from webhook.serving.paths import DEFAULT_PORT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,20 +134,8 @@ def pins() -> dict[str, str]:
 
 def runtime_closure() -> set[str]:
     """install_requires of setup.cfg and everything they need, as installed in the tested environment."""
-    setup = configparser.ConfigParser()
-    setup.read(ROOT / "setup.cfg")
-    pending = [Requirement(line) for line in setup["options"]["install_requires"].strip().splitlines()]
-    seen: set[str] = set()
-    while pending:
-        name = canonicalize_name(pending.pop().name)
-        if name in seen:
-            continue
-        seen.add(name)
-        for spec in importlib.metadata.distribution(name).requires or []:
-            requirement = Requirement(spec)
-            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-                pending.append(requirement)
-    return seen
+    pins_of = ci_script("pin_test_tools")
+    return pins_of.closure(pins_of.requirements("options", "install_requires"))
 
 
 def test_constraints_pin_exactly_the_runtime_dependencies():

@@ -1,18 +1,20 @@
 """The docs a newcomer reads hold together: every relative link and `#anchor` resolves, every
 repository path and `webhook` import they cite exists, the README stays a short door, and nothing
-in code, tests or benchmarks points at files outside the repository."""
+in code, tests, benchmarks, hack/ or the docs points at files outside the repository."""
 from __future__ import annotations
 
 import ast
 import importlib
-import importlib.util
 import pathlib
 import re
+import subprocess
 
 import pytest
 
+from tests.fixtures.shared import ci_script
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-README_LIMIT_BYTES = 12 * 1024
+README_LIMIT_BYTES = 12_000
 DOCS = sorted([ROOT / "README.md", ROOT / "bench" / "README.md", ROOT / "charts" / "topology-webhook" / "README.md",
                *(ROOT / "docs").rglob("*.md")])
 
@@ -138,23 +140,32 @@ def test_the_readme_is_a_short_door():
     assert "bash .ci/run\n" in text and "](docs/README.md)" in text
 
 
-def test_nothing_in_code_tests_or_benchmarks_points_outside_the_repository():
+POINTED_FROM = ("webhook", "tests", "bench", "hack", "docs")
+
+
+def repository_files(*tops: str) -> list[str]:
+    """The files under `tops` that are the repository's: tracked or new, never what git ignores
+    (hack/kube/.cache's binaries, caches, venvs)."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", *tops],
+                            cwd=ROOT, capture_output=True, check=True).stdout
+    return sorted(name for name in listed.decode().split("\0") if name and (ROOT / name).is_file())
+
+
+def test_nothing_in_code_tests_benchmarks_hack_or_docs_points_outside_the_repository():
     outside = "/".join(("..", "shared"))  # spelled apart so this file does not match itself
-    hits = [str(p.relative_to(ROOT)) for top in ("webhook", "tests", "bench") for p in sorted((ROOT / top).rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts and outside.encode() in p.read_bytes()]
+    files = repository_files(*POINTED_FROM)
+    assert {name.split("/")[0] for name in files} == set(POINTED_FROM)
+    hits = [name for name in files if outside.encode() in (ROOT / name).read_bytes()]
     assert not hits, "cite the upstream source instead: " + ", ".join(hits)
 
 
 def reference_docs():
     """.ci/reference_docs.py, the generator of the reference pages' generated parts."""
-    spec = importlib.util.spec_from_file_location("reference_docs", ROOT / ".ci" / "reference_docs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return ci_script("reference_docs")
 
 
-GENERATED_PAGES = ["docs/reference/settings.md", "docs/reference/metrics.md", "docs/reference/cli.md"]
+GENERATED_PAGES = ["docs/reference/settings.md", "docs/reference/metrics.md", "docs/reference/cli.md",
+                   "docs/reference/annotations.md", "docs/reference/what-we-write.md"]
 
 
 def test_the_generated_pages_are_the_ones_the_generator_writes():
@@ -167,6 +178,36 @@ def test_each_reference_page_says_what_the_code_does(page):
     # cli.md from the argument parser; the hand-written prose around the generated part stays.
     assert (ROOT / page).read_text() == reference_docs().render(page), \
         "the code and the page differ: run .venv/bin/python .ci/reference_docs.py"
+
+
+@pytest.mark.parametrize("tuple_name, module, page", [
+    ("INPUT_ANNOTATIONS", "webhook.objects.user_annotations", "docs/reference/annotations.md"),
+    ("OUTPUT_ANNOTATIONS", "webhook.core.injection", "docs/reference/what-we-write.md"),
+])
+def test_every_annotation_we_read_or_write_has_its_row_in_order(tuple_name, module, page):
+    keys = getattr(importlib.import_module(module), tuple_name)
+    text = (ROOT / page).read_text()
+    rows = [line.split("`")[1] for line in text.splitlines() if line.startswith("| `topology.scheduler/")]
+    assert rows == list(keys)
+
+
+PLANTED = """\
+PREFIX = "example.io/"
+# Read from the object. Default: none.
+TAKEN = PREFIX + "taken"
+SILENT = PREFIX + "silent"
+# A note for the code's readers only.
+
+UNDESCRIBED = PREFIX + "undescribed"
+TUPLE = (TAKEN,) + (SILENT, UNDESCRIBED)
+"""
+
+
+def test_an_annotation_without_a_comment_of_its_own_stops_the_generator(tmp_path, monkeypatch):
+    (tmp_path / "planted_annotations.py").write_text(PLANTED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit, match="example.io/silent, example.io/undescribed: say what it is"):
+        reference_docs().annotations_of("TUPLE", "planted_annotations")
 
 
 def strings(node: ast.AST) -> set[str]:

@@ -9,6 +9,8 @@ import sys
 import tarfile
 import zipfile
 
+from tests.fixtures.shared import ci_script
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -57,3 +59,18 @@ def test_wheel_and_sdist_carry_the_license(tmp_path):
     with tarfile.open(sdist) as archive:
         (member,) = [m for m in archive.getmembers() if m.name.endswith("/LICENSE")]
         assert archive.extractfile(member).read().decode() == license_text
+
+
+def test_the_test_tools_are_pinned_at_the_versions_the_tests_run_with():
+    """Every test extra and what it pulls in beyond the runtime, exactly as installed here."""
+    assert (ROOT / ".ci" / "constraints-test.txt").read_text() == ci_script("pin_test_tools").render(), \
+        "run: .venv/bin/python .ci/pin_test_tools.py"
+    pinned = {line.partition("==")[0] for line in (ROOT / ".ci" / "constraints-test.txt").read_text().splitlines()
+              if line and not line.startswith("#")}
+    assert {"pytest", "mypy", "helm-python-sdk", "hypothesis", "cel-python", "kubernetes-validate"} <= pinned
+
+
+def test_ci_installs_the_test_tools_with_their_pins():
+    run = (ROOT / ".ci" / "run").read_text()
+    assert "-c .ci/constraints.txt -c .ci/constraints-test.txt -e '.[test]'" in run
+

@@ -37,9 +37,6 @@ EXCLUDED = {
     ("cert-manager.io/v1", "Certificate"): "cert-manager publishes no CRD schema in tests/fixtures/crds; "
                                            "tests/artifacts/test_chart.py checks these objects field by field",
     ("cert-manager.io/v1", "Issuer"): "as Certificate",
-    ("monitoring.coreos.com/v1", "ServiceMonitor"): "Prometheus Operator's CRDs are not in tests/fixtures/crds; "
-                                                    "tests/artifacts/test_chart.py checks these objects field by field",
-    ("monitoring.coreos.com/v1", "PrometheusRule"): "as ServiceMonitor; tests/artifacts/test_alerts.py runs its rules",
     ("resource.nvidia.com/v1beta1", "ComputeDomain"): "NVIDIA's DRA driver CRD is not in tests/fixtures/crds; "
                                                       "the webhook only reads a ComputeDomain, never writes one",
     ("kubeflow.org/v1", "PyTorchJob"): "no CRD schema at a version we pin (tests/fixtures/crds/README.md); its "

@@ -1,7 +1,7 @@
-"""What the default install lets each party do, on the real apiserver (issues 37 and 41): the
-webhook's own token is bounded by the chart's ValidatingAdmissionPolicy, `ungate` lifts only our
-gate, and the metrics port shows each reader what they may see, by TokenReview and
-SubjectAccessReview.
+"""What the default install lets each party do, on the real apiserver (issues 37, 41 and 59): the
+webhook's own token is bounded by the chart's ValidatingAdmissionPolicy (only pods our gate holds,
+their node affinity only narrowed), `ungate` lifts only our gate, and the metrics port shows each
+reader what they may see, by TokenReview and SubjectAccessReview.
 """
 from __future__ import annotations
 
@@ -27,32 +27,74 @@ def as_webhook(cluster) -> k8s_client.CoreV1Api:
     return k8s_client.CoreV1Api(k8s_config.new_client_from_config(str(cluster.state / "webhook.kubeconfig")))
 
 
-def test_the_webhooks_token_may_lift_our_gate_and_write_our_annotations_and_nothing_else(cluster):
+QUEUE_GATE = "kueue.x-k8s.io/admission"
+NODE = {"key": "kubernetes.io/hostname", "operator": "In", "values": ["gpu-s1-l1-n1"]}
+
+
+def pinned(terms: list[dict]) -> dict:
+    return {"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}}
+
+
+def refused_by_the_policy(webhook, name: str, namespace: str, *patches: list[dict]) -> None:
+    for operations in patches:
+        with pytest.raises(k8s_client.ApiException) as caught:
+            webhook.patch_namespaced_pod(name, namespace, operations, _content_type="application/json-patch+json")
+        assert caught.value.status in (403, 422), operations
+        assert "ValidatingAdmissionPolicy" in str(caught.value.body), caught.value.body
+
+
+def test_the_webhooks_token_changes_nothing_on_a_pod_behind_someone_elses_gate(cluster):
+    """A pod queued behind Kueue's gate, in kube-system: the API lets its node affinity be set (it
+    is gated), the policy does not let the webhook do it (issue 59)."""
+    name = "e2e-queued"
+    cluster.core.create_namespaced_pod("kube-system", {"metadata": {"name": name}, "spec": {
+        "schedulingGates": [{"name": QUEUE_GATE}], "containers": [{"name": "c", "image": "busybox"}]}})
+    try:
+        refused_by_the_policy(as_webhook(cluster), name, "kube-system",
+                              [pinned([{"matchExpressions": [NODE]}])],
+                              [{"op": "add", "path": "/metadata/annotations", "value": {GATE: "forged"}}])
+        # what the policy refuses the webhook, the API allows: an administrator may pin it
+        cluster.core.patch_namespaced_pod(name, "kube-system", [pinned([{"matchExpressions": [NODE]}])],
+                                          _content_type="application/json-patch+json")
+    finally:
+        cluster.core.delete_namespaced_pod(name, "kube-system", grace_period_seconds=0)
+
+
+def test_the_webhooks_token_may_lift_our_gate_narrow_the_affinity_and_write_our_annotations_only(cluster):
     with cluster.namespace("bounded") as ns:
-        cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "victim", "labels": {"app": "x"}},
-                       "spec": {"schedulingGates": [{"name": "example.com/quota"}],
+        cluster.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "held", "labels": {"app": "x"}},
+                       "spec": {"schedulingGates": [{"name": "example.com/quota"}, {"name": GATE}],
                                 "containers": [{"name": "c", "image": "busybox"}]}}, namespace=ns)
         webhook = as_webhook(cluster)
-
-        def patch(*operations):
-            return webhook.patch_namespaced_pod("victim", ns, list(operations),
-                                                _content_type="application/json-patch+json")
-        for refused in ([{"op": "replace", "path": "/spec/containers/0/image", "value": "evil"}],
-                        [{"op": "add", "path": "/metadata/labels/x", "value": "y"}],
-                        [{"op": "add", "path": "/metadata/annotations/other.example.com~1x", "value": "y"}],
-                        [{"op": "remove", "path": "/metadata/annotations/kubectl.kubernetes.io~1last-applied-configuration"}],
-                        [{"op": "remove", "path": "/spec/schedulingGates/0"}],  # a gate that is not ours
-                        [{"op": "add", "path": "/spec/tolerations/-", "value": {"operator": "Exists"}}]):
-            with pytest.raises(k8s_client.ApiException) as caught:
-                patch(*refused)
-            assert caught.value.status in (403, 422), refused
-            assert "ValidatingAdmissionPolicy" in str(caught.value.body), caught.value.body
-        patch({"op": "add", "path": "/metadata/annotations/topology.scheduler~1placement", "value": "ours"})
-        stored = cluster.core.read_namespaced_pod("victim", ns)
-        assert stored.metadata.annotations["topology.scheduler/placement"] == "ours"
+        refused_by_the_policy(
+            webhook, "held", ns,
+            [{"op": "replace", "path": "/spec/containers/0/image", "value": "evil"}],
+            [{"op": "add", "path": "/metadata/labels/x", "value": "y"}],
+            [{"op": "add", "path": "/metadata/annotations/other.example.com~1x", "value": "y"}],
+            [{"op": "remove", "path": "/metadata/annotations/kubectl.kubernetes.io~1last-applied-configuration"}],
+            [{"op": "remove", "path": "/spec/schedulingGates/0"}],  # a gate that is not ours
+            [{"op": "add", "path": "/spec/tolerations/-", "value": {"operator": "Exists"}}],
+            # the API lets a gated pod's preferred terms change at will: the policy does not
+            [{"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 100, "preference": {"matchExpressions": [NODE]}}]}}}])
+        # what a release writes: our annotations, the pin where there was none, our gate lifted
+        webhook.patch_namespaced_pod("held", ns, [
+            {"op": "add", "path": "/metadata/annotations/topology.scheduler~1placement", "value": "ours"},
+            pinned([{"matchExpressions": [NODE]}]),
+            {"op": "remove", "path": "/spec/schedulingGates/1"}], _content_type="application/json-patch+json")
+        stored = cluster.core.read_namespaced_pod("held", ns)
+        assert stored.metadata.annotations[GATE] == "ours"
+        assert stored.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution \
+            .node_selector_terms[0].match_expressions[0].values == NODE["values"]
+        assert [g.name for g in stored.spec.scheduling_gates] == ["example.com/quota"]
         assert stored.spec.containers[0].image == "busybox" and stored.metadata.labels == {"app": "x"}
+        # our gate gone, the pod is no longer the webhook's to change
+        refused_by_the_policy(webhook, "held", ns, [
+            {"op": "replace", "path": "/metadata/annotations/topology.scheduler~1placement", "value": "again"}])
         # the policy binds the webhook only: an administrator may still do what the API allows
-        cluster.core.patch_namespaced_pod("victim", ns, {"metadata": {"labels": {"x": "y"}}})
+        cluster.core.patch_namespaced_pod("held", ns, {"metadata": {"labels": {"x": "y"}}})
 
 
 def test_ungate_lifts_only_our_gate_so_kube_scheduler_places_the_pods(cluster):

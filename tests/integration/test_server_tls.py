@@ -265,6 +265,29 @@ def test_with_client_ca_only_clients_with_a_certificate_it_signed_are_served(tmp
         stop_server(server)
 
 
+def test_a_replaced_client_ca_is_trusted_from_the_next_connection_without_a_restart(tmp_path):
+    """The chart mounts the client CA from a ConfigMap, which kubelet swaps in place when it changes."""
+    old_ca, old_key = certs.make_ca("client CA before rotation")
+    new_ca, new_key = certs.make_ca("client CA after rotation")
+    (tmp_path / "client-ca.crt").write_bytes(old_ca)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    before = client_certificate(tmp_path / "old", old_ca, old_key)
+    after = client_certificate(tmp_path / "new", new_ca, new_key)
+    server = start_server(tmp_path, "--client-ca", str(tmp_path / "client-ca.crt"), client_cert=before)
+    try:
+        assert handshake(server.port, server.paths.ca, client=before)
+        assert not handshake(server.port, server.paths.ca, client=after)
+        certs.write_atomically(str(tmp_path / "client-ca.crt"), new_ca, 0o644)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not handshake(server.port, server.paths.ca, client=after):
+            time.sleep(0.2)
+        assert handshake(server.port, server.paths.ca, client=after)
+        assert not handshake(server.port, server.paths.ca, client=before)
+    finally:
+        stop_server(server)
+
+
 # ----- reservations are namespaced ----------------------------------------------------------------
 
 def reserved_gpus(server) -> float:

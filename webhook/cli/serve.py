@@ -83,7 +83,10 @@ def register(subparsers: Any) -> None:
                             "namespaces, workloads and nodes: to each reader those they may see with "
                             "--metrics-secure, to whoever reaches the port without)")
     serve.add_argument("--client-ca", metavar="FILE",
-                       help="require client certificates signed by this CA (mutual TLS with the apiserver)")
+                       help="require client certificates signed by this CA on the webhook port (mutual TLS: the "
+                            "apiserver presents one from its admission configuration's kubeconfig); a replaced "
+                            "file is trusted from the next connection. Give the CA that signs only the "
+                            "apiserver's certificate, not the cluster's client CA")
     serve.add_argument("--gate-key-secret", metavar="NAMESPACE/NAME",
                        help="the Secret holding the key that seals what a gated wait is released from, shared by "
                             "every replica (made with a random key if it does not exist); without it, a key of "

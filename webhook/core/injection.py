@@ -23,20 +23,35 @@ import orjson
 
 from .model import ANNOTATION_PREFIX, MAPPINGS, PlacementRequest, Strategy
 
+# The comment above each annotation of OUTPUT_ANNOTATIONS is its entry in
+# docs/reference/what-we-write.md (.ci/reference_docs.py writes it from here).
+
+# The decision in one line: the strategy, the domain, the pods and GPUs, the interconnect and the
+# estimated bandwidth (`consolidated in leaf leaf-3: 32 GPU(s) as 4 pod(s) x 8 on 4 node(s), ...`),
+# or what a wait waits for.
 PLACEMENT = ANNOTATION_PREFIX + "placement"
+# The NVLink-aligned host GPU set (`0-3`), for device plugins and DRA drivers that honour preferred
+# allocations; never `CUDA_VISIBLE_DEVICES` ([why](docs/reference/what-we-write.md#nccl-environment-and-gpu-ids)).
 GPU_IDS = ANNOTATION_PREFIX + "gpu-ids"
+# The key of the hold that keeps the decided GPUs for the workload until its pods are bound
+# (`namespace/Kind/name`); the pods made from the template carry it too.
 RESERVATION = ANNOTATION_PREFIX + "reservation"
+# The record of exactly what we added and where: required expressions per nodeSelectorTerm by
+# position, the preferred term, spread constraints, env per container, the workload label, our
+# scheduling gate ([`webhook/core/injection.py`](webhook/core/injection.py)). A later pass changes
+# or removes only what it lists.
 INJECTED = ANNOTATION_PREFIX + "injected"
 WORKLOAD_LABEL = ANNOTATION_PREFIX + "workload"
 # On the pods of a workload whose wait is pinned: the domain it waits in, as label key=value pairs
-# widest first (its path). The cluster index reads it back to keep new work off what it needs.
+# widest first (its path). The cluster index reads it back to keep new work off what it needs
+# ([waiting](docs/concepts.md#waiting)).
 WAITING_FOR = ANNOTATION_PREFIX + "waiting-for"
-# On the pods of a wait held by our scheduling gate (GATE): the request as it was decided, which
-# the releaser decides again when room opens (the workload's own annotations are not on its pods).
+# On the pods of a wait held by our scheduling gate: the request as it was decided, which the
+# releaser decides again when room opens (the workload's own annotations are not on its pods).
 GATED_REQUEST = ANNOTATION_PREFIX + "gated-request"
 GATE = ANNOTATION_PREFIX + "placement"  # the name of our entry in spec.schedulingGates
-# The seal over what a release decides from (seal_gate): a pod's owner may edit its annotations,
-# and only what we sealed is believed.
+# On the same pods: the seal (a keyed hash, the key shared by the replicas) over what a release
+# decides from. A pod's owner may edit its annotations; only what we sealed is believed.
 GATE_SEAL = ANNOTATION_PREFIX + "gate-seal"
 # The seal over what an unbound pod's own hold is read from (its reservation, GPU set and node: a
 # single-pod placement), so that every replica, and one restarted, counts it; only what we sealed

@@ -25,7 +25,11 @@ from ..core.model import ANNOTATION_PREFIX, MAPPINGS, quoted
 from .dra_objects import pod_group_of
 from ..state.holds import reservation_key
 
+# A name: pods with the same group name in a namespace are placed as one group. Default: the
+# operators' labels ([operators and queues](docs/operators-and-queues.md)).
 GROUP = ANNOTATION_PREFIX + "group"
+# Pods in the group, 1 to 100000. Default: the operator's size annotation, else `gpu-count` / the
+# pod's GPUs.
 GROUP_SIZE = ANNOTATION_PREFIX + "group-size"
 GROUP_ANNOTATIONS = (GROUP, GROUP_SIZE)
 POD_GROUP = "PodGroup"

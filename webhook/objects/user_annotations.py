@@ -12,13 +12,31 @@ from ..core.injection import ADMISSION, OUTPUT_ANNOTATIONS
 from ..core.model import ANNOTATION_PREFIX, Strategy, quoted
 from .groups import GROUP_ANNOTATIONS
 
+# The comment above each annotation of INPUT_ANNOTATIONS, "what it takes. Default: ...", is its
+# row in docs/reference/annotations.md (.ci/reference_docs.py writes it from here).
+
+# Total GPUs of the workload, a positive integer. Default: derived from container
+# `nvidia.com/gpu` limits x replicas/parallelism.
 GPU_COUNT = ANNOTATION_PREFIX + "gpu-count"
+# `consolidated`, `distributed`, `balanced`. Default: `balanced`.
 STRATEGY = ANNOTATION_PREFIX + "placement-strategy"
+# `true`, `false`. Default: `false`.
 LATENCY_SENSITIVE = ANNOTATION_PREFIX + "latency-sensitive"
+# A label value at any level (`leaf-1`), or `LEVEL=VALUE`. Default: none.
 PREFERRED_DOMAIN = ANNOTATION_PREFIX + "preferred-domain"
+# Minimum node bandwidth in bits per second, e.g. `200Gb`, `400Gbps`, `25Gb/s`, `1.6Tb` (`Kb`,
+# `Mb`, `Gb`, `Tb`, optionally with `ps` or `/s`; `G` alone is Gb). A capital `B` is bytes and is
+# refused (`200GB` would ask for 1600 Gb/s): the workload is denied, as for any invalid
+# annotation. Nodes qualify by their label of the same key, read alike except that a byte unit
+# there counts eight bits per byte. Default: none.
 NETWORK_BANDWIDTH = ANNOTATION_PREFIX + "network-bandwidth"
+# A level name (`leaf`, `spine`, `zone`, `node`) or its label key: never span wider; wait rather
+# than spill (always a required affinity). Default: none.
 MAX_DOMAIN = ANNOTATION_PREFIX + "max-domain"
-ALIGN = ANNOTATION_PREFIX + "align"  # on a ResourceClaimTemplate (webhook/objects/alignment.py)
+# On a ResourceClaimTemplate: `pcie` (one GPU and one NIC on one PCIe root) or `numa` (the claim
+# on one NUMA node), written as a constraint at its CREATE ([DRA](docs/dra.md); webhook/objects/alignment.py).
+# Default: none.
+ALIGN = ANNOTATION_PREFIX + "align"
 INPUT_ANNOTATIONS = (GPU_COUNT, STRATEGY, LATENCY_SENSITIVE, PREFERRED_DOMAIN, NETWORK_BANDWIDTH, MAX_DOMAIN, ALIGN
                      ) + GROUP_ANNOTATIONS
 # The peers' annotations, read as ours so a workload written for them works unchanged: a required

@@ -7,7 +7,9 @@ change together. `ReloadingContext.current()` is asked for a context on every ne
 `check_interval` seconds and, when they changed, builds a complete new SSLContext and swaps the
 reference. New handshakes get the new certificate; connections already open keep the context
 they were wrapped with, so nothing in flight is dropped. A half-written or mismatched pair is
-refused with a log line and the old context stays in use until the next check.
+refused with a log line and the old context stays in use until the next check. A client CA
+(`serve --client-ca`, mutual TLS with the apiserver) is watched the same way: a rotated bundle is
+trusted from the next handshake on.
 """
 from __future__ import annotations
 
@@ -255,7 +257,7 @@ class ReloadingContext:
 
     def _identities(self) -> tuple | None:
         try:
-            return _identity(self.cert_path), _identity(self.key_path)
+            return tuple(_identity(path) for path in (self.cert_path, self.key_path, self.client_ca) if path)
         except OSError:
             return None  # mid-swap or deleted: compare as "changed" and retry at the next check
 

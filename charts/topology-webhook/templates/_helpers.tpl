@@ -75,6 +75,7 @@ rendered: the first replica creates it). */}}
 
 {{- define "topology-webhook.configPath" -}}/etc/topology-webhook/config/config.yaml{{- end -}}
 {{- define "topology-webhook.tlsDir" -}}/etc/topology-webhook/tls{{- end -}}
+{{- define "topology-webhook.clientCADir" -}}/etc/topology-webhook/client-ca{{- end -}}
 
 {{/* Restricted Pod Security Standard: non-root, no privilege escalation, no capabilities,
 seccomp; podSecurityContext adds to it or changes it (fsGroupChangePolicy, supplementalGroups...). */}}
