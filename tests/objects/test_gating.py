@@ -182,6 +182,7 @@ def test_groups_are_decided_oldest_first():
         for index in range(2):
             note(pods, f"{key}-{index}", pod_named(f"{key}-{index}", **{injection.RESERVATION: reservation}), now)
     assert [g.reservation for g in pods.ready({})] == ["ml/Job/early", "ml/Job/late"]
+    assert pods.waited(now=10.0) == (4, 9.0)  # what topology_gated_pod_oldest_wait_seconds says
 
 
 # -- what a release decides from is only what we sealed ------------------------------------------

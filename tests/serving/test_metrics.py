@@ -26,6 +26,8 @@ class Stats:
     domain_utilization: tuple = (("spine", "spine-1", 0.75), ("leaf", "leaf-2", 1.0))
     levels: tuple = ("cloud.google.com/gce-topology-block", "cloud.google.com/gce-topology-subblock")
     preset: str = "gke"
+    gated_pods: int = 3
+    gated_oldest_seconds: float = 90.0
 
 
 
@@ -62,6 +64,7 @@ def test_cluster_gauges_are_read_from_the_view_at_scrape_time():
     assert got[("topology_domain_utilization_ratio", (("domain", "leaf-2"), ("level", "leaf")))] == 1.0
     assert got[("topology_cluster_gpus", (("state", "reserved"),))] == 8
     assert got[("topology_cluster_gpus", (("state", "provisional"),))] == 2
+    assert (got[("topology_gated_pods", ())], got[("topology_gated_pod_oldest_wait_seconds", ())]) == (3, 90.0)
     levels = ",".join(Stats.levels)
     assert got[("topology_levels_info", (("levels", levels), ("preset", "gke")))] == 1
 

@@ -33,6 +33,8 @@ GPU_ALLOCATION = "topology_gpu_allocation_ratio"
 FRAGMENTATION = "topology_scheduler_domain_fragmentation_ratio"
 CLUSTER_GPUS = "topology_cluster_gpus"
 LEVELS_INFO = "topology_levels_info"
+GATED_PODS = "topology_gated_pods"
+GATED_OLDEST = "topology_gated_pod_oldest_wait_seconds"
 BUILD_INFO = "topology_webhook_build_info"
 REJECTED = "topology_admission_rejected_requests_total"
 VIEW_AGE = "topology_cluster_view_age_seconds"
@@ -72,6 +74,9 @@ class ClusterCollector:
         yield utilization
         yield gpus
         yield GaugeMetricFamily(GPU_ALLOCATION, "Share of all GPUs in use or reserved", value=stats.allocation_ratio)
+        yield GaugeMetricFamily(GATED_PODS, "Pending pods our scheduling gate holds", value=stats.gated_pods)
+        yield GaugeMetricFamily(GATED_OLDEST, "How long the pod our scheduling gate has held longest has waited, "
+                                "since this replica first saw it gated", value=stats.gated_oldest_seconds)
         yield GaugeMetricFamily(FRAGMENTATION, "Share of free GPUs stranded outside the largest free blocks",
                                 value=stats.fragmentation_ratio)
         levels = GaugeMetricFamily(LEVELS_INFO, "The topology levels in use (label keys, widest first) and the "

@@ -77,6 +77,10 @@ class GatedPods:
     def __len__(self) -> int:
         return len(self.pods)
 
+    def waited(self, now: float) -> tuple[int, float]:
+        """How many pods our gate holds, and how long the one held longest has waited."""
+        return len(self.pods), max((now - pod.since for pod in self.pods.values()), default=0.0)
+
     def note(self, key: str, found: GateRecord | str | None, pod: Mapping, now: float) -> bool:
         """Keep `pod` if our gate holds it (`found`: its sealed record, or why that is not believed;
         None: not gated); it keeps when it was first seen. Else forget it. Returns whether it is a

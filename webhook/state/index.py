@@ -359,4 +359,5 @@ class ClusterIndex:
 
     def stats(self) -> ClusterStats:
         with self.lock:
-            return cluster_stats(self.tree, self.config, self.preset, self.ledger.provisional_gpus())
+            return cluster_stats(self.tree, self.config, self.preset, self.ledger.provisional_gpus(),
+                                 self.pods.gated.waited(self.ledger.clock()))

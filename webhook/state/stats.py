@@ -17,6 +17,8 @@ class ClusterStats:
     fragmentation_ratio: float  # free GPUs stranded on partly used nodes / all free GPUs
     domain_utilization: tuple[tuple[str, str, float], ...]  # (level name, domain, used share)
     levels: tuple[str, ...] = ()  # the level label keys in use, widest first
+    gated_pods: int = 0  # pending pods our scheduling gate holds
+    gated_oldest_seconds: float = 0.0  # how long the one held longest has waited, since this replica saw it
     preset: str = "configured"  # the preset `levels: auto` chose, or "configured"
 
 
@@ -26,7 +28,8 @@ def reserved_on(node: NodeState) -> int:
     return min(node.held_gpus, max(0, node.gpus - node.free - node.used))
 
 
-def cluster_stats(tree: TopologyTree, config: Config, preset: str | None, provisional: int = 0) -> ClusterStats:
+def cluster_stats(tree: TopologyTree, config: Config, preset: str | None, provisional: int = 0,
+                  gated: tuple[int, float] = (0, 0.0)) -> ClusterStats:
     total = tree.root.alloc_gpus
     free = tree.root.free_gpus
     reserved = sum(reserved_on(n) for n in tree.nodes.values() if n.eligible)
@@ -38,6 +41,7 @@ def cluster_stats(tree: TopologyTree, config: Config, preset: str | None, provis
         for level in tree.levels for d in sorted(level.values(), key=lambda d: d.ref.path) if d.nodes > 1)
     return ClusterStats(
         gpus_total=total, gpus_used=total - free - reserved, gpus_reserved=reserved, gpus_provisional=provisional,
+        gated_pods=gated[0], gated_oldest_seconds=gated[1],
         allocation_ratio=(total - free) / total if total else 0.0,
         fragmentation_ratio=stranded / free if free else 0.0,
         domain_utilization=utilization, levels=tuple(lv.label for lv in config.levels),
