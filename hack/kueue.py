@@ -118,8 +118,9 @@ def install_kueue(state: State, binary: str, kubectl_binary: str, admin: str, no
             *(f"crd/{os.path.basename(p).partition('_')[2].removesuffix('.yaml')}.kueue.x-k8s.io" for p in crds))
     kubectl(kubectl_binary, admin, "create", "namespace", NAMESPACE)
     certs = state.file("kueue", "certs")
+    os.makedirs(certs)
     for suffix in ("crt", "key"):
-        shutil.copyfile(state.file("pki", f"webhook.{suffix}"), os.path.join(_made(certs), f"tls.{suffix}"))
+        shutil.copyfile(state.file("pki", f"webhook.{suffix}"), os.path.join(certs, f"tls.{suffix}"))
     health, metrics, webhook = free_port(), free_port(), free_port()
     config = state.file("kueue", "config.yaml")
     write(config, yaml.safe_dump({
@@ -135,11 +136,6 @@ def install_kueue(state: State, binary: str, kubectl_binary: str, admin: str, no
         create_objects(kubectl_binary, admin, webhook_configurations(module, webhook, handle.read()))
     create_objects(kubectl_binary, admin, queue_objects(nodes, strict_fifo))
     kubectl(kubectl_binary, admin, "wait", "--for=condition=Active", "--timeout=60s", f"clusterqueue/{QUEUE}")
-
-
-def _made(folder: str) -> str:
-    os.makedirs(folder, exist_ok=True)
-    return folder
 
 
 def _http_ok(url: str) -> bool:
