@@ -5,16 +5,24 @@ tests/fixtures/demo-nodes.yaml has them) with two webhook replicas sharing claim
 the same nodes under DRA. Both are the real kube-apiserver, kube-scheduler and
 kube-controller-manager built from Kubernetes' published modules (hack/kube/). There are no
 kubelets: the scheduler binds pods, which stay Pending-bound; a test ends a pod by patching its
-status, as a kubelet would. Each test works in a namespace of its own, which `Cluster.namespace`
-force-deletes afterwards (no kubelet confirms a graceful deletion), so the GPUs are free again.
+status, as a kubelet would. `kwok_cluster` is the same 32 nodes played by KWOK (pods go Running and
+Jobs' pods finish after the time `lasting` gives them) with Kueue beside the two replicas. Each test
+works in a namespace of its own, which `Cluster.namespace` force-deletes afterwards (no kubelet
+confirms a graceful deletion), so the GPUs are free again.
+
+Everything here is marked `e2e` (`pytest -m "not e2e"` runs the rest without Go).
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import pathlib
+import ssl
 import subprocess
+import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from typing import Iterator
@@ -26,6 +34,16 @@ from kubernetes import config as k8s_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 UP_SECONDS = 3600  # a cold build on a fresh 2-core machine is in there
+HERE = pathlib.Path(__file__).resolve().parent
+GPU = "nvidia.com/gpu"
+FINISHED = ("Succeeded", "Failed")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 @dataclass
@@ -98,6 +116,52 @@ class Cluster:
         meta = pod["metadata"]
         self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": {"phase": "Succeeded"}})
 
+    def complete(self, namespace: str, name: str) -> bool:
+        """Whether the Job is Complete."""
+        conditions = self.batch.read_namespaced_job_status(name, namespace).status.conditions or []
+        return any(c.type == "Complete" and c.status == "True" for c in conditions)
+
+    def overcommitted(self) -> list[str]:
+        """Nodes whose bound, unfinished pods ask more GPUs than the node has, as `node used/allocatable`."""
+        used: dict[str, int] = {}
+        for pod in self.all_pods():
+            node = pod["spec"].get("nodeName")
+            if node and pod.get("status", {}).get("phase") not in FINISHED:
+                used[node] = used.get(node, 0) + gpus_of(pod)
+        allocatable = {n["metadata"]["name"]: int(n["status"]["allocatable"].get(GPU, 0)) for n in self.nodes()}
+        return [f"{node} {count}/{allocatable[node]}" for node, count in sorted(used.items())
+                if count > allocatable[node]]
+
+    @contextlib.contextmanager
+    def sampling_overcommit(self, every: float = 0.5) -> Iterator[list[str]]:
+        """While the block runs, `overcommitted()` every `every` s; the list it yields collects what
+        any sample found."""
+        found: list[str] = []
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(every):
+                found.extend(self.overcommitted())
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            yield found
+        finally:
+            done.set()
+            sampler.join()
+            found.extend(self.overcommitted())
+
+    def topology_pages(self) -> list[dict]:
+        """Each replica's /topology.json, read with the admin's token (it may read everything)."""
+        token = yaml.safe_load(pathlib.Path(self.kubeconfig).read_text())["users"][0]["user"]["token"]
+        replies = answers(self, "/topology.json", token)
+        assert replies and all(status == 200 for status, _ in replies), replies
+        return [json.loads(body) for _, body in replies]
+
+    def holds(self, namespace: str) -> list[dict]:
+        """The GPU holds any replica keeps for `namespace`'s workloads."""
+        return [hold for page in self.topology_pages() for hold in page["holds"] if hold["namespace"] == namespace]
+
 
 def start_cluster(state: pathlib.Path, *flags: str) -> Cluster:
     try:
@@ -136,6 +200,14 @@ def dra_cluster(tmp_path_factory) -> Iterator[Cluster]:
     stop_cluster(state)
 
 
+@pytest.fixture(scope="session")
+def kwok_cluster(tmp_path_factory) -> Iterator[Cluster]:
+    state = tmp_path_factory.mktemp("local-cluster-kwok")
+    running = start_cluster(state, "--kwok", "--kueue", "--replicas", "2")
+    yield running
+    stop_cluster(state)
+
+
 def job(name: str, pods: int, gpus: int = 8, annotations: dict | None = None, **template_spec) -> dict:
     """An annotated Job of `pods` pods asking `gpus` GPUs each through the device plugin."""
     spec = {"restartPolicy": "Never", "containers": [{
@@ -155,3 +227,43 @@ def filler(node: str, gpus: int = 8) -> dict:
 
 def label_of(cluster: Cluster, node: str, label: str) -> str:
     return next(n for n in cluster.nodes() if n["metadata"]["name"] == node)["metadata"]["labels"][label]
+
+
+def lasting(workload: dict, seconds: float) -> dict:
+    """`workload` (a Job) whose pods KWOK finishes `seconds` after they run: the delay and its
+    jitter both, so the time is exact."""
+    metadata = workload["spec"]["template"].setdefault("metadata", {})
+    metadata.setdefault("annotations", {}).update({f"pod-complete.stage.kwok.x-k8s.io/{key}": f"{seconds}s"
+                                                   for key in ("delay", "jitter-delay")})
+    return workload
+
+
+def gpus_of(pod: dict) -> int:
+    return sum(int((c.get("resources") or {}).get("limits", {}).get(GPU, 0)) for c in pod["spec"]["containers"])
+
+
+def metrics_ports(cluster) -> list[str]:
+    commands = json.loads((cluster.state / "commands.json").read_text())
+    return [argv[argv.index("--metrics-bind") + 1].rpartition(":")[2] for name, command in sorted(commands.items())
+            if name.startswith("webhook-") and (argv := command["argv"])]
+
+
+def answers(cluster, path: str, token: str | None) -> list[tuple[int, str]]:
+    """What each replica answers on its metrics port (each shows the decisions it made): status, body."""
+    context = ssl.create_default_context(cafile=str(cluster.state / "pki" / "ca.crt"))
+    out = []
+    for port in metrics_ports(cluster):
+        request = urllib.request.Request(f"https://127.0.0.1:{port}{path}",
+                                         headers={"Authorization": f"Bearer {token}"} if token else {})
+        try:
+            with urllib.request.urlopen(request, timeout=10, context=context) as answer:  # noqa: S310 - loopback
+                out.append((answer.status, answer.read().decode()))
+        except urllib.error.HTTPError as err:
+            out.append((err.code, err.read().decode()))
+    return out
+
+
+def read(cluster, path: str, token: str | None) -> tuple[set[int], str]:
+    """Every replica's answer: the statuses, and the bodies."""
+    replies = answers(cluster, path, token)
+    return {status for status, _ in replies}, "\n".join(body for _, body in replies)

@@ -5,19 +5,15 @@ reader what they may see, by TokenReview and SubjectAccessReview.
 """
 from __future__ import annotations
 
-import json
-import ssl
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 import pytest
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from conftest import ROOT, eventually
-from e2e.conftest import filler, job
+from e2e.conftest import filler, job, read
 
 GATE = "topology.scheduler/placement"
 
@@ -123,29 +119,6 @@ def test_ungate_lifts_only_our_gate_so_kube_scheduler_places_the_pods(cluster):
 
 
 # ----- the metrics port: who sees what (issue 41) -------------------------------------------------
-
-def metrics_ports(cluster) -> list[str]:
-    commands = json.loads((cluster.state / "commands.json").read_text())
-    return [argv[argv.index("--metrics-bind") + 1].rpartition(":")[2] for name, command in sorted(commands.items())
-            if name.startswith("webhook-") and (argv := command["argv"])]
-
-
-def read(cluster, path: str, token: str | None) -> tuple[set[int], str]:
-    """What every replica answers (each shows the decisions it made): the statuses, and the bodies."""
-    context = ssl.create_default_context(cafile=str(cluster.state / "pki" / "ca.crt"))
-    statuses, bodies = set(), []
-    for port in metrics_ports(cluster):
-        request = urllib.request.Request(f"https://127.0.0.1:{port}{path}",
-                                         headers={"Authorization": f"Bearer {token}"} if token else {})
-        try:
-            with urllib.request.urlopen(request, timeout=10, context=context) as answer:  # noqa: S310 - loopback
-                statuses.add(answer.status)
-                bodies.append(answer.read().decode())
-        except urllib.error.HTTPError as err:
-            statuses.add(err.code)
-            bodies.append(err.read().decode())
-    return statuses, "\n".join(bodies)
-
 
 def token_of(cluster, namespace: str, account: str) -> str:
     cluster.core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
