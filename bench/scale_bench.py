@@ -206,11 +206,13 @@ def sync(cluster: Cluster, api: Api, nodes: int, pods: int) -> dict:
     process = subprocess.Popen([sys.executable, "-m", "webhook", "serve", "--kubeconfig", cluster.kubeconfig,
                                 "--cert", str(pki / "webhook.crt"), "--key", str(pki / "webhook.key"),
                                 "--bind", f"127.0.0.1:{port}", "--metrics-bind", f"127.0.0.1:{free_port()}"],
-                               stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                               stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                   filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))})
     try:
         while not ready(f"https://127.0.0.1:{port}/readyz", str(pki / "ca.crt")):
             if process.poll() is not None or time.monotonic() - begun > 600:
-                raise RuntimeError(f"the webhook did not become ready; see {log.name}")
+                raise RuntimeError(f"the webhook did not become ready: {pathlib.Path(log.name).read_text()[-1500:]}")
             time.sleep(0.1)
         synced = time.monotonic() - begun
         return {"nodes": len(names), "pods": api.count("/api/v1/pods"), "create_pods_s": round(created, 1),
