@@ -65,9 +65,11 @@ def test_an_admission_the_apiserver_refuses_after_us_leaves_no_hold(cluster):
     try:
         with cluster.namespace("refused") as namespace:
             annotations = {"topology.scheduler/placement-strategy": "consolidated"}
-            # the policy is enforced once the apiserver has loaded it
-            eventually(lambda: applied(cluster, job("deny-probe", 1, annotations=annotations), namespace).returncode != 0,
-                       timeout=30, what="the policy enforced")
+            # the policy is enforced once the apiserver has loaded it; each probe a CREATE (a dry run
+            # stores nothing: a probe stored before then would be re-applied as an UPDATE, never refused)
+            probe = yaml.safe_dump(job("deny-probe", 1, annotations=annotations))
+            eventually(lambda: cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=probe,
+                                               check=False).returncode != 0, timeout=30, what="the policy enforced")
             refused = applied(cluster, job("deny-train", 4, annotations=annotations), namespace)
             assert refused.returncode != 0 and POLICY in refused.stderr
             started = time.monotonic()
