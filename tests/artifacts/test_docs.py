@@ -165,7 +165,7 @@ def reference_docs():
 
 
 GENERATED_PAGES = ["docs/reference/settings.md", "docs/reference/metrics.md", "docs/reference/cli.md",
-                   "docs/reference/annotations.md", "docs/reference/what-we-write.md"]
+                   "docs/reference/annotations.md", "docs/reference/what-we-write.md", "docs/reference/kinds.md"]
 
 
 def test_the_generated_pages_are_the_ones_the_generator_writes():
