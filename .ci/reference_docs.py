@@ -169,7 +169,8 @@ def _label_meanings() -> dict[tuple[str, str], Mapping[str, str] | str]:
     from webhook.core.model import Strategy
     from webhook.kube import releaser, scaleups
     from webhook.admission import OUTCOMES
-    from webhook.serving import access, app
+    from webhook.credentials import access
+    from webhook.serving import app
     from webhook.serving import metrics as m
 
     strategies = enumerate_words([code(s.value) for s in Strategy]

@@ -74,7 +74,7 @@ def test_a_job_larger_than_the_cluster_gets_one_provisioning_request_its_pods_co
     assert any(f"ProvisioningRequest ml/{name}" in w for w in result.warnings)
     assert_valid_kubernetes_object(result.admitted)
     # Its key on the Job itself, for the watch to delete these when it sees the Job deleted
-    # (tests/integration/test_clusterview.py); a DELETE review deletes nothing.
+    # (tests/kube/test_clusterview.py); a DELETE review deletes nothing.
     assert result.admitted["metadata"]["annotations"]["topology.scheduler/reservation"] == "ml/Job/big"
     assert review(deletion(result.admitted), demo_index(scale_ups=scale_ups), CONFIG).outcome == "ignored"
     assert scale_ups.deleted == []

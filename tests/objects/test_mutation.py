@@ -5,6 +5,7 @@ import pytest
 
 from tests.fixtures.builders import (API_VERSIONS, DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep,
                                      request, subject_of, template_of, valid, workload)
+from webhook.core.injection import waited_domain
 from webhook.objects.kinds import BY_KEY
 from webhook.core import injection
 from webhook.placement import enforce
@@ -86,7 +87,7 @@ def test_required_or_preferred(strategy, outcome, settings, pinned):
 def test_a_balanced_wait_stays_a_preference_unless_it_waits_for_room_where_waiting_pays(change):
     waiting = dataclasses.replace(decision(request(strategy=Strategy.BALANCED), Outcome.WAIT), **change)
     assert enforce.pins(dataclasses.replace(waiting, code="NoRoomNow", locality_pays=True), CONFIG)
-    assert not enforce.pins(waiting, CONFIG) and enforce.waited_domain(enforce.enforced(waiting, CONFIG)) is None
+    assert not enforce.pins(waiting, CONFIG) and waited_domain(enforce.enforced(waiting, CONFIG)) is None
 
 
 def test_the_preference_weight_is_a_setting():

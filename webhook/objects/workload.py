@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core.gpus import pod_gpus
-from ..core.model import MAPPINGS, PlacementRequest, quoted
+from ..core.model import MAPPINGS, PlacementRequest, on_nodes, quoted
 from ..core.resources import pod_requests
-from ..placement.placer import on_nodes
 from ..state.dra import CLIQUE_LABEL, ClaimDemand, ClaimRefs, PodGroupFacts
 from .dra_objects import claim_refs, pod_group_of
 from . import groups
