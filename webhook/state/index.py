@@ -312,6 +312,11 @@ class ClusterIndex:
         with self.lock:
             return self.pods.gated_groups(started, sizes)
 
+    def waited_seconds(self, key: str) -> float:
+        """How long workload `key`'s pods have waited in a pinned or gated wait (0: none waits)."""
+        with self.lock:
+            return self.pods.waiters.waited(key, self.ledger.clock())
+
     def gated_unsure(self) -> dict[str, GatedPod]:
         """Gated workloads whose pods exist in another number than their request says (gated.py)."""
         with self.lock:
