@@ -74,10 +74,9 @@ requests = st.tuples(st.integers(1, 6), st.sampled_from([1, 2, 4, 8]))
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters(), requests, st.booleans())
 def test_consolidated_matches_the_oracle(nodes, shape, refuse_unplaceable):
-    """The tightest domain and its split (`fill_nics`, off by default, may choose otherwise: below;
-    a wait for a tighter domain, `tight_wait_weight`, may wait instead: test_tighter_properties.py)."""
+    """The tightest domain and its split (`fill_nics`, off by default, may choose otherwise: below)."""
     pods, gpus = shape
-    index = build(nodes, Config(refuse_unplaceable=refuse_unplaceable, tight_wait_weight=0.0))
+    index = build(nodes, Config(refuse_unplaceable=refuse_unplaceable))
     decision = place(index, PlacementRequest("Job p/x", pods, gpus, Strategy.CONSOLIDATED))
     groups = oracle_levels(nodes, pods, gpus)
     free = {name: gpus_ - used for name, _, gpus_, used in nodes}
@@ -352,13 +351,13 @@ def test_a_pool_that_can_grow_takes_what_the_nodes_cannot_and_its_new_nodes_are_
     index = build(nodes)
     feed.upsert(index, pool)
     decision = place(index, request)
-    if place(build(nodes, Config(tight_wait_weight=0.0)), request).outcome is Outcome.PLACED:
-        assert decision == without  # fits today (or waits for a tighter domain): as without the pool
-        return
     requirements = pool["spec"]["template"]["spec"]["requirements"]
     node_gpus = int(requirements[0]["values"][0])
     room_nodes = int(pool["spec"]["limits"]["nvidia.com/gpu"]) // node_gpus
     takes = gpus <= node_gpus and room_nodes >= math.ceil(pods / (node_gpus // gpus))
+    if without.outcome is Outcome.PLACED:  # fits today: placed exactly as without the pool
+        assert decision == without
+        return
     if not takes:
         assert decision == without
         return

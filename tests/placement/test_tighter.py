@@ -1,5 +1,6 @@
 """A job that fits now only across a slower level waits for a tighter domain while the wait is worth
-the stretch it saves, and no longer than the stretch allows (webhook/placement/tighter.py).
+the stretch it saves, and no longer than the stretch allows (webhook/placement/tighter.py), with
+`tight_wait_weight` 2 as tuned (0, off, is the default).
 
 Cluster: test_waiting.py's, 2 spines x 4 leaves x 4 nodes x 8 H100, every GPU taken but the nodes
 a test frees. Crossing spines costs (zone oversubscription 4), crossing leaves in a spine does not.
@@ -18,13 +19,13 @@ from webhook.settings.config import Config
 
 ONE_NODE_A_SPINE = {"gpu-s1-l2-n3": 8, "gpu-s2-l5-n1": 8}  # 2 pods of 8 fit only across the spines
 KEY = "ml/Job/big"
-OFF = Config(tight_wait_weight=0.0)
+ON, OFF = Config(tight_wait_weight=2.0), Config()  # as tuned; off by default
 
 
 def test_a_job_that_fits_only_across_spines_waits_for_one_spine_when_the_stretch_is_worth_it(clock):
     """Across spines its run stretches by 0.1 x (1 - 1/4) x 4 = 0.29 run times (H100 NICs, NVLink's
     cap inside a spine); one more node frees in spine-1 after 1/15 run times, under 2 x 0.29."""
-    decision = place(busy_cluster(clock, ONE_NODE_A_SPINE), request(2))
+    decision = place(busy_cluster(clock, ONE_NODE_A_SPINE, ON), request(2))
     assert (decision.outcome, decision.hold) == (Outcome.WAIT, Hold.GATE)  # decided again at every release
     assert decision.scope.level_name == "spine" and decision.scope.name == "spine-1"
     assert decision.reasons[0] == (
@@ -36,7 +37,7 @@ def test_a_job_that_fits_only_across_spines_waits_for_one_spine_when_the_stretch
 
 def test_it_starts_across_the_spines_once_it_has_waited_what_the_stretch_allows(clock):
     """3600 s per run time of stretch: 0.29 run times allow 1028 s behind the gate."""
-    index = busy_cluster(clock, ONE_NODE_A_SPINE)
+    index = busy_cluster(clock, ONE_NODE_A_SPINE, ON)
     wait = place(index, request(2))
     add_waiter(index, path=wait.scope.path, key=KEY)  # its pods, pending with the wait's annotation
     clock.now += 1000
@@ -51,7 +52,7 @@ def test_it_starts_across_the_spines_once_it_has_waited_what_the_stretch_allows(
 
 
 def test_a_stretch_above_the_cap_never_ages_and_no_bound_waits_on(clock):
-    for config in (Config(tight_wait_cap=0.25), Config(tight_wait_seconds=0.0)):
+    for config in (dataclasses.replace(ON, tight_wait_cap=0.25), dataclasses.replace(ON, tight_wait_seconds=0.0)):
         index = busy_cluster(clock, ONE_NODE_A_SPINE, config)
         wait = place(index, request(2))
         assert wait.reasons[0].endswith("it waits there, with no bound: a stretch above tight_wait_cap never ages")
@@ -65,7 +66,7 @@ def test_no_wait_where_room_is_expected_later_than_the_stretch_is_worth(clock):
     times, over 2 x 0.29: it spans the spines now, as without the rule."""
     free = {f"gpu-s{s}-l{leaf}-n{n}": 8 for s, leaves in ((1, (1, 2)), (2, (5, 6))) for leaf in leaves
             for n in range(1, 5)}
-    decision = place(busy_cluster(clock, free), request(16))
+    decision = place(busy_cluster(clock, free, ON), request(16))
     assert decision == place(busy_cluster(clock, free, OFF), request(16))
     assert decision.outcome is Outcome.PLACED and decision.scope.level_name == "zone"
 
@@ -73,8 +74,8 @@ def test_no_wait_where_room_is_expected_later_than_the_stretch_is_worth(clock):
 def test_only_waits_the_gate_holds(clock):
     """A pin would never be decided again, so never age: a Deployment's pods (`may_pin_wait` false),
     `gate_waits` off, and a distributed spread start now."""
-    for config, req in ((Config(), request(2, may_pin_wait=False)), (Config(gate_waits=False), request(2)),
-                        (Config(), request(2, strategy=Strategy.DISTRIBUTED))):
+    for config, req in ((ON, request(2, may_pin_wait=False)), (dataclasses.replace(ON, gate_waits=False), request(2)),
+                        (ON, request(2, strategy=Strategy.DISTRIBUTED))):
         assert place(busy_cluster(clock, ONE_NODE_A_SPINE, config), req).outcome is Outcome.PLACED
 
 
@@ -88,7 +89,7 @@ def test_the_rule_only_turns_a_placement_slower_than_the_tightest_level_into_a_g
     pods, gpus = shape
     req = PlacementRequest("Job p/x", pods, gpus, strategy)
     without = place(build(nodes, OFF), req)
-    index = build(nodes)
+    index = build(nodes, ON)
     decision = place(index, req)
     aged = dataclasses.replace(place(index, dataclasses.replace(req, waited_seconds=1e9)), request=req)
     if decision == without:

@@ -135,10 +135,9 @@ def test_a_gated_wait_is_set_aside_only_where_no_placement_no_wider_exists(scena
     """place_gated answers None without deciding when no domain of the wait's level holds the
     workload (the releaser's common case, decided for hundreds of gated workloads at every pass).
     That shortcut must never hide a placement: whatever the core would place, with the waited-in
-    domain preferred or not, no wider than the wait, the shortcut lets through. (With
-    `tight_wait_weight` it may start wider, and the shortcut is the cluster's: test_tighter.py.)"""
+    domain preferred or not, no wider than the wait, the shortcut lets through."""
     nodes, busy, waiters, ages, request, seconds = scenario
-    index = waited_index(Config(protect_waiting_seconds=seconds, tight_wait_weight=0.0), nodes, busy, waiters, ages)
+    index = waited_index(Config(protect_waiting_seconds=seconds), nodes, busy, waiters, ages)
     node = data.draw(st.sampled_from(sorted(index.nodes)))
     path = index.nodes[node].path[:data.draw(st.integers(1, len(index.nodes[node].path)))]
     level = len(path) - 1
