@@ -175,8 +175,8 @@ def run(size: int, index: ClusterIndex, nodes: list[dict], build: float, cold: l
 
 
 def against(sizes: list[int], settings: dict[str, float], repeat: int, runs: int) -> None:
-    """Decision p50 and p99 with the default settings and with `settings` (say, a rule switched
-    off: the code before it), on indexes of each size built side by side and timed interleaved."""
+    """Decision p50 and p99 with the default settings and with `settings` (say, a rule switched on
+    or off), on indexes of each size built side by side and timed interleaved."""
     shapes = [PlacementRequest("bench", pods_, gpus, Strategy.CONSOLIDATED) for pods_, gpus in SHAPES]
     named = " ".join(f"{key}={value:g}" for key, value in settings.items())
     print(f"| nodes | run | defaults p50 (ms) | p99 (ms) | {named} p50 (ms) | p99 (ms) | p99 defaults / {named} |")
@@ -204,8 +204,8 @@ def main() -> None:
                         help="decisions timed per figure (default: %(default)s; p99 is then the 20th slowest)")
     parser.add_argument("--runs", type=int, default=1, help="times each size is run, in turn (default: %(default)s)")
     parser.add_argument("--against", nargs="+", metavar="SETTING=NUMBER",
-                        help="only decision p50 and p99 with the default settings against these (a rule off: "
-                             "tight_wait_weight=0), timed interleaved in one run")
+                        help="only decision p50 and p99 with the default settings against these (a rule switched on: "
+                             "tight_wait_weight=2), timed interleaved in one run")
     args = parser.parse_args()
     if args.against:
         against(args.sizes, {key: float(value) for key, value in (a.split("=", 1) for a in args.against)},
