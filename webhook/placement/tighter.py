@@ -23,7 +23,8 @@ def held_for_tighter(subset: TopologyTree, request: PlacementRequest, chain: lis
     (`gate_waits`, `PlacementRequest.may_pin_wait`): a pin would never age. `placed` gains a reason
     when it starts because the wait aged out."""
     config = subset.config
-    if (not config.tight_wait_weight or not config.gate_waits or request.pods == 1 or placed.scope is None or request.strategy not in (Strategy.CONSOLIDATED, Strategy.BALANCED)):
+    if (not config.tight_wait_weight or not config.gate_waits or request.pods == 1 or placed.scope is None
+            or request.strategy not in (Strategy.CONSOLIDATED, Strategy.BALANCED)):
         return placed
     level, tightest = placed.scope.level, tightest_level(subset, request)
     if level >= tightest:
@@ -55,10 +56,11 @@ def tightest_level(subset: TopologyTree, request: PlacementRequest) -> int:
     """The widest level the request may span at the bandwidth of the narrowest level one domain of
     which could hold it on an idle cluster (-1: the cluster): no placement is faster than that."""
     gpus, pods = request.gpus_per_pod, request.pods
-    level = next((lv for lv in range(len(subset.levels) - 1, -1, -1)
-                  if any(d.fits_idle(gpus) >= pods for d in subset.levels[lv].values())), -1)
     if subset.root.fits_idle(gpus * pods):  # one node holds it all
         level = len(subset.levels)
+    else:
+        level = next((lv for lv in range(len(subset.levels) - 1, -1, -1)
+                      if any(d.fits_idle(gpus) >= pods for d in subset.levels[lv].values())), -1)
     while level >= 0 and not estimate.spill_costs(subset, request, level):
         level -= 1
     return level
