@@ -22,7 +22,7 @@ from ..serving.app import create_app
 from ..serving.metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
 from ..serving.metrics_port import METRICS_BACKLOG, start_metrics_server
 from ..serving.page.render import page_app
-from ..serving.page.snapshot import RecentDecisions
+from ..serving.page.decisions import RecentDecisions
 from ..serving.paths import DEFAULT_PORT
 from ..serving.server import THREADS_PER_WORKER, ServeOptions, WebhookServer
 from ..settings.config import Config, ConfigError
