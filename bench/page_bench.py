@@ -40,7 +40,7 @@ from bench.placement_bench import cluster  # noqa: E402
 from webhook.objects.feed import index_of  # noqa: E402
 from webhook.state.index import ClusterIndex  # noqa: E402
 from webhook.settings.config import Config  # noqa: E402
-from webhook.serving.page.decisions import RecordedDecision  # noqa: E402
+from webhook.admission.recent import RecordedDecision  # noqa: E402
 from webhook.serving.page.snapshot import NODE_DETAIL_LIMIT, Selection, snapshot  # noqa: E402
 from webhook.serving.page.render import render  # noqa: E402
 

@@ -16,10 +16,10 @@ from webhook.settings.config import Config
 from webhook.kube import demo
 from webhook.kube.access import cluster_access
 from webhook import admission
-from webhook.serving.page.decisions import RecentDecisions
-from webhook.serving import certs
+from webhook.admission.recent import RecentDecisions
+from webhook.credentials import certs
 from webhook.serving.app import create_app
-from webhook.serving.certs import ReloadingContext
+from webhook.credentials.certs import ReloadingContext
 from webhook.serving.metrics import Metrics
 from webhook.serving.metrics_port import SECURITY_HEADERS, start_metrics_server
 from webhook.serving.page.render import CONTENT_SECURITY_POLICY, page_app

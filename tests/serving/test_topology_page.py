@@ -25,7 +25,7 @@ from webhook.settings.loading import levels_from
 from webhook.kube import demo
 from webhook import admission
 from webhook.serving.page import snapshot as overview
-from webhook.serving.page.decisions import RecentDecisions
+from webhook.admission.recent import RecentDecisions
 from webhook.serving.page.snapshot import Selection, snapshot
 from webhook.serving.page import render as topology_page
 from webhook.serving.metrics_port import start_metrics_server

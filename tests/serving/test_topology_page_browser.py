@@ -19,7 +19,7 @@ from webhook.objects.feed import index_of
 from webhook.settings.config import Config
 from webhook.kube import demo
 from webhook import admission
-from webhook.serving.page.decisions import RecentDecisions
+from webhook.admission.recent import RecentDecisions
 from webhook.serving.page.snapshot import snapshot
 from webhook.serving.page import heatmap
 from webhook.serving.page.render import COLOURS, render

@@ -35,7 +35,7 @@ from typing import Any
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from ..serving.page.decisions import RecentDecisions, RecordedDecision, decode_record, encode_record
+from ..admission.recent import RecentDecisions, RecordedDecision, decode_record, encode_record
 from .shared_claims import describe
 
 log = logging.getLogger(__name__)

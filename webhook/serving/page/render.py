@@ -21,10 +21,10 @@ from urllib.parse import parse_qs, urlencode
 
 from ...admission import AdmissionOutcome
 from ...state.index import ClusterIndex
-from ..access import EVERYTHING, SCOPE_ENVIRON_KEY, PageScope, visible_namespaces
+from ...credentials.access import EVERYTHING, SCOPE_ENVIRON_KEY, PageScope, visible_namespaces
 from ..paths import TOPOLOGY_JSON_PATH
 from . import heatmap
-from .decisions import RecentDecisions
+from ...admission.recent import RecentDecisions
 from .nodes import FREE, HELD, OUT, USED
 from .snapshot import Selection, namespaces_present, snapshot
 from .words import e as _e

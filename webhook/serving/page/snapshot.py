@@ -18,7 +18,7 @@ from typing import Iterable, Iterator, Sequence, cast
 from ...admission import AdmissionOutcome
 from ...state.index import ClusterIndex
 from ...state.tree import Domain, NodeState
-from .decisions import NODES_PER_ENTRY, RecordedDecision
+from ...admission.recent import NODES_PER_ENTRY, RecordedDecision
 from .nodes import gpu_states, natural, node_counts, split_key, state_of
 
 SCHEMA_VERSION = 1

@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from webhook.serving.page.decisions import RecentDecisions, RecordedDecision, decode_record, encode_record
+from webhook.admission.recent import RecentDecisions, RecordedDecision, decode_record, encode_record
 from webhook.serving.page.snapshot import Selection, latest_per_workload
 
 

@@ -1,5 +1,7 @@
-"""The decisions the topology page lists: this replica's, kept in memory, and every other
-replica's, read from what each wrote (webhook/kube/shared_decisions.py).
+"""Recent decisions, those the topology page lists (webhook/serving/page): this replica's, kept in
+memory, and every other replica's, read from what each wrote (webhook/kube/shared_decisions.py).
+Here, below both adapters, because both use them: the server records and draws, the API adapter
+writes and reads the records.
 
 An admission thread records its decision here (a deque append under a lock: no API call on the
 admission path). With replicas sharing their records, a thread writes this replica's newest
@@ -17,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from ...admission import AdmissionOutcome, AdmissionResult
+from .envelope import AdmissionOutcome, AdmissionResult
 
 RECENT_DECISIONS = 500  # decisions kept for the page, newest last
 NODES_PER_ENTRY = 64  # node names listed per decision or hold

@@ -1,4 +1,4 @@
-"""Who reads what on the metrics port (webhook/serving/access.py): the decision and its cache
+"""Who reads what on the metrics port (webhook/credentials/access.py): the decision and its cache
 against fake TokenReview and SubjectAccessReview functions, the page's filtering for a reader who
 may see some namespaces only, and, over random clusters, that such a reader meets no workload name
 of any other namespace in the page or its JSON."""
@@ -17,9 +17,9 @@ from webhook.settings.config import Config
 from webhook.kube import demo
 from webhook.kube.access import subject_access_review
 from webhook import admission
-from webhook.serving.page.decisions import RecentDecisions
+from webhook.admission.recent import RecentDecisions
 from webhook.serving.page.snapshot import namespaces_present
-from webhook.serving.access import (EVERYTHING, SCOPE_ENVIRON_KEY, Access, NonResourceURL, PageScope, Reader,
+from webhook.credentials.access import (EVERYTHING, SCOPE_ENVIRON_KEY, Access, NonResourceURL, PageScope, Reader,
                                     ResourceAction, ReviewError, bearer_token, guarded, visible_namespaces)
 from webhook.serving.page.render import page_app
 

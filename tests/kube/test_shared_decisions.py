@@ -1,6 +1,6 @@
 """Every replica's recent decisions on every replica's page, in process: live views of one fake API
 server, each writing its record Lease and watching the others' (webhook/kube/shared_decisions.py),
-through the real `kubernetes` client. Two `serve` processes: test_replicas.py."""
+through the real `kubernetes` client. Two `serve` processes: tests/integration/test_replicas.py."""
 from __future__ import annotations
 
 import logging
@@ -13,7 +13,7 @@ from tests.fixtures.builders import gpu_job
 from webhook import admission
 from webhook.kube.demo import make_node
 from webhook.kube.shared_decisions import RECORD_ANNOTATION, ApiDecisionRecords, record_name
-from webhook.serving.page.decisions import RecentDecisions
+from webhook.admission.recent import RecentDecisions
 from webhook.settings.config import Config
 
 NAMESPACE = "tw"
