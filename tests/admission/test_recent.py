@@ -15,7 +15,8 @@ from webhook.serving.page.snapshot import Selection, latest_per_workload
 def decision(i: int, replica: str = "a", name: str | None = None, reasons: int = 2) -> RecordedDecision:
     return RecordedDecision(at=1000.0 + i, namespace="ml", kind="Job", name=name or f"job-{i}", outcome="placed",
                             gpus=32, domain="leaf leaf-3", code=None,
-                            reasons=tuple(f"4 pod(s) x 8 GPU(s) in leaf leaf-3: reason {r} of {i}" for r in range(reasons)),
+                            reasons=tuple(f"4 pod(s) x 8 GPU(s) in leaf leaf-3: reason {r} of {i}"
+                                          for r in range(reasons)),
                             nodes=tuple(f"gpu-s1-l3-n{n}" for n in range(4)), replica=replica)
 
 

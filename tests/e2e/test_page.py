@@ -23,7 +23,8 @@ def test_two_replicas_serve_the_same_decision_list_each_decision_naming_its_repl
             assert _https(cluster, port, "/mutate", review)["response"]["allowed"]
 
         def lists() -> list[list[tuple[str, str, str]]] | None:
-            pages = [_https(cluster, port, f"/topology.json?namespace={ns}") for port in ports(cluster, "--metrics-bind")]
+            pages = [_https(cluster, port, f"/topology.json?namespace={ns}")
+                     for port in ports(cluster, "--metrics-bind")]
             found = [sorted((w["name"], w["replica"], w["outcome"]) for w in page["workloads"]) for page in pages]
             return found if len(found[0]) == 1 + len(binds) and all(seen == found[0] for seen in found) else None
 

@@ -2,7 +2,7 @@
 node (or, above snapshot.HEATMAP_NODE_LIMIT GPU nodes, per domain of the overview's level, leaves
 usually), grouped in frames by the configured levels (zone > spine > leaf).
 
-A cell's colour is its `state` (nodes.STATES): free, some free (four shades by the share of its
+A cell's colour is its `state` (nodes.state_of): free, some free (four shades by the share of its
 in-service GPUs free), none free but held, none free, out of service. Hovering a cell shows its
 title: a node's GPU counts, its NVLink domains (a letter per GPU) and its pods' workloads; served
 live, clicking a leaf (or a domain cell) opens its detail below (`?focus=`).
@@ -212,7 +212,8 @@ def overview(data: dict, live: bool) -> str:
     link = {k: v for k, v in selection.items() if v and k != "focus"} if live else None
     tops = root.children
     parts = [f'<svg class="ov" width="{WIDTH}" height="{height + 1}" shape-rendering="crispEdges">',
-             "<style>" + ",".join(f".ov .{cls}" for cls in COLOURS) + f"{{width:{pitch - 1}px;height:{pitch - 1}px}}</style>"]
+             "<style>" + ",".join(f".ov .{cls}" for cls in COLOURS)
+             + f"{{width:{pitch - 1}px;height:{pitch - 1}px}}</style>"]
     for top in tops:
         parts.extend(draw(top, 0, 0, pitch, link, selection["focus"]))
     parts.append("</svg>")

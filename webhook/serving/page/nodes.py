@@ -10,9 +10,6 @@ from ...state.tree import NodeState
 
 USED, HELD, FREE, OUT = "u", "h", "f", "x"  # one letter per GPU in a node's NVLink groups
 FREE_COUNT = {FREE: "free", OUT: "out"}  # the count an idle node's every GPU is in
-# What one cell of the overview says, worst first: every GPU out of service; none free, some held;
-# none free; some free; every GPU in service free.
-STATES = ("out", "held", "used", "part", "free")
 _DIGITS = re.compile(r"(\d+)")
 
 
@@ -39,7 +36,9 @@ def node_counts(node: NodeState) -> dict[str, int]:
 
 
 def state_of(gpus: dict[str, int], out_of_service: bool = False) -> str:
-    """The overview's word for a node's or a domain's GPUs (STATES)."""
+    """The overview's word for a node's or a domain's GPUs: "out" (every GPU out of service, or the
+    node is), "free" (every GPU in service free), "part" (some free), "held" (none free, some held
+    for admitted workloads), "used" (none free)."""
     if out_of_service or gpus["out"] == gpus["total"]:
         return "out"
     if gpus["free"] == gpus["total"] - gpus["out"]:

@@ -167,7 +167,8 @@ def _detail(data: dict, live: bool) -> Iterator[str]:
                    "so nodes are drawn only for one domain at a time"
                    + (": click it in the overview" if live else "") + "</div>")
     legend = "".join(f"<span><i class={_CLASSES[part]}></i> {part}</span>" for part in COLOURS)
-    yield f'<div class="legend">{legend}<span>a cell per GPU, grouped by NVLink domain; hover a block for the pods that fit in it now</span></div>'
+    yield (f'<div class="legend">{legend}<span>a cell per GPU, grouped by NVLink domain; hover a block for the pods '
+           "that fit in it now</span></div>")
     yield f'<div class="c">{_domain(block, selection, live, leaf_level, above)}</div>'
 
 
