@@ -140,14 +140,10 @@ class ApiDecisionRecords:
         try:
             lease = json.loads(self.api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
                                                               _request_timeout=API_SECONDS).data)
-        except ApiException as err:
-            if err.status != 404:
+        except Exception as err:  # noqa: BLE001 - none yet (404), or the API unreachable: the first write tries again
+            if not (isinstance(err, ApiException) and err.status == 404):
                 log.warning("decisions: cannot read Lease %s/%s (%s); writing it anew", self.namespace, self.name,
                             describe(err))
-            return
-        except Exception as err:  # noqa: BLE001 - the API unreachable: the first write tries again
-            log.warning("decisions: cannot read Lease %s/%s (%s); writing it anew", self.namespace, self.name,
-                        describe(err))
             return
         self._version = (lease.get("metadata") or {}).get("resourceVersion")
         text = ((lease.get("metadata") or {}).get("annotations") or {}).get(RECORD_ANNOTATION)
