@@ -247,7 +247,7 @@ def install_webhook(args: argparse.Namespace, state: State, binary: str, admin: 
             sys.executable, "-m", "webhook", "serve", "--kubeconfig", webhook_config, "--config", settings,
             "--cert", f"{pki}/webhook.crt", "--key", f"{pki}/webhook.key", "--bind", f"127.0.0.1:{port}",
             "--metrics-bind", f"127.0.0.1:{metrics}", "--claims-namespace", NAMESPACE, *key_args],
-            env={"PYTHONPATH": ROOT})
+            env={"PYTHONPATH": ROOT, "POD_NAME": name})  # its name on the topology page, as a pod's
         wait_for("ready webhook", lambda: https_ok(f"https://127.0.0.1:{port}/readyz", state.file("pki", "ca.crt")),
                  process, state, name)
         ports.append(port)
