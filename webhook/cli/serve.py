@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..kube import certbootstrap
 from ..kube.access import cluster_access
-from ..kube.clusterview import ApiFeed, own_namespace
+from ..kube.clusterview import own_namespace
 from ..kube.gatekey import ensure_gate_key
 from ..credentials.kubeclient import api_client_from
 from ..kube.allotment import ALLOTMENT_SHARE
@@ -29,6 +29,7 @@ from ..settings.config import Config, ConfigError
 from ..settings.loading import load_config
 from ..state.index import out_of_the_collectors_way
 from .inputs import file_index, read_cluster, say_levels
+from .live import live_view
 from .program import DNS_LABEL, UsageError, log
 
 if TYPE_CHECKING:
@@ -250,10 +251,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics = Metrics.create(options.multiprocess_dir)
         decisions = None if args.no_topology_page else RecentDecisions()
         if live:
-            feed = ApiFeed(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
-                           claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc,
-                           claims_allotment_share=ALLOTMENT_SHARE if args.claims_allotments else 0,
-                           on_scale_up=metrics.scale_up, on_release=metrics.gated_release)
+            feed = live_view(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
+                             claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc,
+                             claims_allotment_share=ALLOTMENT_SHARE if args.claims_allotments else 0,
+                             on_scale_up=metrics.scale_up, on_release=metrics.gated_release)
             feed.start()
             atexit.register(feed.stop)  # a graceful shutdown gives back the GPUs its allotment holds
             metrics.watch_feed(feed.age)
