@@ -16,9 +16,10 @@ Nothing fits now: the domain at the deepest level that could ever hold it and is
 is named, with how much fits per level. The nodes there are cannot hold it even idle: it waits for
 nodes to be added, pinned to nothing. No node could take even one of its pods: said plainly.
 
-Here: the decision, consolidated and distributed, and a placed decision built. Beside it:
-`walk` (reading the tree, the domains a request names, the pin a decision writes), `waiting`
-(when nothing fits now), `estimate` (the bandwidth a placement gets), `orderings` (every sort key).
+Here: the decision, consolidated and distributed (the strategy's registered layout), and a placed
+decision built. Beside it: `walk` (reading the tree, the domains a request names, the pin a
+decision writes), `waiting` (when nothing fits now), `estimate` (the bandwidth a placement gets),
+`orderings` (every sort key).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ import math
 from typing import Callable, Sequence
 
 from ..core import orderings
-from ..core.model import UNKNOWN_DOMAIN, Decision, DomainRef, Interconnect, NodeAssignment, Outcome, PlacementRequest, Strategy
+from ..core.model import UNKNOWN_DOMAIN, Decision, DomainRef, Interconnect, NodeAssignment, Outcome, PlacementRequest
+from ..core.strategies import Layout
 from ..settings.presets import HOSTNAME_LABEL
 from ..state.growth import Pool
 from ..state.tree import NodeState, TopologyTree
@@ -68,7 +70,7 @@ def _decision(tree: TopologyTree, request: PlacementRequest, subset: TopologyTre
             return Decision(Outcome.NEVER, request, None, code=UNKNOWN_DOMAIN, reasons=(found,))
         preferred = found
         chain = walk.ancestry(preferred)
-    if request.strategy is Strategy.DISTRIBUTED:
+    if request.strategy.rules.layout is Layout.SPREAD:
         decision = _distributed(subset, request, chain, narrowest)
     else:
         decision = _consolidated(subset, request, _searched_first(subset, request) or chain, chain, narrowest)
@@ -327,7 +329,7 @@ def _placed(subset: TopologyTree, request: PlacementRequest, scope: Member, spli
     reasons.append(f"traffic crosses {interconnect.value}; estimated all-reduce bus bandwidth "
                    f"{bandwidth:.0f} GB/s ({profile.name}{', estimate' if profile.estimate else ''})")
     # Distributed pins only its scope: below it the spread constraints do the work.
-    confine = [node for node, _ in split] if request.strategy is not Strategy.DISTRIBUTED else []
+    confine = [node for node, _ in split] if request.strategy.rules.layout is not Layout.SPREAD else []
     named = sorted({walk.hostname(node) for node, _ in split})
     return Decision(Outcome.PLACED, request, scope.ref, domains=domains, assignment=tuple(assignment),
                     requirements=walk.requirements(subset, scope, confine) if pin else (),
@@ -338,7 +340,7 @@ def _placed(subset: TopologyTree, request: PlacementRequest, scope: Member, spli
 
 def _why(subset: TopologyTree, request: PlacementRequest, scope: Member, domains: tuple[DomainRef, ...]) -> str:
     shape = f"{request.pods} pod(s) x {request.gpus_per_pod} GPU(s)"
-    if request.strategy is Strategy.DISTRIBUTED:
+    if request.strategy.rules.layout is Layout.SPREAD:
         return f"{shape} spread over nodes and leaves of {scope.label} for failure isolation"
     if len(domains) > 1:
         return (f"{shape} in {scope.label} across {', '.join(d.name for d in domains)}: "
