@@ -7,7 +7,6 @@ import heapq
 import math
 from typing import Callable, Sequence
 
-from ..core import orderings
 from ..core.model import EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Decision, DomainRef, NodeRequirement, Outcome, PlacementRequest
 from ..core.strategies import Layout, Waits
 from ..settings.presets import HOSTNAME_LABEL
@@ -169,7 +168,7 @@ def wait_decision(subset: TopologyTree, request: PlacementRequest, chain: list[M
         for level in range(len(subset.levels) - 1, scope.ref.level, -1):
             able = [d for d in walk.at_level(scope, level) if d.fits_idle(gpus) >= pods]
             if able:
-                target = min(able, key=lambda d: orderings.closest_to_fitting(d, gpus))
+                target = min(able, key=lambda d: subset.orderings.closest_to_fitting(d, gpus))
                 break
         if target is not None:
             break
