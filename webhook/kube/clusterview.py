@@ -25,7 +25,9 @@ Per kind (nodes, pods) one daemon thread runs the reflector loop:
 
 A third thread expires reservations whose time-to-live has passed. When replicas share their
 claims (`claims_namespace`), a third stream lists and watches the claims Lease in that namespace
-the same way and applies each version to the ledger (webhook/kube/shared_claims.py).
+the same way and applies each version to the ledger (webhook/kube/shared_claims.py); with
+`decision_records`, one more watches the replicas' records of their recent decisions
+(webhook/kube/shared_decisions.py, whose own thread writes this replica's).
 
 Objects are handled as the plain dicts the API sends (the shape `ClusterIndex` reads): watch
 events are not turned into client model objects, which would cost far more than the index
@@ -51,8 +53,9 @@ from kubernetes.client.exceptions import ApiException
 
 from ..objects import feed
 from ..state.index import ClusterIndex, NodeGone
-from .kinds import claims_stream, dra_streams, growth_streams, pod_stream, stored_streams
+from .kinds import claims_stream, decisions_stream, dra_streams, growth_streams, pod_stream, stored_streams
 from .shared_claims import ApiClaims, describe
+from .shared_decisions import ApiDecisionRecords
 from .releaser import Releaser
 from .streams import FORBIDDEN, GONE, NOT_FOUND, Ahead, Backoff, DictWatch, Stream, StreamStatus, collector_paused
 
@@ -91,14 +94,16 @@ class Pacing:
 class ApiFeed:
     """Nodes and Pods from the API, applied incrementally to one `ClusterIndex`.
 
-    It builds nothing but its streams: the index, the claims Lease it feeds (`claims`) and the
-    releaser whose passes follow the view (`releaser`) are made and wired by the composition root
-    (webhook/cli/live.py). `clock` is what `readiness()` measures time with.
+    It builds nothing but its streams: the index, the claims Lease it feeds (`claims`), the
+    replicas' decision records it feeds (`decision_records`) and the releaser whose passes follow
+    the view (`releaser`) are made and wired by the composition root (webhook/cli/live.py).
+    `clock` is what `readiness()` measures time with.
     """
 
     def __init__(self, index: ClusterIndex, api_client: k8s_client.ApiClient, *, claims: ApiClaims | None = None,
-                 releaser: Releaser | None = None, clock: Callable[[], float] = time.monotonic,
-                 pacing: Pacing = Pacing(), rng: random.Random | None = None) -> None:
+                 decision_records: ApiDecisionRecords | None = None, releaser: Releaser | None = None,
+                 clock: Callable[[], float] = time.monotonic, pacing: Pacing = Pacing(),
+                 rng: random.Random | None = None) -> None:
         self.index = index
         self.config = index.config
         self.clock = clock
@@ -121,6 +126,7 @@ class ApiFeed:
         if claims is not None:
             self._streams += (claims_stream(claims, api_client, claims.namespace),)
         self._streams += dra_streams(api_client, index) + stored_streams(index, api_client)
+        self._streams += (decisions_stream(decision_records, api_client),) if decision_records is not None else ()
         self._backoff = {stream.kind: Backoff(pacing.backoff_base, pacing.backoff_cap, random.Random(rng.random()))
                          for stream in self._streams}
         # Gated waits are started by a pass after the cluster changed, at most once an interval.
