@@ -18,6 +18,7 @@ from ..core.injection import (ADMISSION, GATE, GPU_IDS, HOLD_SEAL, RESERVATION, 
                               parse_domain_path, seal_hold)
 from ..core.memo import Memo
 from ..core.model import GPU_RESOURCE, MAPPINGS
+from ..core.orderings import DEFAULT as DEFAULT_ORDERINGS, Orderings
 from ..core.resources import node_allocatable, pod_requests
 from ..settings.config import Config, HardwareProfile
 from ..settings.presets import HOSTNAME_LABEL
@@ -45,12 +46,13 @@ _FEED_ORDER = {"DeviceClass": 0, "ResourceSlice": 1, "Node": 2, "ResourceClaimTe
 
 
 def index_of(config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = (),
-             clock: Callable[[], float] = time.monotonic) -> ClusterIndex:
+             clock: Callable[[], float] = time.monotonic, orderings: Orderings = DEFAULT_ORDERINGS) -> ClusterIndex:
     """The index of these objects: Nodes and Pods, and any of the DRA kinds (dra.DRA_KINDS) and
     autoscalers' objects mixed in, as `kubectl get nodes,pods,resourceslices -o yaml` prints them."""
     objects = sorted([*nodes, *pods], key=lambda obj: _FEED_ORDER.get(str(obj.get("kind", "Node")), 2))
     facts = [fact for fact in (fact_of(obj, config) for obj in objects) if fact is not None]
-    index = ClusterIndex(config, max([8] + [fact.gpus for fact in facts if isinstance(fact, NodeState)]), clock)
+    index = ClusterIndex(config, max([8] + [fact.gpus for fact in facts if isinstance(fact, NodeState)]), clock,
+                         orderings)
     for fact in facts:
         index.apply(fact)
     return index

@@ -16,7 +16,8 @@ import time
 import zlib
 from typing import Callable
 
-from ..core.model import GROUP_MISMATCH, NO_ROOM_NOW, Decision, DomainRef, Outcome, PlacementRequest, Strategy, on_nodes
+from ..core.model import GROUP_MISMATCH, NO_ROOM_NOW, Decision, DomainRef, Outcome, PlacementRequest, on_nodes
+from ..core.strategies import Layout
 from ..state.gated import GatedGroup
 from ..state.index import ClusterIndex
 from ..state.tree import TopologyTree
@@ -145,7 +146,7 @@ def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None
     if claims is None or key is None:
         return place_and_reserve(index, request, key, stamp), []
 
-    spreading = (request.strategy is Strategy.DISTRIBUTED and not request.latency_sensitive
+    spreading = (request.strategy.rules.layout is Layout.SPREAD and not request.latency_sensitive
                  and not request.preferred_domain)  # round-robin over the leaves with room
 
     def decide() -> Decision:  # under the lock: the allotment as it is now, after a 409 too

@@ -25,6 +25,7 @@ from typing import Callable, Collection, Iterable, Iterator, Mapping
 
 from ..core.memo import Memo
 from ..core.model import PlacementRequest
+from ..core.orderings import DEFAULT as DEFAULT_ORDERINGS, Orderings
 from ..settings.config import Config
 from ..settings.presets import PRESETS, PresetVotes, preset_marks
 from . import dra
@@ -67,16 +68,18 @@ class ClusterIndex:
     """Nodes, pods and reservations, with capacity aggregated per topology domain.
 
     Holds are the ledger's; the index counts them against the nodes they are on. `clock` is what
-    holds expire by (the ledger's own).
+    holds expire by (the ledger's own); `orderings`, the sort keys its tree keeps and placement ranks
+    by (core/orderings.py).
 
     Thread safety: `apply` and every other public mutator take `lock`; callers that read and then
     write (place and reserve) hold it across both.
     """
 
-    def __init__(self, config: Config, width: int = 8, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: Config, width: int = 8, clock: Callable[[], float] = time.monotonic,
+                 orderings: Orderings = DEFAULT_ORDERINGS):
         self.config = config
         self.lock = threading.RLock()
-        self.tree = TopologyTree(config, width)
+        self.tree = TopologyTree(config, width, orderings=orderings)
         self.filters = NodeFilters()
         self.subsets = ConstrainedSubsets()
         self.ledger = ReservationLedger(config.reservation_ttl_seconds, clock)
@@ -226,7 +229,7 @@ class ClusterIndex:
         and rare (the first nodes read, a relist, nodes of another kind joining)."""
         self.preset = preset
         self.config = dataclasses.replace(self.config, levels=PRESETS[preset])
-        tree = TopologyTree(self.config, self.tree.width)
+        tree = TopologyTree(self.config, self.tree.width, orderings=self.tree.orderings)
         for node in list(self.tree.nodes.values()):
             node.parent = None
             tree.attach(node)

@@ -19,14 +19,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Iterator, Mapping
+from typing import Iterator, Mapping
 
 from ..core.gpus import pick_aligned
 from ..core.model import DomainRef, Interconnect, PlacementRequest
+from ..core.orderings import DEFAULT as DEFAULT_ORDERINGS, Orderings
 from ..settings.config import Config, HardwareProfile
 from ..settings.presets import HOSTNAME_LABEL
 from .bestfit import LevelOrders
-
 
 _NO_CHILDREN: Mapping[str, "Domain | NodeState"] = MappingProxyType({})
 
@@ -244,23 +244,23 @@ def placement_fields(node: NodeState) -> tuple:
 
 
 class TopologyTree:
-    """Domains and nodes with their aggregates. `serves`: in a constrained subset, the request whose
-    pods it counts GPUs for (see usable_free); None for the whole cluster."""
+    """Domains and nodes with their aggregates, ranked by `orderings`. `serves`: in a constrained subset,
+    the request whose pods it counts GPUs for (see usable_free); None for the whole cluster."""
 
-    def __init__(self, config: Config, width: int = 8, serves: PlacementRequest | None = None):
+    def __init__(self, config: Config, width: int = 8, serves: PlacementRequest | None = None, orderings: Orderings = DEFAULT_ORDERINGS):
         self.config = config
+        self.orderings = orderings  # the sort keys its level orders keep and placement ranks by
         self.serves = serves
         self.width = width  # largest GPU count of any node seen; aggregates are sized to it
         self.root = Domain(DomainRef(-1, "cluster", ()), None, width)
         self.levels: list[dict[tuple, Domain]] = [{} for _ in config.levels]  # per level: path -> domain
-        self.orders: list[LevelOrders[Domain]] = [LevelOrders(self._domains_at(i)) for i in range(len(config.levels))]
+        self.orders: list[LevelOrders[Domain]] = [self._orders_at(i) for i in range(len(config.levels))]
         self.nodes: dict[str, NodeState] = {}
         self.by_value: dict[str, set[tuple]] = {}  # label value / node name -> domain paths (preferred-domain)
         self.out_of_service: dict[str, str] = {}  # GPU node -> why it is out for now (it may return)
 
-    def _domains_at(self, level: int) -> Callable[[], dict[tuple, Domain]]:
-        """The level's domains by path, read afresh by its best-fit orders."""
-        return lambda: self.levels[level]
+    def _orders_at(self, level: int) -> LevelOrders[Domain]:  # over the level's domains as they are when read
+        return LevelOrders(lambda: self.levels[level], self.orderings)
 
     def node_path(self, node: NodeState) -> tuple[tuple[str, str], ...]:
         """The node's domain at every level. A missing label above one the node does carry is an
