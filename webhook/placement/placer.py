@@ -58,6 +58,8 @@ def place_gated(index: ClusterIndex, request: PlacementRequest, waiting: DomainR
             return None  # the common answer while it waits, without deciding (and explaining) a wait
     label, value = waiting.path[-1] if waiting.path else ("", "")
     decision = place(index, dataclasses.replace(request, preferred_domain=f"{label}={value}"), key) if value else None
+    if decision is not None and decision.outcome is not Outcome.PLACED and not wider:
+        return None  # no room anywhere (with the rule, a wait for a tighter domain: decided without the preference)
     if decision is None or decision.outcome is not Outcome.PLACED or decision.scope is None \
             or decision.scope.path[:len(waiting.path)] != waiting.path:
         decision = place(index, request, key)
@@ -66,7 +68,8 @@ def place_gated(index: ClusterIndex, request: PlacementRequest, waiting: DomainR
         return None
     span = "no wider" if decision.scope.level >= waiting.level else "wider, as the reasons above say"
     return dataclasses.replace(decision, reasons=(
-        *decision.reasons, f"it waited for {waiting} behind its scheduling gate and starts in {decision.scope}, {span}"))
+        *decision.reasons, f"it waited for {waiting} behind its scheduling gate and starts in {decision.scope}, "
+        + span))
 
 
 def _holds_no_wider(subset: TopologyTree, request: PlacementRequest, level: int) -> bool:
