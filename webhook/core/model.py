@@ -93,6 +93,9 @@ class PlacementRequest:
     # preference (preferred-domain, a peer's preferred topology), nor for a workload that keeps its
     # pod template for good (a Deployment, StatefulSet, CronJob...), where the pin would outlive the wait.
     may_pin_wait: bool = True
+    # How long its pods have waited in a pinned or gated wait, by the index's clock (placer.place_gated
+    # sets it when it decides a wait again): what ages a wait for a narrower domain (tight_wait_seconds).
+    waited_seconds: float = 0.0
 
     @property
     def total_gpus(self) -> int:

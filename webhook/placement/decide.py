@@ -36,6 +36,7 @@ from ..state.growth import Pool
 from ..state.tree import NodeState, TopologyTree
 from . import estimate, waiting, walk
 from .enforce import enforced
+from .tighter import held_for_tighter
 from .walk import Member
 
 
@@ -76,6 +77,8 @@ def _decision(tree: TopologyTree, request: PlacementRequest, subset: TopologyTre
         decision = _consolidated(subset, request, _searched_first(subset, request) or chain, chain, narrowest)
     if decision.outcome is Outcome.WAIT:  # added nodes may take it sooner than running work ends
         decision = waiting.onto_growth(subset, request, pools()) or decision
+    elif decision.outcome is Outcome.PLACED:  # not onto growth: it waits for room a tighter domain has
+        decision = held_for_tighter(subset, request, chain, decision, narrowest)
     if preferred is None or decision.outcome is not Outcome.PLACED:
         return decision
     honoured = decision.scope is not None and walk.is_under(decision.scope.path, preferred.path)

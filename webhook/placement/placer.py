@@ -19,7 +19,7 @@ from typing import Callable
 from ..core.model import GROUP_MISMATCH, NO_ROOM_NOW, Decision, DomainRef, Outcome, PlacementRequest, on_nodes
 from ..core.strategies import Layout
 from ..state.gated import GatedGroup
-from ..state.index import ClusterIndex
+from ..state.index import ClusterIndex, waited_seconds
 from ..state.tree import TopologyTree
 from . import protection
 from .decide import decide
@@ -46,21 +46,30 @@ def place_gated(index: ClusterIndex, request: PlacementRequest, waiting: DomainR
 
     Why no wider: the wait was weighed at that level (`pin_only_where_locality_pays`), so room that
     opens in an equal domain is as good and starts it now, which a pin could not; a wider span would
-    run slower than the wait was judged worth."""
+    run slower than the wait was judged worth. With `tight_wait_weight` the core weighs that again
+    (tighter.py), with how long the workload has waited: wider, once the wait is no longer worth it."""
     with index.lock:
-        if not _holds_no_wider(index.restricted_to(request), request, waiting.level):
+        if key is not None:
+            request = dataclasses.replace(request, waited_seconds=waited_seconds(index, key))
+        # With tight_wait_weight the core may start it wider (`held_for_tighter` weighed the wait
+        # and aged it): then only a cluster with no room at all spares deciding.
+        wider = bool(index.config.tight_wait_weight)
+        if not _holds_no_wider(index.restricted_to(request), request, -1 if wider else waiting.level):
             return None  # the common answer while it waits, without deciding (and explaining) a wait
     label, value = waiting.path[-1] if waiting.path else ("", "")
     decision = place(index, dataclasses.replace(request, preferred_domain=f"{label}={value}"), key) if value else None
-    if decision is not None and decision.outcome is not Outcome.PLACED:
-        return None  # no room anywhere
-    if decision is None or decision.scope is None or decision.scope.path[:len(waiting.path)] != waiting.path:
+    if decision is not None and decision.outcome is not Outcome.PLACED and not wider:
+        return None  # no room anywhere (with the rule, a wait for a tighter domain: decided without the preference)
+    if decision is None or decision.outcome is not Outcome.PLACED or decision.scope is None \
+            or decision.scope.path[:len(waiting.path)] != waiting.path:
         decision = place(index, request, key)
-    if decision.outcome is not Outcome.PLACED or decision.scope is None or decision.scope.level < waiting.level:
+    if decision.outcome is not Outcome.PLACED or decision.scope is None or (
+            decision.scope.level < waiting.level and not wider):
         return None
+    span = "no wider" if decision.scope.level >= waiting.level else "wider, as the reasons above say"
     return dataclasses.replace(decision, reasons=(
         *decision.reasons, f"it waited for {waiting} behind its scheduling gate and starts in {decision.scope}, "
-        "no wider"))
+        + span))
 
 
 def _holds_no_wider(subset: TopologyTree, request: PlacementRequest, level: int) -> bool:

@@ -205,7 +205,7 @@ def _worth_waiting_in(subset: TopologyTree, request: PlacementRequest, target: M
     the first level that does not pay. With the sentences that say so ("" when nothing was
     weighed and it is `target`)."""
     member, notes, start = target, [], None  # start: where the run of levels that cost nothing began
-    node = _first_node(target)  # the nodes are taken to be like it
+    node = first_node(target)  # the nodes are taken to be like it
     tight = estimate.bandwidth_across(subset, request, target.ref.level, node)
     while member.parent is not None and member.parent.ref.level >= narrowest:
         if estimate.spill_costs(subset, request, member.ref.level):
@@ -275,7 +275,8 @@ def _harmonic(n: int) -> float:
     return math.log(n) + 0.5772156649015329 + 1 / (2 * n) - 1 / (12 * n ** 2) + 1 / (120 * n ** 4)
 
 
-def _first_node(member: Member) -> NodeState:
+def first_node(member: Member) -> NodeState:
+    """The node the estimates take every node under `member` to be like: the first by name at every level."""
     while not isinstance(member, NodeState):
         member = member.children[min(member.children)]
     return member

@@ -364,3 +364,10 @@ class ClusterIndex:
         with self.lock:
             return cluster_stats(self.tree, self.config, self.preset, self.ledger.provisional_gpus(),
                                  self.pods.gated.waited(self.ledger.clock()))
+
+
+def waited_seconds(index: ClusterIndex, key: str) -> float:
+    """How long workload `key`'s pods have waited in a pinned or gated wait (0: none waits). Beside
+    ClusterIndex, not in it: the class is at its 300 lines."""
+    with index.lock:
+        return index.pods.waiters.waited(key, index.ledger.clock())
