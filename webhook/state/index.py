@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping
 
 from ..core.memo import Memo
+from ..core.model import Decision
 from ..core.orderings import DEFAULT as DEFAULT_ORDERINGS, Orderings
 from ..settings.config import Config
 from ..settings.presets import PRESETS, PresetVotes, preset_marks
@@ -289,7 +290,7 @@ class ClusterIndex(IndexQueries):
         with self.lock:
             return self.ledger.renew(key, sets_per_node, ttl)
 
-    def remember_group(self, key: str, decision: object) -> None:
+    def remember_group(self, key: str, decision: Decision) -> None:
         """Keep the decision of the group `key`'s first member for the members to come."""
         with self.lock:
             self.ledger.remember_group(key, decision)

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Collection, Iterable, Iterator, Mapping
 
-from ..core.model import PlacementRequest
+from ..core.model import Decision, PlacementRequest
 from ..settings.config import Config
 from . import dra
 from .devices import Devices
@@ -151,7 +151,7 @@ class IndexQueries:
         with self.lock:
             return self.ledger.hold(key)
 
-    def group(self, key: str) -> object:
+    def group(self, key: str) -> Decision | None:
         """The decision the group `key`'s first member got, or None; asking renews it (holds.py)."""
         with self.lock:
             return self.ledger.group(key)
