@@ -180,6 +180,10 @@ class IndexQueries:
         with self.lock:
             return self.restricted_to(request).root.free_gpus
 
+    def pod_reservations(self) -> Mapping[str, str]:
+        """Bound pod key -> the reservation key it carries (the live map: read it under the lock)."""
+        return self.pods.reservations
+
     def pinned_waits(self) -> Waiting:
         """Pending pods of pinned waits (placement/protection.py reads them under the placer's lock)."""
         return self.pods.waiters

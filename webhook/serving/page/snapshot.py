@@ -82,7 +82,7 @@ class _Reader:
         self.gpu_nodes = sum(1 for node in index.nodes.values() if node.gpus > 0)
         self.draw_all = self.gpu_nodes <= NODE_DETAIL_LIMIT
         self.node_cells = self.gpu_nodes <= HEATMAP_NODE_LIMIT
-        self.workload_of = index.pods.reservations  # bound pod key -> the reservation key it carries
+        self.workload_of = index.pod_reservations()  # bound pod key -> the reservation key it carries
         # The overview's cells: each block's nodes by domain, listed under the lock, read by make_cells.
         self.unmade: list[tuple[dict, list[list[NodeState]]]] = []
         levels = index.levels
@@ -167,7 +167,7 @@ class _Reader:
                  for node in sorted(group, key=lambda node: natural(node.name)) if node.gpus > 0]
         cells: list[dict] = []
         for start in range(0, len(nodes), CELL_CHUNK):
-            with self.index.lock:
+            with self.index.locked():
                 cells.extend(self.cell(node) for node in nodes[start:start + CELL_CHUNK])
         made = iter(cells)
         for block, groups in self.unmade:
