@@ -2,7 +2,8 @@
 it can be), reserve, in that order.
 
 The placement core decides and writes nothing; this is where a decision meets the state that
-other requests and the watch threads change, so it is the one place that takes the index's lock.
+other requests and the watch threads change, so it holds the index's lock across a decision and
+its hold. Other callers ask the index's queries, which take the lock themselves (state/queries.py).
 
 With replicas sharing claims (`index.shared_claims`, webhook/kube/shared_claims.py over the API), a placed decision
 is also written there, against the version of the claims it was made with: when another replica
