@@ -37,7 +37,8 @@ from .holds import GpuSet, ReservationLedger, Stored
 from .pods import PodCounts, PodFacts, PodGone
 from .ports import ScaleUps, SharedClaims
 from .queries import IndexQueries
-from .tree import Domain, NodeState, TopologyTree, placement_fields
+from .members import Domain, NodeInfo, NodeState, placement_fields
+from .tree import TopologyTree
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +48,9 @@ class NodeGone:
     name: str
 
 
-# What the index applies: a Node's facts (a NodeState, unattached), a Pod's, a DRA object's, an
-# autoscaler's, or the deletion of one.
-Fact = NodeState | NodeGone | PodFacts | PodGone | DraFact | GrowthFact | Stored
+# What the index applies: a Node's facts, a Pod's, a DRA object's, an autoscaler's, or the
+# deletion of one.
+Fact = NodeInfo | NodeGone | PodFacts | PodGone | DraFact | GrowthFact | Stored
 
 
 def out_of_the_collectors_way() -> None:
@@ -102,7 +103,7 @@ class ClusterIndex(IndexQueries):
         with self.lock:
             if isinstance(fact, PodFacts):
                 self.pods.apply(fact)
-            elif isinstance(fact, NodeState):
+            elif isinstance(fact, NodeInfo):
                 self._upsert_node(fact)
             elif isinstance(fact, PodGone):
                 self.pods.gone(fact)
@@ -171,14 +172,14 @@ class ClusterIndex(IndexQueries):
     def node(self, name: str) -> NodeState | None:
         return self.tree.nodes.get(name)
 
-    def _upsert_node(self, node: NodeState) -> None:
-        fresh = self.devices.counted(node)
-        if not fresh.name:
+    def _upsert_node(self, info: NodeInfo) -> None:
+        counted, claimed = self.devices.counted(info)
+        if not info.name:
             return
-        old = self.tree.nodes.get(fresh.name)
-        if old is not None and placement_fields(old) == placement_fields(fresh):
+        old = self.tree.nodes.get(info.name)
+        if old is not None and placement_fields(old.info) == placement_fields(counted):
             return  # kubelet's status updates: nothing placement reads has changed
-        self.install(old, fresh)
+        self.install(old, NodeState(counted, claimed=set(claimed)))
 
     def install(self, old: NodeState | None, fresh: NodeState) -> None:
         """Put `fresh` in the tree in place of `old` (None: a new node), keeping what runs and is held there."""
