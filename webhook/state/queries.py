@@ -1,4 +1,4 @@
-"""The questions asked of the cluster index from outside `state/`, each answered under its lock.
+"""The questions asked of the cluster index from outside `state/`.
 
 Callers ask here, never of the index's parts (`tree`, `ledger`, `pods`): free room under a domain,
 a key's hold, a workload's gated pods, what the page lists. The parts may then change shape without
@@ -6,9 +6,10 @@ their callers changing, and the lock is taken where the parts live (tests/state/
 it so). The placer is the one caller that holds the lock itself, across a decision and its hold
 (placement/placer.py); the claims Lease and the page hold it through `locked` (index.py says why).
 
-A few answers are the live objects, not copies: the tree (`whole_tree`), which the pure decisions
-of placement/ and the allotment's choice read, and the holds the page lists. They are read under
-the lock, and written only by state/.
+Most answers are taken under the lock and are the caller's to keep. A few are the live objects,
+not copies, for callers that already hold the lock: the tree (`whole_tree`), which the placer's
+pure decisions and the claims' allotment read, the pinned waits the placer protects, and the holds
+and reservations the page lists. They are written only by state/.
 """
 from __future__ import annotations
 
@@ -172,7 +173,7 @@ class IndexQueries:
     # -- the tree, pods and waits --------------------------------------------------------------
 
     def whole_tree(self) -> TopologyTree:
-        """The topology tree, for the pure decisions to read under the placer's lock; never written outside state/."""
+        """The topology tree, to read under the lock (the placer's, or `locked`); never written outside state/."""
         return self.tree
 
     def free_gpus_for(self, request: PlacementRequest) -> int:
@@ -189,6 +190,7 @@ class IndexQueries:
         return self.pods.waiters
 
     def gated_now(self) -> GatedNow:
+        """What the releaser looks at before a pass, at one moment."""
         with self.lock:
             return GatedNow(self.changes, frozenset(self.pods.gated.pods), dict(self.pods.gated.refused))
 
