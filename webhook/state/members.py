@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from functools import cached_property
 from types import MappingProxyType
 from typing import Mapping
 
@@ -124,46 +123,25 @@ class NodeState:
     # subsets (which share this set) see it too.
     claimed: set[int] = field(default_factory=set)
 
-    # -- its facts, read through the node (NodeInfo says what each is) ---------------------------
-    # Each is read of `info` once and then kept on the node: a decision at 10,000 nodes reads
-    # them some sixty times, and a property's call costs about three times an attribute's.
-    # Nothing replaces `info` under a node (a Node read anew makes a new NodeState), so what is
-    # kept stays true.
-    @cached_property
-    def name(self) -> str:
-        return self.info.name
+    # -- its facts, copied from `info` when the node is made (NodeInfo says what each is) -------
+    # Attributes, not properties over `info`: a decision at 10,000 nodes reads them some sixty
+    # times, where a property's call costs about three times an attribute's. Nothing replaces
+    # `info` under a node (a Node read anew makes a new NodeState), so the copies stay true.
+    name: str = field(init=False)
+    labels: Mapping[str, str] = field(init=False)
+    out: str = field(init=False)
+    taints: tuple[tuple[str, str, str], ...] = field(init=False)
+    gpus: int = field(init=False)
+    nvlink_domains: tuple[tuple[int, ...], ...] = field(init=False)
+    profile: HardwareProfile = field(init=False)
+    bandwidth_gbps: float | None = field(init=False)
+    other_allocatable: Mapping[str, int] = field(init=False)
 
-    @cached_property
-    def labels(self) -> Mapping[str, str]:
-        return self.info.labels
-
-    @cached_property
-    def out(self) -> str:
-        return self.info.out
-
-    @cached_property
-    def taints(self) -> tuple[tuple[str, str, str], ...]:
-        return self.info.taints
-
-    @cached_property
-    def gpus(self) -> int:
-        return self.info.gpus
-
-    @cached_property
-    def nvlink_domains(self) -> tuple[tuple[int, ...], ...]:
-        return self.info.nvlink_domains
-
-    @cached_property
-    def profile(self) -> HardwareProfile:
-        return self.info.profile
-
-    @cached_property
-    def bandwidth_gbps(self) -> float | None:
-        return self.info.bandwidth_gbps
-
-    @cached_property
-    def other_allocatable(self) -> Mapping[str, int]:
-        return self.info.other_allocatable
+    def __post_init__(self) -> None:
+        info = self.info
+        self.name, self.labels, self.out, self.taints, self.gpus = info.name, info.labels, info.out, info.taints, info.gpus
+        self.nvlink_domains, self.profile, self.bandwidth_gbps = info.nvlink_domains, info.profile, info.bandwidth_gbps
+        self.other_allocatable = info.other_allocatable
 
     # -- the read-only interface shared with Domain -------------------------------------------
     children = _NO_CHILDREN
