@@ -3,7 +3,8 @@
 A node is two things kept apart, as Kueue keeps its static topology tree apart from each
 snapshot's state: `NodeInfo`, what the Node object says (labels, allocatable, taints, NVLink
 domains), frozen and replaced whole when the Node changes; and `NodeState`, the node in a tree,
-with its place there (`parent`) and the live counts that pods, holds and claims change. A node's
+with its place there (`parent`) and the live counts that pods, holds and claims change (and, for
+speed, its facts copied as attributes when it is made). A node's
 path in the tree is read from its parent: it is the tree's reading of the labels under its
 levels (which `levels: auto` can change), not a fact of the Node.
 """
