@@ -20,7 +20,7 @@ from typing import Callable
 from ..core.model import GROUP_MISMATCH, NO_ROOM_NOW, Decision, DomainRef, Outcome, PlacementRequest, on_nodes
 from ..core.strategies import Layout
 from ..state.gated import GatedGroup
-from ..state.index import ClusterIndex, waited_seconds
+from ..state.index import ClusterIndex
 from ..state.tree import TopologyTree
 from . import protection
 from .decide import decide
@@ -51,7 +51,7 @@ def place_gated(index: ClusterIndex, request: PlacementRequest, waiting: DomainR
     (tighter.py), with how long the workload has waited: wider, once the wait is no longer worth it."""
     with index.lock:
         if key is not None:
-            request = dataclasses.replace(request, waited_seconds=waited_seconds(index, key))
+            request = dataclasses.replace(request, waited_seconds=index.waited_seconds(key))
         # With tight_wait_weight the core may start it wider (`held_for_tighter` weighed the wait
         # and aged it): then only a cluster with no room at all spares deciding.
         wider = bool(index.config.tight_wait_weight)

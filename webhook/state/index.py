@@ -314,10 +314,3 @@ class ClusterIndex(IndexQueries):
     def share_claims(self, claims: SharedClaims) -> None:
         """Holds from now on also go through `claims`, shared with the other replicas."""
         self.shared_claims = claims
-
-
-def waited_seconds(index: ClusterIndex, key: str) -> float:
-    """How long workload `key`'s pods have waited in a pinned or gated wait (0: none waits). Beside
-    ClusterIndex, not in it: the class is at its 300 lines."""
-    with index.lock:
-        return index.pods.waiters.waited(key, index.ledger.clock())

@@ -185,6 +185,11 @@ class IndexQueries:
         """Bound pod key -> the reservation key it carries (the live map: read it under the lock)."""
         return self.pods.reservations
 
+    def waited_seconds(self, key: str) -> float:
+        """How long workload `key`'s pods have waited in a pinned or gated wait (0: none waits)."""
+        with self.lock:
+            return self.pods.waiters.waited(key, self.ledger.clock())
+
     def pinned_waits(self) -> Waiting:
         """Pending pods of pinned waits (placement/protection.py reads them under the placer's lock)."""
         return self.pods.waiters
