@@ -30,7 +30,7 @@ def live_view(config: Config, api_client: k8s_client.ApiClient, *, claims_namesp
     `decision_records`, the topology page's records serve shares with the other replicas, are fed too."""
     index = ClusterIndex(config, clock=clock)
     # The watch tells an admission's hold stored, so holds are provisional until it does.
-    index.ledger.provisional_seconds = config.provisional_hold_seconds
+    index.hold_provisionally(config.provisional_hold_seconds)
     if config.provisioning_request_class:
         index.scale_ups = ApiScaleUps(api_client, on_scale_up)
     claims = None

@@ -36,10 +36,12 @@ class Ranked(Protocol):
 
 
 class GpuHost(Protocol):
-    """What the node orderings read of a node (topology.NodeState meets it)."""
+    """What the node orderings read of a node (state/members.NodeState meets it)."""
 
-    name: str
     free: int
+
+    @property
+    def name(self) -> str: ...
 
     def pod_aligned(self, gpus: int) -> bool: ...
 

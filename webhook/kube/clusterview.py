@@ -256,7 +256,7 @@ class ApiFeed:
         why = "not served" if err.status == NOT_FOUND else "not granted by RBAC"
         if stream.last_error != why:
             log.info("%s: the API is %s (%s); the view goes on without them", stream.kind, why, err.status)
-        with self.index.lock:
+        with self.index.batch():
             for key in stream.counted():
                 stream.forget(key)
         stream.last_error = why
@@ -310,7 +310,7 @@ class ApiFeed:
         if self._stop.is_set():
             return
         if seen is not None:
-            with self.index.lock:
+            with self.index.batch():
                 for key in stream.counted() - seen:
                     stream.forget(key)
         stream.listed = listed
