@@ -100,6 +100,10 @@ class ApiFeed:
     `clock` is what `readiness()` measures time with.
     """
 
+    # Near its size cap: the streams' list, watch and relist with their backoff, and the two loops
+    # that follow the view (hold expiry, the releaser's passes), which stop with it. The next
+    # feature here moves those loops to the composition root (webhook/cli/live.py).
+
     def __init__(self, index: ClusterIndex, api_client: k8s_client.ApiClient, *, claims: ApiClaims | None = None,
                  decision_records: ApiDecisionRecords | None = None, releaser: Releaser | None = None,
                  clock: Callable[[], float] = time.monotonic, pacing: Pacing = Pacing(),

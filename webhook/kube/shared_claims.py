@@ -103,6 +103,10 @@ class ApiClaims:
     other); what was last applied is read and changed under the index's lock.
     """
 
+    # Near its size cap: one Lease's reader and writer, whose turns, batches and allotment flushes
+    # share one version and one pending list; the pure parts are apart already (claims_text.py,
+    # allotment.py). The next feature here moves the writer's turn-taking into a class of its own.
+
     def __init__(self, index: ClusterIndex, api_client: k8s_client.ApiClient, namespace: str,
                  budget_seconds: float = DEFAULT_BUDGET_SECONDS, wall: Callable[[], float] = time.time,
                  on_alone: Callable[[], None] = lambda: None, allotment_share: int = 0) -> None:

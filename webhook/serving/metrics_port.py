@@ -167,6 +167,9 @@ class MetricsServer(WSGIServer):
     """The metrics port's server on a socket bound and listening already (see the module
     docstring): one loop receives every request without blocking, `threads` threads answer."""
 
+    # Near its size cap: the class and module. Its loop and answering threads share one queue, one
+    # wake-up pipe and the deadlines; split, each half would reach into the other's state.
+
     def __init__(self, listener: socket.socket, app: Any, threads: int, deadline_seconds: float,
                  request_seconds: float = METRICS_REQUEST_SECONDS, tls: Callable[[], ssl.SSLContext] | None = None,
                  max_connections: int = METRICS_MAX_CONNECTIONS) -> None:
