@@ -127,8 +127,8 @@ def setting_default(key: str) -> str:
 
 
 def settings_body(page: pathlib.Path) -> str:
-    from webhook.settings import config, loading, presets
     from webhook.objects.mutation import CUDA_DEVICE_ORDER
+    from webhook.settings import config, loading, presets
 
     fields = [f for f in dataclasses.fields(config.Config) if f.name in loading.FILE_KEYS]
     missing = sorted(loading.FILE_KEYS - {f.name for f in fields})
@@ -167,10 +167,10 @@ def settings_body(page: pathlib.Path) -> str:
 def _label_meanings() -> dict[tuple[str, str], Mapping[str, str] | str]:
     """Per (metric, label): its values and what each means, from the constants of the code that
     counts them; or, for a label whose values are open (names, versions), what it holds."""
-    from webhook.core.strategies import REGISTRY as STRATEGIES
-    from webhook.kube import releaser, scaleups
     from webhook.admission import OUTCOMES
+    from webhook.core.strategies import REGISTRY as STRATEGIES
     from webhook.credentials import access
+    from webhook.kube import releaser, scaleups
     from webhook.serving import app
     from webhook.serving import metrics as m
 
@@ -200,11 +200,11 @@ def _label_meanings() -> dict[tuple[str, str], Mapping[str, str] | str]:
 def _filled_registry() -> Any:
     """The registry as a serving webhook has it, with every documented label value counted once
     through the calls the code counts with, so each family shows its labels and their values."""
-    from webhook.objects.feed import index_of
-    from webhook.settings.config import Config
-    from webhook.kube.demo import demo_cluster
     from webhook.admission import OUTCOMES
+    from webhook.kube.demo import demo_cluster
+    from webhook.objects.feed import index_of
     from webhook.serving import metrics as m
+    from webhook.settings.config import Config
 
     metrics = m.Metrics.create()
     metrics.watch_cluster(index_of(Config(), *demo_cluster()).stats)

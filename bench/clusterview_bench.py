@@ -116,13 +116,13 @@ def measure(nodes: int) -> dict:
     from kubernetes.client import ApiClient, Configuration
 
     from webhook.admission import make_review
-    from webhook.serving.app import create_app
     from webhook.cli.live import live_view
-    from webhook.serving.paths import MUTATE_PATH
-    from webhook.settings.config import Config
-    from webhook.serving.metrics import Metrics
     from webhook.core.model import PlacementRequest, Strategy
     from webhook.placement.placer import place_and_reserve
+    from webhook.serving.app import create_app
+    from webhook.serving.metrics import Metrics
+    from webhook.serving.paths import MUTATE_PATH
+    from webhook.settings.config import Config
 
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe()

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from webhook.settings.config import HardwareProfile
 
-from .fabric import (CLUSTER, GPUS_PER_NODE, LEAF, NODE, NVLINK, SPAN_NAMES, SPINE, ZONE, SimCluster,
-                     span_level)
+from .fabric import CLUSTER, GPUS_PER_NODE, LEAF, NODE, NVLINK, SPAN_NAMES, SPINE, ZONE, SimCluster, span_level
 
 GB = 1e9
 # Per-hop latency by span level (s): NVLink 1 us, PCIe 2 us, same-leaf IB 3 us, +1 us per extra

@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from bench import engine, protocol, simulate  # noqa: E402
 from bench.evaluate import CLUSTERS  # noqa: E402
 from bench.fabric import GPUS_PER_NODE  # noqa: E402
-from bench.policies import BySize, KueueBestFit, Ours, Policy, PodPlacement  # noqa: E402
+from bench.policies import BySize, KueueBestFit, Ours, PodPlacement, Policy  # noqa: E402
 from bench.traces import Job  # noqa: E402
 from webhook.core.model import Strategy  # noqa: E402
 

@@ -24,12 +24,12 @@ import statistics
 import time
 import tracemalloc
 
-from webhook.objects.feed import index_of
-from webhook.state.index import ClusterIndex
-from webhook.settings.config import Config
 from webhook.core.model import PlacementRequest, Strategy
-from webhook.placement.placer import place
 from webhook.kube.demo import gpu_device_class, make_allocated_claim, make_node, make_pod, make_resource_slice
+from webhook.objects.feed import index_of
+from webhook.placement.placer import place
+from webhook.settings.config import Config
+from webhook.state.index import ClusterIndex
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")
 SHAPES = ((1, 1), (1, 4), (1, 8), (2, 8), (4, 8), (16, 8))  # (pods, GPUs per pod)

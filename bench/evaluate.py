@@ -47,8 +47,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import report, scorecard, simulate  # noqa: E402
-from bench.protocol import holm_steps  # noqa: E402
 from bench.fabric import ClusterSpec  # noqa: E402
+from bench.protocol import holm_steps  # noqa: E402
 from bench.traces import SIZE_SHARES  # noqa: E402
 
 # Every seed whose runs anyone has read, so that a verdict on it is in-sample. fresh_seeds() never

@@ -8,12 +8,11 @@ are busy, shared by every policy.
 from __future__ import annotations
 
 import bisect
-
 from dataclasses import dataclass, field
 
-from webhook.settings.config import DEFAULT_PROFILES, HardwareProfile
-from webhook.kube.demo import make_node
 from webhook.core.gpus import NVLINK_DOMAINS_ANNOTATION, format_nvlink_domains, parse_nvlink_domains
+from webhook.kube.demo import make_node
+from webhook.settings.config import DEFAULT_PROFILES, HardwareProfile
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 SPINE_LABEL = "topology.scheduler/spine"

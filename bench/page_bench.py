@@ -37,12 +37,12 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.placement_bench import cluster  # noqa: E402
-from webhook.objects.feed import index_of  # noqa: E402
-from webhook.state.index import ClusterIndex  # noqa: E402
-from webhook.settings.config import Config  # noqa: E402
 from webhook.admission.recent import RecordedDecision  # noqa: E402
-from webhook.serving.page.snapshot import NODE_DETAIL_LIMIT, Selection, snapshot  # noqa: E402
+from webhook.objects.feed import index_of  # noqa: E402
 from webhook.serving.page.render import render  # noqa: E402
+from webhook.serving.page.snapshot import NODE_DETAIL_LIMIT, Selection, snapshot  # noqa: E402
+from webhook.settings.config import Config  # noqa: E402
+from webhook.state.index import ClusterIndex  # noqa: E402
 
 DECISIONS = 500
 NODES_PER_HOLD = 50

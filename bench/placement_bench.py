@@ -31,13 +31,13 @@ import statistics
 import time
 from typing import Hashable
 
-from webhook.objects.feed import index_of
-from webhook.objects import feed
-from webhook.state.index import ClusterIndex, out_of_the_collectors_way
-from webhook.settings.config import Config
-from webhook.kube.demo import make_node, make_pod
 from webhook.core.model import PlacementRequest, Strategy
+from webhook.kube.demo import make_node, make_pod
+from webhook.objects import feed
+from webhook.objects.feed import index_of
 from webhook.placement.placer import place
+from webhook.settings.config import Config
+from webhook.state.index import ClusterIndex, out_of_the_collectors_way
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")
 SHAPES = ((1, 1), (1, 4), (1, 8), (2, 8), (4, 8), (16, 8))  # (pods, GPUs per pod)

@@ -13,17 +13,17 @@ import dataclasses
 import random
 from typing import Callable
 
-from webhook.objects.feed import index_of
-from webhook.objects import feed
-from webhook.core.orderings import DEFAULT as DEFAULT_ORDERINGS, Orderings
-from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
-from webhook.core.injection import RESERVATION, WAITING_FOR
-from webhook.settings.config import Config
-from webhook.kube.demo import make_pod
 from webhook.core.gpus import format_gpu_set
+from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
+from webhook.core.injection import RESERVATION, WAITING_FOR, waited_domain
 from webhook.core.model import Decision, Hold, NodeRequirement, Outcome, PlacementRequest, Strategy
+from webhook.core.orderings import DEFAULT as DEFAULT_ORDERINGS
+from webhook.core.orderings import Orderings
+from webhook.kube.demo import make_pod
+from webhook.objects import feed
+from webhook.objects.feed import index_of
 from webhook.placement.placer import place, place_gated
-from webhook.core.injection import waited_domain
+from webhook.settings.config import Config
 
 from .costmodel import Network
 from .fabric import GPUS_PER_NODE, SimCluster, SimNode, pick_gpus

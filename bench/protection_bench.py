@@ -24,12 +24,12 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.placement_bench import LEVELS, SHAPES, cluster, decision_times, percentile  # noqa: E402
-from webhook.objects.feed import index_of  # noqa: E402
-from webhook.state.index import out_of_the_collectors_way  # noqa: E402
-from webhook.settings.config import Config  # noqa: E402
 from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path  # noqa: E402
 from webhook.core.model import PlacementRequest, Strategy  # noqa: E402
 from webhook.kube.demo import make_pod  # noqa: E402
+from webhook.objects.feed import index_of  # noqa: E402
+from webhook.settings.config import Config  # noqa: E402
+from webhook.state.index import out_of_the_collectors_way  # noqa: E402
 
 
 def waiting_pods(nodes: list[dict], workloads: int, seed: int = 11) -> list[dict]:

@@ -28,8 +28,8 @@ from bench import report  # noqa: E402
 from bench.costmodel import Network  # noqa: E402
 from bench.engine import Runtime, Workload, run  # noqa: E402
 from bench.fabric import CLUSTER, HARDWARE, ClusterSpec  # noqa: E402
-from bench.policies import (ABLATIONS, BySize, KueueBestFit, Ours, Policy, Without,  # noqa: E402
-                            least_allocated, most_allocated, random_fit)
+from bench.policies import (ABLATIONS, BySize, KueueBestFit, Ours, Policy, Without, least_allocated,  # noqa: E402
+                            most_allocated, random_fit)
 from bench.traces import (SHARE_HIGH, SHARE_LOW, SHARE_MEDIAN, STREAM_VERSIONS, STREAMS, TraceError,  # noqa: E402
                           load_csv, sample_stream)
 from webhook.core.model import Strategy  # noqa: E402

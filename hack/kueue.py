@@ -26,8 +26,7 @@ import yaml
 
 from webhook.core.resources import quantity
 
-from .processes import (Failed, State, create_objects, free_port, kubectl, pointed_here, start, wait_for,
-                        write)
+from .processes import Failed, State, create_objects, free_port, kubectl, pointed_here, start, wait_for, write
 
 NAMESPACE = "kueue-system"
 QUEUE = "gpus"  # the ClusterQueue, and the LocalQueue a Job names in kueue.x-k8s.io/queue-name

@@ -40,9 +40,8 @@ import yaml  # noqa: E402 - after the checkout is importable
 
 from hack import cluster_nodes, kueue  # noqa: E402
 from hack.kwok import start_kwok  # noqa: E402
-from hack.processes import (ORDER, Failed, State, alive, create_objects, free_port, https_ok,  # noqa: E402
-                            kubeconfig, kubectl, make_pki, pointed_here, relay, start, stop, stop_all, tcp_open,
-                            wait_for, write)
+from hack.processes import (ORDER, Failed, State, alive, create_objects, free_port, https_ok, kubeconfig,  # noqa: E402
+                            kubectl, make_pki, pointed_here, relay, start, stop, stop_all, tcp_open, wait_for, write)
 
 DEFAULT_STATE = os.path.join(ROOT, ".local-cluster")
 NAMESPACE = "topology-system"

@@ -9,6 +9,7 @@ certs.py) on a free 127.0.0.1 port.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import os
@@ -19,7 +20,6 @@ import subprocess
 import sys
 import time
 import uuid
-import dataclasses
 from dataclasses import dataclass
 
 import jsonpatch
@@ -27,18 +27,18 @@ import pytest
 import requests
 from kubernetes.client import ApiClient, Configuration
 
-from tests.integration.fakeapiserver import FakeApiServer
 from tests.fixtures.builders import schema_error
-from webhook.credentials import certs
-from webhook.kube import demo
-from webhook.serving.app import create_app
+from tests.integration.fakeapiserver import FakeApiServer
 from webhook.admission import make_review
 from webhook.cli import file_index
 from webhook.cli.live import live_view
+from webhook.credentials import certs
+from webhook.kube import demo
 from webhook.kube.clusterview import ApiFeed, Pacing
-from webhook.settings.config import Config
-from webhook.serving.metrics import Metrics
 from webhook.objects import patch, subject
+from webhook.serving.app import create_app
+from webhook.serving.metrics import Metrics
+from webhook.settings.config import Config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 START_TIMEOUT_SECONDS = 60

@@ -11,13 +11,12 @@ from hypothesis import strategies as st
 from tests.fixtures.builders import (container, deep, gpu_job, load_json, schema_error, seed_manifests, template_of,
                                      valid, workload)
 from tests.fixtures.shared import deletion
-from webhook.objects import feed
-from webhook.objects.feed import index_of
 from webhook import admission
-from webhook.objects import mutation
-from webhook.state.index import ClusterIndex
-from webhook.settings.config import Config
 from webhook.kube.demo import demo_cluster, leaf_spine_nodes, make_pod
+from webhook.objects import feed, mutation
+from webhook.objects.feed import index_of
+from webhook.settings.config import Config
+from webhook.state.index import ClusterIndex
 
 CONFIG = Config()
 AUDIT_KEY = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")

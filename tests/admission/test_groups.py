@@ -11,10 +11,10 @@ from conftest import review_of
 from fixtures.builders import container, workload
 
 from tests.fixtures.shared import admit, allowed_nodes, leaves_allowed, lws_pods, operator_pod, pytorchjob_pods
-from webhook.objects import feed
-from webhook.kube import demo
 from webhook.admission import review
 from webhook.cli import file_index
+from webhook.kube import demo
+from webhook.objects import feed
 from webhook.settings.config import Config
 
 LEAF = "topology.scheduler/leaf"

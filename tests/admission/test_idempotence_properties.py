@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from tests.fixtures.builders import subject_of
 from tests.fixtures.shared import LABELS, allowed_nodes
 from webhook import admission
-from webhook.objects import mutation
-from webhook.kube import demo
 from webhook.admission import make_review
 from webhook.cli import file_index
+from webhook.kube import demo
+from webhook.objects import mutation
 from webhook.settings.config import Config
 
 CONFIG = Config()

@@ -1,16 +1,16 @@
 """Holds read from pods: an unbound pod carrying our placement holds its GPUs on every replica,
 replaces its workload's hold instead of adding to it, and stops holding once bound or gone."""
 from conftest import patched_object, review_of
-from tests.fixtures.builders import gpu_job
 
-from webhook.objects.feed import index_of
-from webhook.objects import feed
+from tests.fixtures.builders import gpu_job
 from webhook import admission
-from webhook.state.index import ClusterIndex
-from webhook.settings.config import Config
-from webhook.kube.demo import make_node
 from webhook.core.model import Outcome, PlacementRequest, Strategy
+from webhook.kube.demo import make_node
+from webhook.objects import feed
+from webhook.objects.feed import index_of
 from webhook.placement.placer import place_and_reserve
+from webhook.settings.config import Config
+from webhook.state.index import ClusterIndex
 
 NODES = [make_node(f"n{i}", {"topology.scheduler/leaf": f"l{i}"}, 8) for i in range(3)]
 

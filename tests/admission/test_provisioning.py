@@ -12,15 +12,15 @@ from conftest import assert_valid_kubernetes_object, review_of
 
 from tests.fixtures.builders import gpu_job
 from tests.fixtures.shared import GPU_TOLERATION, NODEPOOL, deletion, karpenter_nodes, pytorchjob_pods
-from webhook.objects.kinds import BY_KEY, kind_of_object
-from webhook.objects.feed import index_of
-from webhook.state.index import ClusterIndex
-from webhook.settings.config import Config
+from webhook.admission import make_review, review
 from webhook.kube.demo import demo_cluster
 from webhook.kube.scaleups import ApiScaleUps
 from webhook.objects import provisioning
-from webhook.admission import make_review, review
+from webhook.objects.feed import index_of
+from webhook.objects.kinds import BY_KEY, kind_of_object
 from webhook.objects.templates import pod_template
+from webhook.settings.config import Config
+from webhook.state.index import ClusterIndex
 
 ATOMIC = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 CONFIG = Config(provisioning_request_class=ATOMIC)

@@ -8,11 +8,11 @@ from conftest import review_of
 from fixtures.builders import workload
 
 from tests.fixtures.shared import leaves_allowed
-from webhook.kube import demo
 from webhook.admission import review
 from webhook.cli import file_index
-from webhook.settings.config import Config
 from webhook.core.injection import GATE, WAITING_FOR
+from webhook.kube import demo
+from webhook.settings.config import Config
 
 
 @pytest.fixture

@@ -7,14 +7,14 @@ from conftest import review_of
 from fixtures.builders import workload
 
 from tests.fixtures.shared import LEAF_OF, allowed_nodes, leaves_allowed
-from webhook.objects import feed
-from webhook.state.index import NodeGone
-from webhook.kube import demo
 from webhook.admission import review
-from webhook.serving.app import create_app
 from webhook.cli import file_index
-from webhook.settings.config import Config
+from webhook.kube import demo
+from webhook.objects import feed
+from webhook.serving.app import create_app
 from webhook.serving.metrics import Metrics
+from webhook.settings.config import Config
+from webhook.state.index import NodeGone
 
 SPINE_OF = {node["metadata"]["name"]: node["metadata"]["labels"]["topology.scheduler/spine"]
             for node in demo.leaf_spine_nodes()}

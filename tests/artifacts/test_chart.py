@@ -12,11 +12,11 @@ from __future__ import annotations
 import base64
 import datetime
 import functools
+import gzip
 import json
 from pathlib import Path
 
 import celpy
-import gzip
 import helm_python
 import jsonschema
 import kubernetes_validate
@@ -892,6 +892,7 @@ def test_chart_metadata_names_home_sources_maintainers_and_an_icon_in_the_reposi
 
 def test_the_dashboard_is_a_configmap_for_the_grafana_sidecar_over_metrics_we_export():
     import re
+
     from webhook.serving import metrics
     (configmap,) = [c for c in objects("everything-on", "ConfigMap") if c["metadata"]["name"].endswith("-dashboard")]
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"

@@ -14,15 +14,15 @@ import yaml
 from conftest import assert_valid_kubernetes_object, review_of
 
 from tests.fixtures.shared import LEAF_OF, admit, allowed_nodes, lws_pods
-from webhook.objects.kinds import BY_KEY, kind_of_object
-from webhook.objects import feed
-from webhook.kube import demo
 from webhook.admission import review
 from webhook.cli import file_index, main
+from webhook.kube import demo
+from webhook.objects import feed
+from webhook.objects.kinds import BY_KEY, kind_of_object
+from webhook.objects.templates import pod_templates
 from webhook.settings.config import Config
 from webhook.settings.presets import PRESETS
 from webhook.state.dra import DRA_KINDS
-from webhook.objects.templates import pod_templates
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRDS = pathlib.Path(__file__).parents[1] / "fixtures" / "crds"

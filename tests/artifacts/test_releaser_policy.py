@@ -8,13 +8,13 @@ import copy
 
 import celpy
 import pytest
-
 from test_chart import FULLNAME, NAMESPACE, one
+
 from tests.fixtures.builders import PIN, USER_TERM, decision, request, template_of, workload
-from webhook.objects.kinds import BY_KEY
 from webhook.core import injection
 from webhook.core.model import Outcome, Strategy
 from webhook.objects import mutation
+from webhook.objects.kinds import BY_KEY
 from webhook.placement import enforce
 from webhook.settings.config import Config
 

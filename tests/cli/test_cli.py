@@ -9,12 +9,11 @@ import sys
 import jsonpatch
 import pytest
 import yaml
-
-from webhook.kube import demo
-from webhook.cli import EXIT_STDOUT_CLOSED, main
-
 from conftest import ROOT, assert_valid_kubernetes_object
+
 from tests.fixtures.builders import gpu_job, gpu_pod
+from webhook.cli import EXIT_STDOUT_CLOSED, main
+from webhook.kube import demo
 
 FIXTURES = ROOT / "tests" / "fixtures"
 

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import pytest
+from conftest import LABELS, eventually
 from kubernetes.client import ApiClient, Configuration
 
-from conftest import LABELS, eventually
 from webhook.cli.live import live_view
 from webhook.kube.demo import make_node
 from webhook.kube.scaleups import ApiScaleUps

@@ -11,17 +11,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.builders import gpu_pod
-from webhook.objects.feed import index_of
-from webhook.objects import feed
-from webhook.settings.config import Config
-from webhook.kube import demo
-from webhook.kube.access import subject_access_review
 from webhook import admission
 from webhook.admission.recent import RecentDecisions
-from webhook.serving.page.snapshot import namespaces_present
 from webhook.credentials.access import (EVERYTHING, SCOPE_ENVIRON_KEY, Access, NonResourceURL, PageScope, Reader,
-                                    ResourceAction, ReviewError, bearer_token, guarded, visible_namespaces)
+                                        ResourceAction, ReviewError, bearer_token, guarded, visible_namespaces)
+from webhook.kube import demo
+from webhook.kube.access import subject_access_review
+from webhook.objects import feed
+from webhook.objects.feed import index_of
 from webhook.serving.page.render import page_app
+from webhook.serving.page.snapshot import namespaces_present
+from webhook.settings.config import Config
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")
 TENANT = Reader("alice", "u1", ("team-a-devs",))

@@ -9,23 +9,22 @@ import pathlib
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import nvml_fakes as fakes
 import pynvml
 import pytest
 import yaml
 
-from webhook.objects.feed import index_of
+from webhook.core.gpus import NVLINK_DOMAINS_ANNOTATION, parse_nvlink_domains
+from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
+from webhook.core.model import EXCEEDS_CLUSTER, Interconnect, Outcome, PlacementRequest
 from webhook.discover import command, derive, facts
 from webhook.discover import nvml as nvml_reading
-from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
-from webhook.settings.config import Config
-from webhook.kube.demo import make_node, make_pod
 from webhook.discover.derive import (CLIQUE_LABEL, DOMAIN_SIZE_LABEL, LINK_LABEL, MATRIX_ANNOTATION, NUMA_ANNOTATION,
-                                    UNREADABLE_ANNOTATION)
-from webhook.core.gpus import NVLINK_DOMAINS_ANNOTATION, parse_nvlink_domains
-from webhook.core.model import EXCEEDS_CLUSTER, Interconnect, Outcome, PlacementRequest
+                                     UNREADABLE_ANNOTATION)
+from webhook.kube.demo import make_node, make_pod
+from webhook.objects.feed import index_of
 from webhook.placement.placer import place
-
-import nvml_fakes as fakes
+from webhook.settings.config import Config
 
 
 def matrix(*rows: str) -> str:

@@ -8,7 +8,6 @@ import random
 import time
 
 import pytest
-
 from conftest import eventually
 from e2e.conftest import job
 

@@ -10,9 +10,9 @@ import time
 import urllib.request
 
 import yaml
-
 from conftest import eventually
 from e2e.conftest import filler, job
+
 from webhook.admission import make_review
 
 WINDOW = 10.0  # provisional_hold_seconds, the default the local cluster runs with

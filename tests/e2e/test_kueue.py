@@ -10,6 +10,7 @@ import json
 
 from conftest import eventually
 from e2e.conftest import job, lasting, start_cluster, stop_cluster
+
 from hack.kueue import QUEUE, local_queue
 
 LEAF, SPINE, ZONE = "topology.scheduler/leaf", "topology.scheduler/spine", "topology.kubernetes.io/zone"

@@ -12,9 +12,9 @@ import subprocess
 import sys
 
 import yaml
-
 from conftest import eventually
 from e2e.conftest import FINISHED, ROOT, filler, gpus_of, job, lasting
+
 from hack.local_cluster import NAMESPACE, hook_of, rendered_chart
 
 GATE = "topology.scheduler/placement"

@@ -8,9 +8,8 @@ import json
 import subprocess
 
 import pytest
-from kubernetes import client as k8s_client
-
 from e2e.conftest import ROOT, start_cluster, stop_cluster
+from kubernetes import client as k8s_client
 
 
 def test_a_bare_control_plane_runs_with_no_node_and_no_webhook(tmp_path):

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from conftest import eventually
 from kubernetes import client as k8s_client
-from tests.artifacts.test_chart import VALUE_SETS, rendered
 
+from tests.artifacts.test_chart import VALUE_SETS, rendered
 from webhook.objects.kinds import kind_of_object
 from webhook.objects.templates import pod_templates
 

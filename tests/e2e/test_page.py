@@ -8,6 +8,7 @@ import time
 from conftest import eventually
 from e2e.conftest import job
 from e2e.test_holds import _https, ports
+
 from webhook.admission import make_review
 
 CONSOLIDATED = {"topology.scheduler/placement-strategy": "consolidated"}

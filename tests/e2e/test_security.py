@@ -9,11 +9,10 @@ import subprocess
 import sys
 
 import pytest
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
-
 from conftest import ROOT, eventually
 from e2e.conftest import filler, job, read
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
 
 GATE = "topology.scheduler/placement"
 

@@ -11,21 +11,20 @@ import pytest
 import requests
 from kubernetes.client import ApiClient, Configuration
 
-from webhook.objects.feed import index_of
-from webhook.settings.config import Config
-from webhook.kube import demo
-from webhook.kube.access import cluster_access
+from tests.fixtures.builders import gpu_pod
+from tests.integration.fakeapiserver import FakeApiServer
 from webhook import admission
 from webhook.admission.recent import RecentDecisions
 from webhook.credentials import certs
-from webhook.serving.app import create_app
 from webhook.credentials.certs import ReloadingContext
+from webhook.kube import demo
+from webhook.kube.access import cluster_access
+from webhook.objects.feed import index_of
+from webhook.serving.app import create_app
 from webhook.serving.metrics import Metrics
 from webhook.serving.metrics_port import SECURITY_HEADERS, start_metrics_server
 from webhook.serving.page.render import CONTENT_SECURITY_POLICY, page_app
-
-from tests.fixtures.builders import gpu_pod
-from tests.integration.fakeapiserver import FakeApiServer
+from webhook.settings.config import Config
 
 OWN, OTHER = "alpha-train", "bravo-secret"  # workloads of team-a and team-b
 TENANT, PLATFORM, PROMETHEUS = "tenant-token", "platform-token", "prometheus-token"

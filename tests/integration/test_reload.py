@@ -6,11 +6,10 @@ import threading
 import time
 
 import requests
-
-from webhook.serving.metrics_port import start_metrics_server
-
 from conftest import eventually, review_of, start_server, stop_server
+
 from tests.fixtures.builders import gpu_pod
+from webhook.serving.metrics_port import start_metrics_server
 
 
 def test_sighup_under_load_reloads_the_worker_and_every_review_is_answered(tmp_path):

@@ -14,9 +14,9 @@ import pytest
 import requests
 from conftest import (LABELS, LEAF, RunningServer, eventually, patched_object, review_of, start_server, stop_server,
                       write_kubeconfig)
+
 from tests.fixtures.builders import gpu_job
 from tests.fixtures.shared import deletion
-
 from webhook.kube.claims_text import CLAIMS_ANNOTATION, LEASE_NAME, read_claims
 from webhook.kube.demo import make_node
 

@@ -10,13 +10,12 @@ import time
 import pytest
 import requests
 import yaml
+from conftest import assert_valid_kubernetes_object, patched_object, review_of, start_server, stop_server
 from cryptography import x509
 
+from tests.fixtures.builders import gpu_job, gpu_pod
 from webhook.credentials import certs
 from webhook.kube import demo
-
-from conftest import assert_valid_kubernetes_object, patched_object, review_of, start_server, stop_server
-from tests.fixtures.builders import gpu_job, gpu_pod
 
 
 @pytest.mark.parametrize("version", ["v1", "v1beta1"])

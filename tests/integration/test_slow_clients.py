@@ -8,11 +8,10 @@ import time
 
 import pytest
 import requests
-
-from webhook.serving.server import REQUEST_SECONDS
-
 from conftest import review_of, start_server, stop_server
+
 from tests.fixtures.builders import gpu_pod
+from webhook.serving.server import REQUEST_SECONDS
 
 HELD = 64  # of each kind
 

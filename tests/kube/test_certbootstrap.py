@@ -12,16 +12,15 @@ import sys
 import threading
 
 import pytest
+from conftest import ROOT, eventually, free_port, review_of, start_server, stop_server, write_kubeconfig
 from cryptography import x509
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store
 from kubernetes.client import AdmissionregistrationV1Api, ApiClient, Configuration
 
-from webhook.kube import certbootstrap
-from webhook.credentials import certs
-from webhook.kube.certbootstrap import SelfManagedTLS, SelfManagedTLSError
-
-from conftest import ROOT, eventually, free_port, review_of, start_server, stop_server, write_kubeconfig
 from tests.fixtures.builders import gpu_pod
+from webhook.credentials import certs
+from webhook.kube import certbootstrap
+from webhook.kube.certbootstrap import SelfManagedTLS, SelfManagedTLSError
 
 NAMESPACE, SERVICE, CONFIGURATION = "gpu-infra", "tw-topology-webhook", "tw-topology-webhook"
 TARGET = SelfManagedTLS(NAMESPACE, "tw-topology-webhook-self-managed-tls", SERVICE, CONFIGURATION)

@@ -11,17 +11,18 @@ import socket
 import time
 
 import pytest
+from conftest import LABELS, LEAF, ApiServer, eventually, start_server, stop_server, write_kubeconfig
 
 from tests.integration.fakeapiserver import FakeApiServer
-from conftest import LABELS, LEAF, ApiServer, eventually, start_server, stop_server, write_kubeconfig
 from webhook.core.injection import RESERVATION as RESERVATION_ANNOTATION
-from webhook.kube.clusterview import ApiFeed
-from webhook.kube.streams import Backoff
-from webhook.settings.config import Config, ConfigError
-from webhook.credentials.kubeclient import api_client_from
-from webhook.kube.demo import demo_cluster, make_node, make_pod
 from webhook.core.model import Outcome, PlacementRequest, Strategy
+from webhook.credentials.kubeclient import api_client_from
+from webhook.kube.clusterview import ApiFeed
+from webhook.kube.demo import demo_cluster, make_node, make_pod
+from webhook.kube.streams import Backoff
 from webhook.placement.placer import place_and_reserve
+from webhook.settings.config import Config, ConfigError
+
 
 def status_of(view: ApiFeed, kind: str):
     return next(s for s in view.status() if s.kind == kind)
@@ -413,6 +414,7 @@ def test_gunicorn_fails_open_until_synced_then_never_double_books_concurrent_adm
     from concurrent.futures import ThreadPoolExecutor
 
     from conftest import review_of
+
     from tests.fixtures.builders import gpu_pod
 
     fake.refuse_until = time.monotonic() + 3600  # the API does not answer yet

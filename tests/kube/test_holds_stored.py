@@ -4,9 +4,9 @@ taken over by a review alone (a review POSTed to the port by someone else, a DEL
 from __future__ import annotations
 
 from conftest import LABELS, LEAF, eventually, patched_object, review_of
+
 from tests.fixtures.builders import gpu_job
 from tests.fixtures.shared import deletion
-
 from webhook.admission import review
 from webhook.core.injection import ADMISSION
 from webhook.kube.demo import make_node

@@ -10,15 +10,15 @@ import time
 
 import jsonpatch
 import pytest
-
 from conftest import LEAF, eventually
+
 from tests.fixtures.builders import workload
-from webhook.objects.kinds import BY_KEY
-from webhook.settings.config import Config
+from webhook import admission
 from webhook.core.injection import GATE, GATED_REQUEST, PLACEMENT, WAITING_FOR
 from webhook.kube.demo import make_node, make_pod
-from webhook import admission
+from webhook.objects.kinds import BY_KEY
 from webhook.objects.templates import pod_template
+from webhook.settings.config import Config
 
 GATED = Config(gate_waits=True)
 ZONE, SPINE = "topology.kubernetes.io/zone", "topology.scheduler/spine"

@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import LABELS, LEAF, eventually
 
+from webhook.core.model import Outcome, PlacementRequest, Strategy
 from webhook.kube import allotment
 from webhook.kube.claims_text import CLAIMS_ANNOTATION, LEASE_NAME, lease_body, read_claims
 from webhook.kube.demo import make_node, make_pod
-from webhook.core.model import Outcome, PlacementRequest, Strategy
 from webhook.placement.placer import place_and_reserve, place_group, place_shared, release_shared
 
 NAMESPACE = "tw"

@@ -11,9 +11,9 @@ from kubernetes.client import ApiClient, Configuration
 
 from tests.fixtures.builders import gpu_job
 from webhook import admission
+from webhook.admission.recent import RecentDecisions
 from webhook.kube.demo import make_node
 from webhook.kube.shared_decisions import RECORD_ANNOTATION, ApiDecisionRecords, record_name
-from webhook.admission.recent import RecentDecisions
 from webhook.settings.config import Config
 
 NAMESPACE = "tw"

@@ -12,8 +12,8 @@ from webhook.state.devices import DraFact
 from webhook.state.dra import GPU_DRIVER, ClaimRefs, SliceFacts
 from webhook.state.growth import GrowthFact
 from webhook.state.index import NodeGone
-from webhook.state.pods import PodFacts, PodGone
 from webhook.state.members import NodeInfo
+from webhook.state.pods import PodFacts, PodGone
 
 CONFIG = Config()
 

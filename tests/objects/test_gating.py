@@ -6,13 +6,13 @@ import json
 import pytest
 
 from tests.fixtures.builders import PIN, USER_TERM, decision, deep, request, subject_of, template_of, valid, workload
-from webhook.objects.kinds import BY_KEY
 from webhook.core import injection
-from webhook.settings.config import Config
-from webhook.placement import enforce
 from webhook.core.model import Outcome, Strategy
 from webhook.objects import mutation
 from webhook.objects.feed import gated
+from webhook.objects.kinds import BY_KEY
+from webhook.placement import enforce
+from webhook.settings.config import Config
 
 GATED = Config(gate_waits=True)
 GATE = {"name": injection.GATE}

@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from tests.fixtures.builders import gpu_job
-from webhook.objects.feed import index_of
 from webhook.cli import CLUSTER_FILE_MAX_BYTES, MANIFEST_FILE_MAX_BYTES, OBJECT_MAX_BYTES, main
-from webhook.state import growth
+from webhook.kube import demo
+from webhook.objects.feed import index_of
 from webhook.settings.config import Config
 from webhook.settings.presets import PRESETS
-from webhook.kube import demo
+from webhook.state import growth
 
 FIXTURES = "tests/fixtures"
 

@@ -5,14 +5,14 @@ import pytest
 
 from tests.fixtures.builders import (API_VERSIONS, DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep,
                                      request, subject_of, template_of, valid, workload)
-from webhook.core.injection import waited_domain
-from webhook.objects.kinds import BY_KEY
 from webhook.core import injection
-from webhook.placement import enforce
-from webhook.objects import mutation, provisioning
-from webhook.settings.config import Config
+from webhook.core.injection import waited_domain
 from webhook.core.model import Interconnect, Outcome, Strategy
+from webhook.objects import mutation, provisioning
+from webhook.objects.kinds import BY_KEY
 from webhook.objects.templates import pod_template, pod_templates
+from webhook.placement import enforce
+from webhook.settings.config import Config
 
 CONFIG = Config()
 

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fixtures.builders import (DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep,
-                                     schema_error, workload)
-from webhook.objects.kinds import BY_KEY
+from tests.fixtures.builders import (DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep, schema_error,
+                                     workload)
 from webhook.objects import mutation, patch
+from webhook.objects.kinds import BY_KEY
 from webhook.settings.config import Config
 
 CONFIG = Config()

@@ -8,11 +8,11 @@ import pytest
 
 from tests.fixtures.builders import API_VERSIONS, container, subject_of, template_of, workload
 from webhook import admission
-from webhook.kube.demo import demo_cluster
 from webhook.cli import file_index
+from webhook.kube.demo import demo_cluster
 from webhook.objects import mutation, templates
-from webhook.objects.kinds import BY_KEY, REGISTRY
 from webhook.objects import workload as wl
+from webhook.objects.kinds import BY_KEY, REGISTRY
 from webhook.objects.subject import Subject
 from webhook.objects.user_annotations import InvalidWorkload
 from webhook.settings.config import Config

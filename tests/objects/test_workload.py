@@ -3,9 +3,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.builders import container, subject_of, workload
+from webhook.core.model import Strategy
 from webhook.objects import workload as wl
 from webhook.objects.user_annotations import InvalidAnnotation, InvalidWorkload
-from webhook.core.model import Strategy
 
 GPU_COUNT = "topology.scheduler/gpu-count"
 GROUP_SIZE = "topology.scheduler/group-size"

@@ -8,31 +8,30 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import os
 import pathlib
-import json
 import uuid
 
 import jsonpatch
+from fixtures.builders import workload as make_workload
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.shared import allowed_nodes_of
-from webhook.objects.kinds import kind_of_object
+from webhook import admission
+from webhook.admission import make_review
+from webhook.core.model import Outcome
+from webhook.kube import demo
+from webhook.objects import templates
 from webhook.objects.feed import index_of
-from webhook.state.index import ClusterIndex
+from webhook.objects.kinds import kind_of_object
+from webhook.objects.manifests import read_objects
+from webhook.objects.user_annotations import PEER_PREFERRED, PEER_REQUIRED
 from webhook.settings.config import Config
 from webhook.settings.loading import levels_from
 from webhook.settings.presets import HOSTNAME_LABEL, PRESETS
-from webhook.core.model import Outcome
-from webhook.kube import demo
-from webhook import admission
-from webhook.admission import make_review
-from webhook.objects import templates
-from webhook.objects.manifests import read_objects
-from webhook.objects.user_annotations import PEER_PREFERRED, PEER_REQUIRED
-
-from fixtures.builders import workload as make_workload
+from webhook.state.index import ClusterIndex
 
 # Label keys levels are drawn from: ours, the presets', and one nobody labels.
 LEVEL_KEYS = sorted({lv.label for preset in PRESETS.values() for lv in preset}

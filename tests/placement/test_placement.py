@@ -11,15 +11,14 @@ import dataclasses
 
 import pytest
 
-from webhook.objects.feed import index_of
-from webhook.objects import feed
-from webhook.state.index import NodeGone
-from webhook.state.index import ClusterIndex
-from webhook.settings.config import Config
+from webhook.core.model import (EXCEEDS_CLUSTER, EXCEEDS_NODES, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN,
+                                Interconnect, NodeRequirement, Outcome, PlacementRequest, Strategy)
 from webhook.kube.demo import leaf_spine_nodes, make_node, make_pod
-from webhook.core.model import (EXCEEDS_CLUSTER, EXCEEDS_NODES, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Interconnect,
-                           NodeRequirement, Outcome, PlacementRequest, Strategy)
+from webhook.objects import feed
+from webhook.objects.feed import index_of
 from webhook.placement.placer import place, place_and_reserve
+from webhook.settings.config import Config
+from webhook.state.index import ClusterIndex, NodeGone
 
 
 def request(pods, gpus=8, strategy=Strategy.CONSOLIDATED, **kw):
@@ -597,11 +596,12 @@ def test_best_fit_orders_follow_nodes_that_move_between_leaves_and_leaves_that_g
 def test_a_placed_job_is_confined_to_the_very_nodes_held_for_it_and_a_deployment_to_its_domain():
     """Pinned only to its domain, a Job's pods could be bound onto nodes of that domain held for
     another workload, which then finds no room where it is pinned (issue 59 item 9)."""
+    from conftest import review_of
+
+    from tests.fixtures.builders import workload
     from webhook.admission import review
     from webhook.cli import file_index
     from webhook.kube import demo
-    from tests.fixtures.builders import workload
-    from conftest import review_of
 
     index, _ = file_index(Config(), demo.demo_cluster())
     for kind, expect_nodes in (("Job", True), ("Deployment", False)):

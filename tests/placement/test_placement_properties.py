@@ -5,15 +5,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.builders import gpu_job, subject_of
-from webhook.objects.kinds import BY_KEY
-from webhook.objects.feed import index_of
-from webhook.objects import feed
-from webhook.objects import mutation, workload
-from webhook.state.filters import node_matches
-from webhook.settings.config import Config
-from webhook.kube.demo import make_allocated_claim, make_node, make_pod, make_resource_slice
 from webhook.core.model import Hold, Outcome, PlacementRequest, Strategy
+from webhook.kube.demo import make_allocated_claim, make_node, make_pod, make_resource_slice
+from webhook.objects import feed, mutation, workload
+from webhook.objects.feed import index_of
+from webhook.objects.kinds import BY_KEY
 from webhook.placement.placer import place
+from webhook.settings.config import Config
+from webhook.state.filters import node_matches
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.placement.test_placement_properties import build, clusters, requests
-from tests.placement.test_waiting import busy_cluster, request, add_waiter
+from tests.placement.test_waiting import add_waiter, busy_cluster, request
 from webhook.core.model import Hold, Outcome, PlacementRequest, Strategy
 from webhook.placement.placer import place, place_gated
 from webhook.placement.tighter import tightest_level

@@ -9,22 +9,19 @@ import math
 
 import pytest
 
-from webhook.core.injection import waited_domain
-from webhook.objects.feed import index_of
+from tests.fixtures.builders import subject_of, workload
+from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path, waited_domain
+from webhook.core.model import NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
+from webhook.kube.demo import leaf_spine_nodes, make_pod
 from webhook.objects import feed
-from webhook.state.index import ClusterIndex
+from webhook.objects.feed import index_of
+from webhook.objects.workload import read
+from webhook.placement import enforce, waiting
+from webhook.placement.placer import place, place_and_reserve, place_gated
 from webhook.settings.config import Config
 from webhook.settings.loading import levels_from
 from webhook.settings.presets import HOSTNAME_LABEL
-from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path
-from webhook.core.model import NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
-from webhook.placement import waiting
-from webhook.placement.placer import place, place_and_reserve, place_gated
-from webhook.kube.demo import leaf_spine_nodes, make_pod
-from webhook.placement import enforce
-from webhook.objects.workload import read
-
-from tests.fixtures.builders import subject_of, workload
+from webhook.state.index import ClusterIndex
 
 SPINE_1 = (("topology.kubernetes.io/zone", "zone-a"), ("topology.scheduler/spine", "spine-1"))
 WAITER_KEY = "ml/Job/big"

@@ -7,16 +7,15 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from webhook.objects.feed import index_of
-from webhook.objects import feed
-from webhook.placement import protection, walk
-from webhook.state.index import ClusterIndex
-from webhook.settings.config import Config
 from webhook.core.injection import RESERVATION, WAITING_FOR, format_domain_path
 from webhook.core.model import Outcome, PlacementRequest, Strategy
-from webhook.placement import placer
-from webhook.placement.placer import place, place_gated
 from webhook.kube.demo import leaf_spine_nodes, make_pod
+from webhook.objects import feed
+from webhook.objects.feed import index_of
+from webhook.placement import placer, protection, walk
+from webhook.placement.placer import place, place_gated
+from webhook.settings.config import Config
+from webhook.state.index import ClusterIndex
 
 EXAMPLES = int(os.environ.get("PROPERTY_EXAMPLES", "300"))
 NOW = 5000.0

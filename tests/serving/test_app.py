@@ -3,15 +3,14 @@ import json
 import logging
 
 import pytest
+from conftest import assert_valid_kubernetes_object, patched_object, review_of
 
+from tests.fixtures.builders import gpu_pod
 from webhook import admission
 from webhook.serving.app import create_app
-from webhook.settings.config import Config
 from webhook.serving.logs import JsonFormatter
 from webhook.serving.metrics import Metrics
-
-from conftest import assert_valid_kubernetes_object, patched_object, review_of
-from tests.fixtures.builders import gpu_pod
+from webhook.settings.config import Config
 
 
 def post(client, body, content_type="application/json"):

@@ -2,8 +2,8 @@
 import json
 import logging
 
-from webhook.serving import logs
 from webhook.cli import main
+from webhook.serving import logs
 
 
 def test_a_forged_name_stays_inside_its_one_json_line(capsys):

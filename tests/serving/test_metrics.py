@@ -5,13 +5,12 @@ import sys
 from dataclasses import dataclass
 
 import pytest
-
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.shared import samples
-from webhook.objects.feed import index_of
 from webhook import __version__
 from webhook.admission import AdmissionOutcome
+from webhook.objects.feed import index_of
 from webhook.serving.metrics import Metrics
 
 
@@ -138,9 +137,9 @@ def test_4xx_answers_are_counted_by_reason(client, metrics):
 
 
 def test_per_domain_gauges_leave_out_domains_of_one_node():
+    from webhook.kube.demo import make_node
     from webhook.settings.config import Config
     from webhook.settings.presets import PRESETS
-    from webhook.kube.demo import make_node
     config = Config(levels=PRESETS["gke"])
     nodes = [make_node(f"host-{i}", {"cloud.google.com/gce-topology-block": "b1",
                                       "cloud.google.com/gce-topology-subblock": f"sb{i // 2}",

@@ -10,26 +10,25 @@ from unittest import mock
 
 import pytest
 import requests
+from conftest import review_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import review_of
 from tests.fixtures.builders import gpu_job, gpu_pod, ten_thousand_nodes
+from webhook import admission, cli
+from webhook.admission.recent import RecentDecisions
 from webhook.core.gpus import nvlink_groups
-from webhook.objects.feed import index_of
+from webhook.kube import demo
 from webhook.objects import feed
-from webhook import cli
-from webhook.state.index import ClusterIndex
+from webhook.objects.feed import index_of
+from webhook.serving.metrics_port import start_metrics_server
+from webhook.serving.page import render as topology_page
+from webhook.serving.page import snapshot as overview
+from webhook.serving.page.render import page_app, render
+from webhook.serving.page.snapshot import Selection, snapshot
 from webhook.settings.config import Config
 from webhook.settings.loading import levels_from
-from webhook.kube import demo
-from webhook import admission
-from webhook.serving.page import snapshot as overview
-from webhook.admission.recent import RecentDecisions
-from webhook.serving.page.snapshot import Selection, snapshot
-from webhook.serving.page import render as topology_page
-from webhook.serving.metrics_port import start_metrics_server
-from webhook.serving.page.render import page_app, render
+from webhook.state.index import ClusterIndex
 
 LEVELS = ("topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf")
 DEMO_LEAVES = [f"leaf-{i}" for i in range(1, 9)]

@@ -15,14 +15,14 @@ from collections import Counter
 import pytest
 
 from tests.fixtures.builders import gpu_job, ten_thousand_nodes
-from webhook.objects.feed import index_of
-from webhook.settings.config import Config
-from webhook.kube import demo
 from webhook import admission
 from webhook.admission.recent import RecentDecisions
-from webhook.serving.page.snapshot import snapshot
+from webhook.kube import demo
+from webhook.objects.feed import index_of
 from webhook.serving.page import heatmap
 from webhook.serving.page.render import COLOURS, render
+from webhook.serving.page.snapshot import snapshot
+from webhook.settings.config import Config
 
 BROWSER = next((path for path in map(shutil.which, ("chromium", "chromium-browser")) if path), None)
 WIDTH, HEIGHT = 1280, 1000

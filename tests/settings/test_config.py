@@ -7,14 +7,14 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.objects.feed import index_of
-from webhook.objects import feed
-from webhook.state.index import NodeGone
 from webhook.cli import main
+from webhook.kube.demo import make_node, make_pod
+from webhook.objects import feed
+from webhook.objects.feed import index_of
 from webhook.settings.config import DEFAULT_PROFILES, Config, ConfigError
 from webhook.settings.loading import config_from_mapping, levels_from, load_config
 from webhook.settings.presets import PRESETS, detect_preset
-from webhook.kube.demo import make_node, make_pod
+from webhook.state.index import NodeGone
 
 FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures"
 

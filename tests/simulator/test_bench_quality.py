@@ -5,11 +5,10 @@ import sys
 
 import pytest
 
-from webhook.objects.feed import index_of
-from webhook.core import orderings
-
 from bench import ablation, costmodel, engine, evaluate, fabric, policies, report, simulate, traces
+from webhook.core import orderings
 from webhook.core.model import PlacementRequest, Strategy
+from webhook.objects.feed import index_of
 from webhook.placement.placer import place
 
 H100 = fabric.ClusterSpec(zones=1, spines_per_zone=1, leaves_per_spine=2, nodes_per_leaf=8)
@@ -526,10 +525,11 @@ def test_switching_off_fewer_partly_used_switches_it_off_in_the_level_orders_and
     """The best-fit order is one value (Orderings.best_fit): the decision's search inside a scope
     and the level orders kept sorted by bestfit both read it from the index's tree, so one
     replacement changes both."""
-    from webhook.settings.config import Config
     from webhook.core.model import PlacementRequest
-    from webhook.placement.placer import place
     from webhook.kube.demo import make_node, make_pod
+    from webhook.placement.placer import place
+    from webhook.settings.config import Config
+
     # Two leaves that each hold a 2 x 8 job with 20 GPUs free; only a has a partly used node.
     labels = {"topology.scheduler/spine": "s"}
     nodes = [make_node(f"{leaf}-n{i}", {**labels, "topology.scheduler/leaf": leaf}, gpus=4 if (leaf, i) == ("b", 2) else 8)

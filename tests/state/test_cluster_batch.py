@@ -9,18 +9,17 @@ import datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.objects import feed
-from webhook.state.index import NodeGone
-from webhook.core.memo import Memo
-from webhook.objects.feed import demand_shape, parse_node
-from webhook.state.index import ClusterIndex
-from webhook.state.members import NodeState
-from webhook.settings.config import Config
 from webhook.core.gpus import NVLINK_DOMAINS_ANNOTATION, pod_gpus
 from webhook.core.injection import GPU_IDS, RESERVATION, WAITING_FOR
+from webhook.core.memo import Memo
 from webhook.core.model import PlacementRequest, Strategy
 from webhook.core.resources import pod_requests
 from webhook.kube.demo import make_node, make_pod
+from webhook.objects import feed
+from webhook.objects.feed import demand_shape, parse_node
+from webhook.settings.config import Config
+from webhook.state.index import ClusterIndex, NodeGone
+from webhook.state.members import NodeState
 
 ZONE, SPINE, LEAF = "topology.kubernetes.io/zone", "topology.scheduler/spine", "topology.scheduler/leaf"
 # A request whose pods take CPU too: its constrained subset counts free GPUs by what else fits.

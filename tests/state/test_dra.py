@@ -11,17 +11,17 @@ import pytest
 import yaml
 from conftest import eventually, review_of
 
+from tests.fixtures.builders import gpu_job
 from tests.fixtures.shared import samples
-from webhook.objects.feed import index_of
-from webhook.objects import feed
+from webhook.admission import review
 from webhook.cli import main
-from webhook.state.index import ClusterIndex
-from webhook.settings.config import Config
-from webhook.settings.presets import PRESETS
 from webhook.core.model import Outcome
 from webhook.kube import demo
-from webhook.admission import review
-from tests.fixtures.builders import gpu_job
+from webhook.objects import feed
+from webhook.objects.feed import index_of
+from webhook.settings.config import Config
+from webhook.settings.presets import PRESETS
+from webhook.state.index import ClusterIndex
 
 LEAF = "topology.scheduler/leaf"
 FREE_LEAVES = {"leaf-3", "leaf-7"}  # the demo's leaves with four wholly free nodes

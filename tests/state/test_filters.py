@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from webhook.core.model import PlacementRequest
+from webhook.kube.demo import make_node
+from webhook.objects.feed import index_of, parse_node
+from webhook.placement.placer import on_nodes
 from webhook.settings.config import Config
 from webhook.state.filters import NodeFilters, node_matches, tolerates
 from webhook.state.members import NodeState
-from webhook.core.model import PlacementRequest
-from webhook.objects.feed import index_of, parse_node
-from webhook.placement.placer import on_nodes
-from webhook.kube.demo import make_node
 
 CONFIG = Config()
 KEYS = ["pool", "zone", "example.com/gen"]

@@ -11,23 +11,24 @@ import copy
 
 import pytest
 import yaml
-
 from conftest import assert_valid_kubernetes_object, eventually, review_of
+
 from tests.fixtures.builders import gpu_job
 from tests.fixtures.shared import GPU_TOLERATION, NODEPOOL, karpenter_nodes
-from webhook.objects.feed import index_of
-from webhook.objects import feed
-from webhook.state.index import NodeGone
+from webhook.admission import review
 from webhook.cli import main
+from webhook.core.model import (EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_ROOM_NOW, Outcome, PlacementRequest,
+                                Strategy)
+from webhook.kube.demo import make_node, make_pod
+from webhook.objects import feed
+from webhook.objects.autoscaler_objects import node_groups, nodepool
+from webhook.objects.feed import index_of
+from webhook.placement.placer import place
 from webhook.settings.config import Config
 from webhook.settings.presets import PRESETS
 from webhook.state.filters import expression_matches
-from webhook.objects.autoscaler_objects import node_groups, nodepool
 from webhook.state.growth import NODEPOOL_LABEL
-from webhook.core.model import EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
-from webhook.placement.placer import place
-from webhook.kube.demo import make_node, make_pod
-from webhook.admission import review
+from webhook.state.index import NodeGone
 
 ZONE = "topology.kubernetes.io/zone"
 SPINE, LEAF = "topology.scheduler/spine", "topology.scheduler/leaf"

@@ -12,8 +12,8 @@ from webhook.settings.config import Config
 from webhook.state.devices import DraFact
 from webhook.state.dra import GPU_DRIVER, ClaimRefs, SliceFacts
 from webhook.state.index import ClusterIndex, NodeGone
-from webhook.state.pods import PodFacts, PodGone
 from webhook.state.members import NodeInfo
+from webhook.state.pods import PodFacts, PodGone
 
 ZONE, LEAF = "topology.kubernetes.io/zone", "topology.scheduler/leaf"
 CONFIG = Config(levels_auto=False)  # levels as configured: `levels: auto` keeps the preset it chose (test_config.py)

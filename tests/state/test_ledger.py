@@ -1,13 +1,14 @@
 """The reservation ledger on its own: holds, confirmation by bound pods, expiry by its own clock,
 and the namespace rule (nothing outside a hold's namespace confirms or releases it)."""
-from webhook.objects.feed import index_of
-from webhook.objects import feed
-from webhook.core.injection import GPU_IDS, RESERVATION as RESERVATION_ANNOTATION
-from webhook.settings.config import Config
-from webhook.kube.demo import make_node, make_pod
-from webhook.state.holds import ReservationLedger
+from webhook.core.injection import GPU_IDS
+from webhook.core.injection import RESERVATION as RESERVATION_ANNOTATION
 from webhook.core.model import PlacementRequest, Strategy
+from webhook.kube.demo import make_node, make_pod
+from webhook.objects import feed
+from webhook.objects.feed import index_of
 from webhook.placement.placer import place_and_reserve
+from webhook.settings.config import Config
+from webhook.state.holds import ReservationLedger
 
 TTL = 300.0
 

@@ -5,11 +5,11 @@ object, or be freed by anything but the watch."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from webhook.kube.demo import make_node
+from webhook.objects.feed import parse_node
+from webhook.settings.config import Config
 from webhook.state.holds import ReservationLedger, Stored
 from webhook.state.index import ClusterIndex
-from webhook.settings.config import Config
-from webhook.objects.feed import parse_node
-from webhook.kube.demo import make_node
 
 TTL, WINDOW = 300.0, 10.0
 JOB = "ml/Job/train"

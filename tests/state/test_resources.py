@@ -2,13 +2,13 @@
 filter beside the GPUs that placement optimises."""
 import pytest
 
-from webhook.objects.feed import index_of
-from webhook.objects import feed
-from webhook.settings.config import Config
-from webhook.kube.demo import make_node, make_pod
 from webhook.core.model import NO_MATCHING_NODES, NO_ROOM_NOW, Outcome, PlacementRequest, Strategy
-from webhook.placement.placer import place
 from webhook.core.resources import pod_requests, quantity
+from webhook.kube.demo import make_node, make_pod
+from webhook.objects import feed
+from webhook.objects.feed import index_of
+from webhook.placement.placer import place
+from webhook.settings.config import Config
 
 GiB = 2**30
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from webhook.core.model import Interconnect
+from webhook.kube.demo import make_node
+from webhook.objects.feed import parse_node
 from webhook.settings.config import Config
 from webhook.settings.loading import levels_from
 from webhook.settings.presets import HOSTNAME_LABEL
-from webhook.core.model import Interconnect
-from webhook.objects.feed import parse_node
 from webhook.state.members import NodeState
 from webhook.state.tree import Domain, TopologyTree
-from webhook.kube.demo import make_node
 
 CONFIG = Config(levels=levels_from(["example.com/spine", "example.com/leaf"]), levels_auto=False)
 SPINE, LEAF = "example.com/spine", "example.com/leaf"

@@ -20,15 +20,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..core import injection
-from ..settings.config import Config
-from ..core.model import (ANNOTATION_PREFIX, EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, GROWS_POOL, UNKNOWN_DOMAIN,
-                          UNKNOWN_LEVEL, Decision, Outcome, PlacementRequest, quoted)
+from ..core.model import (ANNOTATION_PREFIX, EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN, GROUP_MISMATCH, GROWS_POOL,
+                          UNKNOWN_DOMAIN, UNKNOWN_LEVEL, Decision, Outcome, PlacementRequest, quoted)
 from ..objects import alignment, mutation, podgroups, provisioning, workload
 from ..objects.groups import GROUP_SIZE
 from ..objects.subject import Subject
 from ..objects.templates import pod_template
 from ..objects.user_annotations import GPU_COUNT, MAX_DOMAIN, PEER_REQUIRED, PREFERRED_DOMAIN, InvalidWorkload
 from ..placement.placer import group_decision, place_group, place_shared
+from ..settings.config import Config
 from .envelope import AdmissionOutcome, AdmissionResult, Request, answer, denied, parse
 from .lifecycle import kept
 from .repair import placed_by_owner, repaired

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from ..core.model import MAPPINGS, Decision, quoted
 from ..objects.kinds import kind_of
 from ..objects.limits import oversized_annotations
-from ..objects.templates import display_name, mapping_of
 from ..objects.patch import encode, make_patch
+from ..objects.templates import display_name, mapping_of
 
 REVIEW_API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 WARNING_MAX_CHARS = 256  # the apiserver truncates longer warnings once its budget is spent

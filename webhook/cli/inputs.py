@@ -8,11 +8,11 @@ import logging
 from typing import Callable
 
 from ..kube import demo
+from ..objects import feed
+from ..objects.autoscaler_objects import is_growth_object
 from ..objects.manifests import ManifestError, read_objects
 from ..serving.app import Readiness
 from ..settings.config import Config
-from ..objects import feed
-from ..objects.autoscaler_objects import is_growth_object
 from ..state.dra import DRA_KINDS, RESOURCE_SLICE_MAX_DEVICES
 from ..state.index import ClusterIndex
 from .program import UsageError, log

@@ -14,13 +14,13 @@ from typing import Any, Sequence
 import yaml
 
 from .. import admission
-from ..objects.manifests import read_objects
-from ..serving.page.render import write_page
 from ..admission.recent import RecentDecisions
-from ..settings.loading import load_config
 from ..objects import feed
 from ..objects.dra_objects import in_namespace
 from ..objects.kinds import kind_of_object
+from ..objects.manifests import read_objects
+from ..serving.page.render import write_page
+from ..settings.loading import load_config
 from ..state.dra import DRA_KINDS, RESOURCE_SLICE_MAX_DEVICES
 from .inputs import (CLUSTER_FILE_MAX_BYTES, MANIFEST_FILE_MAX_BYTES, OBJECT_MAX_BYTES, MiB, file_index, read_cluster,
                      say_levels, within_api_limits)

@@ -10,20 +10,20 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
+from ..admission.recent import RecentDecisions
+from ..credentials import certs
+from ..credentials.kubeclient import api_client_from
 from ..kube import certbootstrap
 from ..kube.access import cluster_access
+from ..kube.allotment import ALLOTMENT_SHARE
 from ..kube.clusterview import own_namespace
 from ..kube.gatekey import ensure_gate_key
-from ..credentials.kubeclient import api_client_from
-from ..kube.allotment import ALLOTMENT_SHARE
 from ..kube.shared_claims import DEFAULT_BUDGET_SECONDS
 from ..kube.shared_decisions import ApiDecisionRecords
-from ..credentials import certs
 from ..serving.app import create_app
 from ..serving.metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
 from ..serving.metrics_port import METRICS_BACKLOG, start_metrics_server
 from ..serving.page.render import page_app
-from ..admission.recent import RecentDecisions
 from ..serving.paths import DEFAULT_PORT
 from ..serving.server import THREADS_PER_WORKER, ServeOptions, WebhookServer
 from ..settings.config import Config, ConfigError

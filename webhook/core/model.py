@@ -5,14 +5,14 @@ may import this one and none of them can change a value another step handed over
 """
 from __future__ import annotations
 
-import dataclasses
-
 import collections.abc
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .strategies import DEFAULT as DEFAULT_STRATEGY, Strategy  # what each strategy does: registered there
+from .strategies import DEFAULT as DEFAULT_STRATEGY  # what each strategy does: registered there
+from .strategies import Strategy
 
 ANNOTATION_PREFIX = "topology.scheduler/"
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -54,9 +54,9 @@ from kubernetes.client.exceptions import ApiException
 from ..objects import feed
 from ..state.index import ClusterIndex, NodeGone
 from .kinds import claims_stream, decisions_stream, dra_streams, growth_streams, pod_stream, stored_streams
+from .releaser import Releaser
 from .shared_claims import ApiClaims, describe
 from .shared_decisions import ApiDecisionRecords
-from .releaser import Releaser
 from .streams import FORBIDDEN, GONE, NOT_FOUND, Ahead, Backoff, DictWatch, Stream, StreamStatus, collector_paused
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from ..objects import autoscaler_objects, dra_objects, feed
-from ..state import dra
 from ..objects.kinds import WorkloadKind
 from ..objects.provisioning import request_name
+from ..state import dra
 from ..state.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND
 from ..state.holds import Stored
 from ..state.index import ClusterIndex

@@ -19,10 +19,10 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from ..core import injection
-from ..objects import mutation
-from ..objects.patch import make_patch
-from ..objects.feed import holds_our_gate
 from ..credentials.kubeclient import KubeconfigError, api_client_from
+from ..objects import mutation
+from ..objects.feed import holds_our_gate
+from ..objects.patch import make_patch
 
 JSON_PATCH = "application/json-patch+json"
 PAGE = 500

@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 
 from ..core.model import MAPPINGS, quoted
 from ..state.dra import CHANNEL_CLASS, RESOURCE_GROUP
-from .user_annotations import ALIGN, InvalidAnnotation
 from .templates import display_name, mapping_of
+from .user_annotations import ALIGN, InvalidAnnotation
 
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 NUMA_NODE = "resource.kubernetes.io/numaNode"

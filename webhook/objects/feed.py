@@ -12,21 +12,22 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import orjson
 
-from ..core.gpus import (NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_gpu_set, parse_nvlink_domains,
-                         pod_gpus, quantity_to_int)
+from ..core.gpus import (NVLINK_DOMAINS_ANNOTATION, parse_bandwidth_gbps, parse_gpu_set, parse_nvlink_domains, pod_gpus,
+                         quantity_to_int)
 from ..core.injection import (ADMISSION, GATE, GPU_IDS, HOLD_SEAL, RESERVATION, WAITING_FOR, GateRecord, gate_record,
                               parse_domain_path, seal_hold)
 from ..core.memo import Memo
 from ..core.model import GPU_RESOURCE, MAPPINGS
-from ..core.orderings import DEFAULT as DEFAULT_ORDERINGS, Orderings
+from ..core.orderings import DEFAULT as DEFAULT_ORDERINGS
+from ..core.orderings import Orderings
 from ..core.resources import node_allocatable, pod_requests
 from ..settings.config import Config, HardwareProfile
 from ..settings.presets import HOSTNAME_LABEL
 from ..state.dra import DRA_KINDS, ClaimRefs
 from ..state.holds import Stored, held_by, reservation_key
 from ..state.index import ClusterIndex, Fact, NodeGone
-from ..state.pods import PodFacts, PodGone
 from ..state.members import NodeInfo, nvlink_domains
+from ..state.pods import PodFacts, PodGone
 from . import autoscaler_objects, dra_objects
 from .groups import KUBEFLOW_KINDS
 from .kinds import POD, REGISTRY, WorkloadKind

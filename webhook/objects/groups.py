@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..core.model import ANNOTATION_PREFIX, MAPPINGS, quoted
-from .dra_objects import pod_group_of
 from ..state.holds import reservation_key
+from .dra_objects import pod_group_of
 
 # A name: pods with the same group name in a namespace are placed as one group. Default: the
 # operators' labels ([operators and queues](docs/operators-and-queues.md)).

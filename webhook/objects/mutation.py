@@ -36,13 +36,15 @@ import re
 from typing import Mapping
 
 from ..core.gpus import container_gpus, format_gpu_set
+from ..core.injection import (ADMISSION, GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, HOLD_SEAL, INJECTED,
+                              OUTPUT_ANNOTATIONS, PLACEMENT, REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL,
+                              Injection, annotations_of, at, dumps_request, recorded, seal_gate, seal_hold,
+                              waited_domain)
+from ..core.model import (ANNOTATION_PREFIX, EXCEEDS_NODES, GROWS_POOL, MAPPINGS, NO_MATCHING_NODES, Decision, Hold,
+                          Outcome)
+from ..core.strategies import Layout
 from ..settings.config import Config
 from ..settings.presets import HOSTNAME_LABEL
-from ..core.injection import (ADMISSION, GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, HOLD_SEAL, INJECTED, OUTPUT_ANNOTATIONS,
-                              PLACEMENT, REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL, Injection,
-                              annotations_of, at, dumps_request, recorded, seal_gate, seal_hold, waited_domain)
-from ..core.model import ANNOTATION_PREFIX, EXCEEDS_NODES, GROWS_POOL, MAPPINGS, NO_MATCHING_NODES, Decision, Hold, Outcome
-from ..core.strategies import Layout
 from .kinds import POD, WorkloadKind
 from .reconcile import annotations_in, copy_tree, put, rewrite, set_annotations
 from .subject import Subject

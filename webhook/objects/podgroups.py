@@ -19,8 +19,8 @@ from ..core.model import quoted
 from ..settings.config import Config
 from ..settings.presets import HOSTNAME_LABEL
 from ..state.dra import SCHEDULING_GROUP
-from .user_annotations import MAX_DOMAIN, PEER_REQUIRED, InvalidAnnotation
 from .templates import display_name, mapping_of
+from .user_annotations import MAX_DOMAIN, PEER_REQUIRED, InvalidAnnotation
 
 KINDS = ("PodGroup", "Workload")
 

@@ -19,8 +19,8 @@ import orjson
 
 from ..core.injection import GATE, INJECTED, PREFERRED, REQUIRED_TERMS, WORKLOAD_LABEL, Injection, at
 from ..settings.config import Config
-from .limits import CONTAINER_LISTS
 from .kinds import WorkloadKind
+from .limits import CONTAINER_LISTS
 from .templates import pod_templates
 
 

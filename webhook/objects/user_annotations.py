@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from ..core.gpus import ASCII_DIGITS, BANDWIDTH_UNITS, BandwidthInBytes, parse_bandwidth_gbps
 from ..core.injection import ADMISSION, OUTPUT_ANNOTATIONS
 from ..core.model import ANNOTATION_PREFIX, Strategy, quoted
-from ..core.strategies import DEFAULT as DEFAULT_STRATEGY, REGISTRY as STRATEGIES
+from ..core.strategies import DEFAULT as DEFAULT_STRATEGY
+from ..core.strategies import REGISTRY as STRATEGIES
 from .groups import GROUP_ANNOTATIONS
 
 # The comment above each annotation of INPUT_ANNOTATIONS, "what it takes. Default: ...", is its

@@ -27,9 +27,9 @@ from ..core.gpus import pod_gpus
 from ..core.model import MAPPINGS, PlacementRequest, on_nodes, quoted
 from ..core.resources import pod_requests
 from ..state.dra import CLIQUE_LABEL, ClaimDemand, ClaimRefs, PodGroupFacts
-from .dra_objects import claim_refs, pod_group_of
 from . import groups
 from . import user_annotations as asked
+from .dra_objects import claim_refs, pod_group_of
 from .groups import GROUP_SIZE, Membership
 from .subject import Subject
 from .templates import PodTemplate, field_path, mapping_of

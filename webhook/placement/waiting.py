@@ -7,7 +7,8 @@ import heapq
 import math
 from typing import Callable, Sequence
 
-from ..core.model import EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Decision, DomainRef, NodeRequirement, Outcome, PlacementRequest
+from ..core.model import (EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN,
+                          Decision, DomainRef, NodeRequirement, Outcome, PlacementRequest)
 from ..core.strategies import Layout, Waits
 from ..settings.presets import HOSTNAME_LABEL
 from ..state.filters import expression_matches, node_matches, tolerates

@@ -17,11 +17,11 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from .. import admission
+from ..admission.recent import RecentDecisions
 from ..settings.config import Config
 from ..state.index import ClusterIndex
 from .logs import FIELDS
 from .metrics import Metrics
-from ..admission.recent import RecentDecisions
 from .paths import HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH
 
 Readiness = Callable[[], "tuple[bool, str]"]

@@ -14,6 +14,7 @@ from .config import (DEFAULT_NCCL_PROFILES, DEFAULT_PROFILES, LINK_CLASSES, PROV
                      HardwareProfile)
 from .presets import HOSTNAME_LABEL, PRESETS, Level
 
+
 def levels_from(spec: Any) -> tuple[Level, ...]:
     """Levels from a preset name or a list of labels / {label, name, link, oversubscription} maps."""
     if isinstance(spec, str):

@@ -39,7 +39,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-
 RESOURCE_GROUP = "resource.k8s.io"
 SCHEDULING_GROUP = "scheduling.k8s.io"
 GPU_DRIVER = "gpu.nvidia.com"

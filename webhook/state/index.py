@@ -27,17 +27,18 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from ..core.memo import Memo
 from ..core.model import Decision
-from ..core.orderings import DEFAULT as DEFAULT_ORDERINGS, Orderings
+from ..core.orderings import DEFAULT as DEFAULT_ORDERINGS
+from ..core.orderings import Orderings
 from ..settings.config import Config
 from ..settings.presets import PRESETS, PresetVotes, preset_marks
 from .devices import Devices, DraFact
 from .filters import ConstrainedSubsets, NodeFilters
 from .growth import GrowthFact, GrowthState
 from .holds import GpuSet, ReservationLedger, Stored
+from .members import Domain, NodeInfo, NodeState, placement_fields
 from .pods import PodCounts, PodFacts, PodGone
 from .ports import ScaleUps, SharedClaims
 from .queries import IndexQueries
-from .members import Domain, NodeInfo, NodeState, placement_fields
 from .tree import TopologyTree
 
 

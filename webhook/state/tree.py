@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..core.model import DomainRef, PlacementRequest
-from ..core.orderings import DEFAULT as DEFAULT_ORDERINGS, Orderings
+from ..core.orderings import DEFAULT as DEFAULT_ORDERINGS
+from ..core.orderings import Orderings
 from ..settings.config import Config
 from ..settings.presets import HOSTNAME_LABEL
 from .bestfit import LevelOrders

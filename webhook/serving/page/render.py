@@ -20,11 +20,11 @@ from typing import Callable, Iterable, Iterator
 from urllib.parse import parse_qs, urlencode
 
 from ...admission import AdmissionOutcome
-from ...state.index import ClusterIndex
+from ...admission.recent import RecentDecisions
 from ...credentials.access import EVERYTHING, SCOPE_ENVIRON_KEY, PageScope, visible_namespaces
+from ...state.index import ClusterIndex
 from ..paths import TOPOLOGY_JSON_PATH
 from . import heatmap
-from ...admission.recent import RecentDecisions
 from .nodes import FREE, HELD, OUT, USED
 from .snapshot import Selection, namespaces_present, snapshot
 from .words import e as _e

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence, cast
 
 from ...admission import AdmissionOutcome
+from ...admission.recent import NODES_PER_ENTRY, RecordedDecision
 from ...state.index import ClusterIndex
 from ...state.tree import Domain, NodeState
-from ...admission.recent import NODES_PER_ENTRY, RecordedDecision
 from .nodes import gpu_states, natural, node_counts, split_key, state_of
 
 SCHEMA_VERSION = 1
