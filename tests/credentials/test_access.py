@@ -16,7 +16,7 @@ from webhook.admission.recent import RecentDecisions
 from webhook.credentials.access import (EVERYTHING, SCOPE_ENVIRON_KEY, Access, NonResourceURL, PageScope, Reader,
                                         ResourceAction, ReviewError, bearer_token, guarded, visible_namespaces)
 from webhook.kube import demo
-from webhook.kube.access import subject_access_review
+from webhook.kube.access_reviews import subject_access_review
 from webhook.objects import feed
 from webhook.objects.feed import index_of
 from webhook.serving.page.render import page_app

@@ -18,7 +18,7 @@ from webhook.admission.recent import RecentDecisions
 from webhook.credentials import certs
 from webhook.credentials.certs import ReloadingContext
 from webhook.kube import demo
-from webhook.kube.access import cluster_access
+from webhook.kube.access_reviews import cluster_access
 from webhook.objects.feed import index_of
 from webhook.serving.app import create_app
 from webhook.serving.metrics import Metrics

@@ -35,14 +35,14 @@ status:
 
 NODES = [  # (why, the YAML, what the NodeInfo says)
     ("GPUs, NVLink domains, bandwidth, blocking taints and other allocatable", NODE,
-     dict(name="n1", gpus=8, out="", nvlink_domains=((0, 1, 2, 3), (4, 5, 6, 7)), bandwidth_gbps=400.0,
+     dict(name="n1", gpus=8, out_of_service="", nvlink_domains=((0, 1, 2, 3), (4, 5, 6, 7)), bandwidth_gbps=400.0,
           taints=(("nvidia.com/gpu", "present", "NoSchedule"),), other_allocatable={"cpu": 96000, "memory": 2**40,
                                                                                   "pods": 110})),
-    ("cordoned", NODE.replace("spec:\n", "spec:\n  unschedulable: true\n"), dict(out="cordoned")),
-    ("not ready", NODE.replace('status: "True"', 'status: "False"'), dict(out="NotReady")),
+    ("cordoned", NODE.replace("spec:\n", "spec:\n  unschedulable: true\n"), dict(out_of_service="cordoned")),
+    ("not ready", NODE.replace('status: "True"', 'status: "False"'), dict(out_of_service="NotReady")),
     ("a lifecycle taint makes it out of service, not a filter", NODE.replace(
         "example.com/soft, effect: PreferNoSchedule", "node.kubernetes.io/unreachable, effect: NoExecute"),
-     dict(out="tainted node.kubernetes.io/unreachable", taints=(("nvidia.com/gpu", "present", "NoSchedule"),))),
+     dict(out_of_service="tainted node.kubernetes.io/unreachable", taints=(("nvidia.com/gpu", "present", "NoSchedule"),))),
     ("a malformed GPU count is no GPUs, not an error", NODE.replace('nvidia.com/gpu: "8"', "nvidia.com/gpu: eight"),
      dict(gpus=0)),
     ("no kind: a Node", NODE.replace("kind: Node\n", ""), dict(name="n1", gpus=8)),

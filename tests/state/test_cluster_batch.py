@@ -84,7 +84,7 @@ def state(index: ClusterIndex) -> tuple:
         return {d.ref.path: (d.free_gpus, d.alloc_gpus, d.nodes, d.partly_used, list(d.pods_now), list(d.pods_idle),
                              list(d.free_hist), d.freeing)
                 for d in [tree.root, *(d for level in tree.levels for d in level.values())]}
-    nodes = {n.name: (n.free, n.gpus, dict(n.pods), set(n.terminating), list(n.held), dict(n.requested), n.out)
+    nodes = {n.name: (n.free, n.gpus, dict(n.pods), set(n.terminating), list(n.held), dict(n.requested), n.out_of_service)
              for n in index.nodes.values()}
     subset = index.restricted_to(CPU_BOUND)
     return (domains(index.tree), nodes, domains(subset), {n.name: n.free for n in subset.nodes.values()},

@@ -6,14 +6,14 @@ Read from the source (AST), by attribute name: every ClusterIndex in the package
 `self.index`, and no other object outside `state/` has a `tree`, `ledger` or `lock` attribute, so
 the names alone find a reach, through an alias (`ledger = index.ledger`) too. `pods` is also a
 request's, a node's and a group's (a count, a dict, a list), so it counts as a reach only on an
-index, or when what is read of it is a PodCounts attribute (`x.pods.gated`)."""
+index, or when what is read of it is a PodRecords attribute (`x.pods.gated`)."""
 from __future__ import annotations
 
 import ast
 import pathlib
 from typing import Any, cast
 
-from webhook.state.pods import PodCounts
+from webhook.state.pods import PodRecords
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "webhook"
 PARTS = {"tree", "ledger", "pods"}
@@ -25,8 +25,8 @@ LOCKED_CALLERS = {
 }
 
 
-# What a PodCounts has, read of one: its methods and what its __init__ sets (it calls nothing of the index).
-POD_COUNTS = {name for name in [*dir(PodCounts), *vars(PodCounts(cast(Any, None)))] if not name.startswith("__")}
+# What a PodRecords has, read of one: its methods and what its __init__ sets (it calls nothing of the index).
+POD_RECORDS = {name for name in [*dir(PodRecords), *vars(PodRecords(cast(Any, None)))] if not name.startswith("__")}
 
 
 def _is_index(node: ast.expr) -> bool:
@@ -47,7 +47,7 @@ def reaches(source: str, where: str) -> list[tuple[int, str]]:
             continue
         if name in {"tree", "ledger"} or (name == "pods" and _is_index(value)):
             found.append((node.lineno, f".{name}"))
-        elif isinstance(value, ast.Attribute) and value.attr == "pods" and name in POD_COUNTS:
+        elif isinstance(value, ast.Attribute) and value.attr == "pods" and name in POD_RECORDS:
             found.append((node.lineno, f".pods.{name}"))
         elif (name == "lock" and where not in LOCK_HOLDERS) or (name == "locked" and where not in LOCKED_CALLERS):
             found.append((node.lineno, f".{name}"))

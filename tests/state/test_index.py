@@ -139,7 +139,7 @@ def counted(index: ClusterIndex) -> tuple:
                              list(d.free_hist), d.freeing)
                 for d in [tree.root, *(d for level in tree.levels for d in level.values())]}
     nodes = {n.name: (n.free, n.gpus, {key: gpus for key, (gpus, _) in n.pods.items()}, set(n.terminating),
-                      {k: v for k, v in n.requested.items() if v}, n.out) for n in index.nodes.values()}
+                      {k: v for k, v in n.requested.items() if v}, n.out_of_service) for n in index.nodes.values()}
     subset = index.restricted_to(CPU_BOUND)
     orphans = {name: {key: gpus for key, (gpus, _) in pods.items()} for name, pods in index.pods.orphans.items()}
     return (domains(index.tree), nodes, domains(subset), index.pods.on_node, index.pods.holders, orphans,

@@ -137,7 +137,7 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
                            warnings=[*wanted.warnings, f"{who} asks for no GPU; pinned with {group.request.workload}"])
         mutated = mutation.mutate(obj, subject.placed_kind, None, config)
         return answer(request, AdmissionOutcome.IGNORED, mutated=mutated, warnings=[
-            *wanted.warnings, f"{who} {wanted.idle}"])
+            *wanted.warnings, f"{who} {wanted.nothing_to_place}"])
     # What this admission holds counts until the apiserver is seen to store it (state/holds.py):
     # the stored object says so by this review's uid.
     stamp = request.uid if index.holds_provisional() and not request.dry_run else None

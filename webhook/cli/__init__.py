@@ -23,7 +23,7 @@ from ..kube import ungate
 from ..objects.manifests import ManifestError
 from ..serving import logs
 from ..settings.config import ConfigError
-from . import certs, mutate, serve
+from . import mutate, serve, write_certs
 from .inputs import CLUSTER_FILE_MAX_BYTES, MANIFEST_FILE_MAX_BYTES, OBJECT_MAX_BYTES, file_index
 from .program import PROG, UsageError, log
 from .serve import reread, self_managed_tls
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve.register(subparsers)
     mutate.register(subparsers)
-    certs.register(subparsers)
+    write_certs.register(subparsers)
     discover_command.register(subparsers)
     ungate.register(subparsers)
     parser.add_argument("--log-level", choices=logs.LEVELS, default="info",

@@ -14,7 +14,7 @@ from ..admission.recent import RecentDecisions
 from ..credentials import certs
 from ..credentials.kubeclient import api_client_from
 from ..kube import certbootstrap
-from ..kube.access import cluster_access
+from ..kube.access_reviews import cluster_access
 from ..kube.allotment import ALLOTMENT_SHARE
 from ..kube.clusterview import own_namespace
 from ..kube.gatekey import ensure_gate_key

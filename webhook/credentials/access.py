@@ -13,7 +13,7 @@ kube-rbac-proxy do.
   SubjectAccessReview allows them to `list pods` (`PageScope`, `visible_namespaces`).
 
 This module decides and never calls the API: the calls are the two functions `Access` is given
-(webhook/kube/access.py makes them with the `kubernetes` client; tests give fakes). Answers are
+(webhook/kube/access_reviews.py makes them with the `kubernetes` client; tests give fakes). Answers are
 cached per token and per (reader, question): ALLOWED_SECONDS when yes, DENIED_SECONDS when no, at
 most CACHE_ENTRIES of each (least recently used dropped first); a failed call is not cached. So a
 scrape or a page view asks the API nothing most of the time, and a revoked role or token stops

@@ -33,7 +33,7 @@ Objects are handled as the plain dicts the API sends (the shape `ClusterIndex` r
 events are not turned into client model objects, which would cost far more than the index
 update itself. Nothing happens at import time.
 
-The streams of the kinds besides the nodes are made in webhook/kube/kinds.py; what every stream
+The streams of the kinds besides the nodes are made in webhook/kube/kind_streams.py; what every stream
 runs on (its state, the dict watch, the page fetched ahead, the backoff, the collector's pause) is
 webhook/kube/streams.py.
 """
@@ -53,7 +53,7 @@ from kubernetes.client.exceptions import ApiException
 
 from ..objects import feed
 from ..state.index import ClusterIndex, NodeGone
-from .kinds import claims_stream, decisions_stream, dra_streams, growth_streams, pod_stream, stored_streams
+from .kind_streams import claims_stream, decisions_stream, dra_streams, growth_streams, pod_stream, stored_streams
 from .releaser import Releaser
 from .shared_claims import ApiClaims, describe
 from .shared_decisions import ApiDecisionRecords

@@ -2,7 +2,7 @@
 change its kind in the index, and how far it got), the watch that yields plain dicts, the page
 fetched ahead of the one applied, the backoff between failures, the status callers read, and the
 cyclic collector paused while lists are applied. The loops that drive streams are the `ApiFeed`'s
-(webhook/kube/clusterview.py); which streams there are, per kind, is webhook/kube/kinds.py.
+(webhook/kube/clusterview.py); which streams there are, per kind, is webhook/kube/kind_streams.py.
 Nothing happens at import time.
 """
 from __future__ import annotations

@@ -167,7 +167,7 @@ def parse_node(node: Mapping, config: Config) -> NodeInfo:
         bandwidth = parse_bandwidth_gbps(labels[BANDWIDTH_LABEL])
     except (KeyError, ValueError):
         bandwidth = None
-    return NodeInfo(name=meta.get("name", ""), labels=labels, out=out, taints=taints, gpus=alloc,
+    return NodeInfo(name=meta.get("name", ""), labels=labels, out_of_service=out, taints=taints, gpus=alloc,
                     nvlink_domains=nvlink_domains(declared, profile, alloc), profile=profile,
                     bandwidth_gbps=bandwidth, other_allocatable=node_allocatable(status), plugin_gpus=alloc,
                     declared_domains=declared)

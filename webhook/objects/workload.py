@@ -39,12 +39,12 @@ from .user_annotations import (GPU_COUNT, LATENCY_SENSITIVE, MAX_DOMAIN, NETWORK
 
 @dataclass(frozen=True)
 class Workload:
-    """What one object asks for. `request` is None when there is nothing to place, and `idle`
+    """What one object asks for. `request` is None when there is nothing to place, and `nothing_to_place`
     says why ("runs no pods now (spec.replicas: 0)", "requests no nvidia.com/gpu")."""
 
     request: PlacementRequest | None
     warnings: tuple[str, ...] = ()
-    idle: str = ""
+    nothing_to_place: str = ""
     group: Membership | None = None  # a Pod placed as a member of this group (request: the whole group's)
     unknown: tuple[str, ...] = ()  # claim templates or claims it names that are not known: not placed
 
@@ -105,9 +105,9 @@ def read(subject: Subject, facts: ClusterFacts | None = None) -> Workload:
         pods, gpus_per_pod, warnings = _size(kind, who, per_pod, running, annotations.get(GPU_COUNT))
     warnings = asked.unknown_annotations(who, annotations) + shared_warnings + warnings
     if pods == 0 or gpus_per_pod == 0:
-        idle = (f"runs no pods now ({count_field}: 0), so nothing to place until it "
-                "is scaled up" if running == 0 else "requests no nvidia.com/gpu; nothing to place")
-        return Workload(None, tuple(warnings), idle)
+        nothing = (f"runs no pods now ({count_field}: 0), so nothing to place until it "
+                   "is scaled up" if running == 0 else "requests no nvidia.com/gpu; nothing to place")
+        return Workload(None, tuple(warnings), nothing)
     request = PlacementRequest(
         workload=group.name if group is not None else who,
         pods=pods,

@@ -22,7 +22,7 @@ class DraFact:
     facts: object
 
 
-class Nodes(Protocol):
+class IndexForDevices(Protocol):
     """What the DRA part asks of the index around it (state/index.py)."""
 
     def node(self, name: str) -> NodeState | None: ...
@@ -32,7 +32,7 @@ class Nodes(Protocol):
 
 
 class Devices:
-    def __init__(self, nodes: Nodes) -> None:
+    def __init__(self, nodes: IndexForDevices) -> None:
         self.nodes = nodes
         self.inventory = dra.DraInventory()
         self.both_sources: set[str] = set()  # nodes with allocatable nvidia.com/gpu and DRA GPUs

@@ -36,7 +36,7 @@ from .filters import ConstrainedSubsets, NodeFilters
 from .growth import GrowthFact, GrowthState
 from .holds import GpuSet, ReservationLedger, Stored
 from .members import Domain, NodeInfo, NodeState, placement_fields
-from .pods import PodCounts, PodFacts, PodGone
+from .pods import PodFacts, PodGone, PodRecords
 from .ports import ScaleUps, SharedClaims
 from .queries import IndexQueries
 from .tree import TopologyTree
@@ -85,7 +85,7 @@ class ClusterIndex(IndexQueries):
         self.subsets = ConstrainedSubsets()
         self.ledger = ReservationLedger(config.reservation_ttl_seconds, clock)
         self.shared_claims: SharedClaims | None = None  # holds shared with other replicas (share_claims)
-        self.pods = PodCounts(self)
+        self.pods = PodRecords(self)
         self.devices = Devices(self)
         # Counts changes of free GPUs, nodes and gated pods: the releaser passes only after one.
         self.changes = 0

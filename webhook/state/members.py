@@ -91,7 +91,7 @@ class NodeInfo:
 
     name: str
     labels: Mapping[str, str]
-    out: str  # why it is out of service for now ("cordoned", "NotReady", a lifecycle taint); "" in service
+    out_of_service: str  # why it is out of service for now ("cordoned", "NotReady", a lifecycle taint); "" in service
     taints: tuple[tuple[str, str, str], ...]  # (key, value, effect) with NoSchedule/NoExecute
     gpus: int  # its GPUs: allocatable nvidia.com/gpu (device plugin), else its DRA GPU devices (dra.py)
     nvlink_domains: tuple[tuple[int, ...], ...]
@@ -130,7 +130,7 @@ class NodeState:
     # `info` under a node (a Node read anew makes a new NodeState), so the copies stay true.
     name: str = field(init=False)
     labels: Mapping[str, str] = field(init=False)
-    out: str = field(init=False)
+    out_of_service: str = field(init=False)
     taints: tuple[tuple[str, str, str], ...] = field(init=False)
     gpus: int = field(init=False)
     nvlink_domains: tuple[tuple[int, ...], ...] = field(init=False)
@@ -140,7 +140,8 @@ class NodeState:
 
     def __post_init__(self) -> None:
         info = self.info
-        self.name, self.labels, self.out, self.taints, self.gpus = info.name, info.labels, info.out, info.taints, info.gpus
+        self.name, self.labels, self.taints, self.gpus = info.name, info.labels, info.taints, info.gpus
+        self.out_of_service = info.out_of_service
         self.nvlink_domains, self.profile, self.bandwidth_gbps = info.nvlink_domains, info.profile, info.bandwidth_gbps
         self.other_allocatable = info.other_allocatable
 
@@ -188,7 +189,7 @@ class NodeState:
     # -- accounting ------------------------------------------------------------------------------
     @property
     def eligible(self) -> bool:
-        return not self.out
+        return not self.out_of_service
 
     def headroom(self, resource: str) -> int:
         return self.other_allocatable.get(resource, 0) - self.requested.get(resource, 0)
@@ -260,5 +261,5 @@ def with_gpus(info: NodeInfo, gpus: int, devices: tuple[tuple[str, tuple[str, ..
 
 def placement_fields(info: NodeInfo) -> tuple:
     """What placement reads of a node: an update that changes none of it changes nothing."""
-    return (info.labels, info.out, info.taints, info.gpus, info.nvlink_domains, info.profile,
+    return (info.labels, info.out_of_service, info.taints, info.gpus, info.nvlink_domains, info.profile,
             info.bandwidth_gbps, info.other_allocatable, info.devices)

@@ -57,7 +57,7 @@ class PodGone:
     admission: str | None = None  # the review whose hold it was admitted with
 
 
-class Nodes(Protocol):
+class IndexForPods(Protocol):
     """What the pod part asks of the index around it (state/index.py)."""
 
     ledger: ReservationLedger
@@ -72,10 +72,10 @@ class Nodes(Protocol):
     def pick(self, node: NodeState, gpus: int, taken: set[int]) -> tuple[int, ...]: ...
 
 
-class PodCounts:
+class PodRecords:
     """Every per-pod map of the index, and the rules that keep them consistent."""
 
-    def __init__(self, nodes: Nodes) -> None:
+    def __init__(self, nodes: IndexForPods) -> None:
         self.nodes = nodes
         self.orphans: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {}  # pods bound to unknown nodes
         self.orphans_ending: dict[str, set[str]] = {}  # those of them being deleted

@@ -26,7 +26,7 @@ from .filters import ConstrainedSubsets, NodeFilters
 from .gated import GatedGroup, GatedPod
 from .growth import GrowthState, Pool
 from .holds import GpuSet, Reservation, ReservationLedger
-from .pods import PodCounts
+from .pods import PodRecords
 from .stats import ClusterStats, cluster_stats
 from .tree import TopologyTree
 from .waits import Waiting
@@ -54,7 +54,7 @@ class IndexQueries:
     filters: NodeFilters
     subsets: ConstrainedSubsets
     ledger: ReservationLedger
-    pods: PodCounts
+    pods: PodRecords
     devices: Devices
     growth: GrowthState
     changes: int

@@ -158,8 +158,8 @@ class TopologyTree:
             domain.free_gpus += after - before
 
     def attach(self, node: NodeState) -> None:
-        if node.out and node.gpus > 0:
-            self.out_of_service[node.name] = node.out
+        if node.out_of_service and node.gpus > 0:
+            self.out_of_service[node.name] = node.out_of_service
         node.parent = self._domain_for(self.node_path(node))
         node.parent.children[node.name] = node
         self.nodes[node.name] = node

@@ -96,14 +96,14 @@ class _Reader:
         special.update(node for _, node, _ in index.pod_holds())
         for name in special:
             node = index.nodes.get(name)
-            if node is None or not (node.held or node.out):
+            if node is None or not (node.held or node.out_of_service):
                 continue
             counts = node_counts(node)
             for domain in tree.ancestors(node):
                 extra = self.extra.setdefault(id(domain), {"held": 0, "out": 0, "out_total": 0})
                 extra["held"] += counts["held"]
                 extra["out"] += counts["out"]
-                extra["out_total"] += node.gpus if node.out else 0
+                extra["out_total"] += node.gpus if node.out_of_service else 0
         for name in marked:
             node = index.nodes.get(name)
             if node is not None:
@@ -151,8 +151,8 @@ class _Reader:
 
     def node(self, node: NodeState) -> dict:
         counts = node_counts(node)
-        return {"name": node.name, "out": node.out, "gpus": counts, "nvlink": gpu_states(node, counts),
-                "marked": node.name in self.marked, "state": state_of(counts, bool(node.out)),
+        return {"name": node.name, "out": node.out_of_service, "gpus": counts, "nvlink": gpu_states(node, counts),
+                "marked": node.name in self.marked, "state": state_of(counts, bool(node.out_of_service)),
                 "pods": len(node.pods), "workloads": self.workloads(node)}
 
     def detach(self, block: dict, domain: Domain) -> None:
@@ -176,10 +176,10 @@ class _Reader:
     def cell(self, node: NodeState) -> dict:
         """A node in short, for the overview: what `node` says less what its letters say again."""
         counts = node_counts(node)
-        cell = {"name": node.name, "state": state_of(counts, bool(node.out)), "nvlink": gpu_states(node, counts),
+        cell = {"name": node.name, "state": state_of(counts, bool(node.out_of_service)), "nvlink": gpu_states(node, counts),
                 "pods": len(node.pods)}
-        if node.out:
-            cell["out"] = node.out
+        if node.out_of_service:
+            cell["out"] = node.out_of_service
         if node.name in self.marked:
             cell["marked"] = True
         workloads = self.workloads(node) if node.pods else []
