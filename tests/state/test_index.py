@@ -23,7 +23,7 @@ CPU_BOUND = PlacementRequest("Job ml/cpu", 1, 1, Strategy.BALANCED, resources=((
 
 def node(name: str, leaf: str, gpus: int = 8, out: str = "") -> NodeInfo:
     """A Node's facts as the feed reads them: allocatable GPUs from the device plugin."""
-    return NodeInfo(name=name, labels={ZONE: "z1", LEAF: leaf}, out=out, taints=(), gpus=gpus,
+    return NodeInfo(name=name, labels={ZONE: "z1", LEAF: leaf}, out_of_service=out, taints=(), gpus=gpus,
                     nvlink_domains=(tuple(range(gpus)),) if gpus else (), profile=CONFIG.profile_for(""),
                     bandwidth_gbps=None, other_allocatable={"cpu": 64000, "pods": 110}, plugin_gpus=gpus)
 
