@@ -218,6 +218,7 @@ class RunResult:
     cluster_gpus: int = 0
     waits: dict[str, int] = field(default_factory=dict)  # job id -> times the policy answered "wait"
     states: list[ClusterSample] = field(default_factory=list)  # queue and free capacity, at the FGD sample times
+    placed: dict[str, tuple[str, ...]] = field(default_factory=dict)  # job id -> the node of each of its pods
 
     @property
     def useful_allocation(self) -> float:
@@ -343,6 +344,32 @@ class JobQueue:
             del self.by_shape[shape]
 
 
+def ideal_allreduce_seconds(workload: Workload, pods: int, gpus_per_pod: int) -> float:
+    """The all-reduce time of a job of `pods` pods at its tightest placement in an empty cluster,
+    which the trace's duration is taken to include (costmodel.ideal_placement)."""
+    empty = SimCluster(workload.spec)
+    return allreduce_seconds(empty, workload.profile, workload.network, ideal_placement(empty, pods, gpus_per_pod),
+                             workload.allreduce_bytes)
+
+
+def started_record(cluster: SimCluster, workload: Workload, job: Job, pods: list[PodPlacement], began: float,
+                   dynamic: int | None, ideal_s: float) -> JobRecord:
+    """What a job's start records, its pods bound in `cluster` (their GPUs taken): its span and its
+    run time, the trace's duration with the job's communication share stretched by the slowdown the
+    cost model gives its nodes (all-reduce here over all-reduce at the tightest placement,
+    `ideal_s`). `dynamic`: the narrowest level that had room for it before it was bound."""
+    merged: dict[str, tuple[int, ...]] = {}
+    for node, ids in pods:
+        merged[node] = merged.get(node, ()) + ids
+    actual = allreduce_seconds(cluster, workload.profile, workload.network, merged, workload.allreduce_bytes)
+    slowdown = actual / ideal_s if ideal_s > 0 else 1.0
+    share = workload.share_of(job)
+    span = span_level(cluster, merged)
+    return JobRecord(job, began, job.duration_s * (1 - share + share * slowdown), span,
+                     static_tightest(workload.spec, job.pods, job.gpus_per_pod), span if dynamic is None else dynamic,
+                     len(merged), len({cluster.by_name[n].leaf for n in merged}), actual, ideal_s)
+
+
 def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int | None = None) -> RunResult:
     """One policy over the workload's stream, run as `workload.runtime` says; `window` (None: the
     whole queue) caps how many queued jobs a pass looks at (see the module docstring)."""
@@ -373,9 +400,7 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
     def ideal_allreduce(job: Job) -> float:
         key = (job.pods, job.gpus_per_pod)
         if key not in ideal_cache:
-            empty = SimCluster(workload.spec)
-            ideal_cache[key] = allreduce_seconds(empty, workload.profile, workload.network,
-                                                 ideal_placement(empty, *key), workload.allreduce_bytes)
+            ideal_cache[key] = ideal_allreduce_seconds(workload, *key)
         return ideal_cache[key]
 
     def start(job: Job, pods: list[PodPlacement], began: float, records: list[JobRecord]) -> None:
@@ -385,21 +410,11 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
         for node, ids in pods:
             cluster.take(node, ids)
         policy.started(job, pods)
-        merged: dict[str, tuple[int, ...]] = {}
-        for node, ids in pods:
-            merged[node] = merged.get(node, ()) + ids
-        actual = allreduce_seconds(cluster, workload.profile, workload.network, merged, workload.allreduce_bytes)
-        ideal = ideal_allreduce(job)
-        slowdown = actual / ideal if ideal > 0 else 1.0
-        share = workload.share_of(job)
-        run_s = job.duration_s * (1 - share + share * slowdown)
-        records.append(JobRecord(
-            job, began, run_s, span_level(cluster, merged),
-            static_tightest(workload.spec, job.pods, job.gpus_per_pod),
-            dynamic if dynamic is not None else span_level(cluster, merged),
-            len(merged), len({cluster.by_name[n].leaf for n in merged}), actual, ideal))
+        record = started_record(cluster, workload, job, pods, began, dynamic, ideal_allreduce(job))
+        records.append(record)
+        result.placed[job.job_id] = tuple(node for node, _ in pods)
         sequence += 1
-        heapq.heappush(finishes, (began + run_s, sequence, pods, job))
+        heapq.heappush(finishes, (began + record.run_s, sequence, pods, job))
 
     # A job that had to wait still has to while nothing was given back since: taking GPUs never
     # makes a job fit (every policy's fit is monotone in free GPUs), so it is not asked again.
