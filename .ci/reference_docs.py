@@ -169,7 +169,8 @@ def _label_meanings() -> dict[tuple[str, str], Mapping[str, str] | str]:
     from webhook.core.model import Strategy
     from webhook.kube import releaser, scaleups
     from webhook.admission import OUTCOMES
-    from webhook.serving import access, app
+    from webhook.credentials import access
+    from webhook.serving import app
     from webhook.serving import metrics as m
 
     strategies = enumerate_words([code(s.value) for s in Strategy]
@@ -395,6 +396,23 @@ def written_body(page: pathlib.Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def kinds_body(page: pathlib.Path) -> str:
+    from webhook.objects.kinds import ANY, REGISTRY
+
+    def path(steps: tuple[str, ...]) -> str:
+        return ".".join("[*]" if step == ANY else step for step in steps).replace(".[*]", "[*]") or "(itself)"
+    out = ["| Kind | API | Pod templates (pods each: the product of) | Registered for | Holds GPUs |",
+           "|---|---|---|---|---|"]
+    for kind in REGISTRY:
+        templates = "; ".join(f"`{path(t.replica_spec + t.template)}`" + (
+            f" ({', '.join(t.counts + (('parallelism',) if t.job is not None else ()))})"
+            if t.counts or t.job is not None else "") for t in kind.templates)
+        api = f"{kind.group}/{kind.resource[0]}" if kind.group else kind.resource[0]
+        out.append(f"| {kind.key} | `{api}` `{kind.resource[1]}` | {templates} | {', '.join(kind.registered)} | "
+                   f"{'yes' if kind.reserves else 'no'} |")
+    return "\n".join(out) + "\n"
+
+
 # ----- the pages ----------------------------------------------------------------------------------
 
 PAGES: dict[str, tuple[str, Callable[[pathlib.Path], str]]] = {
@@ -405,6 +423,7 @@ PAGES: dict[str, tuple[str, Callable[[pathlib.Path], str]]] = {
                                       "groups.py)", annotations_body),
     "docs/reference/what-we-write.md": ("the comments of OUTPUT_ANNOTATIONS' constants (webhook/core/injection.py)",
                                         written_body),
+    "docs/reference/kinds.md": ("REGISTRY (webhook/objects/kinds.py)", kinds_body),
 }
 
 

@@ -68,7 +68,7 @@ ROOT = pathlib.Path(os.environ.get(TREE_ENV) or HERE)
 sys.path.insert(0, str(ROOT))
 
 from webhook import admission  # noqa: E402
-from webhook.serving import certs
+from webhook.credentials import certs
 from webhook.kube import demo
 from webhook.admission import make_review  # noqa: E402
 from webhook.cli import file_index  # noqa: E402

@@ -23,7 +23,7 @@ from webhook.kube.demo import make_pod
 from webhook.core.gpus import format_gpu_set
 from webhook.core.model import Decision, Hold, NodeRequirement, Outcome, PlacementRequest, Strategy
 from webhook.placement.placer import place, place_gated
-from webhook.placement.enforce import waited_domain
+from webhook.core.injection import waited_domain
 
 from .costmodel import Network
 from .fabric import GPUS_PER_NODE, SimCluster, SimNode, pick_gpus

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.admission_bench import cluster  # noqa: E402
 from webhook.core.model import PlacementRequest, Strategy  # noqa: E402
 from webhook.objects.feed import index_of  # noqa: E402
-from webhook.placement.placer import on_nodes  # noqa: E402
+from webhook.core.model import on_nodes  # noqa: E402
 from webhook.settings.config import Config  # noqa: E402
 
 POD_SIZES = (1, 2, 4, 8)

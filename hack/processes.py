@@ -218,7 +218,7 @@ def make_pki(state: State) -> None:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
-    from webhook.serving import certs
+    from webhook.credentials import certs
     ca_cert, ca_key = certs.make_ca("local-cluster-ca")
     write(state.file("pki", "ca.crt"), ca_cert)
     write(state.file("pki", "ca.key"), ca_key, 0o600)

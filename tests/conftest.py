@@ -28,7 +28,7 @@ from kubernetes.client import ApiClient, Configuration
 
 from tests.integration.fakeapiserver import FakeApiServer
 from tests.fixtures.builders import schema_error
-from webhook.serving import certs
+from webhook.credentials import certs
 from webhook.kube import demo
 from webhook.serving.app import create_app
 from webhook.admission import make_review

@@ -12,6 +12,7 @@ from conftest import assert_valid_kubernetes_object, review_of
 
 from tests.fixtures.builders import gpu_job
 from tests.fixtures.shared import GPU_TOLERATION, NODEPOOL, deletion, karpenter_nodes, pytorchjob_pods
+from webhook.objects.kinds import BY_KEY, kind_of_object
 from webhook.objects.feed import index_of
 from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
@@ -50,7 +51,7 @@ def demo_index(config: Config = CONFIG, scale_ups=None) -> ClusterIndex:
 
 
 def annotations(obj: dict) -> dict:
-    return pod_template(obj["kind"], obj)["metadata"].get("annotations") or {}
+    return pod_template(kind_of_object(obj), obj)["metadata"].get("annotations") or {}
 
 
 def test_a_job_larger_than_the_cluster_gets_one_provisioning_request_its_pods_consume():
@@ -66,14 +67,14 @@ def test_a_job_larger_than_the_cluster_gets_one_provisioning_request_its_pods_co
                                                                              "count": 40}]}
     jsonschema.validate(request, SCHEMA)
     assert_valid_kubernetes_object(pod_template_obj)
-    assert pod_template_obj["template"]["spec"] == pod_template("Job", result.admitted)["spec"]  # as the pods
+    assert pod_template_obj["template"]["spec"] == pod_template(BY_KEY["Job"], result.admitted)["spec"]  # as the pods
     admitted = annotations(result.admitted)
     assert admitted[provisioning.CONSUME] == name and admitted[provisioning.CLASS] == ATOMIC
     assert admitted["topology.scheduler/placement"].endswith(f"; ProvisioningRequest {name} ({ATOMIC})")
     assert any(f"ProvisioningRequest ml/{name}" in w for w in result.warnings)
     assert_valid_kubernetes_object(result.admitted)
     # Its key on the Job itself, for the watch to delete these when it sees the Job deleted
-    # (tests/integration/test_clusterview.py); a DELETE review deletes nothing.
+    # (tests/kube/test_clusterview.py); a DELETE review deletes nothing.
     assert result.admitted["metadata"]["annotations"]["topology.scheduler/reservation"] == "ml/Job/big"
     assert review(deletion(result.admitted), demo_index(scale_ups=scale_ups), CONFIG).outcome == "ignored"
     assert scale_ups.deleted == []

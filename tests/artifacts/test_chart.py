@@ -28,7 +28,7 @@ from cryptography.x509.verification import DNSName, PolicyBuilder, Store
 
 from tests.fixtures.shared import ci_script
 from webhook.objects.feed import STORED_KINDS
-from webhook.objects.kinds import KINDS
+from webhook.objects.kinds import REGISTRY
 from webhook.serving.paths import DEFAULT_PORT, HEALTHZ_PATH, METRICS_PATH, MUTATE_PATH, READYZ_PATH
 from webhook.settings.config import DEFAULT_NCCL_PROFILES, LINK_CLASSES, Config, HardwareProfile
 from webhook.settings.loading import FILE_KEYS, config_from_mapping
@@ -664,7 +664,7 @@ def test_no_entry_sees_deletions_and_the_role_watches_every_kind_whose_holds_the
     assert not any("DELETE" in rule["operations"] for rule in webhook_entry(case)["rules"])
     watched = {(group, resource) for rule in rules_of(case, FULLNAME) if {"list", "watch"} <= set(rule["verbs"])
                for group in rule["apiGroups"] for resource in rule["resources"]}
-    wanted = {(KINDS[kind].group, KINDS[kind].resource[1]) for kind in STORED_KINDS}
+    wanted = {(kind.group, kind.resource[1]) for kind in STORED_KINDS.values()}
     assert wanted <= watched
 
 
@@ -766,13 +766,11 @@ def test_webhook_reads_nodes_pods_workloads_gpu_devices_claims_pod_groups_and_co
     read, watch = ["get", "list", "watch"], ["list", "watch"]
     assert rules_of("defaults", FULLNAME) == [
         {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": read},
-        # the workloads' metadata (admissions stored, workloads deleted), and a gated Job's size
-        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": read},
-        {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets", "replicasets"], "verbs": watch},
-        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": watch},
-        {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs", "mpijobs"], "verbs": watch},
-        {"apiGroups": ["ray.io"], "resources": ["rayclusters", "rayjobs"], "verbs": watch},
+        # the metadata of every workload kind an admission holds GPUs for (files/kinds.yaml)
+        *({"apiGroups": [kind.group], "resources": [kind.resource[1]], "verbs": watch}
+          for kind in STORED_KINDS.values()),
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},  # gate_waits (on by default): the releaser
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]},  # ... asks a gated Job's owner
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},  # ... names a pod it refuses
         {"apiGroups": ["resource.k8s.io"],
          "resources": ["resourceslices", "resourceclaims", "resourceclaimtemplates", "deviceclasses"], "verbs": read},
@@ -1000,3 +998,22 @@ def test_the_releasers_policy_and_the_uninstall_hook_are_rendered_by_default_and
     for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "Job"):
         assert not objects("no-match-conditions", kind)
     assert "--gate-key-secret" not in webhook_container("no-match-conditions")["args"]
+
+
+def test_the_charts_kinds_are_the_webhooks_own_table():
+    """files/kinds.yaml, which the webhook rules and RBAC range over, is what .ci/chart_kinds.py
+    writes from webhook/objects/kinds.py: a kind added there reaches the chart by running it."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("chart_kinds", CHART_DIR.parents[1] / ".ci" / "chart_kinds.py")
+    assert spec is not None and spec.loader is not None
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    assert (CHART_DIR / "files" / "kinds.yaml").read_text() == generator.render()
+    assert (CHART_DIR / "values.schema.json").read_text() == generator.schema()
+    groups = sorted({kind.group for kind in REGISTRY} - {"", "batch", "apps"})
+    rendered_now = chart().render({"webhook": {"operators": groups}}, name=RELEASE, namespace=NAMESPACE)
+    (configuration,) = [obj for path, text in rendered_now.items() if path.endswith(".yaml")
+                        for obj in yaml.safe_load_all(text) if obj and obj["kind"] == "MutatingWebhookConfiguration"]
+    registered = {(group, resource, tuple(rule["operations"])) for rule in configuration["webhooks"][0]["rules"]
+                  for group in rule["apiGroups"] for resource in rule["resources"]}
+    assert {(kind.group, kind.resource[1], kind.registered) for kind in REGISTRY} <= registered

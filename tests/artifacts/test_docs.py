@@ -165,7 +165,7 @@ def reference_docs():
 
 
 GENERATED_PAGES = ["docs/reference/settings.md", "docs/reference/metrics.md", "docs/reference/cli.md",
-                   "docs/reference/annotations.md", "docs/reference/what-we-write.md"]
+                   "docs/reference/annotations.md", "docs/reference/what-we-write.md", "docs/reference/kinds.md"]
 
 
 def test_the_generated_pages_are_the_ones_the_generator_writes():
@@ -228,7 +228,7 @@ def test_every_outcome_is_documented_and_given_somewhere():
 
 @pytest.mark.parametrize("path, call, constant", [
     ("webhook/kube/scaleups.py", "on_result", "webhook.kube.scaleups:RESULTS"),
-    ("webhook/serving/access.py", "failed", "webhook.serving.access:FAILURE_REASONS"),
+    ("webhook/credentials/access.py", "failed", "webhook.credentials.access:FAILURE_REASONS"),
     ("webhook/serving/app.py", "refuse", "webhook.serving.app:REJECTED_REASONS"),
 ])
 def test_every_label_value_counted_is_one_the_metrics_page_documents(path, call, constant):

@@ -14,6 +14,7 @@ import yaml
 from conftest import assert_valid_kubernetes_object, review_of
 
 from tests.fixtures.shared import LEAF_OF, admit, allowed_nodes, lws_pods
+from webhook.objects.kinds import BY_KEY, kind_of_object
 from webhook.objects import feed
 from webhook.kube import demo
 from webhook.admission import review
@@ -41,7 +42,7 @@ def assert_valid(obj: dict) -> None:
     elif not group or group in ("batch", "apps"):
         assert_valid_kubernetes_object(obj)
     else:
-        for found in pod_templates(obj["kind"], obj):
+        for found in pod_templates(kind_of_object(obj), obj):
             assert_valid_kubernetes_object({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"},
                                             **{k: v for k, v in found.template.items() if k != "metadata"}})
 
@@ -65,7 +66,7 @@ def test_each_operator_example_is_placed_whole_in_one_leaf_and_stays_schema_vali
     assert result.outcome == "placed", result.warnings
     assert result.decision.request.pods == pods
     assert_valid(result.admitted)
-    templates = pod_templates(obj["kind"], result.admitted)
+    templates = pod_templates(kind_of_object(obj), result.admitted)
     found = {frozenset(leaves(t.template)) for t in templates}
     assert len(found) == 1 and len(next(iter(found))) == 1, found  # every template, GPU-less ones too
     # re-applying the webhook to its own output changes nothing
@@ -95,7 +96,7 @@ def test_the_nodepool_example_steers_a_job_larger_than_the_cluster_to_nodes_the_
     assert result.outcome == "waiting-for-growth", result.warnings
     assert any("NodePool gpu-h100 can add nodes of 8 GPUs" in w for w in result.warnings)
     assert_valid(result.admitted)
-    (template,) = pod_templates("Job", result.admitted)
+    (template,) = pod_templates(BY_KEY["Job"], result.admitted)
     terms = template.template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"] == [{"matchExpressions": [
         {"key": "karpenter.sh/nodepool", "operator": "In", "values": ["gpu-h100"]},

@@ -11,6 +11,7 @@ import pytest
 
 from test_chart import FULLNAME, NAMESPACE, one
 from tests.fixtures.builders import PIN, USER_TERM, decision, request, template_of, workload
+from webhook.objects.kinds import BY_KEY
 from webhook.core import injection
 from webhook.core.model import Outcome, Strategy
 from webhook.objects import mutation
@@ -49,7 +50,7 @@ def gated_pod(gates: list[dict], required_terms: list[dict] | None = None) -> di
         spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": required_terms}}}
     wait = enforce.enforced(decision(request(pods=2), Outcome.WAIT), GATED)
-    template = template_of(mutation.mutate(workload("Job", spec=spec), "Job", wait, GATED, "ml/Job/train"))
+    template = template_of(mutation.mutate(workload("Job", spec=spec), BY_KEY["Job"], wait, GATED, "ml/Job/train"))
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**copy.deepcopy(template["metadata"]), "name": "train-0",
                                                            "namespace": "ml"}, "spec": copy.deepcopy(template["spec"])}
     if OUR_GATE not in gates:  # behind someone else's gate only

@@ -147,7 +147,7 @@ def serve_second_webhook(cluster, tmp_path):
     import ssl
     import threading
 
-    from webhook.serving import certs
+    from webhook.credentials import certs
     pki = cluster.state / "pki"
     cert, key = certs.make_serving_cert((pki / "ca.crt").read_bytes(), (pki / "ca.key").read_bytes(),
                                         ["localhost"], ["127.0.0.1"])

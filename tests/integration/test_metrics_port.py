@@ -17,9 +17,9 @@ from webhook.kube import demo
 from webhook.kube.access import cluster_access
 from webhook import admission
 from webhook.serving.page.snapshot import RecentDecisions
-from webhook.serving import certs
+from webhook.credentials import certs
 from webhook.serving.app import create_app
-from webhook.serving.certs import ReloadingContext
+from webhook.credentials.certs import ReloadingContext
 from webhook.serving.metrics import Metrics
 from webhook.serving.metrics_port import SECURITY_HEADERS, start_metrics_server
 from webhook.serving.page.render import CONTENT_SECURITY_POLICY, page_app

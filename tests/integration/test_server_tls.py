@@ -12,7 +12,7 @@ import requests
 import yaml
 from cryptography import x509
 
-from webhook.serving import certs
+from webhook.credentials import certs
 from webhook.kube import demo
 
 from conftest import assert_valid_kubernetes_object, patched_object, review_of, start_server, stop_server

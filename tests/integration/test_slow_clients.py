@@ -158,8 +158,8 @@ def many_files():
 
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
 def test_metrics_answer_within_a_second_while_hundreds_of_silent_connections_are_held(many_files, tmp_path, tls):
-    from webhook.serving import certs
-    from webhook.serving.certs import ReloadingContext
+    from webhook.credentials import certs
+    from webhook.credentials.certs import ReloadingContext
     from webhook.serving.metrics import Metrics
     from webhook.serving.metrics_port import METRICS_REQUEST_SECONDS, start_metrics_server
 

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from tests.fixtures.builders import PIN, USER_TERM, decision, deep, request, subject_of, template_of, valid, workload
+from webhook.objects.kinds import BY_KEY
 from webhook.core import injection
 from webhook.settings.config import Config
 from webhook.placement import enforce
@@ -35,7 +36,7 @@ def test_a_pinned_wait_for_room_is_gated_instead_of_pinned():
     user_gate = {"name": "example.com/quota"}
     obj = workload("Job", spec={"schedulingGates": [user_gate], "affinity": {"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [USER_TERM]}]}}}})
-    out = valid(mutation.mutate(obj, "Job", waiting(), GATED, "ml/Job/train"))
+    out = valid(mutation.mutate(obj, BY_KEY["Job"], waiting(), GATED, "ml/Job/train"))
     spec = spec_of(out)
     assert spec["schedulingGates"] == [user_gate, GATE]
     assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
@@ -44,7 +45,7 @@ def test_a_pinned_wait_for_room_is_gated_instead_of_pinned():
     assert annotations(out)[injection.WAITING_FOR].endswith("topology.scheduler/leaf=leaf-3")  # protection sees it
     assert injection.loads_request(annotations(out)[injection.GATED_REQUEST]) == waiting().request
     assert "held by scheduling gate topology.scheduler/placement" in mutation.warnings(waiting())[0]
-    assert mutation.mutate(out, "Job", waiting(), GATED, "ml/Job/train") == out  # our own output: no change
+    assert mutation.mutate(out, BY_KEY["Job"], waiting(), GATED, "ml/Job/train") == out  # our own output: no change
 
 
 @pytest.mark.parametrize("wait, config", [
@@ -56,14 +57,14 @@ def test_a_pinned_wait_for_room_is_gated_instead_of_pinned():
     pytest.param(waiting(Strategy.DISTRIBUTED), GATED, id="a wait that only prefers its domain"),
 ])
 def test_other_waits_are_never_gated(wait, config):
-    out = valid(mutation.mutate(workload("Job"), "Job", wait, config))
+    out = valid(mutation.mutate(workload("Job"), BY_KEY["Job"], wait, config))
     assert "schedulingGates" not in spec_of(out) and injection.GATED_REQUEST not in annotations(out)
 
 
 def test_a_placement_after_a_gated_wait_removes_only_our_gate():
     user_gate = {"name": "example.com/quota"}
-    gated = mutation.mutate(workload("Job", spec={"schedulingGates": [user_gate]}), "Job", waiting(), GATED)
-    placed = valid(mutation.mutate(gated, "Job", decision(request(pods=2)), GATED))
+    gated = mutation.mutate(workload("Job", spec={"schedulingGates": [user_gate]}), BY_KEY["Job"], waiting(), GATED)
+    placed = valid(mutation.mutate(gated, BY_KEY["Job"], decision(request(pods=2)), GATED))
     assert spec_of(placed)["schedulingGates"] == [user_gate]
     assert injection.GATED_REQUEST not in annotations(placed) and injection.WAITING_FOR not in annotations(placed)
     assert mutation.without_injection(subject_of(gated)).obj == workload("Job", spec={"schedulingGates": [user_gate]})
@@ -71,11 +72,11 @@ def test_a_placement_after_a_gated_wait_removes_only_our_gate():
 
 def test_a_gate_of_our_name_that_we_did_not_add_is_left_alone():
     obj = workload("Job", spec={"schedulingGates": [dict(GATE)]})
-    assert spec_of(mutation.mutate(obj, "Job", decision(request(pods=2)), GATED))["schedulingGates"] == [GATE]
+    assert spec_of(mutation.mutate(obj, BY_KEY["Job"], decision(request(pods=2)), GATED))["schedulingGates"] == [GATE]
 
 
 def gated_pod(**spec):
-    job = mutation.mutate(workload("Job", spec=deep(spec)), "Job", waiting(), GATED, "ml/Job/train")
+    job = mutation.mutate(workload("Job", spec=deep(spec)), BY_KEY["Job"], waiting(), GATED, "ml/Job/train")
     template = template_of(job)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {**deep(template["metadata"]), "name": "train-0",
                                                               "namespace": "ml", "ownerReferences": [JOB_OWNER]},

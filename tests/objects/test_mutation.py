@@ -5,6 +5,8 @@ import pytest
 
 from tests.fixtures.builders import (API_VERSIONS, DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep,
                                      request, subject_of, template_of, valid, workload)
+from webhook.core.injection import waited_domain
+from webhook.objects.kinds import BY_KEY
 from webhook.core import injection
 from webhook.placement import enforce
 from webhook.objects import mutation, provisioning
@@ -34,14 +36,14 @@ def test_consolidated_pins_by_adding_to_every_existing_term():
                                                                   "values": ["gpu-1"]}]}]
     obj = workload("Job", spec={"affinity": {"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": deep(terms)}}}})
-    out = valid(mutation.mutate(obj, "Job", decision(), CONFIG, "ml/Job/train"))
+    out = valid(mutation.mutate(obj, BY_KEY["Job"], decision(), CONFIG, "ml/Job/train"))
     got = node_affinity(out)["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert got == [{"matchExpressions": [USER_TERM, PIN]}, {**terms[1], "matchExpressions": [PIN]}]
     assert "preferredDuringSchedulingIgnoredDuringExecution" not in node_affinity(out)
 
 
 def test_consolidated_without_affinity_gets_one_term():
-    out = valid(mutation.mutate(workload("Job"), "Job", decision(), CONFIG))
+    out = valid(mutation.mutate(workload("Job"), BY_KEY["Job"], decision(), CONFIG))
     assert node_affinity(out) == {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": [PIN]}]}}
 
@@ -65,7 +67,7 @@ def test_required_or_preferred(strategy, outcome, settings, pinned):
     config = Config(**settings)
     obj = workload("Job", spec={"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 5, "preference": {"matchExpressions": [USER_TERM]}}]}}})
-    out = valid(mutation.mutate(obj, "Job", decision(request(strategy=strategy), outcome, config=config), config))
+    out = valid(mutation.mutate(obj, BY_KEY["Job"], decision(request(strategy=strategy), outcome, config=config), config))
     affinity = node_affinity(out)
     preferred = affinity["preferredDuringSchedulingIgnoredDuringExecution"]
     if pinned:
@@ -85,12 +87,12 @@ def test_required_or_preferred(strategy, outcome, settings, pinned):
 def test_a_balanced_wait_stays_a_preference_unless_it_waits_for_room_where_waiting_pays(change):
     waiting = dataclasses.replace(decision(request(strategy=Strategy.BALANCED), Outcome.WAIT), **change)
     assert enforce.pins(dataclasses.replace(waiting, code="NoRoomNow", locality_pays=True), CONFIG)
-    assert not enforce.pins(waiting, CONFIG) and enforce.waited_domain(enforce.enforced(waiting, CONFIG)) is None
+    assert not enforce.pins(waiting, CONFIG) and waited_domain(enforce.enforced(waiting, CONFIG)) is None
 
 
 def test_the_preference_weight_is_a_setting():
     obj = workload("Job", spec={})
-    out = valid(mutation.mutate(obj, "Job", decision(request(strategy=Strategy.BALANCED)), Config(preferred_weight=40)))
+    out = valid(mutation.mutate(obj, BY_KEY["Job"], decision(request(strategy=Strategy.BALANCED)), Config(preferred_weight=40)))
     assert [p["weight"] for p in node_affinity(out)["preferredDuringSchedulingIgnoredDuringExecution"]] == [40]
 
 
@@ -110,7 +112,7 @@ def test_several_pods_on_one_node_are_warned_about():
 def test_distributed_spreads_with_a_selector_that_matches_the_pods():
     placed = decision(request(pods=4, strategy=Strategy.DISTRIBUTED), nodes=("a", "b", "c", "d"),
                       spread=(HOSTNAME, LEAF))
-    out = valid(mutation.mutate(workload("Job", replicas=4), "Job", placed, CONFIG))
+    out = valid(mutation.mutate(workload("Job", replicas=4), BY_KEY["Job"], placed, CONFIG))
     template = template_of(out)
     constraints = template["spec"]["topologySpreadConstraints"]
     assert [(c["topologyKey"], c["whenUnsatisfiable"]) for c in constraints] == [
@@ -126,7 +128,7 @@ def test_spread_never_duplicates_a_pair_the_user_has_and_uses_their_label():
     obj = workload("Job", replicas=4, labels={mutation.WORKLOAD_LABEL: "mine"}, spec={"topologySpreadConstraints": [users]})
     placed = decision(request(pods=4, strategy=Strategy.DISTRIBUTED), nodes=("a", "b", "c", "d"),
                       spread=(HOSTNAME, LEAF))
-    out = valid(mutation.mutate(obj, "Job", placed, CONFIG))
+    out = valid(mutation.mutate(obj, BY_KEY["Job"], placed, CONFIG))
     constraints = template_of(out)["spec"]["topologySpreadConstraints"]
     assert constraints[0] == users
     assert [c["topologyKey"] for c in constraints] == [HOSTNAME, LEAF]
@@ -137,7 +139,7 @@ def test_spread_never_duplicates_a_pair_the_user_has_and_uses_their_label():
 def test_stacked_pods_do_not_block_on_the_hostname_spread():
     stacked = decision(request(pods=4, strategy=Strategy.DISTRIBUTED), nodes=("a", "b"), pods_per_node=2,
                        spread=(HOSTNAME,))
-    out = mutation.mutate(workload("Job", replicas=4), "Job", stacked, CONFIG)
+    out = mutation.mutate(workload("Job", replicas=4), BY_KEY["Job"], stacked, CONFIG)
     assert template_of(out)["spec"]["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "ScheduleAnyway"
 
 
@@ -153,7 +155,7 @@ def test_nccl_env_only_on_containers_that_request_gpus_and_never_over_the_users(
         container("trainer", gpus=8, env=[{"name": "NCCL_P2P_LEVEL", "value": "PIX"}]),
         container("logger", gpus=0)], spec={"initContainers": [
             container("fetch", gpus=0), container("gpu-sidecar", gpus=1, restartPolicy="Always")]})
-    out = valid(mutation.mutate(obj, "Pod", decision(), CONFIG))
+    out = valid(mutation.mutate(obj, BY_KEY["Pod"], decision(), CONFIG))
     assert env_of(out, "trainer") == {"NCCL_P2P_LEVEL": "PIX", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert env_of(out, "gpu-sidecar") == {"NCCL_P2P_LEVEL": "NVL", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert env_of(out, "logger") == {} and env_of(out, "fetch") == {}
@@ -161,26 +163,26 @@ def test_nccl_env_only_on_containers_that_request_gpus_and_never_over_the_users(
 
 @pytest.mark.parametrize("interconnect", list(Interconnect), ids=lambda i: i.value)
 def test_nccl_profile_follows_the_interconnect(interconnect):
-    out = mutation.mutate(workload("Job"), "Job", decision(interconnect=interconnect), CONFIG)
+    out = mutation.mutate(workload("Job"), BY_KEY["Job"], decision(interconnect=interconnect), CONFIG)
     assert env_of(out, "trainer") == {**CONFIG.nccl_profiles[interconnect.value], "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def test_gpu_ids_annotation_only_where_every_pod_gets_the_same_set():
-    single = mutation.mutate(workload("Job"), "Job", decision(), CONFIG)
+    single = mutation.mutate(workload("Job"), BY_KEY["Job"], decision(), CONFIG)
     assert annotations(single)[mutation.GPU_IDS] == "0-7"
-    whole_nodes = mutation.mutate(workload("Job", replicas=2), "Job", decision(request(pods=2), nodes=("a", "b")),
+    whole_nodes = mutation.mutate(workload("Job", replicas=2), BY_KEY["Job"], decision(request(pods=2), nodes=("a", "b")),
                                   CONFIG)
     assert annotations(whole_nodes)[mutation.GPU_IDS] == "0-7"  # each pod all of its node's GPUs
     halves = decision(request(pods=2, gpus=4), nodes=("a",), pods_per_node=2)
     halves = dataclasses.replace(halves, assignment=(dataclasses.replace(
         halves.assignment[0], gpu_ids=((0, 1, 2, 3), (4, 5, 6, 7))),))
-    two = mutation.mutate(workload("Job", replicas=2, gpus=4), "Job", halves, CONFIG)
+    two = mutation.mutate(workload("Job", replicas=2, gpus=4), BY_KEY["Job"], halves, CONFIG)
     assert mutation.GPU_IDS not in annotations(two)  # one template cannot tell each pod its own half
     assert "CUDA_VISIBLE_DEVICES" not in env_of(single, "trainer")
 
 
 def test_annotations_summary_reservation_and_record():
-    out = mutation.mutate(workload("Job"), "Job", decision(), CONFIG, "ml/Job/train")
+    out = mutation.mutate(workload("Job"), BY_KEY["Job"], decision(), CONFIG, "ml/Job/train")
     notes = annotations(out)
     assert notes[mutation.PLACEMENT].startswith("consolidated in leaf leaf-3: 8 GPU(s) as 1 pod(s) x 8")
     assert notes[mutation.RESERVATION] == "ml/Job/train"
@@ -194,7 +196,7 @@ def test_annotations_summary_reservation_and_record():
     ("kai-scheduler", Config(), "kai-scheduler"),
 ], ids=["ours reset", "configurable default", "someone else's kept"])
 def test_scheduler_name(scheduler, config, expected):
-    out = mutation.mutate(workload("Job", spec={"schedulerName": scheduler}), "Job", decision(), config)
+    out = mutation.mutate(workload("Job", spec={"schedulerName": scheduler}), BY_KEY["Job"], decision(), config)
     assert template_of(out)["spec"]["schedulerName"] == expected
 
 
@@ -217,17 +219,17 @@ def rich_job(kind: str = "Job") -> dict:
 @pytest.mark.parametrize("name", list(DECISIONS))
 @pytest.mark.parametrize("make", [lambda: workload("Job"), rich_job], ids=["bare job", "job with user settings"])
 def test_applying_to_our_own_output_changes_nothing(make, name):
-    once = mutation.mutate(make(), "Job", DECISIONS[name], CONFIG, "ml/Job/train")
-    assert mutation.mutate(once, "Job", DECISIONS[name], CONFIG, "ml/Job/train") == once
+    once = mutation.mutate(make(), BY_KEY["Job"], DECISIONS[name], CONFIG, "ml/Job/train")
+    assert mutation.mutate(once, BY_KEY["Job"], DECISIONS[name], CONFIG, "ml/Job/train") == once
 
 
 @pytest.mark.parametrize("first", list(DECISIONS))
 @pytest.mark.parametrize("second", list(DECISIONS))
 def test_a_new_decision_replaces_ours_and_keeps_the_users(first, second):
     original = rich_job()
-    again = mutation.mutate(mutation.mutate(original, "Job", DECISIONS[first], CONFIG, "k"), "Job",
+    again = mutation.mutate(mutation.mutate(original, BY_KEY["Job"], DECISIONS[first], CONFIG, "k"), BY_KEY["Job"],
                             DECISIONS[second], CONFIG, "k")
-    assert again == mutation.mutate(original, "Job", DECISIONS[second], CONFIG, "k")
+    assert again == mutation.mutate(original, BY_KEY["Job"], DECISIONS[second], CONFIG, "k")
     valid(again)
 
 
@@ -235,14 +237,14 @@ def test_a_new_decision_replaces_ours_and_keeps_the_users(first, second):
 @pytest.mark.parametrize("make", [lambda: workload("Job"), rich_job], ids=["bare job", "job with user settings"])
 def test_without_injection_gives_back_what_the_user_wrote(make, name):
     original = make()
-    placed = mutation.mutate(original, "Job", DECISIONS[name], CONFIG, "k")
+    placed = mutation.mutate(original, BY_KEY["Job"], DECISIONS[name], CONFIG, "k")
     assert mutation.without_injection(subject_of(placed)).obj == original
 
 
 def test_the_input_is_never_changed():
     original = rich_job()
     kept = deep(original)
-    mutation.mutate(original, "Job", DECISIONS["distributed"], CONFIG, "k")
+    mutation.mutate(original, BY_KEY["Job"], DECISIONS["distributed"], CONFIG, "k")
     mutation.without_injection(subject_of(original))
     assert original == kept
 
@@ -260,10 +262,10 @@ def test_the_output_shares_only_what_no_writer_changes(kind, make):
     leave the input as it was; what nobody writes (a container's resources) is the input's own."""
     original = make()
     kept = deep(original)
-    out = mutation.mutate(original, kind, DECISIONS["distributed"], CONFIG, f"ml/{kind}/train")
-    provisioning.consumed_by(out, kind, "pr-train", "queued-provisioning.gke.io")
+    out = mutation.mutate(original, BY_KEY[kind], DECISIONS["distributed"], CONFIG, f"ml/{kind}/train")
+    provisioning.consumed_by(out, BY_KEY[kind], "pr-train", "queued-provisioning.gke.io")
     assert original == kept
-    pairs = list(zip(pod_templates(kind, original), pod_templates(kind, out), strict=True))
+    pairs = list(zip(pod_templates(BY_KEY[kind], original), pod_templates(BY_KEY[kind], out), strict=True))
     for before, after in pairs:
         assert after.template["metadata"]["annotations"][provisioning.CONSUME] == "pr-train"
         trainer = after.template["spec"]["containers"][0]
@@ -278,8 +280,8 @@ def test_templates_one_object_in_the_input_are_two_in_the_output():
     kept = deep(shared)
     jobset = {**deep(JOBSET), "spec": {"replicatedJobs": [{"name": name, "template": {"spec": {"template": shared}}}
                                                           for name in ("leader", "workers")]}}
-    out = mutation.mutate(jobset, "JobSet", DECISIONS["consolidated"], CONFIG, "ml/JobSet/train")
-    first, second = (found.template for found in pod_templates("JobSet", out))
+    out = mutation.mutate(jobset, BY_KEY["JobSet"], DECISIONS["consolidated"], CONFIG, "ml/JobSet/train")
+    first, second = (found.template for found in pod_templates(BY_KEY["JobSet"], out))
     assert first is not second and first == second
     assert first["metadata"]["annotations"][mutation.RESERVATION] == "ml/JobSet/train"
     assert shared == kept
@@ -293,25 +295,25 @@ def test_an_empty_template_metadata_in_the_output_is_its_own():
     job = workload("Job", spec={"volumes": [{"name": "scratch", "emptyDir": empty}]})
     job["spec"]["template"]["metadata"] = empty
     kept = deep(job)
-    out = mutation.mutate(job, "Job", None, CONFIG)
-    provisioning.consumed_by(out, "Job", "pr-train", "queued-provisioning.gke.io")
+    out = mutation.mutate(job, BY_KEY["Job"], None, CONFIG)
+    provisioning.consumed_by(out, BY_KEY["Job"], "pr-train", "queued-provisioning.gke.io")
     assert job == kept and empty == {}
     assert template_of(out)["metadata"]["annotations"][provisioning.CONSUME] == "pr-train"
 
 
 def test_a_user_edit_of_our_variable_makes_it_theirs():
-    placed = mutation.mutate(workload("Job"), "Job", decision(), CONFIG)
+    placed = mutation.mutate(workload("Job"), BY_KEY["Job"], decision(), CONFIG)
     for item in template_of(placed)["spec"]["containers"][0]["env"]:
         if item["name"] == "NCCL_P2P_LEVEL":
             item["value"] = "SYS"
-    again = mutation.mutate(placed, "Job", DECISIONS["other leaf"], CONFIG)
+    again = mutation.mutate(placed, BY_KEY["Job"], DECISIONS["other leaf"], CONFIG)
     assert env_of(again, "trainer")["NCCL_P2P_LEVEL"] == "SYS"
 
 
 def test_nothing_to_place_removes_ours_and_resets_the_scheduler():
     obj = workload("Job", spec={"schedulerName": "topology-aware-scheduler"})
-    placed = mutation.mutate(obj, "Job", decision(), CONFIG, "k")
-    cleared = mutation.mutate(placed, "Job", None, CONFIG)
+    placed = mutation.mutate(obj, BY_KEY["Job"], decision(), CONFIG, "k")
+    cleared = mutation.mutate(placed, BY_KEY["Job"], None, CONFIG)
     expected = deep(obj)
     expected["spec"]["template"]["spec"]["schedulerName"] = "default-scheduler"
     assert cleared == expected
@@ -319,23 +321,23 @@ def test_nothing_to_place_removes_ours_and_resets_the_scheduler():
 
 @pytest.mark.parametrize("kind", ["Pod", "Job", "CronJob", "Deployment", "StatefulSet", "ReplicaSet"])
 def test_every_kind_mutates_into_a_valid_object(kind):
-    out = mutation.mutate(workload(kind), kind, DECISIONS["distributed"], CONFIG, "k")
+    out = mutation.mutate(workload(kind), BY_KEY[kind], DECISIONS["distributed"], CONFIG, "k")
     valid(out)
-    assert injection.already_placed(pod_template(kind, out))
+    assert injection.already_placed(pod_template(BY_KEY[kind], out))
 
 
 def test_already_placed_needs_our_affinity_still_there():
-    placed = mutation.mutate(workload("Job"), "Job", decision(), CONFIG, "k")
-    assert injection.already_placed(pod_template("Job", placed))
+    placed = mutation.mutate(workload("Job"), BY_KEY["Job"], decision(), CONFIG, "k")
+    assert injection.already_placed(pod_template(BY_KEY["Job"], placed))
     del template_of(placed)["spec"]["affinity"]
-    assert not injection.already_placed(pod_template("Job", placed))
-    assert not injection.already_placed(pod_template("Job", workload("Job")))
+    assert not injection.already_placed(pod_template(BY_KEY["Job"], placed))
+    assert not injection.already_placed(pod_template(BY_KEY["Job"], workload("Job")))
 
 
 def test_an_unreadable_record_owns_nothing():
     obj = workload("Job", template_annotations={mutation.INJECTED: "{not json"},
                    containers=[container(env=[{"name": "NCCL_P2P_LEVEL", "value": "PIX"}])])
-    out = mutation.mutate(obj, "Job", decision(), CONFIG)
+    out = mutation.mutate(obj, BY_KEY["Job"], decision(), CONFIG)
     assert env_of(out, "trainer")["NCCL_P2P_LEVEL"] == "PIX"
     assert mutation.Injection.loads("[1, 2]") == mutation.Injection()
 
@@ -344,7 +346,7 @@ def test_a_record_reads_back_and_is_written_as_earlier_versions_wrote_it():
     """Replicas of the version before write the record with json.dumps (sorted keys, no spaces):
     the same text from this one, so a rolling upgrade changes no record; and non-numbers, which
     nothing of ours writes, make a record unreadable rather than one that cannot be written back."""
-    out = mutation.mutate(workload("Job"), "Job", decision(), CONFIG, "ml/Job/train")
+    out = mutation.mutate(workload("Job"), BY_KEY["Job"], decision(), CONFIG, "ml/Job/train")
     record = annotations(out)[mutation.INJECTED]
     owned = mutation.Injection.loads(record)
     assert owned.required == ((PIN,),) and owned.dumps() == record
@@ -353,7 +355,7 @@ def test_a_record_reads_back_and_is_written_as_earlier_versions_wrote_it():
 
 
 def required_of(obj: dict) -> list:
-    return pod_template("Job", obj)["spec"]["affinity"]["nodeAffinity"][
+    return pod_template(BY_KEY["Job"], obj)["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
 
 
@@ -362,9 +364,9 @@ def test_a_users_expression_identical_to_ours_in_another_term_stays_theirs():
     terms = [{"matchExpressions": [USER_TERM]}, {"matchExpressions": [PIN]}]
     original = workload("Job", spec={"affinity": {"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}})
-    placed = mutation.mutate(original, "Job", decision(), CONFIG, "k")
+    placed = mutation.mutate(original, BY_KEY["Job"], decision(), CONFIG, "k")
     assert required_of(placed) == [{"matchExpressions": [USER_TERM, PIN]}, {"matchExpressions": [PIN]}]
-    assert mutation.mutate(placed, "Job", decision(), CONFIG, "k") == placed
+    assert mutation.mutate(placed, BY_KEY["Job"], decision(), CONFIG, "k") == placed
     assert required_of(mutation.without_injection(subject_of(placed)).obj) == terms
 
 
@@ -372,14 +374,14 @@ def test_an_empty_term_matches_no_node_and_is_left_empty():
     terms = [{}, {"matchExpressions": [USER_TERM]}]
     original = workload("Job", spec={"affinity": {"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}})
-    placed = mutation.mutate(original, "Job", decision(), CONFIG, "k")
+    placed = mutation.mutate(original, BY_KEY["Job"], decision(), CONFIG, "k")
     assert required_of(placed) == [{}, {"matchExpressions": [USER_TERM, PIN]}]
 
 
 def test_a_one_gpu_workload_gets_no_nccl_profile():
     one = decision(request(pods=1, gpus=1), interconnect=Interconnect.NVLINK)
-    env = {e["name"]: e["value"] for e in pod_template("Job", mutation.mutate(
-        workload("Job", gpus=1), "Job", one, CONFIG, "k"))["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e["value"] for e in pod_template(BY_KEY["Job"], mutation.mutate(
+        workload("Job", gpus=1), BY_KEY["Job"], one, CONFIG, "k"))["spec"]["containers"][0]["env"]}
     assert env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from tests.fixtures.builders import (DECISIONS, HOSTNAME, LEAF, PIN, USER_TERM, container, decision, deep,
                                      schema_error, workload)
+from webhook.objects.kinds import BY_KEY
 from webhook.objects import mutation, patch
 from webhook.settings.config import Config
 
@@ -18,7 +19,7 @@ CONFIG = Config()
 
 def test_annotation_keys_are_escaped_when_annotations_exist():
     obj = workload("Job", template_annotations={"team": "ml"})
-    ops = patch.make_patch(obj, mutation.mutate(obj, "Job", decision(), CONFIG, "k"))
+    ops = patch.make_patch(obj, mutation.mutate(obj, BY_KEY["Job"], decision(), CONFIG, "k"))
     paths = {op["path"] for op in ops}
     assert "/spec/template/metadata/annotations/topology.scheduler~1placement" in paths
     assert "/spec/template/metadata/annotations/topology.scheduler~1injected" in paths
@@ -26,7 +27,7 @@ def test_annotation_keys_are_escaped_when_annotations_exist():
 
 def test_missing_parents_are_added_whole():
     obj = workload("Job")
-    ops = patch.make_patch(obj, mutation.mutate(obj, "Job", decision(), CONFIG, "k"))
+    ops = patch.make_patch(obj, mutation.mutate(obj, BY_KEY["Job"], decision(), CONFIG, "k"))
     adds = {op["path"]: op["value"] for op in ops if op["op"] == "add"}
     assert set(adds["/spec/template/metadata"]["annotations"]) == {
         mutation.PLACEMENT, mutation.GPU_IDS, mutation.RESERVATION, mutation.INJECTED}
@@ -44,7 +45,7 @@ def test_tilde_in_a_key_is_escaped_first():
 def test_a_yaml_timestamp_does_not_break_the_patch():
     obj = workload("Job")
     obj["metadata"]["creationTimestamp"] = datetime.datetime(2026, 1, 2, tzinfo=datetime.timezone.utc)
-    mutated = mutation.mutate(obj, "Job", decision(), CONFIG, "k")
+    mutated = mutation.mutate(obj, BY_KEY["Job"], decision(), CONFIG, "k")
     ops = patch.make_patch(obj, mutated)
     assert jsonpatch.apply_patch(obj, ops) == mutated
 
@@ -83,7 +84,7 @@ def test_pods_changed_alike_share_one_patch_made_once_and_each_gets_its_own_copy
     """A group's members differ in what we leave alone (their names) and change alike: the patch
     is made and checked once, and what one caller does to its operations is not the next one's."""
     members = [workload("Pod", name=f"train-{i}") for i in range(3)]
-    made = [patch.make_patch(pod, mutation.mutate(pod, "Pod", decision(), CONFIG, "ml/PyTorchJob/train"))
+    made = [patch.make_patch(pod, mutation.mutate(pod, BY_KEY["Pod"], decision(), CONFIG, "ml/PyTorchJob/train"))
             for pod in members[:2]]
     assert made[0] == made[1] and made[0]
     assert patch._checked_operations.cache_info().hits == 1
@@ -92,7 +93,7 @@ def test_pods_changed_alike_share_one_patch_made_once_and_each_gets_its_own_copy
         operation["path"] = "/elsewhere"
         if isinstance(operation.get("value"), dict):
             operation["value"].clear()
-    third = mutation.mutate(members[2], "Pod", decision(), CONFIG, "ml/PyTorchJob/train")
+    third = mutation.mutate(members[2], BY_KEY["Pod"], decision(), CONFIG, "ml/PyTorchJob/train")
     again = patch.make_patch(members[2], third)
     assert again == kept and jsonpatch.apply_patch(members[2], again) == third
 
@@ -101,8 +102,8 @@ def test_pods_placed_alike_on_other_nodes_share_one_patch_with_their_own_strings
     """Two users' pods, each placed alone on a node and leaf of its own: one patch is made and
     checked, and each pod gets it with its own name, node and leaf in it."""
     pods = [workload("Pod", name=name) for name in ("alpha", "beta")]
-    mutated = [mutation.mutate(pods[0], "Pod", decision(leaf="leaf-3", nodes=("gpu-1",)), CONFIG, "ml/Pod/alpha"),
-               mutation.mutate(pods[1], "Pod", decision(leaf="leaf-7", nodes=("gpu-9",)), CONFIG, "ml/Pod/beta")]
+    mutated = [mutation.mutate(pods[0], BY_KEY["Pod"], decision(leaf="leaf-3", nodes=("gpu-1",)), CONFIG, "ml/Pod/alpha"),
+               mutation.mutate(pods[1], BY_KEY["Pod"], decision(leaf="leaf-7", nodes=("gpu-9",)), CONFIG, "ml/Pod/beta")]
     made = [patch.make_patch(pod, wanted) for pod, wanted in zip(pods, mutated)]
     assert patch._checked_operations.cache_info().hits == 1
     assert [jsonpatch.apply_patch(pod, ops) for pod, ops in zip(pods, made)] == mutated
@@ -252,11 +253,11 @@ def user_jobs(draw) -> tuple[str, dict]:
 def test_patch_applies_to_the_received_object_and_a_second_pass_is_a_no_op(job, name):
     kind, received = job
     kept = deep(received)
-    mutated = mutation.mutate(received, kind, DECISIONS[name], CONFIG, "ml/Job/train")
+    mutated = mutation.mutate(received, BY_KEY[kind], DECISIONS[name], CONFIG, "ml/Job/train")
     ops = json.loads(json.dumps(patch.make_patch(received, mutated)))  # as the apiserver decodes it
     assert jsonpatch.apply_patch(received, ops) == mutated
     assert received == kept
-    assert patch.make_patch(mutated, mutation.mutate(mutated, kind, DECISIONS[name], CONFIG, "ml/Job/train")) == []
+    assert patch.make_patch(mutated, mutation.mutate(mutated, BY_KEY[kind], DECISIONS[name], CONFIG, "ml/Job/train")) == []
     assert schema_error(mutated) is None
 
 
@@ -264,7 +265,7 @@ def test_patch_applies_to_the_received_object_and_a_second_pass_is_a_no_op(job, 
 @given(user_jobs(), st.sampled_from(sorted(DECISIONS)), st.sampled_from(sorted(DECISIONS)))
 def test_replacing_a_decision_still_patches_exactly(job, first, second):
     kind, received = job
-    placed = mutation.mutate(received, kind, DECISIONS[first], CONFIG, "k")
-    again = mutation.mutate(placed, kind, DECISIONS[second], CONFIG, "k")
+    placed = mutation.mutate(received, BY_KEY[kind], DECISIONS[first], CONFIG, "k")
+    again = mutation.mutate(placed, BY_KEY[kind], DECISIONS[second], CONFIG, "k")
     assert jsonpatch.apply_patch(placed, patch.make_patch(placed, again)) == again
-    assert mutation.mutate(again, kind, DECISIONS[second], CONFIG, "k") == again
+    assert mutation.mutate(again, BY_KEY[kind], DECISIONS[second], CONFIG, "k") == again

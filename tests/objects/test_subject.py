@@ -11,7 +11,7 @@ from webhook import admission
 from webhook.kube.demo import demo_cluster
 from webhook.cli import file_index
 from webhook.objects import mutation, templates
-from webhook.objects.kinds import KINDS
+from webhook.objects.kinds import BY_KEY, REGISTRY
 from webhook.objects import workload as wl
 from webhook.objects.subject import Subject
 from webhook.objects.user_annotations import InvalidWorkload
@@ -30,7 +30,7 @@ def test_a_subject_of_each_kind_finds_the_one_template_inside_it(kind):
     obj = workload(kind)
     subject = subject_of(obj)
     assert [found.template for found in subject.templates] == [template_of(obj)]
-    assert subject.template is template_of(obj) is templates.pod_template(kind, obj)
+    assert subject.template is template_of(obj) is templates.pod_template(BY_KEY[kind], obj)
 
 
 @pytest.mark.parametrize("obj, where", [
@@ -213,10 +213,10 @@ def test_a_spec_remembered_as_passing_does_not_pass_one_whose_text_is_alike_but_
 
 def test_every_pod_template_but_a_pods_own_is_under_the_spec():
     """What lets a remembered spec stand for every template's check (Subject.check)."""
-    for name, kind in KINDS.items():
+    for kind in REGISTRY:
         for spec_of in kind.templates:
             path = spec_of.replica_spec + spec_of.template
-            assert (name == "Pod" and path == ()) or path[:1] == ("spec",), name
+            assert (kind.key == "Pod" and path == ()) or path[:1] == ("spec",), kind.key
 
 
 def spy(monkeypatch, function) -> list[tuple]:

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.shared import allowed_nodes_of
+from webhook.objects.kinds import kind_of_object
 from webhook.objects.feed import index_of
 from webhook.state.index import ClusterIndex
 from webhook.settings.config import Config
@@ -123,7 +124,7 @@ def workloads(draw, config: Config, nodes: list[dict]) -> dict:
 
 
 def pod_templates(obj: dict) -> list[dict]:
-    return [t.template for t in templates.pod_templates(obj["kind"], obj) if t.template is not None]
+    return [t.template for t in templates.pod_templates(kind_of_object(obj), obj) if t.template is not None]
 
 
 def nodes_under(index: ClusterIndex, path: tuple) -> set[str]:

@@ -5,6 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.builders import gpu_job, subject_of
+from webhook.objects.kinds import BY_KEY
 from webhook.objects.feed import index_of
 from webhook.objects import feed
 from webhook.objects import mutation, workload
@@ -161,7 +162,7 @@ def test_the_emitted_pod_spec_allows_exactly_the_lowest_domains_a_consolidated_d
     if decision.outcome is not Outcome.PLACED:
         return
     job = gpu_job("x", pods, gpus, gpu_count=str(gpus), placement_strategy="consolidated")
-    emitted = workload.read(subject_of(mutation.mutate(job, "Job", decision, Config(), "ml/Job/x"))).request
+    emitted = workload.read(subject_of(mutation.mutate(job, BY_KEY["Job"], decision, Config(), "ml/Job/x"))).request
     allowed = {n.name for n in index.nodes.values() if node_matches(n, emitted)}
 
     def lowest(node):  # its rack, or the node itself where it has none

@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from webhook.core.injection import waited_domain
 from webhook.objects.feed import index_of
 from webhook.objects import feed
 from webhook.state.index import ClusterIndex
@@ -59,7 +60,7 @@ def test_a_one_pod_wait_only_prefers_the_node_that_frees_first(clock):
     assert decision.scope.name == "gpu-s1-l2-n3"  # the node closest to fitting
     assert any("one pod runs alike on any node" in r for r in decision.reasons)
     assert not enforce.pins(decision, Config())  # written as a preference for that node
-    assert enforce.waited_domain(enforce.enforced(decision, Config())) is None
+    assert waited_domain(enforce.enforced(decision, Config())) is None
     pinned = place(busy_cluster(clock, {"gpu-s1-l2-n3": 4}, Config(pin_only_where_locality_pays=False)), request(1))
     assert pinned.locality_pays and enforce.pins(pinned, Config()) and pinned.scope == decision.scope
 
@@ -69,7 +70,7 @@ def test_a_multi_pod_wait_is_pinned_as_wide_as_the_cost_model_allows(clock):
     assert decision.outcome is Outcome.WAIT and decision.locality_pays
     assert decision.scope.level_name == "spine"  # leaves of one spine cost the same; spines do not
     assert any("no less bandwidth anywhere in spine spine-1 than in leaf leaf-2" in r for r in decision.reasons)
-    assert enforce.waited_domain(enforce.enforced(decision, Config())) == format_domain_path(SPINE_1)
+    assert waited_domain(enforce.enforced(decision, Config())) == format_domain_path(SPINE_1)
     oversubscribed = Config(levels=tuple(dataclasses.replace(lv, oversubscription=2.0) if lv.name == "spine" else lv
                                          for lv in Config().levels), levels_auto=False)
     chatty = dataclasses.replace(oversubscribed, communication_share=1.0)
@@ -90,7 +91,7 @@ def test_a_wait_spills_a_level_wider_where_the_wait_it_saves_outweighs_the_slowe
     assert decision.scope.name == "spine-1"
     assert any("leaf leaf-2 is expected to take 0.33 run times, in spine spine-1 0.07, and spanning it "
                "stretches the run by at most 0.09 (communication share 0.1)" in r for r in decision.reasons)
-    assert enforce.waited_domain(enforce.enforced(decision, spine_2x)) == format_domain_path(SPINE_1)
+    assert waited_domain(enforce.enforced(decision, spine_2x)) == format_domain_path(SPINE_1)
     kept = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}, spine_2x), request(2, max_domain="leaf"))
     assert kept.scope.name == "leaf-2" and kept.locality_pays  # never wider than max-domain
     silent = dataclasses.replace(spine_2x, communication_share=0.0)
@@ -122,12 +123,12 @@ def test_a_balanced_wait_is_pinned_where_waiting_pays_and_else_only_prefers(cloc
     balanced = place(index, request(2, strategy=Strategy.BALANCED))
     consolidated = place(index, request(2))
     assert (balanced.scope, balanced.locality_pays) == (consolidated.scope, True)
-    assert enforce.pins(balanced, Config()) and enforce.waited_domain(enforce.enforced(balanced, Config())) == format_domain_path(SPINE_1)
+    assert enforce.pins(balanced, Config()) and waited_domain(enforce.enforced(balanced, Config())) == format_domain_path(SPINE_1)
     one_pod = place(busy_cluster(clock, {"gpu-s1-l2-n3": 4}), request(1, strategy=Strategy.BALANCED))
     assert not one_pod.locality_pays and not enforce.pins(one_pod, Config())
     unweighed = Config(pin_only_where_locality_pays=False)
     before = place(busy_cluster(clock, {"gpu-s1-l2-n3": 8}, unweighed), request(2, strategy=Strategy.BALANCED))
-    assert not enforce.pins(before, unweighed) and enforce.waited_domain(enforce.enforced(before, unweighed)) is None
+    assert not enforce.pins(before, unweighed) and waited_domain(enforce.enforced(before, unweighed)) is None
 
 
 def test_pods_that_fit_one_node_wait_wider_where_its_nics_are_all_they_would_share(clock):

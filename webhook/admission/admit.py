@@ -25,7 +25,6 @@ from ..core.model import (ANNOTATION_PREFIX, EXCEEDS_CLUSTER, EXCEEDS_MAX_DOMAIN
                           UNKNOWN_LEVEL, Decision, Outcome, PlacementRequest, quoted)
 from ..objects import alignment, mutation, podgroups, provisioning, workload
 from ..objects.groups import GROUP_SIZE
-from ..objects.kinds import KINDS
 from ..objects.subject import Subject
 from ..objects.templates import pod_template
 from ..objects.user_annotations import GPU_COUNT, MAX_DOMAIN, PEER_REQUIRED, PREFERRED_DOMAIN, InvalidWorkload
@@ -74,6 +73,10 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
         return answer(request, AdmissionOutcome.IGNORED)
     # The object read once: every question below is answered from its pod templates, found once.
     subject = Subject(kind, request.group, obj, request.namespace, request.old)
+    if not subject.supported and subject.asks_for_placement:
+        return answer(request, AdmissionOutcome.IGNORED, warnings=[
+            f"{subject.who} ({request.group or 'core'}): not a kind topology-webhook places; its topology.scheduler "
+            "annotations are ignored (docs/reference/kinds.md)"])
     if not subject.ours(config):
         return answer(request, AdmissionOutcome.IGNORED)
     manager = subject.managed_elsewhere(config)
@@ -88,7 +91,7 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
         return answer(request, AdmissionOutcome.IGNORED, warnings=[
             f"{subject.who} ran before it was suspended: the apiserver keeps its pod template as it is, "
             "so it is not placed"])
-    if request.operation not in KINDS[kind].operations and not admitted_by_queue:
+    if request.operation not in subject.placed_kind.operations and not admitted_by_queue:
         return answer(request, AdmissionOutcome.IGNORED)
     try:
         subject.check()
@@ -123,16 +126,16 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
         # once it is un-suspended only its scheduling directives may change.
         return answer(request, AdmissionOutcome.SUSPENDED, warnings=[
             *wanted.warnings, f"{who} is suspended: nothing is placed or held until it is un-suspended"],
-            mutated=mutation.mutate(obj, kind, None, config) if request.operation == "CREATE" else None)
+            mutated=mutation.mutate(obj, subject.placed_kind, None, config) if request.operation == "CREATE" else None)
     if wanted.unknown:  # never a guess: admitted as written, and counted (outcome demand-unknown)
         return answer(request, AdmissionOutcome.DEMAND_UNKNOWN, warnings=list(wanted.warnings))
     key = wanted.group.key if wanted.group is not None else subject.reservation_key(request.uid)
     if wanted.request is None:
         group = group_decision(index, key) if subject.group else None
         if group is not None:  # a launcher or head of a placed group: kept with it, holding no GPU
-            return answer(request, AdmissionOutcome.PLACED, decision=group, mutated=mutation.mutate(obj, kind, group, config, key),
+            return answer(request, AdmissionOutcome.PLACED, decision=group, mutated=mutation.mutate(obj, subject.placed_kind, group, config, key),
                            warnings=[*wanted.warnings, f"{who} asks for no GPU; pinned with {group.request.workload}"])
-        mutated = mutation.mutate(obj, kind, None, config)
+        mutated = mutation.mutate(obj, subject.placed_kind, None, config)
         return answer(request, AdmissionOutcome.IGNORED, mutated=mutated, warnings=[
             *wanted.warnings, f"{who} {wanted.idle}"])
     # What this admission holds counts until the apiserver is seen to store it (state/holds.py):
@@ -144,12 +147,14 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
         if joined:
             alone = [*alone, *_joined_notes(who, wanted.request, decision)]
     else:
-        reserve = key if KINDS[kind].reserves and not request.dry_run else None
+        reserve = key if subject.placed_kind.reserves and not request.dry_run else None
         decision, alone = place_shared(index, wanted.request, reserve, stamp=stamp)
         stamp = stamp if reserve is not None else None
     if decision.outcome is Outcome.NEVER:
         return denied(request, _never_message(subject, decision), decision)
-    mutated = provisioning.consumed_by(mutation.mutate(obj, kind, decision, config, key, admitted_by_queue), kind, None)
+    placed_kind = subject.placed_kind
+    mutated = provisioning.consumed_by(mutation.mutate(obj, placed_kind, decision, config, key, admitted_by_queue),
+                                       placed_kind, None)
     if stamp is not None and not joined and decision.outcome is Outcome.PLACED:
         mutated = mutation.stamped(mutated, key, stamp)
     if provisioning.wanted(decision, config) and index.scale_ups is not None and not request.dry_run:
@@ -194,7 +199,7 @@ def _scale_up(subject: Subject, scale_ups: "ScaleUps", mutated: dict, decision: 
     """A ProvisioningRequest for the group's pods, as admitted (created once per workload: again,
     it is found there), and the pods made to consume it; without it, they wait for an ordinary
     scale-up. Returns the object and the warning that says which."""
-    who, kind, namespace = decision.request.workload, subject.kind, subject.namespace
+    who, kind, namespace = decision.request.workload, subject.placed_kind, subject.namespace
     name, provisioning_class = provisioning.request_name(key), config.provisioning_request_class
     owner = next((o for o in subject.controllers if o.get("uid")), None)
     objects = provisioning.request_objects(namespace, name, pod_template(kind, mutated) or {},

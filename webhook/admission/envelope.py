@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..core.model import MAPPINGS, Decision, quoted
+from ..objects.kinds import kind_of
 from ..objects.limits import oversized_annotations
 from ..objects.templates import display_name, mapping_of
 from ..objects.patch import encode, make_patch
@@ -181,8 +182,9 @@ def answer(request: Request, outcome: AdmissionOutcome, decision: Decision | Non
     object goes into the answer); None leaves the object as it came. An object the apiserver would
     refuse for its annotations' size is never sent back: the answer is a denial that says so."""
     if mutated is not None and status is None:
-        oversized = oversized_annotations(request.kind, mutated,
-                                          display_name(request.kind, mutated, request.namespace))
+        kind = kind_of(request.group, request.kind)
+        oversized = oversized_annotations(kind, mutated, display_name(kind.key if kind else request.kind, mutated,
+                                                                      request.namespace))
         if oversized is not None:
             return denied(request, oversized, decision)
     operations = make_patch(request.obj, mutated) if mutated is not None and request.obj is not None else []

@@ -9,7 +9,7 @@ from ..core import injection
 from ..core.gpus import pod_gpus
 from ..core.model import Outcome, Strategy
 from ..objects import mutation, workload
-from ..objects.kinds import KINDS
+from ..objects.kinds import BY_KEY, POD
 from ..objects.subject import Subject
 from ..objects.user_annotations import InvalidWorkload
 from ..placement.placer import place
@@ -59,7 +59,7 @@ def repaired(request: Request, subject: Subject, index: "ClusterIndex", config: 
     decision = place(index, alone)
     if decision.outcome is not Outcome.PLACED:
         return answer(request, AdmissionOutcome.IGNORED)
-    mutated = mutation.mutate(obj, "Pod", decision, config, key)
+    mutated = mutation.mutate(obj, POD, decision, config, key)
     return answer(request, AdmissionOutcome.REPAIRED, decision=decision, mutated=mutated, warnings=[
         f"{who}: {domain} can no longer hold it (its capacity is gone, not busy); this pod alone is pinned to "
         f"{decision.scope}, the nearest domain with room"])
@@ -69,8 +69,7 @@ def placed_by_owner(subject: Subject) -> bool:
     """A controller-made object carrying a placement made for its owner: a Pod or ReplicaSet from
     a template we placed, or an operator's child (a JobSet's Jobs, a RayJob's RayCluster) whose
     template carries the key of an owner that holds GPUs. A CronJob's Jobs are placed afresh."""
-    if KINDS[subject.kind].placed_by_owner:
+    if subject.placed_kind.placed_by_owner:
         return True
-    owner_kind = (subject.written_key or "").split("/")[1:2]
-    return (bool(owner_kind) and owner_kind[0] != subject.kind and owner_kind[0] in KINDS
-            and KINDS[owner_kind[0]].reserves)
+    owner = BY_KEY.get(((subject.written_key or "").split("/") + ["", ""])[1])
+    return owner is not None and owner is not subject.workload_kind and owner.reserves

@@ -21,7 +21,7 @@ from ..discover import command as discover_command
 from ..kube import ungate
 from ..objects.manifests import ManifestError
 from ..serving import logs
-from ..serving.certs import CertError
+from ..credentials.certs import CertError
 from ..settings.config import ConfigError
 from . import certs, mutate, serve
 from .inputs import CLUSTER_FILE_MAX_BYTES, MANIFEST_FILE_MAX_BYTES, OBJECT_MAX_BYTES, file_index

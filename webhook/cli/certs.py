@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from ..serving.certs import CA_FILE, ca_bundle, write_certs
+from ..credentials.certs import CA_FILE, ca_bundle, write_certs
 from .program import DNS_LABEL, PROG, UsageError
 
 

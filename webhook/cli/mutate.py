@@ -20,6 +20,7 @@ from ..serving.page.snapshot import RecentDecisions
 from ..settings.loading import load_config
 from ..objects import feed
 from ..objects.dra_objects import in_namespace
+from ..objects.kinds import kind_of_object
 from ..state.dra import DRA_KINDS, RESOURCE_SLICE_MAX_DEVICES
 from .inputs import (CLUSTER_FILE_MAX_BYTES, MANIFEST_FILE_MAX_BYTES, OBJECT_MAX_BYTES, MiB, file_index, read_cluster,
                      say_levels, within_api_limits)
@@ -63,9 +64,11 @@ def register(subparsers: Any) -> None:
 
 
 def describe(obj: dict, namespace: str) -> str:
-    """`Job ml/train`, or `Pod ml/trainer-` for a generateName object."""
+    """`Job ml/train`, `Pod ml/trainer-` for a generateName object, `Job.batch.volcano.sh ml/run` for
+    a kind whose name another group's kind has (webhook/objects/kinds.py)."""
     meta = obj.get("metadata") or {}
-    return f"{obj.get('kind')} {namespace}/{meta.get('name') or meta.get('generateName') or '?'}"
+    kind = kind_of_object(obj)
+    return f"{kind.key if kind else obj.get('kind')} {namespace}/{meta.get('name') or meta.get('generateName') or '?'}"
 
 
 def explain(label: str, result: admission.AdmissionResult) -> list[str]:

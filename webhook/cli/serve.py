@@ -14,10 +14,10 @@ from ..kube import certbootstrap
 from ..kube.access import cluster_access
 from ..kube.clusterview import ApiFeed, own_namespace
 from ..kube.gatekey import ensure_gate_key
-from ..kube.kubeclient import api_client_from
+from ..credentials.kubeclient import api_client_from
 from ..kube.allotment import ALLOTMENT_SHARE
 from ..kube.shared_claims import DEFAULT_BUDGET_SECONDS
-from ..serving import certs
+from ..credentials import certs
 from ..serving.app import create_app
 from ..serving.metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
 from ..serving.metrics_port import METRICS_BACKLOG, start_metrics_server

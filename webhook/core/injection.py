@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from .model import ANNOTATION_PREFIX, MAPPINGS, PlacementRequest, Strategy
+from .model import ANNOTATION_PREFIX, MAPPINGS, NO_ROOM_NOW, Decision, Hold, Outcome, PlacementRequest, Strategy
 
 # The comment above each annotation of OUTPUT_ANNOTATIONS is its entry in
 # docs/reference/what-we-write.md (.ci/reference_docs.py writes it from here).
@@ -256,3 +256,13 @@ def at(node: Any, path: tuple[str, ...]) -> Any:
     for key in path:
         node = node.get(key) if isinstance(node, dict) else None
     return node
+
+
+def waited_domain(decision: Decision) -> str | None:
+    """The WAITING_FOR annotation of a decision that carries its hold: the domain a pinned or
+    gated wait for room waits in (not one for nodes to be added), which the cluster index
+    protects for it (placement/protection.py)."""
+    if decision.outcome is not Outcome.WAIT or decision.code != NO_ROOM_NOW or decision.scope is None:
+        return None
+    held = decision.hold in (Hold.PIN, Hold.GATE)
+    return format_domain_path(decision.scope.path) if decision.scope.path and held else None

@@ -5,6 +5,8 @@ may import this one and none of them can change a value another step handed over
 """
 from __future__ import annotations
 
+import dataclasses
+
 import collections.abc
 import enum
 from dataclasses import dataclass, field
@@ -191,3 +193,11 @@ def quoted(value: object) -> str:
     text = str(value).replace("\n", " ") if isinstance(value, str) else repr(value)
     text = text if len(text) <= 40 else text[:37] + "..."
     return f'"{text}"' if isinstance(value, str) else text
+
+
+def on_nodes(request: PlacementRequest, nodes: list[str]) -> PlacementRequest:
+    """The request confined to `nodes` (by name, in every ORed term of its own affinity)."""
+    by_name = {"key": "metadata.name", "operator": "In", "values": nodes}
+    terms = request.required_node_terms or ({},)
+    confined = tuple({**term, "matchFields": [*(term.get("matchFields") or ()), by_name]} for term in terms)
+    return dataclasses.replace(request, required_node_terms=confined)

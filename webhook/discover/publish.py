@@ -17,7 +17,7 @@ class NodeApi:
     def __init__(self, kubeconfig: str | None) -> None:
         from kubernetes import client
 
-        from ..kube.kubeclient import KubeconfigError, api_client_from
+        from ..credentials.kubeclient import KubeconfigError, api_client_from
         try:
             self._api = client.CoreV1Api(api_client_from(kubeconfig))
         except KubeconfigError as err:

@@ -16,7 +16,7 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from ..serving.access import Access, NonResourceURL, Question, Reader, ReviewError
+from ..credentials.access import Access, NonResourceURL, Question, Reader, ReviewError
 
 REVIEW_TIMEOUT_SECONDS = 5.0
 

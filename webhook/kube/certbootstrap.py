@@ -39,7 +39,7 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from ..serving import certs
+from ..credentials import certs
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 
 from ..objects import autoscaler_objects, dra_objects, feed
 from ..state import dra
-from ..objects.kinds import KINDS
+from ..objects.kinds import WorkloadKind
 from ..objects.provisioning import request_name
 from ..state.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, NODEPOOL_KIND
 from ..state.holds import Stored
@@ -76,9 +76,8 @@ def stored_streams(index: ClusterIndex, api_client: k8s_client.ApiClient) -> tup
     or the chart's RBAC does not grant, confirms nothing and holds lapse as unconfirmed."""
     custom = k8s_client.CustomObjectsApi(api_client)
 
-    def stream(kind: str) -> Stream:
-        found = KINDS[kind]
-        version, plural = found.resource
+    def stream(found: WorkloadKind) -> Stream:
+        kind, (version, plural) = found.key, found.resource
 
         def metadata(**kwargs: Any) -> object:  # a fresh header map each call: the client adds to it
             accept = _METADATA_WATCH if kwargs.get("watch") else _METADATA_LIST
@@ -95,7 +94,7 @@ def stored_streams(index: ClusterIndex, api_client: k8s_client.ApiClient) -> tup
             index.apply(Stored(key, index.ledger.stored.get(key), gone=True))
         return Stream(plural, metadata, functools.partial(feed.stored_key, kind=kind),
                       feed.upserter(index, kind), deleted, functools.partial(index.keys, kind), forget, optional=True)
-    return tuple(stream(kind) for kind in feed.STORED_KINDS)
+    return tuple(stream(found) for found in feed.STORED_KINDS.values())
 
 
 # ----- Dynamic Resource Allocation and PodGroups ------------------------------------------------------

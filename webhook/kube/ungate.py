@@ -22,7 +22,7 @@ from ..core import injection
 from ..objects import mutation
 from ..objects.patch import make_patch
 from ..objects.feed import holds_our_gate
-from .kubeclient import KubeconfigError, api_client_from
+from ..credentials.kubeclient import KubeconfigError, api_client_from
 
 JSON_PATCH = "application/json-patch+json"
 PAGE = 500

@@ -28,7 +28,7 @@ from ..state.pods import PodFacts, PodGone
 from ..state.tree import NodeState, nvlink_domains
 from . import autoscaler_objects, dra_objects
 from .groups import KUBEFLOW_KINDS
-from .kinds import KINDS
+from .kinds import POD, REGISTRY, WorkloadKind
 from .user_annotations import NETWORK_BANDWIDTH
 
 BANDWIDTH_LABEL = NETWORK_BANDWIDTH  # a node's label of the key a workload's annotation asks with
@@ -112,7 +112,7 @@ def gone_of(obj: Mapping, kind: str | None = None) -> Fact | None:
 
 # Every kind that holds GPUs once placed, but Pods (the pods' own stream reads them whole): the
 # watch reads their metadata to tell which admissions' holds the apiserver stored (state/holds.py).
-STORED_KINDS = tuple(kind.name for kind in KINDS.values() if kind.reserves and kind.name != "Pod")
+STORED_KINDS: dict[str, WorkloadKind] = {kind.key: kind for kind in REGISTRY if kind.reserves and kind is not POD}
 
 
 def stored(obj: Mapping, kind: str, gone: bool = False) -> Stored:

@@ -1,6 +1,8 @@
 """The workload kinds the webhook handles, in one table: where each keeps its pod templates and how
 many pods each makes, which admission operations it is placed on, who places it and whether it
-holds GPUs once placed."""
+holds GPUs once placed. A kind is one registration here (and a test table row): the chart's
+webhook rules and RBAC (charts/topology-webhook/files/kinds.yaml, written by .ci/chart_kinds.py)
+and the view's watches follow this table."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,6 +40,19 @@ class WorkloadKind:
     # Where the object says it is suspended (a queue such as Kueue admits it later by setting it
     # false): placed then, on that UPDATE, and not before. None: the kind cannot be suspended.
     suspend: tuple[str, ...] | None = None
+    # Where the object itself names the scheduler of all its pods (beside each template's own).
+    scheduler: tuple[str, ...] | None = None
+    # How reservation keys and messages name it: its kind, or, for one whose kind's name another
+    # group's kind has (Volcano's Job), kind.group as kubectl writes it.
+    label: str = ""
+    # The operations the chart registers the webhook for (charts/topology-webhook/files/kinds.yaml):
+    # creation, and updates where a queue may un-suspend it (a Job) or an operator's object changes.
+    registered: tuple[str, ...] = ("CREATE",)
+
+    @property
+    def key(self) -> str:
+        return self.label or self.name
+
 
     @property
     def keeps_its_template(self) -> bool:
@@ -48,6 +63,7 @@ class WorkloadKind:
 
 
 _TEMPLATE = ("template",)
+_UPDATED = ("CREATE", "UPDATE")
 _REPLICAS = ("replicas",)
 
 
@@ -57,10 +73,10 @@ def _ray(prefix: tuple[str, ...]) -> tuple[Templates, ...]:
             Templates(prefix + ("workerGroupSpecs", ANY), _TEMPLATE, counts=("replicas", "numOfHosts")))
 
 
-KINDS: Mapping[str, WorkloadKind] = {kind.name: kind for kind in (
+REGISTRY: tuple[WorkloadKind, ...] = (
     WorkloadKind("Pod", "", ("v1", "pods"), (Templates((), ()),), ("CREATE",), placed_by_owner=True, reserves=True),
     WorkloadKind("Job", "batch", ("v1", "jobs"), (Templates(("spec",), _TEMPLATE, job=()),), ("CREATE",),
-                 placed_by_owner=False, reserves=True, suspend=("spec", "suspend")),
+                 placed_by_owner=False, reserves=True, suspend=("spec", "suspend"), registered=_UPDATED),
     WorkloadKind("CronJob", "batch", ("v1", "cronjobs"), (Templates(("spec", "jobTemplate", "spec"), _TEMPLATE, job=()),),
                  ("CREATE", "UPDATE"), placed_by_owner=False, reserves=False),
     *(WorkloadKind(name, "apps", ("v1", f"{name.lower()}s"), (Templates(("spec",), _TEMPLATE, counts=_REPLICAS),),
@@ -70,20 +86,37 @@ KINDS: Mapping[str, WorkloadKind] = {kind.name: kind for kind in (
     WorkloadKind("JobSet", "jobset.x-k8s.io", ("v1alpha2", "jobsets"),
                  (Templates(("spec", "replicatedJobs", ANY), ("template", "spec", "template"), counts=_REPLICAS,
                             job=("template", "spec")),), ("CREATE",), placed_by_owner=False, reserves=True,
-                 suspend=("spec", "suspend")),
+                 suspend=("spec", "suspend"), registered=_UPDATED),
     # Training-operator 1.x: its pods carry the job's key, so they are placed by their owner
     WorkloadKind("PyTorchJob", "kubeflow.org", ("v1", "pytorchjobs"),
                  (Templates(("spec", "pytorchReplicaSpecs", ANY), _TEMPLATE, counts=_REPLICAS),), ("CREATE",),
-                 placed_by_owner=False, reserves=True, suspend=("spec", "runPolicy", "suspend")),
+                 placed_by_owner=False, reserves=True, suspend=("spec", "runPolicy", "suspend"), registered=_UPDATED),
     WorkloadKind("MPIJob", "kubeflow.org", ("v2beta1", "mpijobs"), (Templates(("spec", "mpiReplicaSpecs", ANY), _TEMPLATE, counts=_REPLICAS),),
-                 ("CREATE",), placed_by_owner=False, reserves=True, suspend=("spec", "runPolicy", "suspend")),
+                 ("CREATE",), placed_by_owner=False, reserves=True, suspend=("spec", "runPolicy", "suspend"), registered=_UPDATED),
     WorkloadKind("RayCluster", "ray.io", ("v1", "rayclusters"), _ray(("spec",)), ("CREATE", "UPDATE"), placed_by_owner=False,
-                 reserves=True),
+                 reserves=True, registered=_UPDATED),
     WorkloadKind("RayJob", "ray.io", ("v1", "rayjobs"), _ray(("spec", "rayClusterSpec")), ("CREATE",), placed_by_owner=False,
-                 reserves=True, suspend=("spec", "suspend")),
-)}
+                 reserves=True, suspend=("spec", "suspend"), registered=_UPDATED),
+    # Volcano's Job: its tasks, each `replicas` pods of one template, placed together as one
+    # group (its `minAvailable` is the gang Volcano's own scheduler starts). Its pods name
+    # Volcano's scheduler unless the Job says otherwise: then Volcano places them, not us.
+    WorkloadKind("Job", "batch.volcano.sh", ("v1alpha1", "jobs"), (Templates(("spec", "tasks", ANY), _TEMPLATE,
+                                                                             counts=_REPLICAS),),
+                 ("CREATE",), placed_by_owner=False, reserves=True, scheduler=("spec", "schedulerName"),
+                 label="Job.batch.volcano.sh"),
+)
+# Every kind by (API group, kind): a `Job` of another group is not a batch Job.
+KINDS: Mapping[tuple[str, str], WorkloadKind] = {(kind.group, kind.name): kind for kind in REGISTRY}
+# By the name reservation keys give them (namespace/<key>/name).
+BY_KEY: Mapping[str, WorkloadKind] = {kind.key: kind for kind in REGISTRY}
+POD = KINDS[("", "Pod")]
 
 
-def supports(group: str, kind: str) -> bool:
-    """A kind we place, of its API group (a `Job` of another group is not a batch Job)."""
-    return kind in KINDS and KINDS[kind].group == group
+def kind_of(group: str, name: str) -> WorkloadKind | None:
+    """The kind we place of that API group and name; None for any other."""
+    return KINDS.get((group, name))
+
+
+def kind_of_object(obj: Mapping) -> WorkloadKind | None:
+    """The kind we place of an object as written (its apiVersion's group and its kind); None for any other."""
+    return kind_of(str(obj.get("apiVersion") or "").rpartition("/")[0], str(obj.get("kind") or ""))

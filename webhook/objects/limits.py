@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from ..core.injection import INJECTED, MOST_NODE_TERMS, REQUIRED_TERMS, at
 from ..core.model import ANNOTATION_PREFIX, MAPPINGS
-from .kinds import KINDS
+from .kinds import WorkloadKind
 from .templates import PodTemplate, field_path, mapping_of, pod_templates
 from .user_annotations import InvalidWorkload
 
@@ -53,11 +53,11 @@ def check_counts(templates: Sequence[PodTemplate], who: str) -> None:
                               f"{MAX_CONTAINERS} in all, init containers included")
 
 
-def oversized_annotations(kind: str, obj: Mapping, who: str) -> str | None:
+def oversized_annotations(kind: WorkloadKind | None, obj: Mapping, who: str) -> str | None:
     """Why the apiserver would refuse `obj` for the size of its annotations, or of a pod
     template's (their keys and values in UTF-8 bytes); None when it would not."""
     places = [("metadata", obj)]
-    if kind in KINDS:
+    if kind is not None:
         places += [(field_path(found.where, "metadata"), found.template) for found in pod_templates(kind, obj)
                    if found.template is not obj and isinstance(found.template, MAPPINGS)]
     for where, node in places:

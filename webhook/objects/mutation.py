@@ -36,14 +36,13 @@ import re
 from typing import Mapping
 
 from ..core.gpus import container_gpus, format_gpu_set
-from ..placement.enforce import waited_domain
 from ..settings.config import Config
 from ..settings.presets import HOSTNAME_LABEL
 from ..core.injection import (ADMISSION, GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, HOLD_SEAL, INJECTED, OUTPUT_ANNOTATIONS,
                               PLACEMENT, REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL, Injection,
-                              annotations_of, at, dumps_request, recorded, seal_gate, seal_hold)
+                              annotations_of, at, dumps_request, recorded, seal_gate, seal_hold, waited_domain)
 from ..core.model import ANNOTATION_PREFIX, EXCEEDS_NODES, GROWS_POOL, MAPPINGS, NO_MATCHING_NODES, Decision, Hold, Outcome, Strategy
-from .kinds import KINDS
+from .kinds import POD, WorkloadKind
 from .reconcile import annotations_in, copy_tree, put, rewrite, set_annotations
 from .subject import Subject
 
@@ -53,7 +52,7 @@ CUDA_DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA numbering = nvid
 WAITS_FOR_NODES = (EXCEEDS_NODES, NO_MATCHING_NODES)
 
 
-def mutate(obj: Mapping, kind: str, decision: Decision | None, config: Config,
+def mutate(obj: Mapping, kind: WorkloadKind, decision: Decision | None, config: Config,
            reservation: str | None = None, scheduling_only: bool = False) -> dict:
     """A new object with `decision` applied to its pod template. decision None (nothing to place)
     removes what we added before and only resets our scheduler name. `scheduling_only`: an UPDATE
@@ -113,7 +112,7 @@ def released(pod: Mapping, decision: Decision, seal_key: bytes) -> dict:
     outputs = {PLACEMENT: summary(decision), GPU_IDS: format_gpu_set(decision.gpu_ids) or None,
                WAITING_FOR: None, GATED_REQUEST: None, GATE_SEAL: None,
                HOLD_SEAL: _hold_seal(seal_key, str(reservation), decision) if reservation else None}
-    return _gated_pod_changed(pod, rewrite(pod, "Pod", desired, lambda _: outputs, None), expressions, True)
+    return _gated_pod_changed(pod, rewrite(pod, POD, desired, lambda _: outputs, None), expressions, True)
 
 
 def confining(decision: Decision, ends: bool) -> tuple[dict, ...]:
@@ -139,7 +138,7 @@ def ungated(pod: Mapping) -> dict:
 
     outputs = {PLACEMENT: "released from its scheduling gate without placement (topology-webhook ungate)",
                WAITING_FOR: None, GATED_REQUEST: None, GATE_SEAL: None, HOLD_SEAL: None}
-    return _gated_pod_changed(pod, rewrite(pod, "Pod", desired, lambda _: outputs, None), (), False)
+    return _gated_pod_changed(pod, rewrite(pod, POD, desired, lambda _: outputs, None), (), False)
 
 
 def _gated_pod_changed(pod: Mapping, rewritten: Mapping, expressions: tuple[dict, ...], lift: bool) -> dict:
@@ -172,7 +171,7 @@ def carry_over(old: Subject, new: Mapping, config: Config) -> dict:
     placement made at creation instead of dropping it (server-side apply removes fields the
     applier owns and omits) or moving running work. Items the user now has win, as always."""
     old_templates = {found.where: found.template for found in old.templates}
-    return rewrite(new, old.kind, lambda where, *_: recorded(old_templates.get(where)),
+    return rewrite(new, old.placed_kind, lambda where, *_: recorded(old_templates.get(where)),
                    lambda where: {key: annotations_of(old_templates.get(where)).get(key)
                                   for key in OUTPUT_ANNOTATIONS}, config)
 
@@ -183,7 +182,7 @@ def without_injection(subject: Subject) -> Subject:
     reading only: a subject that carries nothing of ours is returned as it is, not copied."""
     if not any(key in annotations_of(found.template) for found in subject.templates for key in OUTPUT_ANNOTATIONS):
         return subject
-    return subject.as_written(rewrite(subject.obj, subject.kind, lambda *_: Injection(),
+    return subject.as_written(rewrite(subject.obj, subject.placed_kind, lambda *_: Injection(),
                                       lambda _: dict.fromkeys(OUTPUT_ANNOTATIONS), None))
 
 
@@ -249,11 +248,11 @@ def workload_label_value(kind: str, obj: Mapping) -> str:
     return clean[:52].rstrip("-_.") + "-" + digest
 
 
-def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mapping, decision: Decision | None,
+def _desired(meta: dict, spec: dict, previous: Injection, kind: WorkloadKind, obj: Mapping, decision: Decision | None,
              config: Config) -> Injection:
     if decision is None or decision.outcome is Outcome.NEVER:
         return Injection()
-    expressions = confining(decision, ends=not KINDS[kind].keeps_its_template)
+    expressions = confining(decision, ends=not kind.keeps_its_template)
     required: tuple[tuple[dict, ...], ...] = ()
     preferred = None
     # A gated wait gets neither: the releaser writes the pin where it starts it.
@@ -266,7 +265,7 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: str, obj: Mappin
     if decision.request.strategy is Strategy.DISTRIBUTED and decision.spread_keys:
         current = (meta.get("labels") or {}).get(WORKLOAD_LABEL)
         users = current is not None and current != previous.label  # then the selector uses theirs
-        value = current if users else workload_label_value(kind, obj)
+        value = current if users else workload_label_value(kind.name, obj)
         label = None if users else value
         # One pod per node is the point, unless the decision already had to stack pods; across
         # wider domains, balance without blocking.

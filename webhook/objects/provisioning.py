@@ -20,6 +20,7 @@ from ..core.injection import PLACEMENT
 from ..core.model import Decision, Outcome
 from ..settings.config import Config
 from ..state.growth import NODEPOOL_KIND
+from .kinds import WorkloadKind
 from .templates import pod_templates
 
 GROUP = "autoscaling.x-k8s.io"
@@ -61,7 +62,7 @@ def request_objects(namespace: str, name: str, template: Mapping, pods: int, pro
     return pod_template, request
 
 
-def consumed_by(obj: dict, kind: str, name: str | None, provisioning_class: str = "") -> dict:
+def consumed_by(obj: dict, kind: WorkloadKind, name: str | None, provisioning_class: str = "") -> dict:
     """`obj` (a mutated copy, changed in place) with its pod templates consuming the
     ProvisioningRequest `name`, said in the placement annotation too; None removes a consumption
     of ours (never one a queue such as Kueue wrote)."""

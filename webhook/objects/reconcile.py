@@ -20,10 +20,11 @@ import orjson
 from ..core.injection import GATE, INJECTED, PREFERRED, REQUIRED_TERMS, WORKLOAD_LABEL, Injection, at
 from ..settings.config import Config
 from .limits import CONTAINER_LISTS
+from .kinds import WorkloadKind
 from .templates import pod_templates
 
 
-def rewrite(obj: Mapping, kind: str, desired: Callable[[str, dict, dict, Injection], Injection],
+def rewrite(obj: Mapping, kind: WorkloadKind, desired: Callable[[str, dict, dict, Injection], Injection],
             outputs: Callable[[str], Mapping[str, str | None]], config: Config | None) -> dict:
     """A copy of `obj` whose every pod template (by its path, `where`) is reconciled from what we
     recorded there to `desired(where, meta, spec, previous)`, with our output annotations set to

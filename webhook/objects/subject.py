@@ -21,7 +21,7 @@ from ..settings.config import Config
 from ..state.holds import reservation_key
 from . import groups
 from .groups import InvalidGroup, Membership
-from .kinds import KINDS, supports
+from .kinds import WorkloadKind, kind_of
 from .limits import check_counts
 from .templates import PodTemplate, check_fields, display_name, mapping_of, pod_templates
 from .user_annotations import (KUEUE_PREFIX, KUEUE_QUEUE_NAME, KUEUE_TOPOLOGY, PEER_PREFERRED, PEER_REQUIRED,
@@ -34,6 +34,7 @@ MAX_DEPTH = 100
 # forgotten wholesale past the limit.
 _PASSED_SPECS: set[tuple[str, bytes]] = set()
 _PASSED_SPECS_LIMIT = 1024
+_MOST_NODES_ASKED = 10_000  # maps and lists an object of an unknown kind is searched for our annotations
 _PLAIN_JSON_ONLY = (orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
                     | orjson.OPT_PASSTHROUGH_DATACLASS)
 
@@ -44,17 +45,29 @@ class Subject:
 
     def __init__(self, kind: str, api_group: str, obj: Mapping, namespace: str, old: Mapping | None = None) -> None:
         self.kind, self.api_group, self.obj, self.namespace = kind, api_group, obj, namespace
+        self.workload_kind: WorkloadKind | None = kind_of(api_group, kind)  # None: not a kind we place
         self.old = Subject(kind, api_group, old, namespace) if old is not None else None
         self._shape_checked = False
 
     @property
     def supported(self) -> bool:
-        return supports(self.api_group, self.kind)
+        return self.workload_kind is not None
+
+    @property
+    def placed_kind(self) -> WorkloadKind:
+        """Its kind in our table; asked of a kind we place only."""
+        assert self.workload_kind is not None, "asked of a kind we place only (admit checks `ours` first)"
+        return self.workload_kind
+
+    @property
+    def key(self) -> str:
+        """How reservation keys and messages name its kind (webhook/objects/kinds.py)."""
+        return self.workload_kind.key if self.workload_kind is not None else self.kind
 
     @cached_property
     def templates(self) -> tuple[PodTemplate, ...]:
-        """Its pod templates, in its kind's order (webhook/objects/kinds.py); asked of a kind we place only."""
-        return tuple(pod_templates(self.kind, self.obj))
+        """Its pod templates, in its kind's order (webhook/objects/kinds.py); none for a kind we do not place."""
+        return tuple(pod_templates(self.workload_kind, self.obj)) if self.workload_kind is not None else ()
 
     @property
     def template(self) -> Mapping | None:
@@ -64,7 +77,7 @@ class Subject:
 
     @cached_property
     def who(self) -> str:
-        return display_name(self.kind, self.obj, self.namespace)
+        return display_name(self.key, self.obj, self.namespace)
 
     @cached_property
     def annotations(self) -> Mapping[str, str]:
@@ -85,6 +98,25 @@ class Subject:
             return True
         return any(_spec(found).get("schedulerName") in config.scheduler_names for found in self.templates)
 
+    @property
+    def asks_for_placement(self) -> bool:
+        """Whether any `annotations` map in it, its own or a pod template's wherever its kind keeps
+        them, holds a topology.scheduler/ key (asked of an object of a kind we do not place, whose
+        templates we cannot find; the walk is bounded by what it visits)."""
+        stack: list[object] = [self.obj]
+        visited = 0
+        while stack and visited < _MOST_NODES_ASKED:
+            node = stack.pop()
+            visited += 1
+            if isinstance(node, MAPPINGS):
+                found = node.get("annotations")
+                if isinstance(found, MAPPINGS) and any(str(key).startswith(ANNOTATION_PREFIX) for key in found):
+                    return True
+                stack.extend(value for value in node.values() if isinstance(value, (dict, list)))
+            elif isinstance(node, list):
+                stack.extend(value for value in node if isinstance(value, (dict, list)))
+        return False
+
     def managed_elsewhere(self, config: Config) -> str | None:
         """Who places it when another queue or scheduler does, else None. Kueue places a pod it
         queues (its queue label, or a gate of Kueue's) and any workload of a queue that asks for
@@ -94,13 +126,15 @@ class Subject:
         meta = _meta(self.obj)
         queued = KUEUE_QUEUE_NAME in mapping_of(meta.get("labels")) or KUEUE_QUEUE_NAME in mapping_of(
             meta.get("annotations"))
+        named = [_at(self.obj, self.workload_kind.scheduler)] if self.workload_kind and self.workload_kind.scheduler else []
         for found in self.templates:
             spec = _spec(found)
+            named.append(spec.get("schedulerName"))
             gates = spec.get("schedulingGates")
             if isinstance(gates, list) and any(isinstance(g, MAPPINGS) and str(g.get("name")).startswith(KUEUE_PREFIX)
                                                for g in gates):
                 return "Kueue"
-            scheduler = spec.get("schedulerName")
+        for scheduler in named:
             if scheduler and scheduler != config.default_scheduler and scheduler not in config.scheduler_names:
                 return f"scheduler {scheduler}"
         if queued and (self.kind == "Pod" or any(KUEUE_TOPOLOGY.fullmatch(str(k)) for k in self.annotations)):
@@ -110,13 +144,8 @@ class Subject:
     @cached_property
     def suspended(self) -> bool:
         """Suspended (`spec.suspend: true`, or its kind's equivalent): a queue admits it later."""
-        path = KINDS[self.kind].suspend
-        if path is None:
-            return False
-        node: Any = self.obj
-        for key in path:
-            node = mapping_of(node).get(key)
-        return node is True
+        path = self.workload_kind.suspend if self.workload_kind is not None else None
+        return path is not None and _at(self.obj, path) is True
 
     @property
     def started(self) -> bool:
@@ -124,7 +153,7 @@ class Subject:
         Job controller at a suspension) or runs some now: the apiserver keeps its pod template as
         it is, even while it is suspended."""
         status = mapping_of(self.obj.get("status"))
-        return self.kind == "Job" and bool(status.get("startTime") or status.get("active"))
+        return self.key == "Job" and bool(status.get("startTime") or status.get("active"))
 
     @cached_property
     def controllers(self) -> tuple[Mapping, ...]:
@@ -162,7 +191,7 @@ class Subject:
     def membership(self, annotations: Mapping) -> Membership | None:
         """The group a Pod, or a Job an operator made (a JobSet's), belongs to under `annotations`
         (webhook/objects/groups.py); other kinds are placed as themselves. Raises InvalidAnnotation."""
-        if self.kind not in ("Pod", "Job"):
+        if self.key not in ("Pod", "Job"):
             return None
         try:
             return groups.membership(self.obj, self.namespace, mapping_of(_meta(self.template).get("labels")),
@@ -191,14 +220,14 @@ class Subject:
             return self.group.key  # a group's pods hold, and confirm, under the group's one key
         meta = _meta(self.obj)
         if meta.get("name"):
-            return reservation_key(self.namespace, self.kind, meta["name"])
+            return reservation_key(self.namespace, self.key, meta["name"])
         generate_name = str(meta.get("generateName") or "")
         written = str(self.annotations.get(RESERVATION) or "")
         owners = [reservation_key(self.namespace, str(o.get("kind")), str(o.get("name"))) for o in self.controllers]
-        if written and (written.startswith(reservation_key(self.namespace, self.kind, generate_name))
+        if written and (written.startswith(reservation_key(self.namespace, self.key, generate_name))
                         or written in owners):
             return written
-        return reservation_key(self.namespace, self.kind, f"{generate_name}{uid}")
+        return reservation_key(self.namespace, self.key, f"{generate_name}{uid}")
 
     def check(self) -> None:
         """Raise InvalidWorkload for an object with more containers or node terms than a review
@@ -212,11 +241,11 @@ class Subject:
         the spec or under it, and neither check of the spec reads anything outside it, so only the
         rest is checked then."""
         check_counts(self.templates, self.who)
-        known = _spec_text(self.kind, self.obj)
+        known = _spec_text(self.key, self.obj)
         if known is not None and known in _PASSED_SPECS:
             outside = {**self.obj, "spec": None}
             self._check_depth(outside)
-            check_fields(self.kind, outside, self.who)
+            check_fields(self.placed_kind, outside, self.who)
             self._shape_checked = True
             return
         self._check_depth(self.obj)
@@ -235,7 +264,7 @@ class Subject:
         """Raise InvalidWorkload naming the first field we use that does not have its API type;
         checked once, whoever asks first."""
         if not self._shape_checked:
-            check_fields(self.kind, self.obj, self.who)
+            check_fields(self.placed_kind, self.obj, self.who)
             self._shape_checked = True
 
     def as_written(self, obj: Mapping) -> Subject:
@@ -249,6 +278,12 @@ class Subject:
 
 def _meta(node: Mapping | None) -> Mapping:
     return mapping_of((node or {}).get("metadata"))
+
+
+def _at(node: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        node = mapping_of(node).get(key)
+    return node
 
 
 def _spec(found: PodTemplate) -> Mapping:

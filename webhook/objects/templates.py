@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.model import MAPPINGS
-from .kinds import ANY, KINDS, Templates
+from .kinds import ANY, Templates, WorkloadKind
 from .user_annotations import InvalidWorkload
 
 # The shape of the fields we read or write, as the API types them: the apiserver only sends
@@ -50,10 +50,10 @@ class PodTemplate:
     steps: tuple[str | int, ...] = ()  # the keys and list indices from the object down to the template
 
 
-def pod_templates(kind: str, obj: Mapping) -> list[PodTemplate]:
+def pod_templates(kind: WorkloadKind, obj: Mapping) -> list[PodTemplate]:
     """Every pod template of `obj`, in the order of its kind's table (webhook/objects/kinds.py)."""
     found = []
-    for spec_of in KINDS[kind].templates:
+    for spec_of in kind.templates:
         for replica_where, replica_steps, replica in _expand(obj, spec_of.replica_spec, ""):
             node, where = replica, replica_where
             for key in spec_of.template:
@@ -63,17 +63,17 @@ def pod_templates(kind: str, obj: Mapping) -> list[PodTemplate]:
     return found
 
 
-def pod_template(kind: str, obj: Mapping) -> Mapping | None:
+def pod_template(kind: WorkloadKind, obj: Mapping) -> Mapping | None:
     """The first pod template of `obj` (the only one, but for the operators' kinds, whose
     templates all carry the same placement); the object itself for a Pod; None if absent."""
     return next((t.template for t in pod_templates(kind, obj)), None)
 
 
-def check_fields(kind: str, obj: Mapping, who: str) -> None:
+def check_fields(kind: WorkloadKind, obj: Mapping, who: str) -> None:
     """Raise InvalidWorkload naming the first field we use that does not have its API type (the
     object's shape); `who`, a display name, starts the message."""
     _check(obj.get("metadata"), {"annotations": _STRINGS, "ownerReferences": [dict]}, "metadata", who)
-    for spec_of in KINDS[kind].templates:
+    for spec_of in kind.templates:
         for where, _, replica in _expand(obj, spec_of.replica_spec, "", who):
             for found_where, _, template in _expand(replica, spec_of.template, where, who):
                 _check(template, _TEMPLATE_SHAPE, found_where, who)

@@ -24,15 +24,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core.gpus import pod_gpus
-from ..core.model import MAPPINGS, PlacementRequest, quoted
+from ..core.model import MAPPINGS, PlacementRequest, on_nodes, quoted
 from ..core.resources import pod_requests
-from ..placement.placer import on_nodes
 from ..state.dra import CLIQUE_LABEL, ClaimDemand, ClaimRefs, PodGroupFacts
 from .dra_objects import claim_refs, pod_group_of
 from . import groups
 from . import user_annotations as asked
 from .groups import GROUP_SIZE, Membership
-from .kinds import KINDS
 from .subject import Subject
 from .templates import PodTemplate, field_path, mapping_of
 from .user_annotations import (GPU_COUNT, LATENCY_SENSITIVE, MAX_DOMAIN, NETWORK_BANDWIDTH, PEER_PREFERRED,
@@ -123,7 +121,7 @@ def read(subject: Subject, facts: ClusterFacts | None = None) -> Workload:
         required_node_terms=_required_terms(who, spec),
         tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, MAPPINGS)),
         resources=tuple(sorted(pod_requests(spec).items())),
-        may_pin_wait=(not KINDS[kind].keeps_its_template and PREFERRED_DOMAIN not in annotations
+        may_pin_wait=(not subject.placed_kind.keeps_its_template and PREFERRED_DOMAIN not in annotations
                       and not any(key in annotations for key in PEER_PREFERRED)),
     )
     if demand.pinned:  # an allocated claim's devices are on its node: its pods can run nowhere else

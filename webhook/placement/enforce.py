@@ -2,12 +2,12 @@
 consolidated and distributed workloads are pinned, balanced ones prefer; a wait is pinned, gated or
 only preferred as `pin_when_waiting`, `pin_only_where_locality_pays` and `gate_waits` say, and as
 waiting pays for the workload. The decision carries the answer (`Decision.hold`): the mutation
-writes it, the simulator reads it, and neither decides it again."""
+writes it (and the domain a wait waits in: core/injection.py's waited_domain), the simulator reads
+it, and neither decides it again."""
 from __future__ import annotations
 
 import dataclasses
 
-from ..core.injection import format_domain_path
 from ..core.model import NO_ROOM_NOW, Decision, Hold, Outcome, Strategy
 from ..settings.config import Config
 
@@ -52,13 +52,3 @@ def _gated(decision: Decision, config: Config) -> bool:
     would gate its pods for good) that names its domain."""
     return (config.gate_waits and decision.outcome is Outcome.WAIT and decision.code == NO_ROOM_NOW
             and decision.scope is not None and bool(decision.scope.path) and decision.request.may_pin_wait)
-
-
-def waited_domain(decision: Decision) -> str | None:
-    """The WAITING_FOR annotation of a decision that carries its hold: the domain a pinned or
-    gated wait for room waits in (not one for nodes to be added), which the cluster index
-    protects for it (placement/protection.py)."""
-    if decision.outcome is not Outcome.WAIT or decision.code != NO_ROOM_NOW or decision.scope is None:
-        return None
-    held = decision.hold in (Hold.PIN, Hold.GATE)
-    return format_domain_path(decision.scope.path) if decision.scope.path and held else None

@@ -16,7 +16,7 @@ import time
 import zlib
 from typing import Callable
 
-from ..core.model import GROUP_MISMATCH, NO_ROOM_NOW, Decision, DomainRef, Outcome, PlacementRequest, Strategy
+from ..core.model import GROUP_MISMATCH, NO_ROOM_NOW, Decision, DomainRef, Outcome, PlacementRequest, Strategy, on_nodes
 from ..state.gated import GatedGroup
 from ..state.index import ClusterIndex
 from ..state.tree import TopologyTree
@@ -254,14 +254,6 @@ def group_decision(index: ClusterIndex, key: str) -> Decision | None:
     """The decision of the group `key` if one of its members was placed, else None."""
     with index.lock:
         return index.ledger.group(key)
-
-
-def on_nodes(request: PlacementRequest, nodes: list[str]) -> PlacementRequest:
-    """The request confined to `nodes` (by name, in every ORed term of its own affinity)."""
-    by_name = {"key": "metadata.name", "operator": "In", "values": nodes}
-    terms = request.required_node_terms or ({},)
-    confined = tuple({**term, "matchFields": [*(term.get("matchFields") or ()), by_name]} for term in terms)
-    return dataclasses.replace(request, required_node_terms=confined)
 
 
 def release_shared(index: ClusterIndex, key: str) -> None:

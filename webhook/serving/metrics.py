@@ -156,7 +156,7 @@ class Metrics:
         return cls(multiprocess_dir)
 
     def access_failed(self, reason: str) -> None:
-        """One failure of the metrics port's access checks (serving/access.py FAILURE_REASONS)."""
+        """One failure of the metrics port's access checks (credentials/access.py FAILURE_REASONS)."""
         self.access_failures.labels(reason).inc()
 
     def watch_cluster(self, stats: Callable[[], Any]) -> None:

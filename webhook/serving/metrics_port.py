@@ -32,7 +32,7 @@ from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from .access import Access, guarded
+from ..credentials.access import Access, guarded
 from .page.render import CONTENT_SECURITY_POLICY
 from .paths import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, TOPOLOGY_JSON_PATH, TOPOLOGY_PATH
 from .server import REQUEST_SECONDS, SOCKET_CALL_SECONDS, receive_request

@@ -33,7 +33,7 @@ from gunicorn import sock as gunicorn_sock
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
-from .certs import ReloadingContext
+from ..credentials.certs import ReloadingContext
 from .logs import GunicornLogger
 from .metrics import mark_worker_dead
 

@@ -185,12 +185,7 @@ The operators' resources to register (webhook.operators): every one whose API th
 under auto, or those of the listed API groups; as a JSON list of {group, version, resource}.
 */}}
 {{- define "topology-webhook.operators" -}}
-{{- $known := list
-  (dict "group" "jobset.x-k8s.io" "version" "v1alpha2" "resource" "jobsets" "kind" "JobSet")
-  (dict "group" "kubeflow.org" "version" "v1" "resource" "pytorchjobs" "kind" "PyTorchJob")
-  (dict "group" "kubeflow.org" "version" "v2beta1" "resource" "mpijobs" "kind" "MPIJob")
-  (dict "group" "ray.io" "version" "v1" "resource" "rayclusters" "kind" "RayCluster")
-  (dict "group" "ray.io" "version" "v1" "resource" "rayjobs" "kind" "RayJob") -}}
+{{- $known := (.Files.Get "files/kinds.yaml" | fromYaml).operators -}}
 {{- $chosen := list -}}
 {{- range $operator := $known -}}
 {{- $served := $.Capabilities.APIVersions.Has (printf "%s/%s/%s" $operator.group $operator.version $operator.kind) -}}

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlencode
 
 from ...admission import AdmissionOutcome
 from ...state.index import ClusterIndex
-from ..access import EVERYTHING, SCOPE_ENVIRON_KEY, PageScope, visible_namespaces
+from ...credentials.access import EVERYTHING, SCOPE_ENVIRON_KEY, PageScope, visible_namespaces
 from ..paths import TOPOLOGY_JSON_PATH
 from .snapshot import FREE, HELD, OUT, USED, RecentDecisions, Selection, namespaces_present, snapshot
 

@@ -1,4 +1,4 @@
-"""Who reads what on the metrics port (webhook/serving/access.py): the decision and its cache
+"""Who reads what on the metrics port (webhook/credentials/access.py): the decision and its cache
 against fake TokenReview and SubjectAccessReview functions, the page's filtering for a reader who
 may see some namespaces only, and, over random clusters, that such a reader meets no workload name
 of any other namespace in the page or its JSON."""
@@ -18,7 +18,7 @@ from webhook.kube import demo
 from webhook.kube.access import subject_access_review
 from webhook import admission
 from webhook.serving.page.snapshot import RecentDecisions, namespaces_present
-from webhook.serving.access import (EVERYTHING, SCOPE_ENVIRON_KEY, Access, NonResourceURL, PageScope, Reader,
+from webhook.credentials.access import (EVERYTHING, SCOPE_ENVIRON_KEY, Access, NonResourceURL, PageScope, Reader,
                                     ResourceAction, ReviewError, bearer_token, guarded, visible_namespaces)
 from webhook.serving.page.render import page_app
 

@@ -9,7 +9,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from webhook.serving import certs
+from webhook.credentials import certs
 
 
 @pytest.fixture(scope="module")

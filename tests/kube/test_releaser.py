@@ -13,6 +13,7 @@ import pytest
 
 from conftest import LEAF, eventually
 from tests.fixtures.builders import workload
+from webhook.objects.kinds import BY_KEY
 from webhook.settings.config import Config
 from webhook.core.injection import GATE, GATED_REQUEST, PLACEMENT, WAITING_FOR
 from webhook.kube.demo import make_node, make_pod
@@ -46,7 +47,7 @@ def gated_job(fake, view, name="train", pods=2, stored=True):
     admitted["metadata"].update(namespace="ml", uid=f"uid-job-{name}")
     if stored:
         fake.put("jobs", admitted)
-    template = pod_template("Job", admitted)
+    template = pod_template(BY_KEY["Job"], admitted)
     assert {"name": GATE} in template["spec"]["schedulingGates"]
     return owned([{"apiVersion": "v1", "kind": "Pod",
                    "metadata": {**json.loads(json.dumps(template["metadata"])), "name": f"{name}-{i}",

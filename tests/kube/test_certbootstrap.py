@@ -17,7 +17,7 @@ from cryptography.x509.verification import DNSName, PolicyBuilder, Store
 from kubernetes.client import AdmissionregistrationV1Api, ApiClient, Configuration
 
 from webhook.kube import certbootstrap
-from webhook.serving import certs
+from webhook.credentials import certs
 from webhook.kube.certbootstrap import SelfManagedTLS, SelfManagedTLSError
 
 from conftest import ROOT, eventually, free_port, review_of, start_server, stop_server, write_kubeconfig

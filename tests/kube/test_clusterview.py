@@ -18,7 +18,7 @@ from webhook.core.injection import RESERVATION as RESERVATION_ANNOTATION
 from webhook.kube.clusterview import ApiFeed
 from webhook.kube.streams import Backoff
 from webhook.settings.config import Config, ConfigError
-from webhook.kube.kubeclient import api_client_from
+from webhook.credentials.kubeclient import api_client_from
 from webhook.kube.demo import demo_cluster, make_node, make_pod
 from webhook.core.model import Outcome, PlacementRequest, Strategy
 from webhook.placement.placer import place_and_reserve
