@@ -70,7 +70,8 @@ def replayed(kube: Kube, stream: Stream, key: str, names: dict[str, str], pace: 
     required.reset(cluster, stream.seed)
     kube.namespace(namespace, None if partition is None else cluster_queue(partition, mode))
     try:
-        outcome = Replay(kube, namespace, mode, list(workload.jobs), stream.foreign, Charge(workload), names, required,
+        pinned = {job_id: stream.simulated[key].placed.get(job_id, ()) for job_id in stream.foreign}
+        outcome = Replay(kube, namespace, mode, list(workload.jobs), pinned, Charge(workload), names, required,
                          pace, timeout_s, "" if partition is None else partition_of(partition)).run()
     finally:
         kube.clear(namespace)

@@ -51,6 +51,11 @@ KWOK_TIMES = {**{f"pod-{stage}.{KWOK}/{delay}": "0s" for stage in ("create", "re
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PARTITION = "twin.bench/partition"
 KUEUE_LEVEL_LABELS = dict(zip(("zone", "spine", "leaf", "hostname"), kueue.LEVELS))
+# What a pod asks besides its GPUs, per GPU: an eighth of a KWOK node's allocatable (96 cpu, 1900Gi;
+# webhook/kube/demo.make_node). kube-scheduler scores cpu and memory only (NodeResourcesFit's default
+# resources), so in proportion its LeastAllocated spreads by GPUs, as the simulator models it
+# (policies.least_allocated); at 1 cpu a pod it spread by pod count.
+CPU_PER_GPU, MEMORY_PER_GPU_GI = 12, 237
 
 
 @dataclass(frozen=True)
@@ -66,21 +71,27 @@ MODES = {OURS: Mode(OURS, False), "kueue": Mode("kueue", True), "kueue-required"
          "kueue-strict": Mode("kueue-strict", True, strict_fifo=True)}
 
 
-def job_manifest(job: Job, name: str, mode: Mode, foreign: bool, required: KueueBestFit, partition: str = "") -> dict:
-    """The Job of one stream job: its pods of `gpus_per_pod` GPUs (and the cpu and memory Kueue's
-    ClusterQueue also counts), KWOK's times; ours annotated consolidated; Kueue's queued,
+def job_manifest(job: Job, name: str, mode: Mode, foreign: bool, required: KueueBestFit, partition: str = "",
+                 pinned: tuple[str, ...] = ()) -> dict:
+    """The Job of one stream job: its pods of `gpus_per_pod` GPUs (and cpu and memory in proportion,
+    which Kueue's ClusterQueue also counts), KWOK's times; ours annotated consolidated; Kueue's queued,
     suspended, a multi-pod job with the TAS annotation the simulator's model gives it (`required`:
     policies.KueueBestFit in the required mode, reset on the cluster); a foreign job bare, kept to
-    its stream's `partition` by a nodeSelector where there is one (its flavor keeps Kueue's there)."""
+    its stream's `partition` by a nodeSelector where there is one (its flavor keeps Kueue's there)
+    and to the nodes it had in the simulation (`pinned`, when it started there) by a node affinity."""
+    asks = {"cpu": str(CPU_PER_GPU * job.gpus_per_pod), "memory": f"{MEMORY_PER_GPU_GI * job.gpus_per_pod}Gi"}
     template: dict = {"metadata": {"annotations": dict(KWOK_TIMES)}, "spec": {
         "restartPolicy": "Never", "containers": [{"name": "trainer", "image": "busybox", "resources": {
-            "requests": {"cpu": "1", "memory": "1Gi"},
-            "limits": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": str(job.gpus_per_pod)}}}]}}
+            "requests": asks, "limits": {**asks, "nvidia.com/gpu": str(job.gpus_per_pod)}}}]}}
     out: dict = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "annotations": {"twin.bench/job": job.job_id}},
                  "spec": {"parallelism": job.pods, "completions": job.pods, "backoffLimit": 0, "template": template}}
     if foreign:
         if partition:
             template["spec"]["nodeSelector"] = {PARTITION: partition}
+        if pinned:
+            template["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": list(pinned)}]}]}}}
         return out
     if not mode.kueue:
         out["metadata"]["annotations"]["topology.scheduler/placement-strategy"] = "consolidated"

@@ -101,11 +101,15 @@ class Replayed:
 
 
 class Replay:
-    def __init__(self, kube: Kube, namespace: str, mode: Mode, jobs: list[Job], foreign: frozenset[str],
+    def __init__(self, kube: Kube, namespace: str, mode: Mode, jobs: list[Job], foreign: dict[str, tuple[str, ...]],
                  charge: Charge, names: dict[str, str], required: KueueBestFit, pace: float, timeout_s: float,
                  partition: str = "") -> None:
         self.kube, self.namespace, self.mode, self.charge, self.names = kube, namespace, mode, charge, names
         self.partition = partition
+        # Each foreign job's nodes in the simulation, by their real names: kube-scheduler breaks its
+        # ties at random, and ours and Kueue pack next to whatever it placed first.
+        real = {sim: name for name, sim in names.items()}
+        self.pinned = {job_id: tuple(dict.fromkeys(real[n] for n in nodes)) for job_id, nodes in foreign.items()}
         self.required, self.pace, self.timeout_s = required, pace, timeout_s
         self.tracked = [Tracked(i, job, f"job-{i}", job.job_id in foreign, mode.kueue and job.job_id not in foreign)
                         for i, job in enumerate(jobs)]
@@ -172,7 +176,8 @@ class Replay:
         tracked = self.tracked[position]
         if what == "arrive":
             self.kube.create_job(self.namespace, job_manifest(tracked.job, tracked.name, self.mode, tracked.foreign,
-                                                              self.required, self.partition))
+                                                              self.required, self.partition,
+                                                              self.pinned.get(tracked.job.job_id, ())))
             tracked.created = True
         else:
             if not all(p.running for p in tracked.pods.values()):

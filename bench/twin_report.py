@@ -105,7 +105,7 @@ def _fidelity_line(label: str, f: Fidelity) -> str:
     level = f"{100 * f.same_level / f.jobs:.0f}%" if f.jobs else "-"
     within = f"{100 * f.within_1s / f.compared:.0f}%" if f.compared else "-"
     return (f"| {label} | {f.jobs} | {share} | {level} | {f.compared} | {within} | {f.error_p50_s:,.1f} | "
-            f"{f.error_p90_s:,.1f} | {f.error_max_s:,.0f} | {f.mean_error_s:+,.1f} | {f.only_simulated} / {f.only_twin} |")
+            f"{f.error_p90_s:,.1f} | {f.error_max_s:,.1f} | {f.mean_error_s:+,.1f} | {f.only_simulated} / {f.only_twin} |")
 
 
 def fidelity_section(streams: list[Stream], policies: tuple[str, ...]) -> tuple[list[str], str]:
