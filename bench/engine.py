@@ -58,6 +58,9 @@ The cluster as it runs (`Runtime`, issue 38 item 3; `IDEAL` is how the engine ra
   holds its GPUs from that tick and runs from the tick plus `patch_latency_s` (the pods' patches
   and the binding). IDEAL (period and latency 0) keeps gated jobs in the pass after the release,
   in submit order among the others.
+- **Kueue's ungating.** A job Kueue admits holds its GPUs from the admission and runs from
+  `kueue_ungate_s` later (1 s: its topology ungater's batch period), which the twin measured
+  (bench/twin.py); IDEAL starts it at once.
 - **Pods that are not ours.** A share of the stream (`foreign_share`, drawn per job from the seed
   alone by `foreign_jobs`, so every policy of a comparison faces the same ones) carries no
   annotation and goes to kube-scheduler directly, under every policy alike: in a Kueue cluster a
@@ -94,6 +97,10 @@ RELEASER_PERIOD_S = 1.0  # webhook/kube/clusterview.py RELEASE_INTERVAL_SECONDS:
 # to tens of ms on a loaded apiserver (not measured here; set it with --patch-latency).
 PATCH_LATENCY_S = 0.05
 FOREIGN_SHARE = 0.3  # share of the stream not annotated for us (issue 38)
+# From Kueue's admission to its pods bound: Kueue v0.17.0's topology ungater removes a TAS pod's
+# scheduling gate in a reconcile queued UpdatesBatchPeriod (1 s) after the pod's event
+# (pkg/controller/tas/topology_ungater.go); bench/twin.py measured starts 1.1 s after the simulator's.
+KUEUE_UNGATE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -104,12 +111,14 @@ class Runtime:
     patch_latency_s: float = PATCH_LATENCY_S
     foreign_share: float = FOREIGN_SHARE
     decide_at_arrival: bool = True
+    kueue_ungate_s: float = KUEUE_UNGATE_S
 
     def __post_init__(self) -> None:
-        if self.releaser_period_s < 0 or self.patch_latency_s < 0 or not 0 <= self.foreign_share <= 1:
-            raise ValueError(f"releaser period {self.releaser_period_s:g} s and patch latency "
-                             f"{self.patch_latency_s:g} s must be 0 or more, foreign share "
-                             f"{self.foreign_share:g} between 0 and 1")
+        if (self.releaser_period_s < 0 or self.patch_latency_s < 0 or self.kueue_ungate_s < 0
+                or not 0 <= self.foreign_share <= 1):
+            raise ValueError(f"releaser period {self.releaser_period_s:g} s, patch latency "
+                             f"{self.patch_latency_s:g} s and Kueue's ungating {self.kueue_ungate_s:g} s must be 0 "
+                             f"or more, foreign share {self.foreign_share:g} between 0 and 1")
 
     @property
     def instant_release(self) -> bool:
@@ -123,7 +132,8 @@ class Runtime:
         return (math.floor(freed_s / self.releaser_period_s) + 1) * self.releaser_period_s
 
 
-IDEAL = Runtime(releaser_period_s=0.0, patch_latency_s=0.0, foreign_share=0.0, decide_at_arrival=False)
+IDEAL = Runtime(releaser_period_s=0.0, patch_latency_s=0.0, foreign_share=0.0, decide_at_arrival=False,
+                kueue_ungate_s=0.0)
 
 
 def foreign_jobs(jobs: Iterable[Job], share: float, seed: int) -> frozenset[str]:
@@ -489,7 +499,7 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
                     break  # StrictFIFO: a head that cannot start blocks the jobs behind it
                 continue
             gone.append(position)
-            start(job, pods, now, result.records)
+            start(job, pods, now + (runtime.kueue_ungate_s if policy.ungated_by_kueue else 0.0), result.records)
         for position in gone:
             queue.remove(position)
         for position, nodes in aside:

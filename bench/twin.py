@@ -11,7 +11,9 @@ same under every policy), cut to its first `--jobs` jobs; the simulator runs the
 idle cluster of 512 GPUs in the simulator's shape (bench/twin_kube.py), and times are virtual
 (bench/twin_model.py: the clock runs at `--pace` while the stack may act and jumps the idle gaps).
 A job starts when its last pod binds; its run time is the simulator's charge for the nodes it
-landed on (engine.started_record), and the twin ends its pods then (bench/twin_replay.py).
+landed on (engine.started_record), and the twin ends its pods then (bench/twin_replay.py). A job
+that is not ours is pinned to the nodes the simulator gave it under the same policy, where it
+started there: kube-scheduler breaks its ties at random, and what packs next to it would follow.
 """
 from __future__ import annotations
 
