@@ -363,7 +363,7 @@ def core_config(network: Network) -> Config:
 
 
 class Ours(Policy):
-    """Our placement core, webhook.placement.decide.place, on a ClusterIndex fed the same Node objects and
+    """Our placement core, webhook.placement.placer.place, on a ClusterIndex fed the same Node objects and
     the simulator's bound pods. What the cluster then does with each answer follows what the
     mutation writes (webhook.placement.enforce.pins):
 

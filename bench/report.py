@@ -450,7 +450,7 @@ def _method(ctx: Context, policies: tuple[str, ...]) -> list[str]:
         "multi-pod jobs "
         "`podset-preferred-topology` at leaf (BestFit, escalate a level at a time, greedy with tightest last domain, "
         "pooled descent), single-pod jobs unconstrained (LeastFreeCapacity at hostname); *ours* = "
-        "`webhook.placement.decide.place` on a `ClusterIndex` kept current with the feed's `upsert`/`delete`. All baselines get "
+        "`webhook.placement.placer.place` on a `ClusterIndex` kept current with the feed's `upsert`/`delete`. All baselines get "
         "NVLink-aware GPU ids inside a node (the device plugin's preferred allocation); ours uses its own GPU-id hint.",
         "- **Honest limits of 'ours':** the webhook pins a domain (consolidated) or prefers it (balanced) and "
         "kube-scheduler picks nodes inside; the simulator uses our assignment's nodes and GPU ids for both, i.e. "

@@ -270,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", type=int, default=5_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--controller-qps", type=int, default=500)
+    parser.add_argument("--allotments", action="store_true", help="the webhook with --claims-allotments")
     parser.add_argument("--json", metavar="FILE", help="write the figures here too")
     args = parser.parse_args(argv)
     folder = pathlib.Path(tempfile.mkdtemp(prefix="scale-"))
@@ -278,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     # Bursts need pods that run (KWOK) and the webhook registered (the chart, rendered by Helm's
     # engine); the sync alone needs neither: nodes made Ready, pods bound and left Pending-bound.
     cluster = start_cluster(state, *(("--kwok", "--replicas", "1") if args.burst else ("--replicas", "0")),
+                            *(("--allotments",) if args.allotments else ()),
                             "--nodes", str(args.nodes), "--controller-qps", str(args.controller_qps))
     try:
         figures: dict = {"machine": machine(), "up_s": round(time.monotonic() - begun, 1)}

@@ -246,8 +246,9 @@ def install_webhook(args: argparse.Namespace, state: State, binary: str, admin: 
         process = start(state, name, [
             sys.executable, "-m", "webhook", "serve", "--kubeconfig", webhook_config, "--config", settings,
             "--cert", f"{pki}/webhook.crt", "--key", f"{pki}/webhook.key", "--bind", f"127.0.0.1:{port}",
-            "--metrics-bind", f"127.0.0.1:{metrics}", "--claims-namespace", NAMESPACE, *key_args],
-            env={"PYTHONPATH": ROOT})
+            "--metrics-bind", f"127.0.0.1:{metrics}", "--claims-namespace", NAMESPACE, *key_args,
+            *(["--claims-allotments"] if args.allotments else [])],
+            env={"PYTHONPATH": ROOT, "POD_NAME": name})  # its name on the topology page, as a pod's
         wait_for("ready webhook", lambda: https_ok(f"https://127.0.0.1:{port}/readyz", state.file("pki", "ca.crt")),
                  process, state, name)
         ports.append(port)
@@ -321,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     start_up.add_argument("--dra", action="store_true", help="DRA nodes: GPUs as ResourceSlice devices")
     start_up.add_argument("--replicas", type=int, default=2,
                           help="webhook processes sharing claims (0-4; default 2; 0: the nodes without our webhook)")
+    start_up.add_argument("--allotments", action="store_true",
+                          help="the replicas claim a small domain's free GPUs ahead (serve --claims-allotments)")
     start_up.add_argument("--bare", action="store_true",
                           help="the control plane alone: no nodes, no webhook (a bench brings its own)")
     start_up.add_argument("--controller-qps", type=int, default=0, metavar="Q",

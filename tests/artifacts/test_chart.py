@@ -38,6 +38,8 @@ CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "topology-webhook"
 RELEASE = "tw"
 NAMESPACE = "gpu-infra"
 FULLNAME = "tw-topology-webhook"
+POD_ENV = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+           {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}]
 SERVICE_DNS_NAMES = [FULLNAME, f"{FULLNAME}.{NAMESPACE}", f"{FULLNAME}.{NAMESPACE}.svc",
                      f"{FULLNAME}.{NAMESPACE}.svc.cluster.local"]
 WITH_MATCH_CONDITIONS = [f"1.{minor}.0" for minor in range(30, 38)]
@@ -794,11 +796,17 @@ def test_pods_may_be_patched_only_when_waits_are_gated():
 def test_webhook_writes_only_leases_in_the_release_namespace():
     role = one("defaults", "Role", f"{FULLNAME}-claims")
     assert role["metadata"]["namespace"] == NAMESPACE
+    # delete: a replica's record of its decisions is owned by its Pod, which OwnerReferencesPermissionEnforcement
+    # lets only those who may delete the record set.
     assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                              "verbs": ["get", "list", "watch", "create", "update"]}]
+                              "verbs": ["get", "list", "watch", "create", "update", "delete"]}]
     binding = one("defaults", "RoleBinding", f"{FULLNAME}-claims")
     assert binding["roleRef"]["name"] == role["metadata"]["name"] and binding["metadata"]["namespace"] == NAMESPACE
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+
+
+def test_each_replica_knows_its_pod_for_the_topology_page_and_its_decisions_lease():
+    assert webhook_container("defaults")["env"] == POD_ENV
 
 
 def test_webhook_may_read_the_autoscalers_pools_and_nothing_else_of_theirs():
@@ -913,7 +921,7 @@ def test_the_keys_platform_teams_expect_reach_the_objects():
     assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch" and pod["securityContext"]["runAsNonRoot"]
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
     container = webhook_container(case)
-    assert container["env"] == VALUE_SETS[case]["extraEnv"] and container["args"][-2:] == ["--log-level", "debug"]
+    assert container["env"] == POD_ENV + VALUE_SETS[case]["extraEnv"] and container["args"][-2:] == ["--log-level", "debug"]
     assert all(entry["objectSelector"] == {"matchLabels": {"topology.scheduler/managed": "true"}}
                for entry in webhook_entries(case).values())
     (daemonset,) = objects(case, "DaemonSet")

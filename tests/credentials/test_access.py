@@ -17,7 +17,8 @@ from webhook.settings.config import Config
 from webhook.kube import demo
 from webhook.kube.access import subject_access_review
 from webhook import admission
-from webhook.serving.page.snapshot import RecentDecisions, namespaces_present
+from webhook.admission.recent import RecentDecisions
+from webhook.serving.page.snapshot import namespaces_present
 from webhook.credentials.access import (EVERYTHING, SCOPE_ENVIRON_KEY, Access, NonResourceURL, PageScope, Reader,
                                     ResourceAction, ReviewError, bearer_token, guarded, visible_namespaces)
 from webhook.serving.page.render import page_app

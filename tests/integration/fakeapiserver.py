@@ -184,7 +184,7 @@ class FakeApiServer:
         self.forbidden: set[str] = set()  # resources whose every request is 403, e.g. {"secrets"}
         self.write_delay_seconds = 0.0
         self.refuse_writes = False
-        self.writes: list[tuple[str, str, int]] = []  # (method, path, HTTP status) of every write answered
+        self.writes: list[tuple[str, str, int]] = []  # (method, the object's path, HTTP status) of every write answered
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every request answered
         self.serve_dra = False  # serve DRA_PATHS (else 404: an API this cluster does not serve)
         self.pod_group_versions: tuple[str, ...] = ("v1beta1",)  # where PodGroups are served, with serve_dra
@@ -565,6 +565,7 @@ class _Handler(BaseHTTPRequestHandler):
         if fake.write_delay_seconds:
             time.sleep(fake.write_delay_seconds)
         named = _named(urlsplit(self.path).path)
+        written = self.path  # the object's path: a create's gets the created name
         if named and named[0] in fake.forbidden:
             code, answer = 403, fake._forbidden(method, *named)
         elif method == "PATCH" and named and named[2]:
@@ -582,7 +583,9 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             obj = json.loads(body) if body and method != "DELETE" else {}
             code, answer = fake._write(method, named[0], named[1], named[2], obj)
-        fake.writes.append((method, self.path, code))
+            if method == "POST":
+                written = f'{self.path.rstrip("/")}/{(obj.get("metadata") or {}).get("name", "")}'
+        fake.writes.append((method, written, code))
         self._send_json(code, json.dumps(answer).encode())
 
     def _hang_up(self) -> None:

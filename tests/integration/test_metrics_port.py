@@ -16,7 +16,7 @@ from webhook.settings.config import Config
 from webhook.kube import demo
 from webhook.kube.access import cluster_access
 from webhook import admission
-from webhook.serving.page.snapshot import RecentDecisions
+from webhook.admission.recent import RecentDecisions
 from webhook.credentials import certs
 from webhook.serving.app import create_app
 from webhook.credentials.certs import ReloadingContext

@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 from conftest import (LABELS, LEAF, RunningServer, eventually, patched_object, review_of, start_server, stop_server,
                       write_kubeconfig)
 from tests.fixtures.builders import gpu_job
@@ -90,7 +91,7 @@ def test_two_replicas_never_give_a_node_twice_in_a_concurrent_burst(fake, replic
     assert sum(x["auditAnnotations"]["outcome"] == "waiting" for x in answers) == BURST - NODES
     assert not any("decided without the other replicas" in w for x in answers for w in x.get("warnings", ()))
     eventually(lambda: metric(a, RESERVED) == metric(b, RESERVED) == NODES * 8, what="every claim on both")
-    writes = [w for w in fake.writes if w[2] < 300]
+    writes = [w for w in fake.writes if w[2] < 300 and w[1].endswith(f"/{LEASE_NAME}")]  # not the decisions' records
     assert 0 < len(writes) <= NODES, "at most one write per placed workload (claims decided together share one)"
 
 
@@ -177,3 +178,20 @@ def test_a_replica_shut_down_gracefully_gives_its_allotment_back(fake, replicas)
     assert any(key.startswith("allotment/") for key in claimed()), "the rest of its node, claimed ahead"
     stop("a")  # SIGTERM: gunicorn's graceful shutdown, the worker's exit handlers
     assert claimed() == {"ml/Job/small"}
+
+
+def test_both_replicas_pages_list_the_decisions_of_both_naming_the_replica_that_made_each(fake, replicas):
+    add_nodes(fake)
+    start, _ = replicas
+    a, b = start("a"), start("b")
+    for replica, review in zip((a, b), whole_node_jobs(2, prefix="page")):
+        assert replica.client().post(review).json()["response"]["auditAnnotations"]["outcome"] == "placed"
+
+    def listed(replica: RunningServer) -> list[tuple[str, str]]:
+        page = requests.get(f"http://127.0.0.1:{replica.metrics_port}/topology.json", timeout=5).json()
+        return sorted((entry["name"], entry["replica"]) for entry in page["workloads"])
+    eventually(lambda: len(listed(a)) == 2 and listed(a) == listed(b), timeout=20, what="one list on both pages")
+    (first, made_first), (second, made_second) = listed(a)
+    assert (first, second) == ("page-0", "page-1") and made_first != made_second  # each by the replica it went to
+    lease_names = {path.rpartition("/")[2] for method, path, code in fake.writes if "decisions" in path}
+    assert len(lease_names) == 2, "one record per replica"

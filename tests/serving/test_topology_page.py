@@ -5,6 +5,8 @@ import json
 import re
 import socket
 from html.parser import HTMLParser
+from typing import Iterator
+from unittest import mock
 
 import pytest
 import requests
@@ -12,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import review_of
-from tests.fixtures.builders import gpu_job, gpu_pod
+from tests.fixtures.builders import gpu_job, gpu_pod, ten_thousand_nodes
 from webhook.core.gpus import nvlink_groups
 from webhook.objects.feed import index_of
 from webhook.objects import feed
@@ -23,7 +25,8 @@ from webhook.settings.loading import levels_from
 from webhook.kube import demo
 from webhook import admission
 from webhook.serving.page import snapshot as overview
-from webhook.serving.page.snapshot import RecentDecisions, Selection, snapshot
+from webhook.admission.recent import RecentDecisions
+from webhook.serving.page.snapshot import Selection, snapshot
 from webhook.serving.page import render as topology_page
 from webhook.serving.metrics_port import start_metrics_server
 from webhook.serving.page.render import page_app, render
@@ -54,14 +57,20 @@ def placed(demo_index) -> RecentDecisions:
 
 
 class PageReader(HTMLParser):
-    """What the page draws: nodes with their free GPUs, domains, and every text run."""
+    """What the page draws: in the detail, nodes with their free GPUs and domains; in the overview,
+    its units (leaves of node cells) and its cells ([class, title]), with the links around them;
+    and every text run."""
 
     def __init__(self) -> None:
         super().__init__()
         self.free: dict[str, int] = {}
         self.domains: list[str] = []
+        self.units: list[str] = []
+        self.cells: list[list[str]] = []
+        self.links: list[str] = []
         self.text: list[str] = []
         self.tags: set[str] = set()
+        self.in_cell = False
 
     def handle_starttag(self, tag, attrs):
         self.tags.add(tag)
@@ -70,9 +79,26 @@ class PageReader(HTMLParser):
             self.free[attributes["data-node"]] = int(attributes["data-free"])
         if "data-domain" in attributes:
             self.domains.append(attributes["data-domain"])
+        if "data-unit" in attributes:
+            self.units.append(attributes["data-unit"])
+        if tag == "a" and "href" in attributes:
+            self.links.append(attributes["href"])
+        if tag == "rect" and (attributes.get("class") or "").startswith("q"):
+            self.cells.append([attributes["class"].split()[0], ""])
+            self.in_cell = True
+
+    def handle_endtag(self, tag):
+        if tag == "rect":
+            self.in_cell = False
 
     def handle_data(self, data):
         self.text.append(data)
+        if self.in_cell:
+            self.cells[-1][1] += data
+
+    def cell_titles(self) -> dict[str, str]:
+        """Each node cell's title, by the node it names."""
+        return {title.partition(":")[0]: title for _, title in self.cells}
 
 
 def read_page(page: str) -> PageReader:
@@ -267,6 +293,16 @@ def test_every_domain_sums_its_nodes_and_every_node_its_gpus(cluster):
         assert [letters.count(c) for c in "uhfx"] == [gpus["used"], gpus["held"], gpus["free"], gpus["out"]]
     free_on_page = read_page(render(data)).free
     assert free_on_page == {name: node["gpus"]["free"] for name, node in drawn.items()}
+    with mock.patch.object(overview, "NODE_DETAIL_LIMIT", 0):  # nodes not drawn: the overview's cells list them
+        cells = [cell for block in blocks(snapshot(index, [], now=0.0)["tree"]) for cell in block.get("cells", ())]
+    assert [(cell["name"], cell["nvlink"], cell["state"]) for cell in cells] == [
+        (name, node["nvlink"], node["state"]) for name, node in drawn.items()]
+
+
+def blocks(block: dict) -> Iterator[dict]:
+    yield block
+    for child in block.get("children", ()):
+        yield from blocks(child)
 
 
 # ----- the HTML ------------------------------------------------------------------------------------
@@ -293,13 +329,71 @@ def test_the_page_names_every_leaf_and_loads_nothing_from_elsewhere(demo_index, 
     assert '<meta http-equiv="refresh" content="10">' in page
 
 
-def test_the_page_of_ten_thousand_nodes_stays_under_two_megabytes():
-    nodes = [demo.make_node(f"n{i:05d}", dict(zip(LEVELS, (f"z{i // 4096}", f"s{i // 512}", f"l{i // 32}"))))
-             for i in range(10_000)]
-    index = index_of(Config(), nodes)
-    page = render(snapshot(index, [], now=0.0))
+def test_the_page_of_ten_thousand_nodes_has_a_cell_per_node_and_stays_under_two_megabytes():
+    data = snapshot(index_of(Config(), *ten_thousand_nodes()), [], now=0.0)
+    assert data["overview"] == {"cells": "nodes", "node_limit": 10_000, "level": "leaf"}
+    page = render(data)
     assert len(page.encode()) < MAX_PAGE_BYTES
-    assert len(read_page(page).domains) == 1 + 3 + 20 + 313  # cluster, zones, spines, leaves
+    reader = read_page(page)
+    assert len(reader.units) == 313 and len(reader.cells) == 10_000
+    titles = reader.cell_titles()
+    assert titles["n00000"] == "n00000: 4 used, 4 free of 8 GPUs \u00b7 NVLink [uuuuffff] \u00b7 1 pod"
+    assert [cls for cls, _ in reader.cells[:3]] == ["qp3", "qf", "qf"] and reader.cells[31][0] == "qp2"
+    assert reader.domains == ["cluster", "z0", *(f"s{i}" for i in range(8)), "z1", *(f"s{i}" for i in range(8, 16)),
+                              "z2", *(f"s{i}" for i in range(16, 20))]  # the detail stops above the overview's leaves
+    assert sum(href.endswith("#detail") and "focus=l" in href for href in reader.links) == 313
+
+
+def test_a_leaf_opened_from_the_overview_is_the_detail_with_its_nodes_and_their_pods(clock):
+    index = index_of(Config(), *ten_thousand_nodes())
+    page = render(snapshot(index, [], now=0.0, selection=Selection.of(focus="l3")))
+    reader = read_page(page)
+    assert reader.domains == ["l3"] and sorted(reader.free) == [f"n{i:05d}" for i in range(96, 128)]
+    assert "Detail: cluster > z0 > s0 > l3" in " ".join("".join(reader.text).split())
+    assert len(reader.cells) == 10_000  # the overview stays whole, the leaf outlined in it
+    assert '<rect class="lf sel"' in page and page.count(" sel") == 1
+
+
+def test_every_node_appears_in_the_overview_once_with_its_state_and_a_large_cluster_by_leaf(monkeypatch, demo_index,
+                                                                                           placed):
+    cordoned = next(node for node in demo.demo_cluster()[0] if node["metadata"]["name"] == "gpu-s2-l7-n1")
+    cordoned["spec"]["unschedulable"] = True
+    feed.upsert(demo_index, cordoned, "Node")
+    data = snapshot(demo_index, placed.entries(), now=0.0)
+    states = {node["name"]: node["state"] for node in json_nodes(data["tree"]).values()}
+    assert len(states) == 32 and states["gpu-s2-l7-n1"] == "out"
+    assert {states[name] for name in data["holds"][0]["nodes"]} == {"held"}
+    by_count = {"free": 8, "used": 0}
+    for name, node in json_nodes(data["tree"]).items():
+        if name != "gpu-s2-l7-n1" and not node["gpus"]["held"]:
+            free = node["gpus"]["free"]
+            assert node["state"] == next((state for state, count in by_count.items() if free == count), "part")
+    classes = {title.partition(":")[0]: cls for cls, title in read_page(render(data)).cells}
+    assert classes["gpu-s2-l7-n1"] == "qx" and classes[data["holds"][0]["nodes"][0]] == "qh"
+    monkeypatch.setattr(overview, "HEATMAP_NODE_LIMIT", 31)  # above it: a cell per leaf
+    data = snapshot(demo_index, placed.entries(), now=0.0)
+    assert data["overview"]["cells"] == "domains"
+    leaves = [leaf for spine in data["tree"]["children"][0]["children"] for leaf in spine["children"]]
+    assert all("cells" not in leaf for leaf in leaves)
+    cells = read_page(render(data)).cells
+    assert [title.partition(":")[0] for _, title in cells] == [f"leaf {leaf}" for leaf in DEMO_LEAVES]
+    held_leaf = placed.entries()[0].domain.split()[-1]
+    assert cells[DEMO_LEAVES.index(held_leaf)][0] == "qh"  # its four nodes held: none free, held
+
+
+def test_a_node_names_the_workloads_of_its_pods_only_to_readers_who_may_see_them(demo_index, placed):
+    hold = snapshot(demo_index, placed.entries(), now=0.0)["holds"][0]
+    for i, node in enumerate(hold["nodes"]):  # the Job's pods bound where it was placed
+        pod = demo.make_pod(f"train-{i}", node, 8, namespace="ml")
+        pod["metadata"]["annotations"] = {"topology.scheduler/reservation": "ml/Job/train"}
+        feed.upsert(demo_index, pod, "Pod")
+    node = hold["nodes"][0]
+    data = snapshot(demo_index, placed.entries(), now=0.0)
+    assert json_nodes(data["tree"])[node]["workloads"] == ["ml/Job/train"]
+    assert read_page(render(data)).cell_titles()[node].endswith("1 pod: ml/Job/train")
+    tenant = snapshot(demo_index, placed.entries(), now=0.0, selection=Selection.of(namespaces=frozenset({"team-b"})))
+    assert json_nodes(tenant["tree"])[node]["workloads"] == [] and json_nodes(tenant["tree"])[node]["pods"] == 1
+    assert "ml/Job/train" not in render(tenant)
 
 
 # ----- the WSGI app --------------------------------------------------------------------------------

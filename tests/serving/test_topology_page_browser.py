@@ -5,23 +5,30 @@ with a message where it is absent.
 """
 from __future__ import annotations
 
+import re
 import shutil
 import struct
 import subprocess
 import zlib
+from collections import Counter
 
 import pytest
 
-from tests.fixtures.builders import gpu_job
+from tests.fixtures.builders import gpu_job, ten_thousand_nodes
 from webhook.objects.feed import index_of
 from webhook.settings.config import Config
 from webhook.kube import demo
 from webhook import admission
-from webhook.serving.page.snapshot import RecentDecisions, snapshot
+from webhook.admission.recent import RecentDecisions
+from webhook.serving.page.snapshot import snapshot
+from webhook.serving.page import heatmap
 from webhook.serving.page.render import COLOURS, render
 
 BROWSER = next((path for path in map(shutil.which, ("chromium", "chromium-browser")) if path), None)
 WIDTH, HEIGHT = 1280, 1000
+SCREEN = (1280, 800)  # where the overview must be whole, unscrolled
+MAX_PAGE_BYTES = 2 * 1024 * 1024
+SWATCH = 9 * 13 - 4  # a legend's colour sample, in pixels, less its four rounded corners
 LEAF_BORDER = (0x63, 0x66, 0xF1)  # the frame of a leaf block (.d.lf)
 EDGE_PIXELS = 40  # a leaf's top or bottom border is a horizontal run at least this long
 
@@ -80,6 +87,31 @@ def long_runs(rows: list[list[tuple[int, int, int]]], colour: tuple[int, int, in
             runs += length >= EDGE_PIXELS
             length = 0
     return runs
+
+
+def screenshot(page_file, shot, size: tuple[int, int]) -> list[list[tuple[int, int, int]]]:
+    subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--force-device-scale-factor=1", f"--window-size={size[0]},{size[1]}",
+                    f"--screenshot={shot}", page_file.as_uri()], check=True, capture_output=True, timeout=120)
+    return pixels(shot.read_bytes())
+
+
+def test_ten_thousand_nodes_are_all_in_the_overview_at_1280x800_unscrolled(tmp_path):
+    page = render(snapshot(index_of(Config(), *ten_thousand_nodes()), [], now=0.0), refresh_seconds=10)
+    assert len(page.encode()) <= MAX_PAGE_BYTES
+    page_file = tmp_path / "topology.html"
+    page_file.write_text(page)
+    rows = screenshot(page_file, tmp_path / "topology.png", SCREEN)
+    assert (len(rows[0]), len(rows)) == SCREEN
+    counts = Counter(pixel for row in rows for pixel in row)
+    side = int(re.search(r"\{width:(\d+)px;height:\1px\}", page).group(1))  # a cell's, in pixels
+    assert side >= 4  # big enough to point at
+    # Each leaf's first node is half free, its last a quarter free: shades nothing else on the page
+    # has but the legend's samples. All 313 of each on screen: every leaf's first and last row is.
+    for shade in ("qp3", "qp2"):
+        assert counts[hex_rgb(heatmap.COLOURS[shade])] == 313 * side * side + SWATCH, shade
+    idle = 10_000 - 2 * 313
+    assert counts[hex_rgb(heatmap.COLOURS["qf"])] >= idle * side * side
 
 
 def test_the_demo_page_with_a_placed_job_shows_its_leaves_and_gpus_in_a_browser(tmp_path):

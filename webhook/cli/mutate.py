@@ -16,7 +16,7 @@ import yaml
 from .. import admission
 from ..objects.manifests import read_objects
 from ..serving.page.render import write_page
-from ..serving.page.snapshot import RecentDecisions
+from ..admission.recent import RecentDecisions
 from ..settings.loading import load_config
 from ..objects import feed
 from ..objects.dra_objects import in_namespace

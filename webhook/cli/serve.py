@@ -17,12 +17,13 @@ from ..kube.gatekey import ensure_gate_key
 from ..credentials.kubeclient import api_client_from
 from ..kube.allotment import ALLOTMENT_SHARE
 from ..kube.shared_claims import DEFAULT_BUDGET_SECONDS
+from ..kube.shared_decisions import ApiDecisionRecords
 from ..credentials import certs
 from ..serving.app import create_app
 from ..serving.metrics import MULTIPROC_ENV, Metrics, reset_multiprocess_dir
 from ..serving.metrics_port import METRICS_BACKLOG, start_metrics_server
 from ..serving.page.render import page_app
-from ..serving.page.snapshot import RecentDecisions
+from ..admission.recent import RecentDecisions
 from ..serving.paths import DEFAULT_PORT
 from ..serving.server import THREADS_PER_WORKER, ServeOptions, WebhookServer
 from ..settings.config import Config, ConfigError
@@ -93,8 +94,9 @@ def register(subparsers: Any) -> None:
                             "this process")
     serve.add_argument("--claims-namespace", metavar="NS",
                        help="share pending holds with the other replicas through a Lease in NS, so two replicas "
-                            "never place on the same free GPUs; live view only (default: inside a pod, its own "
-                            "namespace; otherwise none; '' for none)")
+                            "never place on the same free GPUs, and the topology page's recent decisions through "
+                            "a Lease per replica; live view only (default: inside a pod, its own namespace; "
+                            "otherwise none; '' for none)")
     serve.add_argument("--claims-budget", metavar="SECONDS", type=float, default=DEFAULT_BUDGET_SECONDS,
                        help="how long an admission may spend agreeing with the other replicas before it decides "
                             "alone, with a warning (default: %(default)s)")
@@ -103,6 +105,21 @@ def register(subparsers: Any) -> None:
                             "before their Lease write (off by default: another replica's allotment can make a "
                             "workload wait, pinned to a full node; docs/design/ledger-and-claims.md)")
     serve.set_defaults(func=cmd_serve)
+
+
+def replica_name() -> str:
+    """What this replica is called on the topology page: its Pod's name (the chart passes POD_NAME
+    from the downward API; the host name is the node's with hostNetwork), else host and process."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def pod_owner(namespace: str) -> dict | None:
+    """The ownerReference of this replica's Pod for objects it writes in `namespace` (the chart
+    passes POD_NAME and POD_UID), so that they go with the Pod; None outside a Pod or its namespace."""
+    name, uid = os.environ.get("POD_NAME"), os.environ.get("POD_UID")
+    if not (name and uid) or own_namespace() != namespace:
+        return None
+    return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
 
 
 def live_source(args: argparse.Namespace) -> bool:
@@ -248,14 +265,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def build_app() -> Flask:  # runs in the worker, after the fork, so the watch threads start there; `config` as
         # the server process last read it
         metrics = Metrics.create(options.multiprocess_dir)
-        decisions = None if args.no_topology_page else RecentDecisions()
+        decisions = None if args.no_topology_page else RecentDecisions(replica=replica_name())
         if live:
-            feed = ApiFeed(config, api_client_from(args.kubeconfig), claims_namespace=claims_namespace,
+            api_client = api_client_from(args.kubeconfig)
+            # Replicas sharing claims share their recent decisions too, for every page to list them all.
+            records = ApiDecisionRecords(decisions, api_client, claims_namespace, pod_owner(claims_namespace)) \
+                if decisions is not None and claims_namespace else None
+            feed = ApiFeed(config, api_client, claims_namespace=claims_namespace,
                            claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc,
                            claims_allotment_share=ALLOTMENT_SHARE if args.claims_allotments else 0,
-                           on_scale_up=metrics.scale_up, on_release=metrics.gated_release)
+                           on_scale_up=metrics.scale_up, on_release=metrics.gated_release,
+                           decision_records=records)
             feed.start()
             atexit.register(feed.stop)  # a graceful shutdown gives back the GPUs its allotment holds
+            if records is not None:
+                records.start()
+                atexit.register(records.stop)  # and writes the decisions made since the last write
             metrics.watch_feed(feed.age)
             index, readiness = feed.index, feed.readiness
         else:

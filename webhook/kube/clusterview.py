@@ -24,7 +24,9 @@ Per kind (nodes, pods) one daemon thread runs the reflector loop:
 
 A third thread expires reservations whose time-to-live has passed. When replicas share their
 claims (`claims_namespace`), a third stream lists and watches the claims Lease in that namespace
-the same way and applies each version to the ledger (webhook/kube/shared_claims.py).
+the same way and applies each version to the ledger (webhook/kube/shared_claims.py); with
+`decision_records`, one more watches the replicas' records of their recent decisions
+(webhook/kube/shared_decisions.py, whose own thread writes this replica's).
 
 Objects are handled as the plain dicts the API sends (the shape `ClusterIndex` reads): watch
 events are not turned into client model objects, which would cost far more than the index
@@ -50,8 +52,9 @@ from kubernetes.client.exceptions import ApiException
 from ..objects import feed
 from ..settings.config import Config
 from ..state.index import ClusterIndex, NodeGone
-from .kinds import claims_stream, dra_streams, growth_streams, pod_stream, stored_streams
+from .kinds import claims_stream, decisions_stream, dra_streams, growth_streams, pod_stream, stored_streams
 from .shared_claims import DEFAULT_BUDGET_SECONDS, ApiClaims, describe
+from .shared_decisions import ApiDecisionRecords
 from .releaser import Releaser
 from .scaleups import ApiScaleUps
 from .streams import FORBIDDEN, GONE, NOT_FOUND, Ahead, Backoff, DictWatch, Stream, StreamStatus, collector_paused
@@ -90,7 +93,8 @@ class ApiFeed:
                  on_alone: Callable[[], None] = lambda: None,
                  on_scale_up: Callable[[str], None] = lambda _: None,
                  on_release: Callable[[str], None] = lambda _: None,
-                 release_interval_seconds: float = RELEASE_INTERVAL_SECONDS) -> None:
+                 release_interval_seconds: float = RELEASE_INTERVAL_SECONDS,
+                 decision_records: ApiDecisionRecords | None = None) -> None:
         self.config = config
         self.clock = clock
         self.index = ClusterIndex(config, clock=clock)
@@ -121,6 +125,7 @@ class ApiFeed:
             self.claims = claims
             self._streams += (claims_stream(claims, api_client, claims_namespace),)
         self._streams += dra_streams(api_client, index) + stored_streams(index, api_client)
+        self._streams += (decisions_stream(decision_records, api_client),) if decision_records is not None else ()
         self._backoff = {stream.kind: Backoff(backoff_base, backoff_cap, random.Random(rng.random()))
                          for stream in self._streams}
         # Gated waits are started by a pass after the cluster changed, at most once an interval.

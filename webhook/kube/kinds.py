@@ -20,6 +20,7 @@ from ..state.growth import CA_STATUS_NAME, CA_STATUS_NAMESPACE, NODEPOOL_GROUP, 
 from ..state.holds import Stored
 from ..state.index import ClusterIndex
 from .shared_claims import LEASE_NAME, ApiClaims
+from .shared_decisions import RECORD_KIND, RECORD_LABEL, ApiDecisionRecords
 from .streams import NOT_FOUND, Stream
 
 GROWTH_STREAMS = ("nodepools", "autoscaler-status")
@@ -40,6 +41,15 @@ def claims_stream(claims: ApiClaims, api_client: k8s_client.ApiClient, claims_na
                                claims_namespace, field_selector=f"metadata.name={LEASE_NAME}")
     return Stream("leases", leases, lambda lease: (lease.get("metadata") or {}).get("name", ""), claims.apply,
                   claims.deleted, claims.names, claims.forget)
+
+
+def decisions_stream(records: ApiDecisionRecords, api_client: k8s_client.ApiClient) -> Stream:
+    """The replicas' records of their recent decisions (the topology page's), by their label. Optional:
+    a view that may not list them serves on, its page listing this replica's decisions alone."""
+    leases = functools.partial(k8s_client.CoordinationV1Api(api_client).list_namespaced_lease, records.namespace,
+                               label_selector=f"{RECORD_LABEL}={RECORD_KIND}")
+    return Stream("decision-records", leases, lambda lease: (lease.get("metadata") or {}).get("name", ""),
+                  records.upsert, records.deleted, records.names, records.forget, optional=True)
 
 
 def growth_streams(index: ClusterIndex, core: k8s_client.CoreV1Api,

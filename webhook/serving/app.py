@@ -21,7 +21,7 @@ from ..settings.config import Config
 from ..state.index import ClusterIndex
 from .logs import FIELDS
 from .metrics import Metrics
-from .page.snapshot import RecentDecisions
+from ..admission.recent import RecentDecisions
 from .paths import HEALTHZ_PATH, MUTATE_PATH, READYZ_PATH
 
 Readiness = Callable[[], "tuple[bool, str]"]

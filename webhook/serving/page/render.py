@@ -16,15 +16,19 @@ import json
 import logging
 import time
 from dataclasses import replace
-from html import escape
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 from urllib.parse import parse_qs, urlencode
 
 from ...admission import AdmissionOutcome
 from ...state.index import ClusterIndex
 from ...credentials.access import EVERYTHING, SCOPE_ENVIRON_KEY, PageScope, visible_namespaces
 from ..paths import TOPOLOGY_JSON_PATH
-from .snapshot import FREE, HELD, OUT, USED, RecentDecisions, Selection, namespaces_present, snapshot
+from . import heatmap
+from ...admission.recent import RecentDecisions
+from .nodes import FREE, HELD, OUT, USED
+from .snapshot import Selection, namespaces_present, snapshot
+from .words import e as _e
+from .words import fits, room
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +47,11 @@ _OUTCOME_ORDER = (AdmissionOutcome.WAITING, AdmissionOutcome.WAITING_FOR_GROWTH,
 _STYLE = """
 body{font:13px/1.35 system-ui,-apple-system,'Segoe UI',sans-serif;margin:12px;color:#1e293b;background:#fff}
 h1{font-size:18px;margin:0 0 2px}h2{font-size:15px;margin:16px 0 4px}
-.meta{color:#475569;margin-bottom:6px}.sum b{margin-right:12px}.note{color:#92400e}
+.meta{color:#475569;font-size:12px;font-weight:normal;margin-left:8px}.note{color:#92400e}
+.sum{display:flex;flex-wrap:wrap;align-items:center;gap:4px 12px;margin:2px 0 4px}
 .legend i,.g i{display:inline-block;width:9px;height:13px;border-radius:1px;vertical-align:middle}
 .legend span{margin-right:10px}
-form{margin:6px 0}input{font:inherit;width:12em}
+form{margin:0 0 0 8px}input{font:inherit;width:10em}
 .c{display:flex;flex-wrap:wrap;align-items:flex-start}
 .d{border:1px solid #94a3b8;border-radius:5px;padding:3px 4px;margin:3px;background:#f1f5f9}
 .d .d{background:#fff}.d.lf{background:#eef2ff;border-color:#6366f1}
@@ -60,10 +65,6 @@ table{border-collapse:collapse}td,th{border-bottom:1px solid #e2e8f0;padding:2px
 td.r{text-align:right}.o-waiting,.o-waiting-for-growth,.o-waiting-for-nodes{color:#b45309}.o-placed{color:#15803d}.o-denied{color:#b91c1c}
 ul{margin:0;padding-left:16px}
 """ + "".join(f"i.{_CLASSES[part]},rect.{part}{{background:{colour};fill:{colour}}}" for part, colour in COLOURS.items())
-
-
-def _e(value: object) -> str:
-    return escape(str(value), quote=True)
 
 
 def _bar(gpus: dict) -> str:
@@ -80,38 +81,28 @@ def _bar(gpus: dict) -> str:
     return f'<svg width="90" height="8" viewBox="0 0 100 8" preserveAspectRatio="none">{"".join(rects)}</svg>'
 
 
-def _fits(block: dict) -> str:
-    fitting = ", ".join(f"{count}\u00d7{size}" for size, count in block["pods_fitting"].items() if count)
-    return fitting or "nothing"
-
-
-def _room(block: dict) -> str:
-    """The largest job that fits now: whole-node pods (what multi-node training asks for), else
-    the largest single pod."""
-    width = max(map(int, block["pods_fitting"]))
-    whole = block["pods_fitting"][str(width)]
-    if whole:
-        return f"room for {whole}&times;{width}-GPU pods"
-    return f'room for 1&times;{block["largest_pod_gpus"]}-GPU pod' if block["largest_pod_gpus"] else "no room"
-
-
-def _domain(block: dict, selection: dict, live: bool, leaf_level: str) -> str:
+def _domain(block: dict, selection: dict, live: bool, leaf_level: str, above: str = "") -> str:
     """A domain's block: its header, then its children's blocks or its nodes, or what is not drawn.
-    Blocks of the last configured level (leaves) have a frame of their own."""
+    Blocks of the last configured level (leaves) have a frame of their own. Children of level
+    `above` are left to the overview (they are its cells or its units), counted."""
     gpus = block["gpus"]
     summary = (f'{gpus["used"]} used, {gpus["held"]} held, {gpus["free"]} free'
                + (f', {gpus["out"]} out of service' if gpus["out"] else "")
-               + f' of {gpus["total"]} GPUs; pods that fit now (count\u00d7GPUs): {_fits(block)}')
+               + f' of {gpus["total"]} GPUs; pods that fit now (count\u00d7GPUs): {fits(block)}')
     title = block["name"] if block["name"] == block["level"] else f'{block["level"]} {block["name"]}'
     head = [f'<b>{_e(title)}</b>', _bar(gpus),
             f'<small>{round(100 * block["utilization"])}% &middot; {gpus["free"]} free'
             + (f' &middot; {gpus["held"]} held' if gpus["held"] else "")
-            + f' &middot; {_room(block)}'
+            + f' &middot; {_e(room(block))}'
             + (f' &middot; {block["partly_used_nodes"]} part-used' if block["partly_used_nodes"] else "")
             + "</small>"]
     inner = ""
-    if "children" in block:
-        inner = ('<div class="c">' + "".join(_domain(child, selection, live, leaf_level) for child in block["children"])
+    children = block.get("children", [])
+    if children and children[0]["level"] == above:
+        head.append(f'<small>{len(children)} {_e(above)} domains: in the overview'
+                    + (", a click opens one" if live else "") + "</small>")
+    elif children:
+        inner = ('<div class="c">' + "".join(_domain(child, selection, live, leaf_level, above) for child in children)
                  + "</div>")
     elif "node_list" in block:
         inner = '<div class="ns">' + "".join(_node(node) for node in block["node_list"]) + "</div>"
@@ -119,7 +110,7 @@ def _domain(block: dict, selection: dict, live: bool, leaf_level: str) -> str:
         hidden = f'{block["hidden_domains"]} domains' if "hidden_domains" in block else f'{block["nodes"]} nodes'
         if live:  # the link opens this domain's nodes
             query = {**{k: v for k, v in selection.items() if v}, "focus": block["name"]}
-            hidden = f'<a href="?{_e(urlencode(query))}">{hidden}</a>'
+            hidden = f'<a href="?{_e(urlencode(query))}#detail">{hidden}</a>'
         head.append(f"<small>{hidden}</small>")
     without = block.get("nodes_without_gpus") or block.get("domains_without_gpus")
     if without:
@@ -136,10 +127,49 @@ def _node(node: dict) -> str:
                      for group in node["nvlink"])
     classes = "n" + (" out" if node["out"] else "") + (" mark" if node["marked"] else "")
     why = f'<em>{_e(node["out"])}</em>' if node["out"] else ""
-    title = f'{node["name"]}: {gpus["used"]} used, {gpus["held"]} held, {gpus["free"]} free' + (
-        f' ({node["out"]})' if node["out"] else "")
-    return (f'<div class="{classes}" data-node="{_e(node["name"])}" data-free="{gpus["free"]}" title="{_e(title)}">'
-            f'<span class="nm">{_e(node["name"])}</span>{groups}{why}</div>')
+    pods = f'<small>{node["pods"]} pod{"" if node["pods"] == 1 else "s"}' if node["pods"] else ""
+    if node["workloads"]:
+        pods += ": " + ", ".join(map(_e, node["workloads"]))
+    return (f'<div class="{classes}" data-node="{_e(node["name"])}" '
+            f'data-free="{gpus["free"]}" title="{_e(heatmap.node_title(node))}">'
+            f'<span class="nm">{_e(node["name"])}</span>{groups}{why}{pods + "</small>" if pods else ""}</div>')
+
+
+def find(block: dict, name: str, path: tuple[dict, ...] = ()) -> tuple[dict, ...]:
+    """The blocks from the cluster down to the one named `name` (first found), or ()."""
+    path = path + (block,)
+    if block["name"] == name:
+        return path
+    for child in block.get("children", ()):
+        found = find(child, name, path)
+        if found:
+            return found
+    return ()
+
+
+def _detail(data: dict, live: bool) -> Iterator[str]:
+    """The detail below the overview: the selected domain (`focus`), else the whole tree, every
+    node drawn when they are few enough, else down to the domains the overview draws."""
+    tree, selection = data["tree"], data["selection"]
+    leaf_level = data["levels"][-1] if data["levels"] else ""
+    path = find(tree, selection["focus"]) if selection["focus"] else ()
+    if path:
+        trail = " &gt; ".join(_e(block["name"]) for block in path)
+        yield f'<h2 id="detail">Detail: {trail}</h2>'
+        block, above = path[-1], ""
+    else:
+        yield f'<h2 id="detail">Detail: {"every node" if data["nodes_drawn"] else "the domains"}</h2>'
+        if selection["focus"]:
+            yield f'<div class="note">no domain is named {_e(selection["focus"])}</div>'
+        block, above = tree, "" if data["nodes_drawn"] else data["overview"]["level"]
+        if not data["nodes_drawn"]:
+            yield (f'<div class="note">{data["gpu_node_count"]} GPU nodes: more than {data["node_detail_limit"]}, '
+                   "so nodes are drawn only for one domain at a time"
+                   + (": click it in the overview" if live else "") + "</div>")
+    legend = "".join(f"<span><i class={_CLASSES[part]}></i> {part}</span>" for part in COLOURS)
+    yield (f'<div class="legend">{legend}<span>a cell per GPU, grouped by NVLink domain; hover a block for the pods '
+           "that fit in it now</span></div>")
+    yield f'<div class="c">{_domain(block, selection, live, leaf_level, above)}</div>'
 
 
 def _rows(rows: Iterable[list[str]]) -> str:
@@ -148,17 +178,19 @@ def _rows(rows: Iterable[list[str]]) -> str:
 
 def _workloads(entries: list[dict]) -> str:
     if not entries:
-        return "<p>No admissions recorded in this process yet.</p>"
+        return "<p>No admissions recorded yet.</p>"
     rank = {outcome: i for i, outcome in enumerate(_OUTCOME_ORDER)}
     ordered = sorted(entries, key=lambda e: (rank.get(e["outcome"], len(rank)), e["age_s"]))
+    replicas = any(e.get("replica") for e in entries)  # offline (mutate --html) there is only this run
     body = _rows([
         f'<td>{_e(e["kind"])} {_e(e["namespace"])}/{_e(e["name"])}</td>',
         f'<td class="o-{_e(e["outcome"])}">{_e(e["outcome"])}{" (" + _e(e["code"]) + ")" if e["code"] else ""}</td>',
         f'<td class="r">{e["gpus"] or ""}</td>', f'<td>{_e(e["domain"] or "")}</td>',
         "<td><ul>" + "".join(f"<li>{_e(reason)}</li>" for reason in e["reasons"]) + "</ul></td>",
-        f'<td class="r">{_age(e["age_s"])}</td>'] for e in ordered)
-    return ("<table><tr><th>Workload</th><th>Outcome</th><th>GPUs</th><th>Domain</th><th>Why</th><th>Ago</th></tr>"
-            f"{body}</table>")
+        f'<td class="r">{_age(e["age_s"])}</td>'] + ([f'<td>{_e(e["replica"])}</td>'] if replicas else [])
+        for e in ordered)
+    return ("<table><tr><th>Workload</th><th>Outcome</th><th>GPUs</th><th>Domain</th><th>Why</th><th>Ago</th>"
+            + ("<th>Replica</th>" if replicas else "") + f"</tr>{body}</table>")
 
 
 def _holds(rows: list[dict], total: int) -> str:
@@ -203,17 +235,14 @@ def _form(selection: dict) -> str:
 
 
 def render(data: dict, refresh_seconds: int = 0, live: bool = True) -> str:
-    """The page for a snapshot. `live`: served (a filter form, links that open aggregated
-    domains); otherwise a file (offline `mutate --html`)."""
+    """The page for a snapshot: the overview, then the detail of the selected domain, then the
+    workloads, holds and nodes out of service. `live`: served (a filter form, links that open a
+    domain); otherwise a file (offline `mutate --html`)."""
     tree, selection = data["tree"], data["selection"]
     gpus = tree["gpus"]
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(data["generated_at"]))
     refresh = f'<meta http-equiv="refresh" content="{refresh_seconds}">' if refresh_seconds else ""
-    legend = "".join(f"<span><i class={_CLASSES[part]}></i> {part}</span>" for part in COLOURS)
     notes = []
-    if not data["nodes_drawn"]:
-        notes.append(f'{data["gpu_node_count"]} GPU nodes: more than {data["node_detail_limit"]}, so the tree is '
-                     "drawn down to domains" + (" (a domain's node count opens it)" if live else ""))
     if selection["namespace"] or selection["workload"]:
         notes.append("outlined: where the selected workloads are placed or held")
     if data.get("namespaces_shown") is not None:
@@ -227,19 +256,18 @@ def render(data: dict, refresh_seconds: int = 0, live: bool = True) -> str:
     return "".join([
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">', refresh,
         '<meta name="viewport" content="width=device-width,initial-scale=1">',
-        f"<title>GPU topology &middot; {gpus['free']} of {gpus['total']} free</title><style>{_STYLE}</style></head><body>",
-        "<h1>GPU topology</h1>",
-        f'<div class="meta">{when} &middot; {data["gpu_node_count"]} GPU nodes'
+        f"<title>GPU topology &middot; {gpus['free']} of {gpus['total']} free</title>"
+        f"<style>{_STYLE}{heatmap.STYLE}</style></head><body>",
+        f'<h1>GPU topology <small class="meta">{when} &middot; {data["gpu_node_count"]} GPU nodes'
         + (f' of {data["node_count"]}' if data["node_count"] != data["gpu_node_count"] else "") + ' &middot; levels '
         f'{_e(" > ".join(data["levels"] + ["node"]))}'
-        + (f" &middot; refreshes every {refresh_seconds} s" if refresh_seconds else "") + "</div>",
+        + (f" &middot; refreshes every {refresh_seconds} s" if refresh_seconds else "") + "</small></h1>",
         f'<div class="sum"><b>{gpus["total"]} GPUs</b><b>{gpus["used"]} used</b><b>{gpus["held"]} held</b>'
         f'<b>{gpus["free"]} free</b><b>{gpus["out"]} out of service</b>'
-        f'<b>{_room(tree)} now</b></div>',
-        f'<div class="legend">{legend}<span>hover a block for the pods that fit in it now</span></div>',
-        _form(selection) if live else "",
+        f'<b>{_e(room(tree))} now</b>{_form(selection) if live else ""}</div>',
         "".join(f'<div class="note">{note}</div>' for note in notes),
-        f'<div class="c">{_domain(tree, selection, live, data["levels"][-1] if data["levels"] else "")}</div>',
+        heatmap.overview(data, live),
+        *_detail(data, live),
         f"<h2>Workloads{filtered}</h2>", _workloads(data["workloads"]),
         f"<h2>Holds{filtered}</h2>", _holds(data["holds"], data["holds_total"]),
         "<h2>Out of service</h2>", _out_of_service(data["out_of_service"], data["out_of_service_total"]),

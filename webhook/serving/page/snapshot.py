@@ -12,76 +12,23 @@ out, so a domain's numbers equal the sum of its nodes' without visiting every no
 """
 from __future__ import annotations
 
-import re
-import threading
-from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Sequence, cast
+from typing import Iterable, Iterator, Sequence, cast
 
-from ...admission import AdmissionOutcome, AdmissionResult
-from ...core.gpus import nvlink_groups
+from ...admission import AdmissionOutcome
 from ...state.index import ClusterIndex
-from ...state.stats import reserved_on
 from ...state.tree import Domain, NodeState
+from ...admission.recent import NODES_PER_ENTRY, RecordedDecision
+from .nodes import gpu_states, natural, node_counts, split_key, state_of
 
 SCHEMA_VERSION = 1
-RECENT_DECISIONS = 500  # decisions kept for the page, newest last
 NODE_DETAIL_LIMIT = 2000  # above this many nodes, nodes are drawn only inside a focused domain
+HEATMAP_NODE_LIMIT = 10_000  # up to this many GPU nodes the overview has a cell per node; above, per domain
 BLOCK_LIMIT = 5000  # blocks are drawn down to the deepest level with at most this many domains
 LIST_LIMIT = 500  # holds and out-of-service nodes listed (all are counted)
-NODES_PER_ENTRY = 64  # node names listed per decision or hold
 FILTER_MAX_CHARS = 253  # a namespace or name filter longer than any Kubernetes name is cut
-_NOT_RECORDED = (AdmissionOutcome.IGNORED,)  # every pod of every template would crowd out the decisions
-_DIGITS = re.compile(r"(\d+)")
-USED, HELD, FREE, OUT = "u", "h", "f", "x"  # one letter per GPU in a node's NVLink groups
-
-
-@dataclass(frozen=True)
-class RecordedDecision:
-    """One admission the page lists: who, what was decided and why; no part of the object."""
-
-    at: float  # wall-clock seconds
-    namespace: str
-    kind: str
-    name: str
-    outcome: str  # AdmissionResult.outcome
-    gpus: int
-    domain: str | None
-    code: str | None
-    reasons: tuple[str, ...]
-    nodes: tuple[str, ...]  # nodes of a placed decision, at most NODES_PER_ENTRY
-
-    @classmethod
-    def of(cls, result: AdmissionResult, at: float) -> "RecordedDecision":
-        decision = result.decision
-        denial = (result.review.get("response") or {}).get("status") or {}
-        reasons = decision.reasons if decision is not None and decision.reasons else (
-            (denial["message"],) if denial.get("message") else result.warnings)
-        return cls(at=at, namespace=result.namespace, kind=result.kind, name=result.name, outcome=result.outcome,
-                   gpus=decision.request.total_gpus if decision is not None else 0,
-                   domain=str(decision.scope) if decision is not None and decision.scope is not None else None,
-                   code=decision.code if decision is not None else None,
-                   reasons=reasons,
-                   nodes=decision.nodes[:NODES_PER_ENTRY] if decision is not None else ())
-
-
-class RecentDecisions:
-    """The last decisions of this process, bounded; admission threads record, the page reads."""
-
-    def __init__(self, size: int = RECENT_DECISIONS):
-        self._entries: deque[RecordedDecision] = deque(maxlen=size)
-        self._lock = threading.Lock()
-
-    def record(self, result: AdmissionResult, at: float) -> None:
-        if result.outcome in _NOT_RECORDED:
-            return
-        entry = RecordedDecision.of(result, at)
-        with self._lock:
-            self._entries.append(entry)
-
-    def entries(self) -> list[RecordedDecision]:
-        with self._lock:
-            return list(self._entries)
+WORKLOADS_PER_NODE = 8  # workloads named per node (its pods' reservations); the rest are counted
+CELL_CHUNK = 250  # the overview's cells are read this many nodes at a time, each time under the index lock
 
 
 @dataclass(frozen=True)
@@ -112,51 +59,14 @@ class Selection:
                 and self.workload.lower() in name.lower())
 
 
-def natural(name: str) -> tuple:
-    """leaf-2 before leaf-10."""
-    return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(name))
-
-
-def node_counts(node: NodeState) -> dict[str, int]:
-    """total = used + held + free + out. Free is what placement counts on; of the rest, pods come
-    first (a pod the scheduler bound onto held GPUs is real, the hold is a promise) and what
-    neither takes on an out-of-service node is out."""
-    free = node.free
-    used = min(node.used, node.gpus - free)
-    held = reserved_on(node)
-    return {"total": node.gpus, "used": used, "held": held, "free": free, "out": node.gpus - free - used - held}
-
-
-def gpu_states(node: NodeState, counts: dict[str, int]) -> list[str]:
-    """One letter per GPU, grouped by NVLink domain (a GPU in none is a group of its own). The
-    indices come from the pods' and holds' GPU sets; where those overlap (a pod the scheduler put
-    on held GPUs), the letters follow the counts, which are what placement goes by."""
-    used_ids = {i for _, ids in node.pods.values() for i in ids}
-    held_ids = {i for ids in node.held for i in ids}
-    idle = FREE if node.eligible else OUT
-    groups = nvlink_groups(node.nvlink_domains, node.gpus)
-    letters = [USED if i in used_ids else HELD if i in held_ids else idle for group in groups for i in group]
-    wanted = {USED: counts["used"], HELD: counts["held"], FREE: counts["free"], OUT: counts["out"]}
-    excess = {letter: letters.count(letter) - amount for letter, amount in wanted.items()}
-    if any(excess.values()):
-        missing = iter([letter for letter, extra in excess.items() for _ in range(-extra)])
-        for position in reversed(range(len(letters))):
-            if excess[letters[position]] > 0:
-                excess[letters[position]] -= 1
-                letters[position] = next(missing)
-    text = "".join(letters)
-    out, start = [], 0
-    for group in groups:
-        out.append(text[start:start + len(group)])
-        start += len(group)
-    return out
-
-
-def split_key(key: str) -> tuple[str, str, str]:
-    """namespace, kind, name of a reservation key (namespace/Kind/name)."""
-    namespace, _, rest = key.partition("/")
-    kind, _, name = rest.partition("/")
-    return namespace, kind, name
+def nodes_below(domain: Domain) -> Iterator[list[NodeState]]:
+    """The nodes under `domain`, in lists by their domain at the last level, those in natural order."""
+    children = list(domain.children.values())
+    if children and isinstance(children[0], Domain):
+        for child in sorted(cast("list[Domain]", children), key=lambda child: natural(child.ref.name)):
+            yield from nodes_below(child)
+    else:
+        yield cast("list[NodeState]", children)
 
 
 class _Reader:
@@ -170,6 +80,10 @@ class _Reader:
         self.sizes = sorted({g for g in (1, 2, 4, 8, 16, 32, 64) if g <= self.width} | {self.width})
         self.gpu_nodes = sum(1 for node in index.nodes.values() if node.gpus > 0)
         self.draw_all = self.gpu_nodes <= NODE_DETAIL_LIMIT
+        self.node_cells = self.gpu_nodes <= HEATMAP_NODE_LIMIT
+        self.workload_of = index.pods.reservations  # bound pod key -> the reservation key it carries
+        # The overview's cells: each block's nodes by domain, listed under the lock, read by make_cells.
+        self.unmade: list[tuple[dict, list[list[NodeState]]]] = []
         levels = index.levels
         # The deepest level drawn as blocks; below it only a focused domain opens.
         self.block_depth = max((depth for depth, level in enumerate(levels) if len(level) <= BLOCK_LIMIT), default=-1)
@@ -199,17 +113,18 @@ class _Reader:
         total = domain.alloc_gpus + extra["out_total"]
         used = total - domain.free_gpus - extra["held"] - extra["out"]
         largest_pod = domain.most_free
+        gpus = {"total": total, "used": used, "held": extra["held"], "free": domain.free_gpus, "out": extra["out"]}
         block = {
             "level": domain.ref.level_name, "name": domain.ref.name,
             "nodes": domain.nodes,
-            "gpus": {"total": total, "used": used, "held": extra["held"], "free": domain.free_gpus,
-                     "out": extra["out"]},
+            "gpus": gpus,
             "utilization": round(1 - domain.free_gpus / domain.alloc_gpus, 4) if domain.alloc_gpus else 0.0,
             "partly_used_nodes": domain.partly_used,
             "pods_fitting": {str(g): domain.fits_now(g) for g in self.sizes},
             "largest_pod_gpus": largest_pod,
             "largest_job_gpus": self.width * domain.fits_now(self.width),
             "marked": id(domain) in self.marked_domains,
+            "state": state_of(gpus),
         }
         open_nodes = open_nodes or self.draw_all or (bool(self.selection.focus) and domain.ref.name == self.selection.focus
                                                      and domain.nodes <= NODE_DETAIL_LIMIT)
@@ -223,16 +138,61 @@ class _Reader:
                 block["children"] = [self.domain(child, open_nodes) for child in deeper]
             else:
                 block["hidden_domains"] = len(deeper)
+                if self.node_cells:
+                    self.detach(block, domain)
         elif open_nodes:
             nodes = sorted(cast("list[NodeState]", children), key=lambda node: natural(node.name))
             block["node_list"] = [self.node(node) for node in nodes if node.gpus > 0]
             block["nodes_without_gpus"] = sum(1 for node in nodes if node.gpus == 0)
+        elif self.node_cells:
+            self.detach(block, domain)
         return block
 
     def node(self, node: NodeState) -> dict:
         counts = node_counts(node)
         return {"name": node.name, "out": node.out, "gpus": counts, "nvlink": gpu_states(node, counts),
-                "marked": node.name in self.marked}
+                "marked": node.name in self.marked, "state": state_of(counts, bool(node.out)),
+                "pods": len(node.pods), "workloads": self.workloads(node)}
+
+    def detach(self, block: dict, domain: Domain) -> None:
+        """List the nodes of `domain` for its cells (`make_cells`, after this lock)."""
+        self.unmade.append((block, list(nodes_below(domain))))
+
+    def make_cells(self) -> None:
+        """Every block's cells, CELL_CHUNK nodes at a time, each chunk under the index lock: an
+        admission waits behind a chunk (a few ms), never behind all 10,000. So a cell may be read a
+        few ms after its domain's sums were."""
+        nodes = [node for _, groups in self.unmade for group in groups
+                 for node in sorted(group, key=lambda node: natural(node.name)) if node.gpus > 0]
+        cells: list[dict] = []
+        for start in range(0, len(nodes), CELL_CHUNK):
+            with self.index.lock:
+                cells.extend(self.cell(node) for node in nodes[start:start + CELL_CHUNK])
+        made = iter(cells)
+        for block, groups in self.unmade:
+            block["cells"] = [next(made) for group in groups for node in group if node.gpus > 0]
+
+    def cell(self, node: NodeState) -> dict:
+        """A node in short, for the overview: what `node` says less what its letters say again."""
+        counts = node_counts(node)
+        cell = {"name": node.name, "state": state_of(counts, bool(node.out)), "nvlink": gpu_states(node, counts),
+                "pods": len(node.pods)}
+        if node.out:
+            cell["out"] = node.out
+        if node.name in self.marked:
+            cell["marked"] = True
+        workloads = self.workloads(node) if node.pods else []
+        if workloads:
+            cell["workloads"] = workloads
+        return cell
+
+    def workloads(self, node: NodeState) -> list[str]:
+        """The workloads (namespace/Kind/name) whose pods run on `node`, of the selected namespaces,
+        at most WORKLOADS_PER_NODE: from the reservation each pod we placed carries."""
+        keys = {self.workload_of.get(pod) for pod in node.pods}
+        keys.discard(None)
+        seen = sorted(key for key in cast("set[str]", keys) if self.selection.matches(*split_key(key)[::2]))
+        return seen[:WORKLOADS_PER_NODE]
 
     def holds(self, now: float) -> tuple[list[dict], int]:
         """Holds of the selected workloads, soonest expiry first: made at admission (with their
@@ -309,6 +269,7 @@ def snapshot(index: ClusterIndex, decisions: Sequence[RecordedDecision], now: fl
         tree = reader.domain(index.root)
         levels = [level.name for level in index.config.levels]
         node_count = len(index.nodes)
+    reader.make_cells()
     return {
         "version": SCHEMA_VERSION,
         "generated_at": round(now, 3),
@@ -317,12 +278,15 @@ def snapshot(index: ClusterIndex, decisions: Sequence[RecordedDecision], now: fl
         "gpu_node_count": reader.gpu_nodes,
         "nodes_drawn": reader.draw_all,
         "node_detail_limit": NODE_DETAIL_LIMIT,
+        "overview": {"cells": "nodes" if reader.node_cells else "domains", "node_limit": HEATMAP_NODE_LIMIT,
+                     "level": levels[reader.block_depth] if reader.block_depth >= 0 else "cluster"},
         "selection": {"namespace": selection.namespace, "workload": selection.workload, "focus": selection.focus},
         "namespaces_shown": None if selection.namespaces is None else sorted(selection.namespaces),
         "tree": tree,
         "workloads": [{"namespace": e.namespace, "kind": e.kind, "name": e.name, "outcome": e.outcome,
                        "gpus": e.gpus, "domain": e.domain, "code": e.code, "reasons": list(e.reasons),
-                       "nodes": list(e.nodes), "age_s": round(max(0.0, now - e.at), 1)} for e in workloads],
+                       "nodes": list(e.nodes), "age_s": round(max(0.0, now - e.at), 1), "replica": e.replica}
+                      for e in workloads],
         "holds": holds, "holds_total": holds_total,
         "out_of_service": out_rows, "out_of_service_total": out_total,
     }
