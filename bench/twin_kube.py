@@ -78,7 +78,8 @@ def job_manifest(job: Job, name: str, mode: Mode, foreign: bool, required: Kueue
     suspended, a multi-pod job with the TAS annotation the simulator's model gives it (`required`:
     policies.KueueBestFit in the required mode, reset on the cluster); a foreign job bare, kept to
     its stream's `partition` by a nodeSelector where there is one (its flavor keeps Kueue's there)
-    and to the nodes it had in the simulation (`pinned`, when it started there) by a node affinity."""
+    and steered to the nodes it had in the simulation (`pinned`, when it started there) by a preferred
+    node affinity, which outweighs kube-scheduler's resource scores."""
     asks = {"cpu": str(CPU_PER_GPU * job.gpus_per_pod), "memory": f"{MEMORY_PER_GPU_GI * job.gpus_per_pod}Gi"}
     template: dict = {"metadata": {"annotations": dict(KWOK_TIMES)}, "spec": {
         "restartPolicy": "Never", "containers": [{"name": "trainer", "image": "busybox", "resources": {
@@ -88,10 +89,10 @@ def job_manifest(job: Job, name: str, mode: Mode, foreign: bool, required: Kueue
     if foreign:
         if partition:
             template["spec"]["nodeSelector"] = {PARTITION: partition}
-        if pinned:
-            template["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": "kubernetes.io/hostname", "operator": "In", "values": list(pinned)}]}]}}}
+        if pinned:  # preferred, not required: where the twin has parted from the simulation, it goes elsewhere
+            template["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "preference": {"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": list(pinned)}]}}]}}
         return out
     if not mode.kueue:
         out["metadata"]["annotations"]["topology.scheduler/placement-strategy"] = "consolidated"

@@ -106,8 +106,8 @@ class Replay:
                  partition: str = "") -> None:
         self.kube, self.namespace, self.mode, self.charge, self.names = kube, namespace, mode, charge, names
         self.partition = partition
-        # Each foreign job's nodes in the simulation, by their real names: kube-scheduler breaks its
-        # ties at random, and ours and Kueue pack next to whatever it placed first.
+        # Each foreign job's nodes in the simulation, by their real names, which it is steered to:
+        # kube-scheduler breaks its ties at random, and ours and Kueue pack next to what it placed first.
         real = {sim: name for name, sim in names.items()}
         self.pinned = {job_id: tuple(dict.fromkeys(real[n] for n in nodes)) for job_id, nodes in foreign.items()}
         self.required, self.pace, self.timeout_s = required, pace, timeout_s

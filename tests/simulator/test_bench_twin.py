@@ -132,7 +132,7 @@ def test_bad_arguments_are_refused_with_a_message(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_a_foreign_job_is_pinned_to_its_simulated_nodes_and_asks_cpu_in_proportion():
+def test_a_foreign_job_is_steered_to_its_simulated_nodes_and_asks_cpu_in_proportion():
     required = twin_kube.KueueBestFit("required")
     job = Job("f", 0.0, 10.0, 2, 4)
     manifest = twin_kube.job_manifest(job, "job-0", twin_kube.MODES["kueue"], True, required, "p1",
@@ -140,7 +140,8 @@ def test_a_foreign_job_is_pinned_to_its_simulated_nodes_and_asks_cpu_in_proporti
     pod = manifest["spec"]["template"]["spec"]
     assert "labels" not in manifest["metadata"]  # not queued in Kueue: kube-scheduler's
     assert pod["nodeSelector"] == {twin_kube.PARTITION: "p1"}
-    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms[0]["matchExpressions"][0]["values"] == ["gpu-s1-l1-n1", "gpu-s1-l1-n2"]
+    # preferred: a node taken in the twin but free in the simulation must not hold the job back
+    terms = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert terms[0]["preference"]["matchExpressions"][0]["values"] == ["gpu-s1-l1-n1", "gpu-s1-l1-n2"]
     # kube-scheduler scores cpu and memory: in proportion to the GPUs, it spreads by GPUs
     assert pod["containers"][0]["resources"]["requests"] == {"cpu": "48", "memory": "948Gi"}
