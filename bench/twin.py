@@ -139,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=JOBS, help="jobs of each stream replayed, from its start "
                                                                "(default: %(default)s)")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
-    parser.add_argument("--pace", type=float, default=1.0,
-                        help="virtual seconds per wall second while the stack may act (default: %(default)s); at "
-                             "most 1%% of each stream's median job per second of the releaser's or Kueue's period")
+    parser.add_argument("--pace", type=float,
+                        help="virtual seconds per wall second while the stack may act (default: 1, or less where a "
+                             "stream needs it); at most 1%% of each stream's median job per second of the releaser's "
+                             "or Kueue's period")
     parser.add_argument("--timeout", type=float, default=900.0, metavar="S", help="wall seconds per replay "
                                                                                     "(default: %(default)s)")
     parser.add_argument("--state", help="folder for the clusters' state (default: a temporary one)")
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         network = simulate.parse_network(args.network)
     except ValueError as error:
         parser.error(str(error))
-    if args.jobs < 2 or args.pace <= 0 or args.timeout <= 0 or (args.seeds is None and args.n_seeds < 1):
+    if args.jobs < 2 or (args.pace is not None and args.pace <= 0) or args.timeout <= 0 or (args.seeds is None and args.n_seeds < 1):
         parser.error("--jobs must be 2 or more, --pace, --timeout and --n-seeds above 0")
     seen = sorted(set(args.seeds or ()) & evaluate.SEEN_SEEDS)
     if seen and not args.allow_seen:
@@ -161,12 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seeds {' '.join(map(str, seeds))} (repeat with --seeds {' '.join(map(str, seeds))}"
           f"{' --allow-seen' if seen else ''})", flush=True)
     began = time.monotonic()
-    streams = []
+    streams, paces = [], []
     for trace in args.traces:
         for seed in seeds:
             scenario, workload = stream_of(trace, seed, network, args.jobs)
             fastest = max_pace(job.duration_s for job in workload.jobs)
-            if args.pace > fastest:
+            paces.append(fastest)
+            if args.pace is not None and args.pace > fastest:
                 parser.error(f"--pace {args.pace:g}: {trace} seed {seed}'s median job is {100 * fastest:.0f} s, so "
                              f"a 1 s period is 1% of it only at pace {fastest:.2f} or less")
             stream = Stream(trace, seed, scenario, workload, foreign_jobs(workload.jobs, Runtime().foreign_share, seed))
@@ -175,12 +177,13 @@ def main(argv: list[str] | None = None) -> int:
             streams.append(stream)
     print(f"simulated {len(streams)} streams x {len(args.policies)} policies in {time.monotonic() - began:.0f} s",
           flush=True)
+    pace = args.pace if args.pace is not None else min(1.0, *paces)
     with tempfile.TemporaryDirectory(prefix="twin-") as scratch:
-        twin(streams, tuple(args.policies), pathlib.Path(args.state or scratch), network, args.pace, args.timeout)
+        twin(streams, tuple(args.policies), pathlib.Path(args.state or scratch), network, pace, args.timeout)
     wall = time.monotonic() - began
     command = (f"nice .venv/bin/python bench/twin.py --seeds {' '.join(map(str, seeds))}"
                + (" --allow-seen" if seen else "") + f" --traces {' '.join(args.traces)} --network {args.network}"
-               + f" --jobs {args.jobs}" + (f" --pace {args.pace:g}" if args.pace != 1 else "")
+               + f" --jobs {args.jobs}" + (f" --pace {pace:.2f}" if pace != 1 else "")
                + (f" --policies {' '.join(args.policies)}" if tuple(args.policies) != POLICIES else ""))
     text, table = render(streams, tuple(args.policies), seeds, command, wall, machine())
     print(text)
