@@ -10,7 +10,8 @@
 - docs/reference/cli.md: every command and flag of webhook.cli.build_parser(), with their help;
 - docs/reference/annotations.md and what-we-write.md: every annotation of INPUT_ANNOTATIONS
   (webhook/objects/user_annotations.py) and OUTPUT_ANNOTATIONS (webhook/core/injection.py), in
-  their order, each with the comment right above the constant that names it in the tuple.
+  their order, each with the comment right above the constant that names it in the tuple; and
+  each strategy of webhook/core/strategies.py's REGISTRY with its line.
 
 Each page keeps its hand-written prose: only the part between the markers BEGIN and END is written.
 
@@ -166,14 +167,14 @@ def settings_body(page: pathlib.Path) -> str:
 def _label_meanings() -> dict[tuple[str, str], Mapping[str, str] | str]:
     """Per (metric, label): its values and what each means, from the constants of the code that
     counts them; or, for a label whose values are open (names, versions), what it holds."""
-    from webhook.core.model import Strategy
+    from webhook.core.strategies import REGISTRY as STRATEGIES
     from webhook.kube import releaser, scaleups
     from webhook.admission import OUTCOMES
     from webhook.credentials import access
     from webhook.serving import app
     from webhook.serving import metrics as m
 
-    strategies = enumerate_words([code(s.value) for s in Strategy]
+    strategies = enumerate_words([code(s.value) for s in STRATEGIES]
                                  + ["`none` (no placement decision: an invalid or suspended object, say)"])
     return {
         (m.DECISIONS, "kind"): "the workload's kind as the review names it (`Job`, `PyTorchJob`, ...; `unknown` "
@@ -386,6 +387,20 @@ def annotations_body(page: pathlib.Path) -> str:
         if not marker:
             raise SystemExit(f"{key}: end its comment with `Default: ...` (what applies when it is not set)")
         out.append(f"| `{key}` | {cell(relink(values.strip(), page))} | {cell(relink(default.rstrip('.'), page))} |")
+    return "\n".join(out) + "\n\n" + strategies_body(page)
+
+
+def strategies_body(page: pathlib.Path) -> str:
+    """Each registered strategy (webhook/core/strategies.py) with its line, the default marked."""
+    from webhook.core.strategies import DEFAULT, REGISTRY
+    from webhook.objects.user_annotations import STRATEGY
+
+    said = dict(annotations_of("INPUT_ANNOTATIONS", "webhook.objects.user_annotations"))[STRATEGY]
+    if not said.rstrip(".").endswith(f"Default: `{DEFAULT.value}`"):
+        raise SystemExit(f"{STRATEGY}: its comment's default is not the registry's, `{DEFAULT.value}`")
+    out = ["## Strategies", "", "| Strategy | What it does |", "|---|---|"]
+    out += [f"| `{name.value}`{' (default)' if name is DEFAULT else ''} | {cell(relink(rules.doc, page))} |"
+            for name, rules in REGISTRY.items()]
     return "\n".join(out) + "\n"
 
 
@@ -420,7 +435,8 @@ PAGES: dict[str, tuple[str, Callable[[pathlib.Path], str]]] = {
     "docs/reference/metrics.md": ("webhook/serving/metrics.py and the constants it counts", metrics_body),
     "docs/reference/cli.md": ("webhook/cli/ (build_parser and each command's register)", cli_body),
     "docs/reference/annotations.md": ("the comments of INPUT_ANNOTATIONS' constants (webhook/objects/user_annotations.py, "
-                                      "groups.py)", annotations_body),
+                                      "groups.py) and the strategies' registry (webhook/core/strategies.py)",
+                                      annotations_body),
     "docs/reference/what-we-write.md": ("the comments of OUTPUT_ANNOTATIONS' constants (webhook/core/injection.py)",
                                         written_body),
     "docs/reference/kinds.md": ("REGISTRY (webhook/objects/kinds.py)", kinds_body),

@@ -117,7 +117,7 @@ def measure(nodes: int) -> dict:
 
     from webhook.admission import make_review
     from webhook.serving.app import create_app
-    from webhook.kube.clusterview import ApiFeed
+    from webhook.cli.live import live_view
     from webhook.serving.paths import MUTATE_PATH
     from webhook.settings.config import Config
     from webhook.serving.metrics import Metrics
@@ -130,7 +130,7 @@ def measure(nodes: int) -> dict:
     server.start()
     url = ours.recv()
     baseline = rss_mib()
-    view = ApiFeed(Config(), ApiClient(Configuration(host=url)))
+    view = live_view(Config(), ApiClient(Configuration(host=url)))
     started = time.monotonic()
     view.start()
     assert view.wait_synced(240), view.readiness()[1]

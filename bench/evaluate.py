@@ -105,6 +105,14 @@ SEEN_SEEDS = frozenset(
     259410232, 1355816802, 1284513783, 834231248, 1538783033, 58143219, 1980924040, 1225563867, 568155659,
     257924388, 998468, 1904932464, 1624020321, 357155961, 1277307067, 1177791158, 1740925564, 1080408829,
     484235223, 2054483516, 269129662, 218339059, 185732708, 1315785826,
+    # issue 60 item 2's second draw, looked at while a wait for a tighter domain was tuned (bench/RESULTS.md):
+    179983130, 772405738, 237688675, 1808068139, 2028031601, 1553459832, 160059700, 1598075197,
+    93922834, 1807760411, 1532449529, 698882545, 1202928886, 405650142, 1806632458, 93318791,
+    286035530, 1634760102, 452933168, 1859638630, 2020750765, 1419911330, 347622577, 726344451,
+    # issue 60 item 2's fresh draw, which judged the wait for a tighter domain (bench/RESULTS.md, 28 Nov 2026):
+    57086047, 822756989, 682747750, 1492211021, 732043932, 166788522, 328295720, 1533089553, 97890270,
+    1708057221, 1461648861, 845695239, 1701794947, 1696862663, 616209304, 962806770, 90672792,
+    454760315, 1916776441, 1699715901, 2023678806, 1907562504, 1685110320, 2103677972,
     # named in bench/README.md (the earlier evaluations, ablations and diagnoses it reports):
      60833272, 236721654, 241253371, 298103299, 345555412, 378710505, 450890282, 524439916, 551962432,
      568943612, 764050423, 1004390849, 1040811301, 1117610920, 1225242151, 1279204877, 1622125143,
@@ -533,6 +541,21 @@ def render(rows, seeds, gpus: int, wall_s: float, command: str, resumed: int = 0
 VERDICTS = ("ahead", "level", "behind", "inconclusive")
 
 
+def ablation_cards(results: dict[str, dict], cells, seeds, ablated: Sequence[str], kueues: Sequence[str]) -> str:
+    """Each ablation in the scorecard's terms: the must-holds it would meet in ours' place, and ours
+    (every rule on) against it, per network (M3 is against Kueue preferred only, so it has no row)."""
+    lines = []
+    for variant in ablated:
+        own = {network: scorecard.scorecard(mine, cells, seeds, variant, kueues, scorecard.rng_for(seeds, network))
+               for network, mine in results.items()}
+        lines += [f"#### Ablation {variant}", "", "Its must-holds in ours' place, on the same streams:", ""]
+        lines += [f"- {line}" for line in scorecard.must_holds(own)] + ["", f"Ours against {variant}:", ""]
+        for network, mine in results.items():
+            lines.append(scorecard.render(scorecard.scorecard(mine, cells, seeds, OURS, [variant],
+                                                              scorecard.rng_for(seeds, network)), network))
+    return "\n".join(lines)
+
+
 def scorecard_section(by_network: dict[str, list], seeds, gpus: int, wall_s: float, command: str, resumed: int,
                       conditions: str) -> str:
     """The scorecard of every network (bench/scorecard.py): the summary README quotes, the must-holds
@@ -683,8 +706,10 @@ def main(argv: list[str] | None = None) -> int:
                + "".join(f" {flag}" for flag in simulate.runtime_flags(runtime) + simulate.streams_flags(args.streams)))
     by_network: dict[str, list] = {}
     kueues = [key for key in ("kueue", *KUEUE_MODES) if key in baselines]
+    by_network_results: dict[str, dict] = {}
     for network in networks:  # each network its own call of verdicts: its own Holm families
         mine = {key[1:]: summary for key, summary in results.items() if key[0] == network}
+        by_network_results[simulate.network_text(network)] = mine
         present = {key[-1] for key in mine}
         configured = tuple(dict.fromkeys(configured_variant(v, f) for f in factors for v in OURS_VARIANTS
                                          if configured_variant(v, f) in present))
@@ -701,6 +726,8 @@ def main(argv: list[str] | None = None) -> int:
                               f"{gpus}, {conditions}" if conditions else gpus)
     card = scorecard_section(by_network, seeds, gpus, wall, command, resumed,
                              f"{simulate.runtime_text(runtime)}, streams v{args.streams}")
+    if args.scorecard and ablations:
+        card += "\n" + ablation_cards(by_network_results, cells, seeds, variants[1:], kueues)
     print(card)
     if args.write:
         report.write_into(RESULTS_PATH, card, f"scorecard, {gpus}")

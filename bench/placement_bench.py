@@ -29,6 +29,7 @@ import platform
 import random
 import statistics
 import time
+from typing import Hashable
 
 from webhook.objects.feed import index_of
 from webhook.objects import feed
@@ -77,12 +78,12 @@ def decision_times(index: ClusterIndex, requests: list[PlacementRequest], repeat
     return interleaved_times({0: index}, requests, repeat)[0]
 
 
-def interleaved_times(indexes: dict[int, ClusterIndex], requests: list[PlacementRequest], repeat: int,
-                      block: int = 600) -> dict[int, list[float]]:
+def interleaved_times(indexes: dict[Hashable, ClusterIndex], requests: list[PlacementRequest], repeat: int,
+                      block: int = 600) -> dict[Hashable, list[float]]:
     """Seconds each of `repeat` decisions took on every index, going round `requests`, timed in
     alternating blocks of `block` decisions so that the machine's drift falls on every index alike."""
     gc.collect()
-    times: dict[int, list[float]] = {size: [] for size in indexes}
+    times: dict[Hashable, list[float]] = {size: [] for size in indexes}
     for start in range(0, repeat, block):
         for size, index in indexes.items():
             for i in range(start, min(repeat, start + block)):
@@ -97,11 +98,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def built(size: int) -> tuple[ClusterIndex, list[dict], float]:
+def built(size: int, config: Config = Config()) -> tuple[ClusterIndex, list[dict], float]:
     """The index of the bench cluster of `size` nodes, its Node objects and the seconds it took to build."""
     nodes, pods = cluster(size)
     started = time.perf_counter()
-    index = index_of(Config(), nodes, pods)
+    index = index_of(config, nodes, pods)
     return index, nodes, time.perf_counter() - started
 
 
@@ -173,13 +174,43 @@ def run(size: int, index: ClusterIndex, nodes: list[dict], build: float, cold: l
             "wait_p50_ms": percentile(waits, .5) * 1e3, "wait_p99_ms": percentile(waits, .99) * 1e3}
 
 
+def against(sizes: list[int], settings: dict[str, float], repeat: int, runs: int) -> None:
+    """Decision p50 and p99 with the default settings and with `settings` (say, a rule switched on
+    or off), on indexes of each size built side by side and timed interleaved."""
+    shapes = [PlacementRequest("bench", pods_, gpus, Strategy.CONSOLIDATED) for pods_, gpus in SHAPES]
+    named = " ".join(f"{key}={value:g}" for key, value in settings.items())
+    print(f"| nodes | run | defaults p50 (ms) | p99 (ms) | {named} p50 (ms) | p99 (ms) | p99 defaults / {named} |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for run_ in range(1, runs + 1):
+        indexes = {(size, which): built(size, config)[0] for size in sizes
+                   for which, config in (("new", Config()), ("old", Config(**settings)))}  # type: ignore[arg-type]
+        out_of_the_collectors_way()
+        for index in indexes.values():
+            warmed(index)
+        times = interleaved_times(dict(indexes), shapes, repeat)
+        for size in sizes:
+            new, old = times[size, "new"], times[size, "old"]
+            print(f"| {size} | {run_} | {percentile(new, .5) * 1e3:.3f} | {percentile(new, .99) * 1e3:.3f} "
+                  f"| {percentile(old, .5) * 1e3:.3f} | {percentile(old, .99) * 1e3:.3f} "
+                  f"| {percentile(new, .99) / percentile(old, .99):.2f}x |")
+        gc.unfreeze()
+        gc.collect()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000, 10000])
     parser.add_argument("--repeat", type=int, default=2000,
                         help="decisions timed per figure (default: %(default)s; p99 is then the 20th slowest)")
     parser.add_argument("--runs", type=int, default=1, help="times each size is run, in turn (default: %(default)s)")
+    parser.add_argument("--against", nargs="+", metavar="SETTING=NUMBER",
+                        help="only decision p50 and p99 with the default settings against these (a rule switched on: "
+                             "tight_wait_weight=2), timed interleaved in one run")
     args = parser.parse_args()
+    if args.against:
+        against(args.sizes, {key: float(value) for key, value in (a.split("=", 1) for a in args.against)},
+                args.repeat, args.runs)
+        return
     print(f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}, "
           f"{platform.processor() or 'cpu'}; shapes {SHAPES} consolidated, {args.repeat} decisions per size")
     print("| nodes | index build (s) | first decision per pod size, max (ms) | decision p50 (ms) | p99 (ms) | full scan p50 (ms) | p99 (ms) "

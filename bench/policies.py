@@ -15,7 +15,7 @@ from typing import Callable
 
 from webhook.objects.feed import index_of
 from webhook.objects import feed
-from webhook.core import orderings
+from webhook.core.orderings import DEFAULT as DEFAULT_ORDERINGS, Orderings
 from webhook.core.injection import GPU_IDS as GPU_IDS_ANNOTATION
 from webhook.core.injection import RESERVATION, WAITING_FOR
 from webhook.settings.config import Config
@@ -391,18 +391,20 @@ class Ours(Policy):
 
     `pinned=False` decides the job afresh at every pass, as if nothing had been written on a
     wait: how the simulator ran before 25 Nov 2026, kept to reproduce earlier figures. `settings`
-    replace our default config's (e.g. `protect_waiting_seconds=0` for an ablation, `gate_waits=True`)."""
+    replace our default config's (e.g. `protect_waiting_seconds=0` for an ablation, `gate_waits=True`);
+    `orderings` are the sort keys the index is built with (a rule of ABLATIONS switched off)."""
 
     def __init__(self, strategy: Strategy, network: Network, pinned: bool = True, label: str = "",
-                 **settings: object) -> None:
+                 orderings: Orderings = DEFAULT_ORDERINGS, **settings: object) -> None:
         self.strategy = strategy
+        self.orderings = orderings
         self.config = dataclasses.replace(core_config(network), **settings)  # type: ignore[arg-type]
         self.pinned = pinned
         self.name = f"ours ({strategy.value})" + ("" if pinned else ", re-decided each pass") + label
 
     def reset(self, cluster: SimCluster, seed: int) -> None:
         super().reset(cluster, seed)
-        self.index = index_of(self.config, cluster.node_objects, [], clock=lambda: self.now)
+        self.index = index_of(self.config, cluster.node_objects, [], clock=lambda: self.now, orderings=self.orderings)
         self.labels = [o["metadata"]["labels"] for o in cluster.node_objects]
         self.admitted: dict[tuple[NodeRequirement, ...], list[int]] = {}  # node affinity -> positions of its nodes
         self.waiting: dict[str, tuple[Decision, list[int]]] = {}  # job id -> its wait and the nodes it names
@@ -542,36 +544,27 @@ def kube_scheduler_with_preference(cluster: SimCluster, rng: random.Random, job:
     return pods
 
 
-# Our rules that an ablation switches off, one at a time: the ordering of webhook/core/orderings.py
-# that holds it, and what replaces it (the same order without that rule's term). The core reads
-# its orderings by name at call time, so one replacement switches the rule everywhere it is used.
-ABLATIONS: dict[str, tuple[str, Callable]] = {
+# Our rules that an ablation switches off, one at a time: our orderings (webhook/core/orderings.py)
+# with the key that holds the rule replaced by the same order without that rule's term. An index
+# built with them ranks by them in the decision and in its level orders alike.
+ABLATIONS: dict[str, Orderings] = {
     # a single-node pod goes to a node whose NVLink domain holds it whole, among equally full ones
-    "aligned-first": ("aligned_first", lambda node, gpus: node.name),
+    "aligned-first": dataclasses.replace(DEFAULT_ORDERINGS, aligned_first=lambda node, gpus: (node.name,)),
     # a single-node pod goes down the tree where small jobs already run (else: the fullest first)
-    "small-jobs-first": ("with_small_jobs_first", lambda domain, gpus: (domain.fits_now(gpus), domain.free_gpus,
-                                                                          domain.path)),
+    "small-jobs-first": dataclasses.replace(DEFAULT_ORDERINGS, with_small_jobs_first=lambda domain, gpus: (
+        domain.fits_now(gpus), domain.free_gpus, domain.path)),
     # among equally fitting domains, a multi-node job takes the one with fewer partly used nodes
     # (the key keeps its shape: the level orders read the path from its fourth place)
-    "fewer-partly-used": ("best_fit", lambda domain, gpus: (domain.fits_now(gpus), 0, domain.free_gpus, domain.path)),
+    "fewer-partly-used": dataclasses.replace(DEFAULT_ORDERINGS, best_fit=lambda domain, gpus: (
+        domain.fits_now(gpus), 0, domain.free_gpus, domain.path)),
 }
 
 
 class Without(Ours):
-    """Ours with one rule of ABLATIONS switched off, for the length of each decision (the pool's
-    worker processes run other policies between decisions, so nothing stays switched)."""
+    """Ours with one rule of ABLATIONS switched off: its index is built with the orderings without it."""
 
     def __init__(self, rule: str, network: Network, comm_fraction: float) -> None:
-        super().__init__(Strategy.CONSOLIDATED, network, communication_share=comm_fraction)
+        super().__init__(Strategy.CONSOLIDATED, network, orderings=ABLATIONS[rule], communication_share=comm_fraction)
         self.rule = rule
         self.name = f"ours without {rule}"
-
-    def place(self, job: Job) -> list[PodPlacement] | None:
-        name, replacement = ABLATIONS[self.rule]
-        kept = getattr(orderings, name)
-        setattr(orderings, name, replacement)
-        try:
-            return super().place(job)
-        finally:
-            setattr(orderings, name, kept)
 

@@ -55,6 +55,10 @@ WAIT_ABLATIONS: dict[str, dict[str, object]] = {
     "before-26": {"pin_only_where_locality_pays": False, "protect_waiting_seconds": 0.0},
     # a user who says every second of a run is communication: waits stay narrow unless they save a run or more
     "communication-share-1": {"communication_share": 1.0},
+    # a job that fits only across a slower level waits for a tighter domain, as tuned (off by default) ...
+    "tighter-wait": {"tight_wait_weight": 2.0},
+    # ... or waits for it with no aging bound, as Kueue's required mode does
+    "unaged-tighter-wait": {"tight_wait_weight": 2.0, "tight_wait_seconds": 0.0},
 }
 # Our variants by the strategy a user asks for. Balanced (what a workload without the annotation
 # gets) runs as consolidated in the simulator, record for record, so it has no column

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
+import dataclasses
 from dataclasses import dataclass
 
 import jsonpatch
@@ -33,7 +34,8 @@ from webhook.kube import demo
 from webhook.serving.app import create_app
 from webhook.admission import make_review
 from webhook.cli import file_index
-from webhook.kube.clusterview import ApiFeed
+from webhook.cli.live import live_view
+from webhook.kube.clusterview import ApiFeed, Pacing
 from webhook.settings.config import Config
 from webhook.serving.metrics import Metrics
 from webhook.objects import patch, subject
@@ -256,10 +258,13 @@ def make_view(clock):
     views = []
 
     def make(server: FakeApiServer, config: Config = Config(), **overrides) -> ApiFeed:
-        settings = dict(clock=clock, backoff_base=0.01, backoff_cap=0.2, rng=random.Random(7),
-                        watch_timeout_seconds=5, expire_interval_seconds=0.05)
-        settings.update(overrides)
-        view = ApiFeed(config, ApiClient(Configuration(host=server.url)), **settings)
+        """serve's composition (cli/live.py) against `server`; overrides of `Pacing`'s fields pace the feed."""
+        paced = {field.name for field in dataclasses.fields(Pacing)}
+        pacing = dict(backoff_base=0.01, backoff_cap=0.2, watch_timeout_seconds=5, expire_interval_seconds=0.05)
+        pacing.update({name: value for name, value in overrides.items() if name in paced})
+        settings = dict(clock=clock, rng=random.Random(7), pacing=Pacing(**pacing))
+        settings.update({name: value for name, value in overrides.items() if name not in paced})
+        view = live_view(config, ApiClient(Configuration(host=server.url)), **settings)
         views.append(view)
         return view
 

@@ -62,11 +62,14 @@ def ca_bundles(server) -> list[str]:
             server.get("mutatingwebhookconfigurations", CONFIGURATION)["webhooks"]]
 
 
-def verify(cert_pem: bytes, ca_bundle: str, names, at=NOW) -> None:
-    """As the apiserver checks a webhook: the chain to caBundle and the Service name (raises otherwise)."""
+def verify(cert_pem: bytes, ca_bundle: str, names, at: datetime.datetime | None = None) -> None:
+    """As the apiserver checks a webhook, at `at` (default: now, not NOW: a certificate issued minutes
+    after the module was imported is not valid yet at NOW): the chain to caBundle and the Service
+    name (raises otherwise)."""
     store = Store(x509.load_pem_x509_certificates(base64.b64decode(ca_bundle)))
     for name in names:
-        PolicyBuilder().store(store).time(at).build_server_verifier(DNSName(name)).verify(
+        PolicyBuilder().store(store).time(at or datetime.datetime.now(datetime.timezone.utc)).build_server_verifier(
+            DNSName(name)).verify(
             x509.load_pem_x509_certificate(cert_pem), [])
 
 

@@ -13,7 +13,7 @@ from webhook.state.dra import GPU_DRIVER, ClaimRefs, SliceFacts
 from webhook.state.growth import GrowthFact
 from webhook.state.index import NodeGone
 from webhook.state.pods import PodFacts, PodGone
-from webhook.state.tree import NodeState
+from webhook.state.members import NodeInfo
 
 CONFIG = Config()
 
@@ -33,7 +33,7 @@ status:
   conditions: [{type: Ready, status: "True"}]
 """
 
-NODES = [  # (why, the YAML, what the NodeState says)
+NODES = [  # (why, the YAML, what the NodeInfo says)
     ("GPUs, NVLink domains, bandwidth, blocking taints and other allocatable", NODE,
      dict(name="n1", gpus=8, out="", nvlink_domains=((0, 1, 2, 3), (4, 5, 6, 7)), bandwidth_gbps=400.0,
           taints=(("nvidia.com/gpu", "present", "NoSchedule"),), other_allocatable={"cpu": 96000, "memory": 2**40,
@@ -53,7 +53,7 @@ NODES = [  # (why, the YAML, what the NodeState says)
                          ids=[why for why, _, _ in NODES])
 def test_a_node_is_read_into_its_facts(text, expected):
     fact = feed.fact_of(yaml.safe_load(text), CONFIG)
-    assert isinstance(fact, NodeState)
+    assert isinstance(fact, NodeInfo)
     assert {field: getattr(fact, field) for field in expected} == expected
 
 

@@ -510,51 +510,37 @@ def test_evaluation_refuses_bad_arguments(capsys, argv, message):
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_each_ablated_rule_is_off_only_inside_its_variants_decisions():
-    """A rule switched off for one decision is back on after it, even when the decision fails."""
-    for rule, (name, _) in policies.ABLATIONS.items():
-        original = getattr(orderings, name)
+def test_each_ablated_rule_is_off_only_in_its_variants_index():
+    """A variant's index ranks by the orderings without its rule; ours, and the defaults, keep every rule."""
+    cluster = fabric.SimCluster(fabric.ClusterSpec(2, 2, 2))
+    ours = policies.Ours(Strategy.CONSOLIDATED, costmodel.Network())
+    ours.reset(cluster, 0)
+    for rule, ablated in policies.ABLATIONS.items():
         variant = policies.Without(rule, costmodel.Network(), 0.1)
-        seen = []
-
-        def spy(_policy, job, name=name):
-            seen.append(getattr(orderings, name))
-            raise policies.NeverFits("stop here")
-
-        variant_place = policies.Ours.place
-        try:
-            policies.Ours.place = spy
-            with pytest.raises(policies.NeverFits):
-                variant.place(None)
-        finally:
-            policies.Ours.place = variant_place
-        assert seen and seen[0] is not original and getattr(orderings, name) is original
+        variant.reset(cluster, 0)
+        assert variant.index.tree.orderings is ablated and ablated != orderings.DEFAULT
+    assert ours.index.tree.orderings is orderings.DEFAULT == orderings.Orderings()
 
 
 def test_switching_off_fewer_partly_used_switches_it_off_in_the_level_orders_and_the_scoped_search_alike():
-    """The best-fit order is written once (orderings.best_fit): the decision's search inside a scope
-    and the level orders kept sorted by bestfit both read it, so one switch changes both."""
+    """The best-fit order is one value (Orderings.best_fit): the decision's search inside a scope
+    and the level orders kept sorted by bestfit both read it from the index's tree, so one
+    replacement changes both."""
     from webhook.settings.config import Config
-    from webhook.core.model import PlacementRequest, Strategy
+    from webhook.core.model import PlacementRequest
     from webhook.placement.placer import place
     from webhook.kube.demo import make_node, make_pod
     # Two leaves that each hold a 2 x 8 job with 20 GPUs free; only a has a partly used node.
     labels = {"topology.scheduler/spine": "s"}
     nodes = [make_node(f"{leaf}-n{i}", {**labels, "topology.scheduler/leaf": leaf}, gpus=4 if (leaf, i) == ("b", 2) else 8)
              for leaf in ("a", "b") for i in range(3)]
-    index = index_of(Config(), nodes, [make_pod("small", "a-n2", 4)])
+    pods = [make_pod("small", "a-n2", 4)]
     job = PlacementRequest("Job ml/t", 2, 8, Strategy.CONSOLIDATED)
     inside = PlacementRequest("Job ml/t", 2, 8, Strategy.CONSOLIDATED, preferred_domain="s")  # a scoped search
+    index = index_of(Config(), nodes, pods)
     assert place(index, job).scope.name == place(index, inside).scope.name == "b"  # fewer partly used wins
-    name, replacement = policies.ABLATIONS["fewer-partly-used"]
-    kept = getattr(orderings, name)
-    setattr(orderings, name, replacement)
-    try:
-        for orders in index.tree.orders:
-            orders.reset()  # sorted afresh under the switched ordering
-        assert place(index, job).scope.name == place(index, inside).scope.name == "a"  # then the path decides
-    finally:
-        setattr(orderings, name, kept)
+    without = index_of(Config(), nodes, pods, orderings=policies.ABLATIONS["fewer-partly-used"])
+    assert place(without, job).scope.name == place(without, inside).scope.name == "a"  # then the path decides
 
 
 def test_ablation_pairs_ours_with_each_rule_off_and_reads_every_row(capsys):

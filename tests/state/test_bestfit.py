@@ -84,3 +84,19 @@ def test_domains_alike_but_for_their_paths_come_in_the_order_of_their_paths(draw
     level = LevelOrders(lambda: domains)
     assert [d.path for d in level.roomiest(8, len(domains))] == sorted(domains)
     assert level.best_fit(8, 1).path == min(domains)
+
+
+def test_an_index_ranks_by_the_orderings_it_is_built_with_in_its_tree_its_subsets_and_after_a_relevel():
+    import dataclasses
+
+    from webhook.core.model import PlacementRequest
+    from webhook.kube.demo import demo_cluster
+    from webhook.objects.feed import index_of
+    from webhook.settings.config import Config
+
+    mine = dataclasses.replace(orderings.DEFAULT, best_fit=lambda domain, gpus: (domain.fits_now(gpus), 0, 0, domain.path))
+    index = index_of(Config(), *demo_cluster(), orderings=mine)
+    assert index.preset is not None  # `levels: auto` rebuilt the tree on the preset the nodes' labels call for
+    subset = index.restricted_to(PlacementRequest("Job a/b", 1, 8, node_selector={"topology.scheduler/leaf": "leaf-1"}))
+    assert subset is not index.tree
+    assert index.tree.orderings is subset.orderings is mine

@@ -14,6 +14,7 @@ from webhook.state.index import NodeGone
 from webhook.core.memo import Memo
 from webhook.objects.feed import demand_shape, parse_node
 from webhook.state.index import ClusterIndex
+from webhook.state.members import NodeState
 from webhook.settings.config import Config
 from webhook.core.gpus import NVLINK_DOMAINS_ANNOTATION, pod_gpus
 from webhook.core.injection import GPU_IDS, RESERVATION, WAITING_FOR
@@ -166,7 +167,7 @@ def test_a_gpu_set_remembered_is_the_one_picked_afresh(questions):
     memo = Memo(8)
     for gpus, domains, count, taken in questions + questions:
         annotations = {NVLINK_DOMAINS_ANNOTATION: domains} if domains else {}
-        node = parse_node(make_node("n", {}, gpus, annotations=annotations), Config())
+        node = NodeState(parse_node(make_node("n", {}, gpus, annotations=annotations), Config()))
         asked = (node.nvlink_domains, node.gpus, count, frozenset(taken))
         assert memo.get(asked, lambda: node.pick_gpus(count, taken)) == node.pick_gpus(count, taken)
 

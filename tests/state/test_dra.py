@@ -110,7 +110,7 @@ def test_a_cluster_mixing_device_plugin_and_dra_nodes_counts_both(dra_cluster):
                                       [o for o in mixed if o["kind"] == "Pod"])
     plugin_index = index_of(Config(), plugin_nodes, pods)
     assert index.stats() == plugin_index.stats()
-    assert index.nodes["gpu-s1-l1-n2"].devices == () and index.nodes["gpu-s2-l5-n2"].gpus == 8
+    assert index.nodes["gpu-s1-l1-n2"].info.devices == () and index.nodes["gpu-s2-l5-n2"].gpus == 8
     first = placed_leaves(index, gpu_job("first", 4, 8, placement_strategy="consolidated"))
     second = placed_leaves(index, gpu_job("second", 4, 8, placement_strategy="consolidated"))
     assert first | second == FREE_LEAVES  # one leaf of device-plugin nodes, one of DRA nodes
@@ -172,7 +172,7 @@ def test_only_the_newest_generation_of_a_pool_counts_and_an_incomplete_pool_coun
     rest = demo.make_resource_slice("n1", generation=3, slice_count=2, devices=["gpu-2", "gpu-3", "gpu-10"])
     feed.upsert(index, rest)
     assert index.nodes["n1"].gpus == 5 and not index.inventory_warnings()
-    assert index.nodes["n1"].devices == (("n1", ("gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-10")),)
+    assert index.nodes["n1"].info.devices == (("n1", ("gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-10")),)
     for obj in (old, half, rest, demo.make_resource_slice("n1", gpus=4, generation=2)):
         feed.delete(index, obj)
     assert index.nodes["n1"].gpus == 0 and index.stats().gpus_total == 0

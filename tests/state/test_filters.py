@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from webhook.settings.config import Config
 from webhook.state.filters import NodeFilters, node_matches, tolerates
+from webhook.state.members import NodeState
 from webhook.core.model import PlacementRequest
 from webhook.objects.feed import index_of, parse_node
 from webhook.placement.placer import on_nodes
@@ -33,7 +34,7 @@ def request(**constraints) -> PlacementRequest:
     ({"key": "gen", "operator": "Lt", "values": ["9"]}, {"gen": "x"}, False),  # not a number: no match
 ], ids=["in", "in-absent", "notin-absent", "exists-empty", "doesnotexist", "gt-numeric", "lt-not-a-number"])
 def test_an_expression_matches_as_kube_scheduler_reads_it(expression, labels, matches):
-    node = parse_node(make_node("n", labels), CONFIG)
+    node = NodeState(parse_node(make_node("n", labels), CONFIG))
     assert node_matches(node, request(required_node_terms=({"matchExpressions": [expression]},))) is matches
 
 
@@ -72,7 +73,7 @@ def test_the_indexes_never_leave_out_a_node_a_request_may_use(specs, wanted):
     filters = NodeFilters()
     for i, (labels, tainted, gpus) in enumerate(specs):
         taints = [{"key": "dedicated", "value": "x", "effect": "NoSchedule"}] if tainted else None
-        state = parse_node(make_node(f"n{i}", labels, gpus, taints=taints), CONFIG)
+        state = NodeState(parse_node(make_node(f"n{i}", labels, gpus, taints=taints), CONFIG))
         nodes[state.name] = state
         filters.count(state, +1)
     gpu_nodes = {name: n for name, n in nodes.items() if n.gpus > 0}

@@ -13,7 +13,7 @@ from webhook.state.devices import DraFact
 from webhook.state.dra import GPU_DRIVER, ClaimRefs, SliceFacts
 from webhook.state.index import ClusterIndex, NodeGone
 from webhook.state.pods import PodFacts, PodGone
-from webhook.state.tree import NodeState
+from webhook.state.members import NodeInfo
 
 ZONE, LEAF = "topology.kubernetes.io/zone", "topology.scheduler/leaf"
 CONFIG = Config(levels_auto=False)  # levels as configured: `levels: auto` keeps the preset it chose (test_config.py)
@@ -21,11 +21,11 @@ CONFIG = Config(levels_auto=False)  # levels as configured: `levels: auto` keeps
 CPU_BOUND = PlacementRequest("Job ml/cpu", 1, 1, Strategy.BALANCED, resources=(("cpu", 8000), ("pods", 1)))
 
 
-def node(name: str, leaf: str, gpus: int = 8, out: str = "") -> NodeState:
+def node(name: str, leaf: str, gpus: int = 8, out: str = "") -> NodeInfo:
     """A Node's facts as the feed reads them: allocatable GPUs from the device plugin."""
-    return NodeState(name=name, labels={ZONE: "z1", LEAF: leaf}, out=out, taints=(), gpus=gpus,
-                     nvlink_domains=(tuple(range(gpus)),) if gpus else (), profile=CONFIG.profile_for(""),
-                     bandwidth_gbps=None, other_allocatable={"cpu": 64000, "pods": 110}, plugin_gpus=gpus)
+    return NodeInfo(name=name, labels={ZONE: "z1", LEAF: leaf}, out=out, taints=(), gpus=gpus,
+                    nvlink_domains=(tuple(range(gpus)),) if gpus else (), profile=CONFIG.profile_for(""),
+                    bandwidth_gbps=None, other_allocatable={"cpu": 64000, "pods": 110}, plugin_gpus=gpus)
 
 
 def pod(name: str, on: str | None, gpus: int, *, finished: bool = False, terminating: bool = False, cpu: int = 0,

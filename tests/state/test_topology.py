@@ -10,6 +10,7 @@ from webhook.settings.loading import levels_from
 from webhook.settings.presets import HOSTNAME_LABEL
 from webhook.core.model import Interconnect
 from webhook.objects.feed import parse_node
+from webhook.state.members import NodeState
 from webhook.state.tree import Domain, TopologyTree
 from webhook.kube.demo import make_node
 
@@ -18,7 +19,7 @@ SPINE, LEAF = "example.com/spine", "example.com/leaf"
 
 
 def node(name: str, labels: dict, gpus: int = 8):
-    return parse_node(make_node(name, labels, gpus), CONFIG)
+    return NodeState(parse_node(make_node(name, labels, gpus), CONFIG))
 
 
 def test_a_missing_label_above_one_the_node_carries_is_a_shared_unnamed_domain_and_below_it_the_node_is_alone():
@@ -87,8 +88,8 @@ def test_aggregates_kept_by_events_equal_a_recount_of_the_nodes_below(events):
 
 
 def test_a_pods_link_is_nvlink_only_inside_one_nvlink_domain():
-    pcie_pairs = parse_node(make_node("pairs", {}, 4, annotations={"topology.scheduler/nvlink-domains": "0-1,2-3"}),
-                            CONFIG)
+    pcie_pairs = NodeState(parse_node(make_node("pairs", {}, 4, annotations={"topology.scheduler/nvlink-domains": "0-1,2-3"}),
+                                      CONFIG))
     assert pcie_pairs.link_for((0, 1)) is Interconnect.NVLINK
     assert pcie_pairs.link_for((1, 2)) is Interconnect.PCIE
     assert pcie_pairs.link_for((3,)) is Interconnect.NVLINK  # one GPU talks to nobody
@@ -101,7 +102,7 @@ def test_a_pod_is_aligned_where_the_gpus_picked_for_it_share_an_nvlink_domain(de
     """pod_aligned skips the pick where one domain holds every GPU; it must answer as the pick does,
     wherever the node's domains leave GPUs out (0-5) or name more than it has (0-7,8-9)."""
     annotations = {"topology.scheduler/nvlink-domains": declared} if declared else {}
-    state = parse_node(make_node("n", {}, 8, annotations=annotations), CONFIG)
+    state = NodeState(parse_node(make_node("n", {}, 8, annotations=annotations), CONFIG))
     state.pods["p"] = (len(taken), tuple(sorted(taken)))
     picked = state.pick_gpus(gpus, state.taken_ids)
     assert state.pod_aligned(gpus) is (state.link_for(picked) is Interconnect.NVLINK)

@@ -140,7 +140,7 @@ def _admit(request: Request, index: "ClusterIndex", config: Config,
             *wanted.warnings, f"{who} {wanted.idle}"])
     # What this admission holds counts until the apiserver is seen to store it (state/holds.py):
     # the stored object says so by this review's uid.
-    stamp = request.uid if index.ledger.provisional_seconds is not None and not request.dry_run else None
+    stamp = request.uid if index.holds_provisional() and not request.dry_run else None
     joined = False
     if wanted.group is not None:
         decision, alone, joined = place_group(index, wanted.request, key, reserve=not request.dry_run, stamp=stamp)

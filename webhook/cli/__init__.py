@@ -1,7 +1,7 @@
 """`topology-webhook` commands: serve, mutate, certs. The composition root: a command reads the
-settings and builds the index, the live view (kube.clusterview.ApiFeed, which makes the API
-adapters it drives from its one client: the claims Lease, scale-ups, the releaser), the app and
-the server. Here the parser and the dispatch, one module per command beside it.
+settings and builds the index, the API adapters over it and the feed that keeps it current
+(live.py: the claims Lease, scale-ups, the releaser, kube.clusterview.ApiFeed), the app and the
+server. Here the parser and the dispatch, one module per command beside it.
 
 Exit codes: 0 success (every object admitted), 1 some object denied (mutate), 2 usage or input error,
 141 stdout closed by its reader before all was written (`| head`: quietly, EXIT_STDOUT_CLOSED).

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..kube import certbootstrap
 from ..kube.access import cluster_access
-from ..kube.clusterview import ApiFeed, own_namespace
+from ..kube.clusterview import own_namespace
 from ..kube.gatekey import ensure_gate_key
 from ..credentials.kubeclient import api_client_from
 from ..kube.allotment import ALLOTMENT_SHARE
@@ -30,6 +30,7 @@ from ..settings.config import Config, ConfigError
 from ..settings.loading import load_config
 from ..state.index import out_of_the_collectors_way
 from .inputs import file_index, read_cluster, say_levels
+from .live import live_view
 from .program import DNS_LABEL, UsageError, log
 
 if TYPE_CHECKING:
@@ -271,11 +272,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             # Replicas sharing claims share their recent decisions too, for every page to list them all.
             records = ApiDecisionRecords(decisions, api_client, claims_namespace, pod_owner(claims_namespace)) \
                 if decisions is not None and claims_namespace else None
-            feed = ApiFeed(config, api_client, claims_namespace=claims_namespace,
-                           claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc,
-                           claims_allotment_share=ALLOTMENT_SHARE if args.claims_allotments else 0,
-                           on_scale_up=metrics.scale_up, on_release=metrics.gated_release,
-                           decision_records=records)
+            feed = live_view(config, api_client, claims_namespace=claims_namespace,
+                             claims_budget_seconds=args.claims_budget, on_alone=metrics.decided_alone.inc,
+                             claims_allotment_share=ALLOTMENT_SHARE if args.claims_allotments else 0,
+                             on_scale_up=metrics.scale_up, on_release=metrics.gated_release,
+                             decision_records=records)
             feed.start()
             atexit.register(feed.stop)  # a graceful shutdown gives back the GPUs its allotment holds
             if records is not None:

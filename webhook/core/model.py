@@ -12,19 +12,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from .strategies import DEFAULT as DEFAULT_STRATEGY, Strategy  # what each strategy does: registered there
+
 ANNOTATION_PREFIX = "topology.scheduler/"
 GPU_RESOURCE = "nvidia.com/gpu"
 # `isinstance(value, MAPPINGS)`: any mapping, with a decoded JSON object (a dict) taken before the
 # abstract class's check, which costs three times as much (the review path makes about 60 a review).
 MAPPINGS = (dict, collections.abc.Mapping)
-
-
-class Strategy(str, enum.Enum):
-    """How a workload wants its pods laid out (annotation `placement-strategy`)."""
-
-    CONSOLIDATED = "consolidated"  # all pods in the tightest domain, as a requirement
-    DISTRIBUTED = "distributed"  # one pod per node, spread across leaves
-    BALANCED = "balanced"  # the consolidated choice, as a preference
 
 
 class Outcome(str, enum.Enum):
@@ -79,7 +73,7 @@ class PlacementRequest:
     workload: str  # "Job ml/train" or "Pod ml/trainer-" (generateName): used in reasons only
     pods: int
     gpus_per_pod: int
-    strategy: Strategy = Strategy.BALANCED
+    strategy: Strategy = DEFAULT_STRATEGY
     latency_sensitive: bool = False
     preferred_domain: str | None = None  # a label value, or LEVEL=VALUE
     # A domain's path a consolidated or balanced placement searches before the rest, silently: the
@@ -99,6 +93,9 @@ class PlacementRequest:
     # preference (preferred-domain, a peer's preferred topology), nor for a workload that keeps its
     # pod template for good (a Deployment, StatefulSet, CronJob...), where the pin would outlive the wait.
     may_pin_wait: bool = True
+    # How long its pods have waited in a pinned or gated wait, by the index's clock (placer.place_gated
+    # sets it when it decides a wait again): what ages a wait for a narrower domain (tight_wait_seconds).
+    waited_seconds: float = 0.0
 
     @property
     def total_gpus(self) -> int:

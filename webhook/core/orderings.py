@@ -1,15 +1,18 @@
 """The placement orderings, each named and written once.
 
-The decision (placement/decide.py), the wait (placement/waiting.py) and the level orders kept
-sorted for them (state/bestfit.py) read them through this module at call time, so an ablation
-(bench/ablation.py) switches a rule off in every place it is used by replacing one name here.
+They travel as one value, `Orderings` (DEFAULT: the functions below): a cluster index is built
+with one, its tree and the level orders kept sorted for the decision (state/bestfit.py) hold it,
+and the decision (placement/decide.py) and the wait (placement/waiting.py) read their keys from
+that tree, so both always rank by the same keys. An ablation (bench/ablation.py) builds its index
+with a copy of DEFAULT that has one key replaced, and switches that rule off everywhere it is used.
 Each returns a sort key: the smallest key wins (most_room_left's, the largest). Sorts that only
 make output deterministic (by name or path) or order the reasons' text are not placement rules
 and stay where they are.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Callable, Protocol
 
 
 class Ranked(Protocol):
@@ -33,10 +36,12 @@ class Ranked(Protocol):
 
 
 class GpuHost(Protocol):
-    """What the node orderings read of a node (topology.NodeState meets it)."""
+    """What the node orderings read of a node (state/members.NodeState meets it)."""
 
-    name: str
     free: int
+
+    @property
+    def name(self) -> str: ...
 
     def pod_aligned(self, gpus: int) -> bool: ...
 
@@ -120,3 +125,26 @@ def most_room_left(node: GpuHost, gpus: int, pods_here: int) -> tuple:
     """More pods than open nodes: the next pod stacks onto the node with the most room left (the
     largest key wins)."""
     return node.free - gpus * pods_here, node.name
+
+
+@dataclass(frozen=True)
+class Orderings:
+    """Every ordering above, as a value: DEFAULT, or a copy with one replaced (an ablation)."""
+
+    best_fit: Callable[[Ranked, int], tuple] = best_fit
+    roomiest: Callable[[Ranked, int], tuple] = roomiest
+    aligned_first: Callable[[GpuHost, int], tuple] = aligned_first
+    with_small_jobs_first: Callable[[Ranked, int], tuple] = with_small_jobs_first
+    closest_to_fitting: Callable[[Ranked, int], tuple] = closest_to_fitting
+    roomiest_child: Callable[[Ranked, int], tuple] = roomiest_child
+    even_share_fit: Callable[[Ranked, int], tuple] = even_share_fit
+    smallest_first: Callable[[Ranked, int], tuple] = smallest_first
+    tightest_for_rest: Callable[[Ranked, int, int], tuple] = tightest_for_rest
+    one_pod_per_node_fit: Callable[[Ranked, int, int], tuple] = one_pod_per_node_fit
+    widest_spread: Callable[[Ranked, int], tuple] = widest_spread
+    tightest_node: Callable[[GpuHost], tuple] = tightest_node
+    round_robin: Callable[[int, int, int], tuple] = round_robin
+    most_room_left: Callable[[GpuHost, int, int], tuple] = most_room_left
+
+
+DEFAULT = Orderings()

@@ -74,7 +74,7 @@ def claim_of_hold(hold: Reservation, index: ClusterIndex, now: float) -> dict:
     """The claim of a hold of this replica's ledger: its sets, lapsing when the hold does once
     firm, and the admission it was made for: every replica holds it as provisional until its
     own watch shows that admission stored (state/holds.py)."""
-    claim = claim_of(now, (hold.firm_until or hold.expires_at) - index.ledger.clock(), hold.sets)
+    claim = claim_of(now, (hold.firm_until or hold.expires_at) - index.now(), hold.sets)
     return {**claim, "stamp": hold.stamp} if hold.stamp else claim
 
 
@@ -168,7 +168,7 @@ class Allotment:
     def spend(self, key: str) -> bool:
         """Whether `key`'s hold (just made) lies wholly inside the allotment, which then stands for
         it until it is written: True means no write is needed now."""
-        hold = self.index.ledger.hold(key)
+        hold = self.index.hold(key)
         if hold is None or not self._spendable():
             return False
         for allotted in (self.gpus, self.next):
@@ -194,7 +194,7 @@ class Allotment:
         be taken."""
         spent = dict(self.spent)
         for key, hold in spent.items():
-            if self.index.ledger.hold(key) is hold:
+            if self.index.hold(key) is hold:
                 claims[key] = claim_of_hold(hold, self.index, self.wall())
         theirs = {node for key, claim in claims.items() if key.startswith(ALLOTMENT_PREFIX) and key != self.key
                   for node in claim["sets"]}
@@ -238,7 +238,7 @@ class Allotment:
         Why it stays: placements that miss it (distributed spreads, a pod larger than its room)
         land anywhere, and an allotment following each of them moves under the placements being
         taken from it, which then miss too."""
-        tree = self.index.tree
+        tree = self.index.whole_tree()
         if not self.share or time.monotonic() - self.last_used >= ALLOTMENT_IDLE_SECONDS:
             return None
         cap = min(tree.root.free_gpus // self.share, ALLOTMENT_MOST_GPUS)
@@ -259,7 +259,7 @@ class Allotment:
         then the roomiest node of each of the roomiest leaves it has none in (outside `domain`),
         leaf after leaf, until their free GPUs reach `cap`. A spread round-robins over leaves,
         which one small domain cannot hold; these let it be answered without a write too."""
-        tree = self.index.tree
+        tree = self.index.whole_tree()
         if not tree.levels or time.monotonic() - self.spreads_asked >= ALLOTMENT_IDLE_SECONDS:
             return ()
         usable = [tree.nodes[name] for name in self.spread if name in tree.nodes and name not in left_out]

@@ -3,9 +3,10 @@ list+watch, fed into the cluster index (the live cluster view of docs/operations
 
 Names, so that "view" means one thing: the `ClusterIndex` is the state placement reads, a
 constrained subset is the part of it one request may use (filters.py), and the `ApiFeed` is what
-keeps an index current from the API. `ApiFeed` owns one `ClusterIndex` for its whole life and
-feeds it event by event, so whoever holds `feed.index` (the admission path, through the placer)
-always sees the same object, and reservations made in it survive reconnects and relists.
+keeps an index current from the API. `ApiFeed` is handed one `ClusterIndex` for its whole life
+(webhook/cli/live.py builds it, and the adapters over it) and feeds it event by event, so whoever
+holds that index (the admission path, through the placer) always sees the same object, and
+reservations made in it survive reconnects and relists.
 
 Per kind (nodes, pods) one daemon thread runs the reflector loop:
 
@@ -43,6 +44,7 @@ import logging
 import random
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import orjson
@@ -50,13 +52,11 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from ..objects import feed
-from ..settings.config import Config
 from ..state.index import ClusterIndex, NodeGone
 from .kinds import claims_stream, decisions_stream, dra_streams, growth_streams, pod_stream, stored_streams
-from .shared_claims import DEFAULT_BUDGET_SECONDS, ApiClaims, describe
+from .shared_claims import ApiClaims, describe
 from .shared_decisions import ApiDecisionRecords
 from .releaser import Releaser
-from .scaleups import ApiScaleUps
 from .streams import FORBIDDEN, GONE, NOT_FOUND, Ahead, Backoff, DictWatch, Stream, StreamStatus, collector_paused
 
 log = logging.getLogger(__name__)
@@ -78,36 +78,43 @@ def own_namespace() -> str | None:
         return None
 
 
+@dataclass(frozen=True)
+class Pacing:
+    """How often the feed's loops act and how long its calls wait (the defaults serve; tests shorten them).
+    `watch_timeout_seconds` None: a third of the staleness limit, at most 300."""
+
+    backoff_base: float = 0.5
+    backoff_cap: float = 30.0
+    watch_timeout_seconds: int | None = None
+    page_size: int = LIST_PAGE_SIZE
+    expire_interval_seconds: float = EXPIRE_INTERVAL_SECONDS
+    release_interval_seconds: float = RELEASE_INTERVAL_SECONDS
+
+
 class ApiFeed:
     """Nodes and Pods from the API, applied incrementally to one `ClusterIndex`.
 
-    `clock` is what `readiness()` measures time with, and the index's holds expire by.
+    It builds nothing but its streams: the index, the claims Lease it feeds (`claims`), the
+    replicas' decision records it feeds (`decision_records`) and the releaser whose passes follow
+    the view (`releaser`) are made and wired by the composition root (webhook/cli/live.py).
+    `clock` is what `readiness()` measures time with.
     """
 
-    def __init__(self, config: Config, api_client: k8s_client.ApiClient,
-                 clock: Callable[[], float] = time.monotonic, *, backoff_base: float = 0.5,
-                 backoff_cap: float = 30.0, rng: random.Random | None = None,
-                 watch_timeout_seconds: int | None = None, page_size: int = LIST_PAGE_SIZE,
-                 expire_interval_seconds: float = EXPIRE_INTERVAL_SECONDS, claims_namespace: str | None = None,
-                 claims_budget_seconds: float = DEFAULT_BUDGET_SECONDS, claims_allotment_share: int = 0,
-                 on_alone: Callable[[], None] = lambda: None,
-                 on_scale_up: Callable[[str], None] = lambda _: None,
-                 on_release: Callable[[str], None] = lambda _: None,
-                 release_interval_seconds: float = RELEASE_INTERVAL_SECONDS,
-                 decision_records: ApiDecisionRecords | None = None) -> None:
-        self.config = config
+    def __init__(self, index: ClusterIndex, api_client: k8s_client.ApiClient, *, claims: ApiClaims | None = None,
+                 decision_records: ApiDecisionRecords | None = None, releaser: Releaser | None = None,
+                 clock: Callable[[], float] = time.monotonic, pacing: Pacing = Pacing(),
+                 rng: random.Random | None = None) -> None:
+        self.index = index
+        self.config = index.config
         self.clock = clock
-        self.index = ClusterIndex(config, clock=clock)
         # The server ends each watch well inside the staleness limit, so a quiet but healthy
         # stream still shows progress (the clean end) before it would be called stale.
-        self.watch_timeout_seconds = watch_timeout_seconds or max(1, min(300, int(config.stale_after_seconds / 3)))
-        self.page_size = page_size
-        self.expire_interval_seconds = expire_interval_seconds
+        self.watch_timeout_seconds = pacing.watch_timeout_seconds or max(
+            1, min(300, int(self.config.stale_after_seconds / 3)))
+        self.page_size = pacing.page_size
+        self.expire_interval_seconds = pacing.expire_interval_seconds
         rng = rng or random.Random()
         core = k8s_client.CoreV1Api(api_client)
-        index = self.index
-        # The watch tells an admission's hold stored, so holds are provisional until it does.
-        index.ledger.provisional_seconds = config.provisional_hold_seconds
         self._streams: tuple[Stream, ...] = (
             Stream("nodes", core.list_node, lambda node: (node.get("metadata") or {}).get("name", ""),
                    self._upsert_node, lambda node: self._delete_node(node["metadata"]["name"]),
@@ -115,22 +122,16 @@ class ApiFeed:
             pod_stream(index, core),
         )
         self._streams += growth_streams(index, core, k8s_client.CustomObjectsApi(api_client))
-        if config.provisioning_request_class:
-            index.scale_ups = ApiScaleUps(api_client, on_scale_up)
-        self.claims: ApiClaims | None = None
-        if claims_namespace:
-            claims = ApiClaims(index, api_client, claims_namespace, claims_budget_seconds, on_alone=on_alone,
-                               allotment_share=claims_allotment_share)
-            index.share_claims(claims)
-            self.claims = claims
-            self._streams += (claims_stream(claims, api_client, claims_namespace),)
+        self.claims = claims
+        if claims is not None:
+            self._streams += (claims_stream(claims, api_client, claims.namespace),)
         self._streams += dra_streams(api_client, index) + stored_streams(index, api_client)
         self._streams += (decisions_stream(decision_records, api_client),) if decision_records is not None else ()
-        self._backoff = {stream.kind: Backoff(backoff_base, backoff_cap, random.Random(rng.random()))
+        self._backoff = {stream.kind: Backoff(pacing.backoff_base, pacing.backoff_cap, random.Random(rng.random()))
                          for stream in self._streams}
         # Gated waits are started by a pass after the cluster changed, at most once an interval.
-        self.releaser = Releaser.over_api(index, api_client, on_release) if config.gate_waits else None
-        self.release_interval_seconds = release_interval_seconds
+        self.releaser = releaser
+        self.release_interval_seconds = pacing.release_interval_seconds
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._levels_said: str | None = None
@@ -255,7 +256,7 @@ class ApiFeed:
         why = "not served" if err.status == NOT_FOUND else "not granted by RBAC"
         if stream.last_error != why:
             log.info("%s: the API is %s (%s); the view goes on without them", stream.kind, why, err.status)
-        with self.index.lock:
+        with self.index.batch():
             for key in stream.counted():
                 stream.forget(key)
         stream.last_error = why
@@ -309,7 +310,7 @@ class ApiFeed:
         if self._stop.is_set():
             return
         if seen is not None:
-            with self.index.lock:
+            with self.index.batch():
                 for key in stream.counted() - seen:
                     stream.forget(key)
         stream.listed = listed

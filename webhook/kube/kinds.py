@@ -101,7 +101,7 @@ def stored_streams(index: ClusterIndex, api_client: k8s_client.ApiClient) -> tup
                 index.scale_ups.delete(gone.key.split("/", 1)[0], request_name(gone.key))
 
         def forget(key: str) -> None:
-            index.apply(Stored(key, index.ledger.stored.get(key), gone=True))
+            index.apply(Stored(key, index.stored_stamp(key), gone=True))
         return Stream(plural, metadata, functools.partial(feed.stored_key, kind=kind),
                       feed.upserter(index, kind), deleted, functools.partial(index.keys, kind), forget, optional=True)
     return tuple(stream(found) for found in feed.STORED_KINDS.values())

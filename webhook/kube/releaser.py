@@ -138,10 +138,9 @@ class Releaser:
 
     def run_once(self) -> int:
         """One pass, if the cluster changed since the last one; returns how many workloads it started."""
-        with self.index.lock:
-            changes = self.index.changes
-            self.patched &= set(self.index.pods.gated.pods)  # forgotten once seen no longer gated
-            refused = dict(self.index.pods.gated.refused)
+        gate = self.index.gated_now()
+        changes, refused = gate.changes, gate.refused
+        self.patched &= gate.gated  # forgotten once seen no longer gated
         if changes == self.seen_changes:
             return 0
         self.seen_changes = changes
@@ -175,11 +174,7 @@ class Releaser:
         """Drop each side hold whose pods are all bound (counted on their nodes) or gone."""
         if not self.side_holds:
             return
-        with self.index.lock:
-            seen = self.index.keys("Pod")
-            done = [hold for hold, pods in self.side_holds.items()
-                    if all(key in self.index.pods.on_node or key not in seen for key in pods)]
-        for hold in done:
+        for hold in self.index.bound_or_gone(self.side_holds):
             del self.side_holds[hold]
             release_shared(self.index, hold)
 

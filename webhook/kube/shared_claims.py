@@ -78,7 +78,7 @@ def _hold(index: ClusterIndex, allotment: Allotment, applied: dict[str, dict], c
             continue
         sets, stamp = sets_of(claim), claim.get("stamp")
         if (before is None or before["sets"] != claim["sets"] or before.get("stamp") != stamp
-                or not index.ledger.renew(key, sets, until - now)):
+                or not index.renew(key, sets, until - now)):
             index.reserve(key, sets, ttl=until - now, stamp=stamp)
     for key in applied.keys() - claims.keys():
         index.release(key)
@@ -130,7 +130,7 @@ class ApiClaims:
         self._own_since: set[int] = {0}
         self._applied: dict[str, dict] = {}  # claims of that version, as applied to the ledger
         self.allotment = Allotment(index, self.identity, budget_seconds, wall, allotment_share)
-        self._lease_seconds = int(index.ledger.ttl_seconds)  # what the Lease says a holder lasts
+        self._lease_seconds = int(index.hold_seconds())  # what the Lease says a holder lasts
 
     # ---- what the placer calls (state/ports.SharedClaims) -------------------------------------
     def alone(self, what: str, why: str) -> str:
@@ -199,15 +199,15 @@ class ApiClaims:
         use could hold it, when the ask cannot be written, or at the deadline."""
         first = True
         while time.monotonic() < deadline:
-            with self.index.lock:
+            with self.index.locked():
                 held, asked = asking_back(self._applied, self.allotment.key, self.allotment.seconds, self.wall(),
                                           deadline - time.monotonic())
-                if not held or (first and request.total_gpus > self.index.restricted_to(request).root.free_gpus + held):
+                if not held or (first and request.total_gpus > self.index.free_gpus_for(request) + held):
                     return not first and not held
             first = False
             if asked and self._take_turn(deadline):
                 try:
-                    with self.index.lock:  # another admission here may have asked meanwhile
+                    with self.index.locked():  # another admission here may have asked meanwhile
                         _, asked = asking_back(self._applied, self.allotment.key, self.allotment.seconds,
                                                self.wall(), deadline - time.monotonic())
                     if asked and self._write_batch([], deadline, asked=asked) not in (None, CONFLICT):
@@ -226,11 +226,11 @@ class ApiClaims:
             if self.allotment.wake.wait(0.2):  # and at least 5 times a second: its time, and `stop`
                 stop.wait(FLUSH_SECONDS)  # the placements of a burst go in one write
                 self.allotment.wake.clear()
-            with self.index.lock:
+            with self.index.locked():
                 due = self.allotment.due()
             if due and not stop.is_set():
                 self._flush(keep=True)
-        with self.index.lock:
+        with self.index.locked():
             held = bool(self.allotment.gpus or self.allotment.spent)
         if held:
             self._flush(keep=False)
@@ -247,7 +247,7 @@ class ApiClaims:
                 self._end_turn()
             if problem != CONFLICT or time.monotonic() >= deadline:
                 break
-        with self.index.lock:
+        with self.index.locked():
             lapsed = self.allotment.lapsed()
         for key in lapsed:
             self.alone(f"the placement of {key}", "not written before its allotment lapsed")
@@ -299,8 +299,8 @@ class ApiClaims:
             if not self._take_turn(deadline):
                 return "no time left"
             try:
-                with self.index.lock:
-                    if self.index.ledger.hold(key) is None:  # not placed again meanwhile
+                with self.index.locked():
+                    if self.index.hold(key) is None:  # not placed again meanwhile
                         self.allotment.spent.pop(key, None)
                     if key not in self._applied:
                         return None
@@ -309,7 +309,7 @@ class ApiClaims:
                     claims.pop(key, None)
                     body = lease_body(claims, self.namespace, self.identity, self._lease, self._lease_seconds)
                 problem = self._write(body, deadline)
-                with self.index.lock:
+                with self.index.locked():
                     self.allotment.written(spent, made(problem))
             finally:
                 self._end_turn()
@@ -334,7 +334,7 @@ class ApiClaims:
         """One write for every claim of `batch` decided against what is current, with the placements
         taken from the allotment so far and the allotment renewed (`keep`) or given back (an empty
         batch writes those alone), and others' allotments `asked` back. What `_write` answers."""
-        with self.index.lock:
+        with self.index.locked():
             current = []
             for pending in batch:
                 if pending.basis in self._own_since:
@@ -346,7 +346,7 @@ class ApiClaims:
             claims = {**self._kept(), **(asked or {})}
             near = None
             for pending in current:
-                hold = self.index.ledger.hold(pending.key)
+                hold = self.index.hold(pending.key)
                 if hold is not None:
                     claims[pending.key] = claim_of_hold(hold, self.index, self.wall())
                     near = next(iter(hold.sets), near)
@@ -355,7 +355,7 @@ class ApiClaims:
             spent = self.allotment.compose(claims, near, keep)
             body = lease_body(claims, self.namespace, self.identity, self._lease, self._lease_seconds)
         problem = self._write(body, deadline)
-        with self.index.lock:
+        with self.index.locked():
             self.allotment.written(spent, made(problem))
         for pending in current:
             pending.result = problem
@@ -365,7 +365,7 @@ class ApiClaims:
         """The applied claims this ledger still holds, and allotments asked back, whose time has not run out."""
         now = self.wall()
         return {key: claim for key, claim in self._applied.items()
-                if (self.index.ledger.hold(key) is not None or key.startswith(WANT_PREFIX))
+                if (self.index.hold(key) is not None or key.startswith(WANT_PREFIX))
                 and lapses(key, claim, self.allotment.seconds) > now}
 
     def _write(self, body: dict, deadline: float) -> str | None:

@@ -18,6 +18,7 @@ from ..core.injection import (ADMISSION, GATE, GPU_IDS, HOLD_SEAL, RESERVATION, 
                               parse_domain_path, seal_hold)
 from ..core.memo import Memo
 from ..core.model import GPU_RESOURCE, MAPPINGS
+from ..core.orderings import DEFAULT as DEFAULT_ORDERINGS, Orderings
 from ..core.resources import node_allocatable, pod_requests
 from ..settings.config import Config, HardwareProfile
 from ..settings.presets import HOSTNAME_LABEL
@@ -25,7 +26,7 @@ from ..state.dra import DRA_KINDS, ClaimRefs
 from ..state.holds import Stored, held_by, reservation_key
 from ..state.index import ClusterIndex, Fact, NodeGone
 from ..state.pods import PodFacts, PodGone
-from ..state.tree import NodeState, nvlink_domains
+from ..state.members import NodeInfo, nvlink_domains
 from . import autoscaler_objects, dra_objects
 from .groups import KUBEFLOW_KINDS
 from .kinds import POD, REGISTRY, WorkloadKind
@@ -45,12 +46,13 @@ _FEED_ORDER = {"DeviceClass": 0, "ResourceSlice": 1, "Node": 2, "ResourceClaimTe
 
 
 def index_of(config: Config, nodes: Iterable[Mapping], pods: Iterable[Mapping] = (),
-             clock: Callable[[], float] = time.monotonic) -> ClusterIndex:
+             clock: Callable[[], float] = time.monotonic, orderings: Orderings = DEFAULT_ORDERINGS) -> ClusterIndex:
     """The index of these objects: Nodes and Pods, and any of the DRA kinds (dra.DRA_KINDS) and
     autoscalers' objects mixed in, as `kubectl get nodes,pods,resourceslices -o yaml` prints them."""
     objects = sorted([*nodes, *pods], key=lambda obj: _FEED_ORDER.get(str(obj.get("kind", "Node")), 2))
     facts = [fact for fact in (fact_of(obj, config) for obj in objects) if fact is not None]
-    index = ClusterIndex(config, max([8] + [fact.gpus for fact in facts if isinstance(fact, NodeState)]), clock)
+    index = ClusterIndex(config, max([8] + [fact.gpus for fact in facts if isinstance(fact, NodeInfo)]), clock,
+                         orderings)
     for fact in facts:
         index.apply(fact)
     return index
@@ -137,8 +139,8 @@ def _node_profile(labels: Mapping[str, str], config: Config) -> HardwareProfile:
     return config.profile_for(labels.get(PRODUCT_LABEL, ""))
 
 
-def parse_node(node: Mapping, config: Config) -> NodeState:
-    """A NodeState from a Node object; malformed fields count as 'no GPUs', never as an error."""
+def parse_node(node: Mapping, config: Config) -> NodeInfo:
+    """A Node object's facts; malformed fields count as 'no GPUs', never as an error."""
     meta = node.get("metadata") or {}
     spec = node.get("spec") or {}
     status = node.get("status") or {}
@@ -164,10 +166,10 @@ def parse_node(node: Mapping, config: Config) -> NodeState:
         bandwidth = parse_bandwidth_gbps(labels[BANDWIDTH_LABEL])
     except (KeyError, ValueError):
         bandwidth = None
-    return NodeState(name=meta.get("name", ""), labels=labels, out=out, taints=taints, gpus=alloc,
-                     nvlink_domains=nvlink_domains(declared, profile, alloc), profile=profile,
-                     bandwidth_gbps=bandwidth, other_allocatable=node_allocatable(status), plugin_gpus=alloc,
-                     declared_domains=declared)
+    return NodeInfo(name=meta.get("name", ""), labels=labels, out=out, taints=taints, gpus=alloc,
+                    nvlink_domains=nvlink_domains(declared, profile, alloc), profile=profile,
+                    bandwidth_gbps=bandwidth, other_allocatable=node_allocatable(status), plugin_gpus=alloc,
+                    declared_domains=declared)
 
 
 # ----- Pods ------------------------------------------------------------------------------------

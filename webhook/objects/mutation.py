@@ -41,7 +41,8 @@ from ..settings.presets import HOSTNAME_LABEL
 from ..core.injection import (ADMISSION, GATE, GATE_SEAL, GATED_REQUEST, GPU_IDS, HOLD_SEAL, INJECTED, OUTPUT_ANNOTATIONS,
                               PLACEMENT, REQUIRED_TERMS, RESERVATION, WAITING_FOR, WORKLOAD_LABEL, Injection,
                               annotations_of, at, dumps_request, recorded, seal_gate, seal_hold, waited_domain)
-from ..core.model import ANNOTATION_PREFIX, EXCEEDS_NODES, GROWS_POOL, MAPPINGS, NO_MATCHING_NODES, Decision, Hold, Outcome, Strategy
+from ..core.model import ANNOTATION_PREFIX, EXCEEDS_NODES, GROWS_POOL, MAPPINGS, NO_MATCHING_NODES, Decision, Hold, Outcome
+from ..core.strategies import Layout
 from .kinds import POD, WorkloadKind
 from .reconcile import annotations_in, copy_tree, put, rewrite, set_annotations
 from .subject import Subject
@@ -262,7 +263,7 @@ def _desired(meta: dict, spec: dict, previous: Injection, kind: WorkloadKind, ob
         preferred = {"weight": config.preferred_weight, "preference": {"matchExpressions": list(expressions)}}
     label = None
     spread: tuple[dict, ...] = ()
-    if decision.request.strategy is Strategy.DISTRIBUTED and decision.spread_keys:
+    if decision.request.strategy.rules.layout is Layout.SPREAD and decision.spread_keys:
         current = (meta.get("labels") or {}).get(WORKLOAD_LABEL)
         users = current is not None and current != previous.label  # then the selector uses theirs
         value = current if users else workload_label_value(kind.name, obj)

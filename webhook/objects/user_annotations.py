@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from ..core.gpus import ASCII_DIGITS, BANDWIDTH_UNITS, BandwidthInBytes, parse_bandwidth_gbps
 from ..core.injection import ADMISSION, OUTPUT_ANNOTATIONS
 from ..core.model import ANNOTATION_PREFIX, Strategy, quoted
+from ..core.strategies import DEFAULT as DEFAULT_STRATEGY, REGISTRY as STRATEGIES
 from .groups import GROUP_ANNOTATIONS
 
 # The comment above each annotation of INPUT_ANNOTATIONS, "what it takes. Default: ...", is its
@@ -18,7 +19,7 @@ from .groups import GROUP_ANNOTATIONS
 # Total GPUs of the workload, a positive integer. Default: derived from container
 # `nvidia.com/gpu` limits x replicas/parallelism.
 GPU_COUNT = ANNOTATION_PREFIX + "gpu-count"
-# `consolidated`, `distributed`, `balanced`. Default: `balanced`.
+# One of the [strategies](#strategies) below. Default: `balanced`.
 STRATEGY = ANNOTATION_PREFIX + "placement-strategy"
 # `true`, `false`. Default: `false`.
 LATENCY_SENSITIVE = ANNOTATION_PREFIX + "latency-sensitive"
@@ -88,11 +89,11 @@ def gpu_count(who: str, value: object) -> int:
 
 def strategy(who: str, value: object) -> Strategy:
     if value is None:
-        return Strategy.BALANCED
+        return DEFAULT_STRATEGY
     try:
         return Strategy(str(value).strip().lower())
     except ValueError:
-        allowed = ", ".join(s.value for s in Strategy)
+        allowed = ", ".join(s.value for s in STRATEGIES)
         raise InvalidAnnotation(f"{who}: annotation {STRATEGY}={quoted(value)} is not allowed; allowed: {allowed}") from None
 
 

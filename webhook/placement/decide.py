@@ -16,9 +16,10 @@ Nothing fits now: the domain at the deepest level that could ever hold it and is
 is named, with how much fits per level. The nodes there are cannot hold it even idle: it waits for
 nodes to be added, pinned to nothing. No node could take even one of its pods: said plainly.
 
-Here: the decision, consolidated and distributed, and a placed decision built. Beside it:
-`walk` (reading the tree, the domains a request names, the pin a decision writes), `waiting`
-(when nothing fits now), `estimate` (the bandwidth a placement gets), `orderings` (every sort key).
+Here: the decision, consolidated and distributed (the strategy's registered layout), and a placed
+decision built. Beside it: `walk` (reading the tree, the domains a request names, the pin a
+decision writes), `waiting` (when nothing fits now), `estimate` (the bandwidth a placement gets),
+and the tree's `orderings` (every sort key, core/orderings.py).
 """
 from __future__ import annotations
 
@@ -27,13 +28,15 @@ import heapq
 import math
 from typing import Callable, Sequence
 
-from ..core import orderings
-from ..core.model import UNKNOWN_DOMAIN, Decision, DomainRef, Interconnect, NodeAssignment, Outcome, PlacementRequest, Strategy
+from ..core.model import UNKNOWN_DOMAIN, Decision, DomainRef, Interconnect, NodeAssignment, Outcome, PlacementRequest
+from ..core.orderings import Orderings
+from ..core.strategies import Layout
 from ..settings.presets import HOSTNAME_LABEL
 from ..state.growth import Pool
 from ..state.tree import NodeState, TopologyTree
 from . import estimate, waiting, walk
 from .enforce import enforced
+from .tighter import held_for_tighter
 from .walk import Member
 
 
@@ -68,12 +71,14 @@ def _decision(tree: TopologyTree, request: PlacementRequest, subset: TopologyTre
             return Decision(Outcome.NEVER, request, None, code=UNKNOWN_DOMAIN, reasons=(found,))
         preferred = found
         chain = walk.ancestry(preferred)
-    if request.strategy is Strategy.DISTRIBUTED:
+    if request.strategy.rules.layout is Layout.SPREAD:
         decision = _distributed(subset, request, chain, narrowest)
     else:
         decision = _consolidated(subset, request, _searched_first(subset, request) or chain, chain, narrowest)
     if decision.outcome is Outcome.WAIT:  # added nodes may take it sooner than running work ends
         decision = waiting.onto_growth(subset, request, pools()) or decision
+    elif decision.outcome is Outcome.PLACED:  # not onto growth: it waits for room a tighter domain has
+        decision = held_for_tighter(subset, request, chain, decision, narrowest)
     if preferred is None or decision.outcome is not Outcome.PLACED:
         return decision
     honoured = decision.scope is not None and walk.is_under(decision.scope.path, preferred.path)
@@ -100,7 +105,7 @@ def _consolidated(subset: TopologyTree, request: PlacementRequest, search: list[
     for searched, scope in enumerate(search, start=1):
         target = _tightest_fit(subset, scope, pods, gpus)
         if target is not None and target.ref.level >= narrowest:  # never wider than max-domain
-            placed = _placed(subset, request, target, _split(target, pods, gpus))
+            placed = _placed(subset, request, target, _split(target, pods, gpus, subset.orderings))
             return _nics_filled(subset, request, search[:searched], target.ref.level, placed) or placed
     return waiting.wait_decision(subset, request, chain, narrowest)
 
@@ -128,7 +133,7 @@ def _nics_filled(subset: TopologyTree, request: PlacementRequest, search: list[M
     for scope in search:
         target = _tightest_fit(subset, scope, groups, per_group * gpus)
         if target is not None and target.ref.level >= level:
-            split = [(n, count * per_group) for n, count in _split(target, groups, per_group * gpus)]
+            split = [(n, count * per_group) for n, count in _split(target, groups, per_group * gpus, subset.orderings)]
             short = groups * per_group - pods  # the last group's missing pods, off the last node
             split[-1] = (split[-1][0], split[-1][1] - short)
             filled = _placed(subset, request, target, split)
@@ -154,7 +159,7 @@ def _tightest_fit(subset: TopologyTree, scope: Member, pods: int, gpus: int) -> 
             continue
         fitting = [d for d in walk.at_level(scope, level) if d.fits_now(gpus) >= pods]
         if fitting:
-            return min(fitting, key=lambda d: orderings.best_fit(d, gpus))
+            return min(fitting, key=lambda d: subset.orderings.best_fit(d, gpus))
     return scope if scope.fits_now(gpus) >= pods else None
 
 
@@ -169,12 +174,12 @@ def _tightest_node(subset: TopologyTree, scope: Member, need: int, gpus: int) ->
     while member.children:
         kids = [c for c in member.children.values() if c.has_free(best)]
         if not kids[0].children:  # nodes, the tree's leaves
-            return min(walk.as_nodes(kids), key=lambda n: orderings.aligned_first(n, gpus))
-        member = min(kids, key=lambda d: orderings.with_small_jobs_first(d, gpus))
+            return min(walk.as_nodes(kids), key=lambda n: subset.orderings.aligned_first(n, gpus))
+        member = min(kids, key=lambda d: subset.orderings.with_small_jobs_first(d, gpus))
     return walk.as_node(member)
 
 
-def _split(member: Member, pods: int, gpus: int) -> list[tuple[NodeState, int]]:
+def _split(member: Member, pods: int, gpus: int, keys: Orderings) -> list[tuple[NodeState, int]]:
     """Pods per node under `member`, over the fewest domains at each level below it.
 
     Across switches the split does not change the estimate (every node brings its own NICs;
@@ -189,11 +194,11 @@ def _split(member: Member, pods: int, gpus: int) -> list[tuple[NodeState, int]]:
     taken: list[Member] = [member]
     while True:
         kids = sorted((c for parent in taken for c in parent.children.values() if c.fits_now(gpus) > 0),
-                      key=lambda c: orderings.roomiest_child(c, gpus))
+                      key=lambda c: keys.roomiest_child(c, gpus))
         if not kids[0].children:  # across nodes
-            chosen, shares = _balanced(kids, pods, gpus)
+            chosen, shares = _balanced(kids, pods, gpus, keys)
             return [(walk.as_node(kid), n) for kid, n in zip(chosen, shares) if n]
-        taken = _roomiest_then_tightest(kids, pods, gpus)
+        taken = _roomiest_then_tightest(kids, pods, gpus, keys)
 
 
 def _fewest(kids: list[Member], pods: int, gpus: int) -> int:
@@ -206,15 +211,15 @@ def _fewest(kids: list[Member], pods: int, gpus: int) -> int:
     return len(kids)
 
 
-def _balanced(kids: list[Member], pods: int, gpus: int) -> tuple[list[Member], list[int]]:
+def _balanced(kids: list[Member], pods: int, gpus: int, keys: Orderings) -> tuple[list[Member], list[int]]:
     count = _fewest(kids, pods, gpus)
     share = math.ceil(pods / count)
     even = [c for c in kids if c.fits_now(gpus) >= share]
     if len(even) >= count:  # best fit among the children that can take an even share
-        chosen = sorted(even, key=lambda c: orderings.even_share_fit(c, gpus))[:count]
+        chosen = sorted(even, key=lambda c: keys.even_share_fit(c, gpus))[:count]
         return chosen, [pods // count + (1 if i < pods % count else 0) for i in range(count)]
     # Uneven capacities: water-fill from the smallest so the minimum share is as large as possible.
-    chosen = sorted(kids[:count], key=lambda c: orderings.smallest_first(c, gpus))
+    chosen = sorted(kids[:count], key=lambda c: keys.smallest_first(c, gpus))
     shares, left = [], pods
     for i, kid in enumerate(chosen):
         give = min(kid.fits_now(gpus), math.ceil(left / (count - i)))
@@ -223,13 +228,13 @@ def _balanced(kids: list[Member], pods: int, gpus: int) -> tuple[list[Member], l
     return chosen, shares
 
 
-def _roomiest_then_tightest(kids: list[Member], pods: int, gpus: int) -> list[Member]:
+def _roomiest_then_tightest(kids: list[Member], pods: int, gpus: int, keys: Orderings) -> list[Member]:
     """The fewest of `kids` (roomiest first) that hold the pods, the last the tightest that holds the rest."""
     chosen: list[Member] = []
     left = pods
     for i, kid in enumerate(kids):
         if kid.fits_now(gpus) >= left:  # the rest fits in one child: the tightest that holds it
-            return chosen + [min(kids[i:], key=lambda c: orderings.tightest_for_rest(c, gpus, left))]
+            return chosen + [min(kids[i:], key=lambda c: keys.tightest_for_rest(c, gpus, left))]
         chosen.append(kid)
         left -= kid.fits_now(gpus)
     return chosen
@@ -246,7 +251,7 @@ def _distributed(subset: TopologyTree, request: PlacementRequest, chain: list[Me
             for level in range(max(0, depth - 2), -1, -1):
                 fitting = [d for d in walk.members_at(anchor, level) if d.fits_now(gpus) >= pods]
                 if fitting:
-                    scope = min(fitting, key=lambda d: orderings.one_pod_per_node_fit(d, gpus, pods))
+                    scope = min(fitting, key=lambda d: subset.orderings.one_pod_per_node_fit(d, gpus, pods))
                     break
             if scope is not None:
                 break
@@ -255,7 +260,7 @@ def _distributed(subset: TopologyTree, request: PlacementRequest, chain: list[Me
         scope = next((m for m in chain if m.fits_now(gpus) >= pods), None)
     if scope is not None and scope.ref.level < narrowest:  # max-domain: the roomiest domain of that level
         fitting = [d for anchor in chain for d in walk.members_at(anchor, narrowest) if d.fits_now(gpus) >= pods]
-        scope = min(fitting, key=lambda d: orderings.widest_spread(d, gpus)) if fitting else None
+        scope = min(fitting, key=lambda d: subset.orderings.widest_spread(d, gpus)) if fitting else None
     if scope is None:
         return waiting.wait_decision(subset, request, chain)
     used = _spread(subset, scope, pods, gpus, depth)
@@ -277,23 +282,23 @@ def _spread(subset: TopologyTree, scope: Member, pods: int, gpus: int, depth: in
         groups = subset.orders[depth - 1].roomiest(gpus, pods)
     elif scope.ref.level < depth - 1:
         open_leaves = [d for d in walk.at_level(scope, depth - 1) if d.slots(gpus)]
-        groups = heapq.nsmallest(pods, open_leaves, key=lambda d: orderings.roomiest(d, gpus))
+        groups = heapq.nsmallest(pods, open_leaves, key=lambda d: subset.orderings.roomiest(d, gpus))
     else:
         groups = [scope]
-    queues = [sorted(walk.nodes_fitting(g, gpus), key=orderings.tightest_node) for g in groups]
+    queues = [sorted(walk.nodes_fitting(g, gpus), key=subset.orderings.tightest_node) for g in groups]
     used: dict[str, int] = {}
     taken = [0] * len(groups)
     for _ in range(pods):
         open_groups = [i for i in range(len(groups)) if taken[i] < len(queues[i])]
         if not open_groups:
             break
-        i = min(open_groups, key=lambda k: orderings.round_robin(taken[k], len(queues[k]) - taken[k], k))
+        i = min(open_groups, key=lambda k: subset.orderings.round_robin(taken[k], len(queues[k]) - taken[k], k))
         used[queues[i][taken[i]].name] = 1
         taken[i] += 1
     left = pods - sum(used.values())
     while left:  # fewer open nodes than pods: stack onto the nodes with the most room left
         nodes = [n for n in walk.nodes_fitting(scope, gpus) if n.free >= gpus * (used.get(n.name, 0) + 1)]
-        node = max(nodes, key=lambda n: orderings.most_room_left(n, gpus, used.get(n.name, 0)))
+        node = max(nodes, key=lambda n: subset.orderings.most_room_left(n, gpus, used.get(n.name, 0)))
         used[node.name] = used.get(node.name, 0) + 1
         left -= 1
     return used
@@ -327,7 +332,7 @@ def _placed(subset: TopologyTree, request: PlacementRequest, scope: Member, spli
     reasons.append(f"traffic crosses {interconnect.value}; estimated all-reduce bus bandwidth "
                    f"{bandwidth:.0f} GB/s ({profile.name}{', estimate' if profile.estimate else ''})")
     # Distributed pins only its scope: below it the spread constraints do the work.
-    confine = [node for node, _ in split] if request.strategy is not Strategy.DISTRIBUTED else []
+    confine = [node for node, _ in split] if request.strategy.rules.layout is not Layout.SPREAD else []
     named = sorted({walk.hostname(node) for node, _ in split})
     return Decision(Outcome.PLACED, request, scope.ref, domains=domains, assignment=tuple(assignment),
                     requirements=walk.requirements(subset, scope, confine) if pin else (),
@@ -338,7 +343,7 @@ def _placed(subset: TopologyTree, request: PlacementRequest, scope: Member, spli
 
 def _why(subset: TopologyTree, request: PlacementRequest, scope: Member, domains: tuple[DomainRef, ...]) -> str:
     shape = f"{request.pods} pod(s) x {request.gpus_per_pod} GPU(s)"
-    if request.strategy is Strategy.DISTRIBUTED:
+    if request.strategy.rules.layout is Layout.SPREAD:
         return f"{shape} spread over nodes and leaves of {scope.label} for failure isolation"
     if len(domains) > 1:
         return (f"{shape} in {scope.label} across {', '.join(d.name for d in domains)}: "

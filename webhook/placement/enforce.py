@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..core.model import NO_ROOM_NOW, Decision, Hold, Outcome, Strategy
+from ..core.model import NO_ROOM_NOW, Decision, Hold, Outcome
+from ..core.strategies import Waits
 from ..settings.config import Config
 
 
@@ -26,24 +27,23 @@ def how_held(decision: Decision, config: Config) -> Hold | None:
 
 
 def pins(decision: Decision, config: Config) -> bool:
-    """Whether the decision becomes required node affinity rather than a preference: placed
-    consolidated and distributed workloads are pinned to their domain (distributed to the scope
-    its spread runs in), balanced ones only prefer it. A waiting consolidated one is pinned to
+    """Whether the decision becomes required node affinity rather than a preference, as the
+    strategy's rules say (core/strategies.py): placed consolidated and distributed workloads are
+    pinned to their domain (distributed to the scope its spread runs in), balanced ones only prefer it. A waiting consolidated one is pinned to
     where it waits when `pin_when_waiting` is on, unless waiting for locality does not pay
     (`Decision.locality_pays`); so is a balanced one waiting for room where
     `pin_only_where_locality_pays` weighed its wait and the request allows it (no preference of the
     user's, a workload whose work ends: `PlacementRequest.may_pin_wait`); else it only prefers. A workload
     with a max-domain is always pinned: a preference could let the scheduler spill it wider."""
-    strategy = decision.request.strategy
+    rules = decision.request.strategy.rules
     if decision.request.max_domain is not None:
         return decision.outcome in (Outcome.PLACED, Outcome.WAIT)  # a ceiling only a requirement can keep
     if decision.outcome is Outcome.PLACED:
-        return strategy in (Strategy.CONSOLIDATED, Strategy.DISTRIBUTED)
+        return rules.pinned
     if decision.outcome is not Outcome.WAIT or not config.pin_when_waiting or not decision.locality_pays:
         return False
-    return strategy is Strategy.CONSOLIDATED or (strategy is Strategy.BALANCED and decision.code == NO_ROOM_NOW
-                                                 and decision.request.may_pin_wait
-                                                 and config.pin_only_where_locality_pays)
+    return rules.waits is Waits.PINNED or (rules.waits is Waits.PINNED_WHERE_IT_PAYS and decision.code == NO_ROOM_NOW
+                                           and decision.request.may_pin_wait and config.pin_only_where_locality_pays)
 
 
 def _gated(decision: Decision, config: Config) -> bool:

@@ -2,7 +2,8 @@
 it can be), reserve, in that order.
 
 The placement core decides and writes nothing; this is where a decision meets the state that
-other requests and the watch threads change, so it is the one place that takes the index's lock.
+other requests and the watch threads change, so it holds the index's lock across a decision and
+its hold. Other callers ask the index's queries, which take the lock themselves (state/queries.py).
 
 With replicas sharing claims (`index.shared_claims`, webhook/kube/shared_claims.py over the API), a placed decision
 is also written there, against the version of the claims it was made with: when another replica
@@ -16,7 +17,8 @@ import time
 import zlib
 from typing import Callable
 
-from ..core.model import GROUP_MISMATCH, NO_ROOM_NOW, Decision, DomainRef, Outcome, PlacementRequest, Strategy, on_nodes
+from ..core.model import GROUP_MISMATCH, NO_ROOM_NOW, Decision, DomainRef, Outcome, PlacementRequest, on_nodes
+from ..core.strategies import Layout
 from ..state.gated import GatedGroup
 from ..state.index import ClusterIndex
 from ..state.tree import TopologyTree
@@ -45,21 +47,30 @@ def place_gated(index: ClusterIndex, request: PlacementRequest, waiting: DomainR
 
     Why no wider: the wait was weighed at that level (`pin_only_where_locality_pays`), so room that
     opens in an equal domain is as good and starts it now, which a pin could not; a wider span would
-    run slower than the wait was judged worth."""
+    run slower than the wait was judged worth. With `tight_wait_weight` the core weighs that again
+    (tighter.py), with how long the workload has waited: wider, once the wait is no longer worth it."""
     with index.lock:
-        if not _holds_no_wider(index.restricted_to(request), request, waiting.level):
+        if key is not None:
+            request = dataclasses.replace(request, waited_seconds=index.waited_seconds(key))
+        # With tight_wait_weight the core may start it wider (`held_for_tighter` weighed the wait
+        # and aged it): then only a cluster with no room at all spares deciding.
+        wider = bool(index.config.tight_wait_weight)
+        if not _holds_no_wider(index.restricted_to(request), request, -1 if wider else waiting.level):
             return None  # the common answer while it waits, without deciding (and explaining) a wait
     label, value = waiting.path[-1] if waiting.path else ("", "")
     decision = place(index, dataclasses.replace(request, preferred_domain=f"{label}={value}"), key) if value else None
-    if decision is not None and decision.outcome is not Outcome.PLACED:
-        return None  # no room anywhere
-    if decision is None or decision.scope is None or decision.scope.path[:len(waiting.path)] != waiting.path:
+    if decision is not None and decision.outcome is not Outcome.PLACED and not wider:
+        return None  # no room anywhere (with the rule, a wait for a tighter domain: decided without the preference)
+    if decision is None or decision.outcome is not Outcome.PLACED or decision.scope is None \
+            or decision.scope.path[:len(waiting.path)] != waiting.path:
         decision = place(index, request, key)
-    if decision.outcome is not Outcome.PLACED or decision.scope is None or decision.scope.level < waiting.level:
+    if decision.outcome is not Outcome.PLACED or decision.scope is None or (
+            decision.scope.level < waiting.level and not wider):
         return None
+    span = "no wider" if decision.scope.level >= waiting.level else "wider, as the reasons above say"
     return dataclasses.replace(decision, reasons=(
         *decision.reasons, f"it waited for {waiting} behind its scheduling gate and starts in {decision.scope}, "
-        "no wider"))
+        + span))
 
 
 def _holds_no_wider(subset: TopologyTree, request: PlacementRequest, level: int) -> bool:
@@ -80,19 +91,19 @@ def _holds_no_wider(subset: TopologyTree, request: PlacementRequest, level: int)
 def _decide(index: ClusterIndex, request: PlacementRequest, key: str | None) -> Decision:
     """The core's decision, kept off the GPUs that older pinned waits need where it can be
     (protection.py): decided again with them held when the first answer takes them."""
-    decision = decide(index.tree, request, index.restricted_to(request), index.pools)
+    decision = decide(index.whole_tree(), request, index.restricted_to(request), index.pools)
     seconds = index.config.protect_waiting_seconds
-    if not seconds or not index.pods.waiters or decision.outcome is not Outcome.PLACED:
+    if not seconds or not index.pinned_waits() or decision.outcome is not Outcome.PLACED:
         return decision
-    needed = protection.needs(index.pods.waiters, index.ledger.clock(), seconds, key)
-    if not protection.reaches(index.tree, needed, decision):
+    needed = protection.needs(index.pinned_waits(), index.now(), seconds, key)
+    if not protection.reaches(index.whole_tree(), needed, decision):
         return decision
-    shield = protection.protected(index.tree, needed)
+    shield = protection.protected(index.whole_tree(), needed)
     if not shield.taken_by(decision):
         return decision
-    index.reserve(protection.PROTECTION_KEY, shield.gpu_sets(index.tree))
+    index.reserve(protection.PROTECTION_KEY, shield.gpu_sets(index.whole_tree()))
     try:
-        second = decide(index.tree, request, index.restricted_to(request), index.pools)
+        second = decide(index.whole_tree(), request, index.restricted_to(request), index.pools)
     finally:
         index.release(protection.PROTECTION_KEY)
     return protection.chosen(decision, second, shield)
@@ -139,7 +150,7 @@ def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None
     if claims is None or key is None:
         return place_and_reserve(index, request, key, stamp), []
 
-    spreading = (request.strategy is Strategy.DISTRIBUTED and not request.latency_sensitive
+    spreading = (request.strategy.rules.layout is Layout.SPREAD and not request.latency_sensitive
                  and not request.preferred_domain)  # round-robin over the leaves with room
 
     def decide() -> Decision:  # under the lock: the allotment as it is now, after a 409 too
@@ -159,7 +170,7 @@ def place_shared(index: ClusterIndex, request: PlacementRequest, key: str | None
 def _apart(index: ClusterIndex, spread: Decision, pods: int) -> bool:
     """Whether a spread decided on an allotment's nodes for spreads is as far apart as one decided
     on every node would start: each pod on a node and a leaf of its own."""
-    leaves = {index.tree.nodes[assigned.node].parent for assigned in spread.assignment}
+    leaves = {index.nodes[assigned.node].parent for assigned in spread.assignment}
     return len(spread.assignment) == len(leaves) == pods
 
 
@@ -175,11 +186,11 @@ def start_gated(index: ClusterIndex, group: GatedGroup) -> tuple[Decision | None
     ours: list[object] = [None]  # the hold this call made, if any: deciding again after a 409 replaces it
 
     def decide() -> Decision | None:
-        held = index.ledger.hold(key)
+        held = index.hold(key)
         if held is not None and held is not ours[0]:
             return None
         decision = _held(index, key, lambda: place_gated(index, group.request, waiting, group.reservation))
-        ours[0] = index.ledger.hold(key)
+        ours[0] = index.hold(key)
         return decision
     return _shared(index, key, group.request.workload, decide)
 
@@ -222,8 +233,8 @@ def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserv
     members to come. A dry run joins a group but starts none. Returns (decision, warnings, joined)."""
     with _GROUP_LOCKS[zlib.crc32(key.encode()) % len(_GROUP_LOCKS)]:
         with index.lock:
-            decision = index.ledger.group(key)
-            claimed = index.ledger.hold(key) if decision is None else None
+            decision = index.group(key)
+            claimed = index.hold(key) if decision is None else None
             nodes = sorted(claimed.sets) if claimed is not None else []
         if decision is not None:
             first = decision.request
@@ -240,7 +251,7 @@ def place_group(index: ClusterIndex, request: PlacementRequest, key: str, reserv
         decision, alone = place_shared(index, request, key if reserve else None, group=True, stamp=stamp)
         if reserve and decision.outcome is not Outcome.NEVER:  # a denial is the member's alone
             with index.lock:
-                index.ledger.remember_group(key, decision)
+                index.remember_group(key, decision)
         return decision, alone, False
 
 
@@ -253,7 +264,7 @@ def _mismatch(request: PlacementRequest, placed_for: str) -> Decision:
 def group_decision(index: ClusterIndex, key: str) -> Decision | None:
     """The decision of the group `key` if one of its members was placed, else None."""
     with index.lock:
-        return index.ledger.group(key)
+        return index.group(key)
 
 
 def release_shared(index: ClusterIndex, key: str) -> None:

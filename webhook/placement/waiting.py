@@ -7,8 +7,8 @@ import heapq
 import math
 from typing import Callable, Sequence
 
-from ..core import orderings
-from ..core.model import EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Decision, DomainRef, NodeRequirement, Outcome, PlacementRequest, Strategy
+from ..core.model import EXCEEDS_CLUSTER, EXCEEDS_NODES, GROWS_POOL, NO_MATCHING_NODES, NO_ROOM_NOW, UNKNOWN_DOMAIN, Decision, DomainRef, NodeRequirement, Outcome, PlacementRequest
+from ..core.strategies import Layout, Waits
 from ..settings.presets import HOSTNAME_LABEL
 from ..state.filters import expression_matches, node_matches, tolerates
 from ..state.growth import TOPOLOGY_IN_ADVANCE, Pool
@@ -67,7 +67,7 @@ def _pool_pins(subset: TopologyTree, request: PlacementRequest, pool: Pool) -> t
     open (several zones) the first value the request's own constraints allow: a group stays in
     one domain. A distributed workload is spread for failure isolation: only its identity."""
     pins = [NodeRequirement(pool.identity[0], (pool.identity[1],))]
-    if request.strategy is Strategy.DISTRIBUTED and not request.latency_sensitive:
+    if request.strategy.rules.layout is Layout.SPREAD and not request.latency_sensitive:
         return tuple(pins)
     for key in dict.fromkeys((*TOPOLOGY_IN_ADVANCE, *(lv.label for lv in subset.config.levels))):
         if key == pool.identity[0]:
@@ -168,7 +168,7 @@ def wait_decision(subset: TopologyTree, request: PlacementRequest, chain: list[M
         for level in range(len(subset.levels) - 1, scope.ref.level, -1):
             able = [d for d in walk.at_level(scope, level) if d.fits_idle(gpus) >= pods]
             if able:
-                target = min(able, key=lambda d: orderings.closest_to_fitting(d, gpus))
+                target = min(able, key=lambda d: subset.orderings.closest_to_fitting(d, gpus))
                 break
         if target is not None:
             break
@@ -180,8 +180,8 @@ def wait_decision(subset: TopologyTree, request: PlacementRequest, chain: list[M
     reasons = [f"no domain has room for {pods} pod(s) x {gpus} GPU(s) now; {target.label} will fit first "
                f"({target.fits_now(gpus)} of {pods} fit now, {target.fits_idle(gpus)} when idle{freeing})"]
     locality_pays = True
-    weighed = request.strategy is Strategy.CONSOLIDATED or (request.strategy is Strategy.BALANCED
-                                                            and request.may_pin_wait)
+    waits = request.strategy.rules.waits
+    weighed = waits is Waits.PINNED or (waits is Waits.PINNED_WHERE_IT_PAYS and request.may_pin_wait)
     if weighed and subset.config.pin_only_where_locality_pays:
         widest, why = _worth_waiting_in(subset, request, target, narrowest)
         if widest is subset.root:
@@ -205,7 +205,7 @@ def _worth_waiting_in(subset: TopologyTree, request: PlacementRequest, target: M
     the first level that does not pay. With the sentences that say so ("" when nothing was
     weighed and it is `target`)."""
     member, notes, start = target, [], None  # start: where the run of levels that cost nothing began
-    node = _first_node(target)  # the nodes are taken to be like it
+    node = first_node(target)  # the nodes are taken to be like it
     tight = estimate.bandwidth_across(subset, request, target.ref.level, node)
     while member.parent is not None and member.parent.ref.level >= narrowest:
         if estimate.spill_costs(subset, request, member.ref.level):
@@ -275,7 +275,8 @@ def _harmonic(n: int) -> float:
     return math.log(n) + 0.5772156649015329 + 1 / (2 * n) - 1 / (12 * n ** 2) + 1 / (120 * n ** 4)
 
 
-def _first_node(member: Member) -> NodeState:
+def first_node(member: Member) -> NodeState:
+    """The node the estimates take every node under `member` to be like: the first by name at every level."""
     while not isinstance(member, NodeState):
         member = member.children[min(member.children)]
     return member

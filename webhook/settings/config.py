@@ -131,6 +131,23 @@ class Config:
         placement, which a lower bandwidth stretches: it weighs a wait for locality against spanning
         a level wider. 0: communication costs nothing, so no wait is pinned
         ([how placement decides](docs/concepts.md#waiting)).""")
+    tight_wait_weight: float = _setting(0.0, doc="""
+        With a weight above 0 (2 was tuned), a consolidated or balanced job of several pods that
+        fits now only across a slower level than the narrowest one that could hold it waits for a
+        narrower domain instead, while the wait expected there is under this many times the
+        stretch it saves, both in run times as `communication_share` counts them;
+        `tight_wait_seconds` bounds that wait. Only where our scheduling gate would hold the wait
+        (`gate_waits`, a workload whose work ends), which decides it again at every release. 0,
+        the default: it starts now wherever it fits; on fresh streams the wait bought nothing
+        measurable ([how placement decides](docs/concepts.md#waiting)).""")
+    tight_wait_seconds: float = _setting(3600.0, doc="""
+        How long such a wait for a narrower domain lasts at most, per run time of stretch it saves:
+        a job that would run 0.5 run times longer across the wider level waits up to half this long,
+        then starts where it fits. 0: no bound.""")
+    tight_wait_cap: float = _setting(4.0, doc="""
+        A stretch above this many run times never ages out under `tight_wait_seconds`: across such
+        a level the job would run so much slower that waiting on stays the better bet. 0: every
+        stretch ages.""")
     protect_waiting_seconds: float = _setting(1800.0, doc="""
         For how long a pinned wait keeps new work that has an equally tight place elsewhere off the
         GPUs it needs in its domain (oldest waiters first, at most each one's own need); 0: never.

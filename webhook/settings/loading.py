@@ -57,6 +57,9 @@ _SCALARS: Mapping[str, tuple[type, float, float]] = {
     "stale_after_seconds": (float, 5.0, 86400.0),
     "protect_waiting_seconds": (float, 0.0, 86400.0),
     "communication_share": (float, 0.0, 1.0),
+    "tight_wait_weight": (float, 0.0, 1000.0),
+    "tight_wait_seconds": (float, 0.0, 604800.0),
+    "tight_wait_cap": (float, 0.0, 1000.0),
     "max_body_bytes": (int, 1024, 3 * 1024 * 1024),
     "preferred_weight": (int, 1, 100),
 }

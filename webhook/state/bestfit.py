@@ -31,16 +31,15 @@ class Tracked(orderings.Ranked, Protocol):
 R = TypeVar("R", bound=Tracked)
 
 FIT, OPEN = "fit", "open"
-# Each rule's ordering, looked up in `orderings` when an order is read, so that switching one there
-# (an ablation) switches it here too.
-_ORDERINGS = {FIT: "best_fit", OPEN: "roomiest"}
 
 
 class LevelOrders(Generic[R]):
     """Sorted orders of one level's domains, one per rule and pod size asked for, kept lazily."""
 
-    def __init__(self, domains: Callable[[], Mapping[tuple, R]]):
+    def __init__(self, domains: Callable[[], Mapping[tuple, R]], keys: orderings.Orderings = orderings.DEFAULT):
         self._domains = domains  # the level's current domains by path
+        # Each rule's key: the tree's orderings, which the decision ranks by too.
+        self._keys: dict[str, Callable[[R, int], tuple]] = {FIT: keys.best_fit, OPEN: keys.roomiest}
         self.changed: list[R] = []  # domains touched since the oldest order last caught up
         # (rule, g) -> (sorted keys, key by path), and how far into `changed` that order is current
         self._orders: dict[tuple[str, int], tuple[list[tuple], dict[tuple, tuple]]] = {}
@@ -66,7 +65,7 @@ class LevelOrders(Generic[R]):
     def _current(self, rule: str, gpus: int) -> list[tuple]:
         """The sorted keys of `rule` for pods of `gpus` GPUs, brought up to date first."""
         domains = self._domains()
-        key, which = getattr(orderings, _ORDERINGS[rule]), (rule, gpus)
+        key, which = self._keys[rule], (rule, gpus)
         if which not in self._orders:
             keyed = {path: key(d, gpus) for path, d in domains.items()}
             self._orders[which] = (sorted(keyed.values()), keyed)

@@ -7,7 +7,7 @@ from typing import Iterable, Protocol
 
 from ..core.model import GPU_RESOURCE
 from . import dra
-from .tree import NodeState, placement_fields, with_gpus
+from .members import NodeInfo, NodeState, placement_fields, with_gpus
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,19 +37,19 @@ class Devices:
         self.inventory = dra.DraInventory()
         self.both_sources: set[str] = set()  # nodes with allocatable nvidia.com/gpu and DRA GPUs
 
-    def counted(self, node: NodeState) -> NodeState:
-        """The node with the GPUs it is counted with: allocatable nvidia.com/gpu when it has any
-        (the device plugin), else its GPU devices in ResourceSlices, never both."""
-        gpus = self.inventory.node_gpus(node.name)
-        if node.plugin_gpus and gpus:
-            self.both_sources.add(node.name)
+    def counted(self, info: NodeInfo) -> tuple[NodeInfo, frozenset[int]]:
+        """The node's facts with the GPUs it is counted with: allocatable nvidia.com/gpu when it
+        has any (the device plugin), else its GPU devices in ResourceSlices, never both; and
+        which of them claims hold."""
+        gpus = self.inventory.node_gpus(info.name)
+        if info.plugin_gpus and gpus:
+            self.both_sources.add(info.name)
         else:
-            self.both_sources.discard(node.name)
-        if node.plugin_gpus or not gpus:
-            return node if node.gpus == node.plugin_gpus and not node.devices else with_gpus(node, node.plugin_gpus)
-        counted = with_gpus(node, sum(len(names) for _, names in gpus), gpus)
-        counted.claimed.update(self.inventory.claimed(node.name, gpus))
-        return counted
+            self.both_sources.discard(info.name)
+        if info.plugin_gpus or not gpus:
+            same = info.gpus == info.plugin_gpus and not info.devices
+            return (info if same else with_gpus(info, info.plugin_gpus)), frozenset()
+        return with_gpus(info, sum(len(names) for _, names in gpus), gpus), self.inventory.claimed(info.name, gpus)
 
     def apply(self, fact: DraFact) -> None:
         """The nodes whose GPUs or GPUs in use the fact changes are recounted, no others."""
@@ -79,11 +79,11 @@ class Devices:
             node = self.nodes.node(name)
             if node is None:
                 continue
-            fresh = self.counted(node)
-            if placement_fields(fresh) != placement_fields(node):
-                self.nodes.install(node, fresh)
-            elif fresh.claimed != node.claimed:
-                self.nodes.set_claimed(node, frozenset(fresh.claimed))
+            counted, claimed = self.counted(node.info)
+            if placement_fields(counted) != placement_fields(node.info):
+                self.nodes.install(node, NodeState(counted, claimed=set(claimed)))
+            elif claimed != node.claimed:
+                self.nodes.set_claimed(node, claimed)
 
     def keys(self, kind: str) -> set[str]:
         """Keys of the DRA objects of `kind` held (a relist forgets the others)."""

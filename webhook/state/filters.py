@@ -269,7 +269,7 @@ class ConstrainedSubsets:
         if cached is None and _names_nodes(request):
             cached = self._renamed(signature, request, tree, filters)
         if cached is None:
-            subset = TopologyTree(tree.config, tree.width, serves=request)
+            subset = TopologyTree(tree.config, tree.width, serves=request, orderings=tree.orderings)
             for node in _matching(request, tree, filters):
                 subset.attach(dataclasses.replace(node, parent=None))  # shares pods and holds
             cached = self._subsets[signature] = (request, subset)

@@ -1,8 +1,8 @@
 """The cluster index: the state placement reads, kept current by the facts the feed brings.
 
 Facts arrive from objects/feed.py (Nodes, Pods, DRA objects, autoscalers' pools, read from the
-API's dicts; one code path for watches and files) through `apply`. The index is a thin front over
-its parts, each with one concern:
+API's dicts; one code path for watches and files) through `apply`; callers outside `state/` ask
+it questions (queries.py) and never reach its parts, each with one concern:
   tree.py     the domain tree and its capacity aggregates (and constrained subsets' trees),
   filters.py  what a workload may use: label/taint/bandwidth/resource indexes, constrained subsets,
   holds.py    GPU sets held for admitted workloads, with their expiry (the ledger),
@@ -11,7 +11,9 @@ its parts, each with one concern:
   growth.py   how autoscalers can grow the cluster,
   ports.py    what the adapters kube/ builds are to the index (the claims Lease, scale-ups),
 and it owns what ties them together: a node's aggregates settled after each change, and the one
-lock that watch threads and request threads share.
+lock that watch threads and request threads share. Its methods take that lock; outside `state/`
+only the placer holds it across several calls (decide, then hold), and the claims Lease and the
+page through `locked` (its docstring says why).
 """
 from __future__ import annotations
 
@@ -21,23 +23,22 @@ import gc
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Collection, Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 from ..core.memo import Memo
-from ..core.model import PlacementRequest
+from ..core.model import Decision
+from ..core.orderings import DEFAULT as DEFAULT_ORDERINGS, Orderings
 from ..settings.config import Config
 from ..settings.presets import PRESETS, PresetVotes, preset_marks
-from . import dra
 from .devices import Devices, DraFact
 from .filters import ConstrainedSubsets, NodeFilters
-from .gated import GatedGroup, GatedPod
-from .growth import GrowthFact, GrowthState, Pool
-from .holds import ReservationLedger, Stored
+from .growth import GrowthFact, GrowthState
+from .holds import GpuSet, ReservationLedger, Stored
 from .pods import PodCounts, PodFacts, PodGone
 from .ports import ScaleUps, SharedClaims
-from .stats import ClusterStats, cluster_stats
-from .tree import Domain, NodeState, TopologyTree, placement_fields
-
+from .queries import IndexQueries
+from .members import Domain, NodeInfo, NodeState, placement_fields
+from .tree import TopologyTree
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +48,9 @@ class NodeGone:
     name: str
 
 
-# What the index applies: a Node's facts (a NodeState, unattached), a Pod's, a DRA object's, an
-# autoscaler's, or the deletion of one.
-Fact = NodeState | NodeGone | PodFacts | PodGone | DraFact | GrowthFact | Stored
+# What the index applies: a Node's facts, a Pod's, a DRA object's, an autoscaler's, or the
+# deletion of one.
+Fact = NodeInfo | NodeGone | PodFacts | PodGone | DraFact | GrowthFact | Stored
 
 
 def out_of_the_collectors_way() -> None:
@@ -63,20 +64,22 @@ def out_of_the_collectors_way() -> None:
     gc.freeze()
 
 
-class ClusterIndex:
+class ClusterIndex(IndexQueries):
     """Nodes, pods and reservations, with capacity aggregated per topology domain.
 
     Holds are the ledger's; the index counts them against the nodes they are on. `clock` is what
-    holds expire by (the ledger's own).
+    holds expire by (the ledger's own); `orderings`, the sort keys its tree keeps and placement ranks
+    by (core/orderings.py).
 
-    Thread safety: `apply` and every other public mutator take `lock`; callers that read and then
-    write (place and reserve) hold it across both.
+    Thread safety: `apply`, every other public mutator and the queries take `lock`; the placer,
+    which reads and then writes (decide and hold), holds it across both.
     """
 
-    def __init__(self, config: Config, width: int = 8, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: Config, width: int = 8, clock: Callable[[], float] = time.monotonic,
+                 orderings: Orderings = DEFAULT_ORDERINGS):
         self.config = config
         self.lock = threading.RLock()
-        self.tree = TopologyTree(config, width)
+        self.tree = TopologyTree(config, width, orderings=orderings)
         self.filters = NodeFilters()
         self.subsets = ConstrainedSubsets()
         self.ledger = ReservationLedger(config.reservation_ttl_seconds, clock)
@@ -100,7 +103,7 @@ class ClusterIndex:
         with self.lock:
             if isinstance(fact, PodFacts):
                 self.pods.apply(fact)
-            elif isinstance(fact, NodeState):
+            elif isinstance(fact, NodeInfo):
                 self._upsert_node(fact)
             elif isinstance(fact, PodGone):
                 self.pods.gone(fact)
@@ -169,14 +172,14 @@ class ClusterIndex:
     def node(self, name: str) -> NodeState | None:
         return self.tree.nodes.get(name)
 
-    def _upsert_node(self, node: NodeState) -> None:
-        fresh = self.devices.counted(node)
-        if not fresh.name:
+    def _upsert_node(self, info: NodeInfo) -> None:
+        counted, claimed = self.devices.counted(info)
+        if not info.name:
             return
-        old = self.tree.nodes.get(fresh.name)
-        if old is not None and placement_fields(old) == placement_fields(fresh):
+        old = self.tree.nodes.get(info.name)
+        if old is not None and placement_fields(old.info) == placement_fields(counted):
             return  # kubelet's status updates: nothing placement reads has changed
-        self.install(old, fresh)
+        self.install(old, NodeState(counted, claimed=set(claimed)))
 
     def install(self, old: NodeState | None, fresh: NodeState) -> None:
         """Put `fresh` in the tree in place of `old` (None: a new node), keeping what runs and is held there."""
@@ -226,7 +229,7 @@ class ClusterIndex:
         and rare (the first nodes read, a relist, nodes of another kind joining)."""
         self.preset = preset
         self.config = dataclasses.replace(self.config, levels=PRESETS[preset])
-        tree = TopologyTree(self.config, self.tree.width)
+        tree = TopologyTree(self.config, self.tree.width, orderings=self.tree.orderings)
         for node in list(self.tree.nodes.values()):
             node.parent = None
             tree.attach(node)
@@ -261,62 +264,6 @@ class ClusterIndex:
                 node.held[:] = self.ledger.held_on(node.name)
                 self.changed(node)
 
-    # -- reading -----------------------------------------------------------------------------
-
-    def claims_demand(self, namespace: str, claims: dra.ClaimRefs) -> dra.ClaimDemand:
-        """What a pod spec's resourceClaims ask of GPUs, from the templates and claims known now."""
-        with self.lock:
-            demand = dra.claims_demand(namespace, claims, self.devices.inventory)
-            if not demand.whole_node:
-                return demand
-            # every GPU of one node: of the largest nodes (the widest g any node holds a pod of)
-            ever = self.tree.root.pods_idle
-            largest = next((g for g in range(len(ever) - 1, 0, -1) if ever[g] > 0), 0)
-            return dataclasses.replace(demand, per_pod=demand.per_pod + largest)
-
-    def pod_group(self, key: str) -> dra.PodGroupFacts | None:
-        """The PodGroup namespace/name as last seen, None when not seen."""
-        with self.lock:
-            return self.devices.inventory.pod_groups.get(key)
-
-    def is_gpu_class(self, name: str) -> bool:
-        """Whether DeviceClass `name` selects whole GPUs (dra.py)."""
-        with self.lock:
-            return self.devices.inventory.is_gpu_class(name)
-
-    def has_level(self, label: str) -> bool:
-        return any(level.label == label for level in self.config.levels)
-
-    def keys(self, kind: str) -> set[str]:
-        """Keys of the objects of `kind` the index holds, by the feed's keys (a relist forgets the
-        others): pods, DRA kinds, workloads stored with an admission's hold, autoscalers' kinds."""
-        with self.lock:
-            if kind == "Pod":
-                return self.pods.counted()
-            if kind in dra.DRA_KINDS:
-                return self.devices.keys(kind)
-            return self.ledger.stored_of(kind) | {key for key in self.growth.objects if key.startswith(kind + "/")}
-
-    def inventory_warnings(self) -> list[str]:
-        """What the GPU count per node cannot be sure of now, for people."""
-        with self.lock:
-            return self.devices.warnings()
-
-    def pools(self) -> tuple[Pool, ...]:
-        """Pools that can add nodes, heaviest first (rebuilt only after a change they depend on)."""
-        with self.lock:
-            return self.growth.pools(self.tree.nodes, self.config)
-
-    def gated_groups(self, started: Collection[str] = (), sizes: Mapping[str, int] | None = None) -> list[GatedGroup]:
-        """Workloads held by our gate whose pods all exist, oldest first (gated.py)."""
-        with self.lock:
-            return self.pods.gated_groups(started, sizes)
-
-    def gated_unsure(self) -> dict[str, GatedPod]:
-        """Gated workloads whose pods exist in another number than their request says (gated.py)."""
-        with self.lock:
-            return self.pods.gated_unsure()
-
     # -- reservations ------------------------------------------------------------------------
 
     def reserve(self, key: str, sets_per_node: Mapping[str, list[tuple[int, ...]]], ttl: float | None = None,
@@ -338,26 +285,32 @@ class ClusterIndex:
         with self.lock:
             self.recount(self.ledger.expire())
 
+    def renew(self, key: str, sets_per_node: Mapping[str, Iterable[GpuSet]], ttl: float) -> bool:
+        """Make `key`'s hold last `ttl` from now when it holds exactly these sets: no node changes,
+        so nothing is counted again. False, changing nothing, otherwise (holds.py)."""
+        with self.lock:
+            return self.ledger.renew(key, sets_per_node, ttl)
+
+    def remember_group(self, key: str, decision: Decision) -> None:
+        """Keep the decision of the group `key`'s first member for the members to come."""
+        with self.lock:
+            self.ledger.remember_group(key, decision)
+
+    def hold_provisionally(self, seconds: float | None) -> None:
+        """An admission's hold counts for `seconds` until the watch shows what was admitted stored
+        (None: no watch, every hold is firm when made; holds.py)."""
+        self.ledger.provisional_seconds = seconds
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The index held still across several steps, for the two callers outside `state/` and the
+        placer that need one moment: the claims Lease (kube/shared_claims.py), whose applied
+        claims and allotment the placer reads under this lock (ports.SharedClaims) and so must
+        change under it too, and the topology page, whose snapshot sums the tree and the holds as
+        they are at once. Nothing in it may wait on the API."""
+        with self.lock:
+            yield
+
     def share_claims(self, claims: SharedClaims) -> None:
         """Holds from now on also go through `claims`, shared with the other replicas."""
         self.shared_claims = claims
-
-    def restricted_to(self, request: PlacementRequest) -> TopologyTree:
-        """The whole tree, or the constrained subset holding only the nodes the request may use."""
-        if self.filters.filters_nothing(request, self.tree.nodes):
-            return self.tree
-        return self.subsets.for_request(request, self.tree, self.filters)
-
-    def has_room_ever(self, expressions: Iterable[Mapping], gpus: int, reservation: str | None) -> bool:
-        """Whether the in-service nodes matching every `In` and `DoesNotExist` expression could hold
-        a pod of `gpus` GPUs once everything else on them has ended, except the bound pods carrying
-        `reservation` (the workload's own pods, which run as long as it does). False: that capacity
-        is gone, not busy."""
-        with self.lock:
-            return self.filters.has_room_ever(self.tree.nodes, list(expressions), gpus,
-                                              self.pods.staying(reservation))
-
-    def stats(self) -> ClusterStats:
-        with self.lock:
-            return cluster_stats(self.tree, self.config, self.preset, self.ledger.provisional_gpus(),
-                                 self.pods.gated.waited(self.ledger.clock()))

@@ -44,6 +44,10 @@ class Waiting:
     def get(self, pod: str) -> Waiter | None:
         return self.pods.get(pod)
 
+    def waited(self, key: str, now: float) -> float:
+        """How long the workload `key` has waited, by its pod seen waiting first (0: none waits)."""
+        return max((now - group.first for (of, _), group in self.groups.items() if of == key), default=0.0)
+
     def put(self, pod: str, waiter: Waiter) -> None:
         self.forget(pod)
         self.pods[pod] = waiter

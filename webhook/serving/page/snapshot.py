@@ -70,18 +70,19 @@ def nodes_below(domain: Domain) -> Iterator[list[NodeState]]:
 
 
 class _Reader:
-    """One snapshot's reading of the index; call under the index lock."""
+    """One snapshot's reading of the index; made and used inside `index.locked()`."""
 
     def __init__(self, index: ClusterIndex, selection: Selection, marked: set[str]):
         self.index = index
         self.selection = selection
         self.marked = marked
-        self.width = index.tree.width
+        tree = index.whole_tree()
+        self.width = tree.width
         self.sizes = sorted({g for g in (1, 2, 4, 8, 16, 32, 64) if g <= self.width} | {self.width})
         self.gpu_nodes = sum(1 for node in index.nodes.values() if node.gpus > 0)
         self.draw_all = self.gpu_nodes <= NODE_DETAIL_LIMIT
         self.node_cells = self.gpu_nodes <= HEATMAP_NODE_LIMIT
-        self.workload_of = index.pods.reservations  # bound pod key -> the reservation key it carries
+        self.workload_of = index.pod_reservations()  # bound pod key -> the reservation key it carries
         # The overview's cells: each block's nodes by domain, listed under the lock, read by make_cells.
         self.unmade: list[tuple[dict, list[list[NodeState]]]] = []
         levels = index.levels
@@ -90,15 +91,15 @@ class _Reader:
         # Per domain: what its nodes that hold GPUs or are out of service add to the aggregates.
         self.extra: dict[int, dict[str, int]] = {}
         self.marked_domains: set[int] = set()
-        special = set(index.tree.out_of_service)
-        special.update(node for hold, _ in index.ledger.workload_holds() for node in hold.sets)
-        special.update(node for _, node, _ in index.ledger.pod_holds.values())
+        special = set(tree.out_of_service)
+        special.update(node for hold, _ in index.workload_holds() for node in hold.sets)
+        special.update(node for _, node, _ in index.pod_holds())
         for name in special:
             node = index.nodes.get(name)
             if node is None or not (node.held or node.out):
                 continue
             counts = node_counts(node)
-            for domain in index.tree.ancestors(node):
+            for domain in tree.ancestors(node):
                 extra = self.extra.setdefault(id(domain), {"held": 0, "out": 0, "out_total": 0})
                 extra["held"] += counts["held"]
                 extra["out"] += counts["out"]
@@ -106,7 +107,7 @@ class _Reader:
         for name in marked:
             node = index.nodes.get(name)
             if node is not None:
-                self.marked_domains.update(id(domain) for domain in index.tree.ancestors(node))
+                self.marked_domains.update(id(domain) for domain in tree.ancestors(node))
 
     def domain(self, domain: Domain, open_nodes: bool = False) -> dict:
         extra = self.extra.get(id(domain), {"held": 0, "out": 0, "out_total": 0})
@@ -166,7 +167,7 @@ class _Reader:
                  for node in sorted(group, key=lambda node: natural(node.name)) if node.gpus > 0]
         cells: list[dict] = []
         for start in range(0, len(nodes), CELL_CHUNK):
-            with self.index.lock:
+            with self.index.locked():
                 cells.extend(self.cell(node) for node in nodes[start:start + CELL_CHUNK])
         made = iter(cells)
         for block, groups in self.unmade:
@@ -199,8 +200,7 @@ class _Reader:
         expiry; "provisional admission" until the watch shows the workload stored as admitted), or
         read from pending pods that carry our placement (held until they bind)."""
         rows = []
-        ledger = self.index.ledger
-        for hold, firm in ledger.workload_holds():
+        for hold, firm in self.index.workload_holds():
             key = hold.key
             namespace, kind, name = split_key(key)
             if self.selection.matches(namespace, name):
@@ -210,8 +210,8 @@ class _Reader:
                              "expires_in_s": round(hold.expires_at - now, 1),
                              "source": "admission" if firm else "provisional admission"})
         pending: dict[str, dict[str, int]] = {}
-        for key, node, ids in ledger.pod_holds.values():
-            if ledger.hold(key) is None:
+        for key, node, ids in self.index.pod_holds():
+            if self.index.hold(key) is None:
                 by_node = pending.setdefault(key, {})
                 by_node[node] = by_node.get(node, 0) + len(ids)
         for key, by_node in pending.items():
@@ -224,7 +224,7 @@ class _Reader:
         return rows[:LIST_LIMIT], len(rows)
 
     def out_of_service(self) -> tuple[list[dict], int]:
-        out = self.index.tree.out_of_service
+        out = self.index.whole_tree().out_of_service
         rows = []
         for name in sorted(out, key=natural)[:LIST_LIMIT]:
             node = self.index.nodes[name]
@@ -245,9 +245,9 @@ def latest_per_workload(decisions: Iterable[RecordedDecision], selection: Select
 def namespaces_present(index: ClusterIndex, decisions: Iterable[RecordedDecision]) -> set[str]:
     """The namespaces of the recorded decisions and of the index's holds: those a page could list."""
     present = {entry.namespace for entry in decisions}
-    with index.lock:
-        present.update(split_key(hold.key)[0] for hold, _ in index.ledger.workload_holds())
-        present.update(split_key(key)[0] for key, _, _ in index.ledger.pod_holds.values())
+    with index.locked():
+        present.update(split_key(hold.key)[0] for hold, _ in index.workload_holds())
+        present.update(split_key(key)[0] for key, _, _ in index.pod_holds())
     return present
 
 
@@ -259,12 +259,12 @@ def snapshot(index: ClusterIndex, decisions: Sequence[RecordedDecision], now: fl
     marked: set[str] = set()
     if selection.filtering:
         marked.update(node for entry in workloads if entry.outcome in (AdmissionOutcome.PLACED, AdmissionOutcome.REPAIRED) for node in entry.nodes)
-    with index.lock:
+    with index.locked():
         if selection.filtering:
-            marked.update(node for hold, _ in index.ledger.workload_holds()
+            marked.update(node for hold, _ in index.workload_holds()
                           if selection.matches(*split_key(hold.key)[::2]) for node in hold.sets)
         reader = _Reader(index, selection, marked)
-        holds, holds_total = reader.holds(index.ledger.clock())
+        holds, holds_total = reader.holds(index.now())
         out_rows, out_total = reader.out_of_service()
         tree = reader.domain(index.root)
         levels = [level.name for level in index.config.levels]
