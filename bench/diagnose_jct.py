@@ -46,6 +46,7 @@ class Observed(Policy):
 
     def __init__(self, inner: Policy) -> None:
         self.inner, self.name, self.strict_fifo = inner, inner.name, inner.strict_fifo
+        self.ungated_by_kueue = inner.ungated_by_kueue
         self.opened = self.into_whole_leaf = self.single = 0
         self.starts = self.into_a_pin = 0  # jobs started; ... on a node some other job waits pinned to
         self.pinned_share = 0.0  # sum over starts of the share of nodes under some other job's pin

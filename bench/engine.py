@@ -58,6 +58,9 @@ The cluster as it runs (`Runtime`, issue 38 item 3; `IDEAL` is how the engine ra
   holds its GPUs from that tick and runs from the tick plus `patch_latency_s` (the pods' patches
   and the binding). IDEAL (period and latency 0) keeps gated jobs in the pass after the release,
   in submit order among the others.
+- **Kueue's ungating.** A job Kueue admits holds its GPUs from the admission and runs from
+  `kueue_ungate_s` later (1 s: its topology ungater's batch period), which the twin measured
+  (bench/twin.py); IDEAL starts it at once.
 - **Pods that are not ours.** A share of the stream (`foreign_share`, drawn per job from the seed
   alone by `foreign_jobs`, so every policy of a comparison faces the same ones) carries no
   annotation and goes to kube-scheduler directly, under every policy alike: in a Kueue cluster a
@@ -94,6 +97,10 @@ RELEASER_PERIOD_S = 1.0  # webhook/kube/clusterview.py RELEASE_INTERVAL_SECONDS:
 # to tens of ms on a loaded apiserver (not measured here; set it with --patch-latency).
 PATCH_LATENCY_S = 0.05
 FOREIGN_SHARE = 0.3  # share of the stream not annotated for us (issue 38)
+# From Kueue's admission to its pods bound: Kueue v0.17.0's topology ungater removes a TAS pod's
+# scheduling gate in a reconcile queued UpdatesBatchPeriod (1 s) after the pod's event
+# (pkg/controller/tas/topology_ungater.go); bench/twin.py measured starts 1.1 s after the simulator's.
+KUEUE_UNGATE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -104,12 +111,14 @@ class Runtime:
     patch_latency_s: float = PATCH_LATENCY_S
     foreign_share: float = FOREIGN_SHARE
     decide_at_arrival: bool = True
+    kueue_ungate_s: float = KUEUE_UNGATE_S
 
     def __post_init__(self) -> None:
-        if self.releaser_period_s < 0 or self.patch_latency_s < 0 or not 0 <= self.foreign_share <= 1:
-            raise ValueError(f"releaser period {self.releaser_period_s:g} s and patch latency "
-                             f"{self.patch_latency_s:g} s must be 0 or more, foreign share "
-                             f"{self.foreign_share:g} between 0 and 1")
+        if (self.releaser_period_s < 0 or self.patch_latency_s < 0 or self.kueue_ungate_s < 0
+                or not 0 <= self.foreign_share <= 1):
+            raise ValueError(f"releaser period {self.releaser_period_s:g} s, patch latency "
+                             f"{self.patch_latency_s:g} s and Kueue's ungating {self.kueue_ungate_s:g} s must be 0 "
+                             f"or more, foreign share {self.foreign_share:g} between 0 and 1")
 
     @property
     def instant_release(self) -> bool:
@@ -123,7 +132,8 @@ class Runtime:
         return (math.floor(freed_s / self.releaser_period_s) + 1) * self.releaser_period_s
 
 
-IDEAL = Runtime(releaser_period_s=0.0, patch_latency_s=0.0, foreign_share=0.0, decide_at_arrival=False)
+IDEAL = Runtime(releaser_period_s=0.0, patch_latency_s=0.0, foreign_share=0.0, decide_at_arrival=False,
+                kueue_ungate_s=0.0)
 
 
 def foreign_jobs(jobs: Iterable[Job], share: float, seed: int) -> frozenset[str]:
@@ -218,6 +228,7 @@ class RunResult:
     cluster_gpus: int = 0
     waits: dict[str, int] = field(default_factory=dict)  # job id -> times the policy answered "wait"
     states: list[ClusterSample] = field(default_factory=list)  # queue and free capacity, at the FGD sample times
+    placed: dict[str, tuple[str, ...]] = field(default_factory=dict)  # job id -> the node of each of its pods
 
     @property
     def useful_allocation(self) -> float:
@@ -343,6 +354,32 @@ class JobQueue:
             del self.by_shape[shape]
 
 
+def ideal_allreduce_seconds(workload: Workload, pods: int, gpus_per_pod: int) -> float:
+    """The all-reduce time of a job of `pods` pods at its tightest placement in an empty cluster,
+    which the trace's duration is taken to include (costmodel.ideal_placement)."""
+    empty = SimCluster(workload.spec)
+    return allreduce_seconds(empty, workload.profile, workload.network, ideal_placement(empty, pods, gpus_per_pod),
+                             workload.allreduce_bytes)
+
+
+def started_record(cluster: SimCluster, workload: Workload, job: Job, pods: list[PodPlacement], began: float,
+                   dynamic: int | None, ideal_s: float) -> JobRecord:
+    """What a job's start records, its pods bound in `cluster` (their GPUs taken): its span and its
+    run time, the trace's duration with the job's communication share stretched by the slowdown the
+    cost model gives its nodes (all-reduce here over all-reduce at the tightest placement,
+    `ideal_s`). `dynamic`: the narrowest level that had room for it before it was bound."""
+    merged: dict[str, tuple[int, ...]] = {}
+    for node, ids in pods:
+        merged[node] = merged.get(node, ()) + ids
+    actual = allreduce_seconds(cluster, workload.profile, workload.network, merged, workload.allreduce_bytes)
+    slowdown = actual / ideal_s if ideal_s > 0 else 1.0
+    share = workload.share_of(job)
+    span = span_level(cluster, merged)
+    return JobRecord(job, began, job.duration_s * (1 - share + share * slowdown), span,
+                     static_tightest(workload.spec, job.pods, job.gpus_per_pod), span if dynamic is None else dynamic,
+                     len(merged), len({cluster.by_name[n].leaf for n in merged}), actual, ideal_s)
+
+
 def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int | None = None) -> RunResult:
     """One policy over the workload's stream, run as `workload.runtime` says; `window` (None: the
     whole queue) caps how many queued jobs a pass looks at (see the module docstring)."""
@@ -373,9 +410,7 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
     def ideal_allreduce(job: Job) -> float:
         key = (job.pods, job.gpus_per_pod)
         if key not in ideal_cache:
-            empty = SimCluster(workload.spec)
-            ideal_cache[key] = allreduce_seconds(empty, workload.profile, workload.network,
-                                                 ideal_placement(empty, *key), workload.allreduce_bytes)
+            ideal_cache[key] = ideal_allreduce_seconds(workload, *key)
         return ideal_cache[key]
 
     def start(job: Job, pods: list[PodPlacement], began: float, records: list[JobRecord]) -> None:
@@ -385,21 +420,11 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
         for node, ids in pods:
             cluster.take(node, ids)
         policy.started(job, pods)
-        merged: dict[str, tuple[int, ...]] = {}
-        for node, ids in pods:
-            merged[node] = merged.get(node, ()) + ids
-        actual = allreduce_seconds(cluster, workload.profile, workload.network, merged, workload.allreduce_bytes)
-        ideal = ideal_allreduce(job)
-        slowdown = actual / ideal if ideal > 0 else 1.0
-        share = workload.share_of(job)
-        run_s = job.duration_s * (1 - share + share * slowdown)
-        records.append(JobRecord(
-            job, began, run_s, span_level(cluster, merged),
-            static_tightest(workload.spec, job.pods, job.gpus_per_pod),
-            dynamic if dynamic is not None else span_level(cluster, merged),
-            len(merged), len({cluster.by_name[n].leaf for n in merged}), actual, ideal))
+        record = started_record(cluster, workload, job, pods, began, dynamic, ideal_allreduce(job))
+        records.append(record)
+        result.placed[job.job_id] = tuple(node for node, _ in pods)
         sequence += 1
-        heapq.heappush(finishes, (began + run_s, sequence, pods, job))
+        heapq.heappush(finishes, (began + record.run_s, sequence, pods, job))
 
     # A job that had to wait still has to while nothing was given back since: taking GPUs never
     # makes a job fit (every policy's fit is monotone in free GPUs), so it is not asked again.
@@ -474,7 +499,7 @@ def run(workload: Workload, policy: Policy, frag_samples: int = 100, window: int
                     break  # StrictFIFO: a head that cannot start blocks the jobs behind it
                 continue
             gone.append(position)
-            start(job, pods, now, result.records)
+            start(job, pods, now + (runtime.kueue_ungate_s if policy.ungated_by_kueue else 0.0), result.records)
         for position in gone:
             queue.remove(position)
         for position, nodes in aside:

@@ -60,6 +60,7 @@ SEEN_SEEDS = frozenset(
      11, 12,  # diagnose_jct.py's examples; 11 also the profile of "Simulator speed" (bench/README.md)
      77, 4242,  # records compared before and after the simulator's speed-ups (bench/README.md)
      783722218,  # profiled at 2,048 and 8,192 GPUs, acme_seren 1.2 (bench/README.md, "Simulator speed")
+     103410474, 611307789, 823438301,  # bench/twin.py's must-hold run (issue 58 item 4, RESULTS.md, 29 Nov 2026)
      424242,  # timed at 512 GPUs, acme_seren 1.2, under engine.IDEAL and the default Runtime (issue 38, item 3)
      7, 8, 9,  # `simulate.py --kueue-modes --seeds 7 8 9`, quick and 512 GPUs, streams v1 and v2 (issue 38, bench/README.md)
      # the fresh draw that judged ours' settings (issue 38, item 7, bench/SETTINGS-SEARCH.md):

@@ -46,6 +46,8 @@ class Policy:
     # the jobs behind it (kube-scheduler's queue, Kueue's BestEffortFIFO); True, the oldest queued
     # job blocks every newer one while it cannot start (Kueue's StrictFIFO).
     strict_fifo = False
+    # Its pods wait for Kueue's topology ungater after admission (engine.Runtime.kueue_ungate_s).
+    ungated_by_kueue = False
 
     def reset(self, cluster: SimCluster, seed: int) -> None:
         self.cluster = cluster
@@ -188,6 +190,7 @@ class KueueBestFit(Policy):
 
     LEVELS = ("zone", "spine", "leaf")
     TOPOLOGIES = ("preferred", "required")
+    ungated_by_kueue = True
 
     def __init__(self, topology: str = "preferred", strict_fifo: bool = False) -> None:
         if topology not in self.TOPOLOGIES:

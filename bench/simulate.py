@@ -170,6 +170,8 @@ def runtime_text(runtime: Runtime) -> str:
     """How the cluster runs, in words: "releaser every 1 s + 50 ms, 30% not ours"."""
     text = (f"releaser every {runtime.releaser_period_s:g} s + {runtime.patch_latency_s * 1e3:g} ms, "
             f"{100 * runtime.foreign_share:g}% not ours")
+    if runtime.kueue_ungate_s != Runtime().kueue_ungate_s:
+        text += f", Kueue's pods ungated {runtime.kueue_ungate_s:g} s after admission"
     return text + ("" if runtime.decide_at_arrival else ", ours decides when the job fits")
 
 
@@ -179,7 +181,8 @@ def runtime_flags(runtime: Runtime) -> list[str]:
     return ([f"--releaser-period {runtime.releaser_period_s:g}"] * (runtime.releaser_period_s != default.releaser_period_s)
             + [f"--patch-latency {runtime.patch_latency_s:g}"] * (runtime.patch_latency_s != default.patch_latency_s)
             + [f"--foreign-share {runtime.foreign_share:g}"] * (runtime.foreign_share != default.foreign_share)
-            + ["--decide-when-it-fits"] * (not runtime.decide_at_arrival))
+            + ["--decide-when-it-fits"] * (not runtime.decide_at_arrival)
+            + [f"--kueue-ungate {runtime.kueue_ungate_s:g}"] * (runtime.kueue_ungate_s != default.kueue_ungate_s))
 
 
 def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
@@ -194,6 +197,9 @@ def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--foreign-share", type=float, default=default.foreign_share, metavar="SHARE",
                        help="share of the stream that is not ours, placed by kube-scheduler as it arrives, the "
                             f"same jobs under every policy (default {default.foreign_share:g})")
+    group.add_argument("--kueue-ungate", type=float, default=default.kueue_ungate_s, metavar="S",
+                       help="seconds from Kueue's admission to its pods running, its topology ungater's batch "
+                            f"(default {default.kueue_ungate_s:g})")
     parser.add_argument("--streams", type=int, choices=STREAM_VERSIONS, default=STREAMS,
                         help="the job streams' version (bench/traces.py): 2, joint sizes and durations without a "
                              f"cap, each job's own communication share ({SHARE_LOW:g} to {SHARE_HIGH:g}), some "
@@ -206,7 +212,8 @@ def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
 
 def runtime_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Runtime:
     try:
-        return Runtime(args.releaser_period, args.patch_latency, args.foreign_share, not args.decide_when_it_fits)
+        return Runtime(args.releaser_period, args.patch_latency, args.foreign_share, not args.decide_when_it_fits,
+                       args.kueue_ungate)
     except ValueError as error:
         parser.error(str(error))
 

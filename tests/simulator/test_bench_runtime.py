@@ -10,7 +10,7 @@ from webhook.core.model import Strategy
 
 QUICK = fabric.ClusterSpec(zones=1, spines_per_zone=2, leaves_per_spine=2, nodes_per_leaf=4)  # 128 GPUs
 SHAPES = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 8), (3, 8), (1, 1), (5, 8), (1, 2), (9, 8)]
-NO_FOREIGN = engine.Runtime(foreign_share=0.0)
+NO_FOREIGN = engine.Runtime(foreign_share=0.0, kueue_ungate_s=0.0)
 
 
 def overloaded_stream(count=240):
@@ -43,8 +43,9 @@ BEFORE_ISSUE_38 = {"spread": "689e44db7c9f52c9", "kueue": "276216e0d63b2f3d", "k
 
 @pytest.mark.parametrize("key", sorted(BEFORE_ISSUE_38))
 def test_the_ideal_runtime_reproduces_the_records_before_issue_38(key):
-    """No foreign jobs, releaser period and latency 0, ours asked when the job fits: today's records."""
-    assert engine.Runtime(0.0, 0.0, 0.0, decide_at_arrival=False) == engine.IDEAL
+    """No foreign jobs, releaser period, latency and Kueue's ungating 0, ours asked when the job fits:
+    today's records."""
+    assert engine.Runtime(0.0, 0.0, 0.0, decide_at_arrival=False, kueue_ungate_s=0.0) == engine.IDEAL
     assert digest(run(key, engine.IDEAL)) == BEFORE_ISSUE_38[key]
 
 
@@ -54,6 +55,15 @@ def test_the_runtime_moves_ours_records_and_the_baselines_only_through_foreign_j
     assert digest(run("kueue", NO_FOREIGN)) == BEFORE_ISSUE_38["kueue"]
     assert digest(run("ours-consolidated", NO_FOREIGN)) != BEFORE_ISSUE_38["ours-consolidated"]
     assert digest(run("kueue", engine.Runtime())) != BEFORE_ISSUE_38["kueue"]
+
+
+def test_kueue_runs_a_job_from_its_ungating_after_admission_and_ours_at_once():
+    """Kueue's topology ungater lifts the pods' gate a batch period after admission (the twin saw
+    1.1 s); ours' pods are bound as they are created."""
+    jobs = (traces.Job("a", 5.0, 100.0, 2, 8), traces.Job("b", 7.0, 100.0, 1, 1))
+    ungated = replace(NO_FOREIGN, kueue_ungate_s=1.0)
+    assert [r.start_s for r in run("kueue", ungated, jobs).records] == [6.0, 8.0]
+    assert [r.start_s for r in run("ours-consolidated", ungated, jobs).records] == [5.0, 7.0]
 
 
 class AskedAt(policies.Ours):
@@ -158,7 +168,8 @@ def test_the_runtime_flags_reach_every_scenario_and_its_label():
     assert simulate.runtime_flags(engine.Runtime()) == [] and simulate.Scenario("main", "philly", 0.5).runtime == \
         engine.Runtime()
     assert simulate.runtime_flags(replace(engine.IDEAL)) == ["--releaser-period 0", "--patch-latency 0",
-                                                            "--foreign-share 0", "--decide-when-it-fits"]
+                                                            "--foreign-share 0", "--decide-when-it-fits",
+                                                            "--kueue-ungate 0"]
 
 
 @pytest.mark.parametrize("runtime", [engine.IDEAL, engine.Runtime()])
