@@ -35,8 +35,8 @@ from bench.engine import RunResult, Runtime, Workload, foreign_jobs, run  # noqa
 from bench.fabric import SimCluster  # noqa: E402
 from bench.policies import KueueBestFit  # noqa: E402
 from bench.traces import SIZE_SHARES  # noqa: E402
-from bench.twin_kube import (KUEUE_MODES, MODES, NODES, OURS, Kube, cluster_queue, partition_of, real_names,  # noqa: E402
-                             up_kueue, up_ours)
+from bench.twin_kube import (KUEUE_MODES, MODES, NODES, OURS, Kube, cluster_queue, partition_of,  # noqa: E402
+                             real_names, up_kueue, up_ours)
 from bench.twin_model import Charge, max_pace, node_names, run_result  # noqa: E402
 from bench.twin_replay import Replay, Replayed  # noqa: E402
 from bench.twin_report import Stream, render  # noqa: E402

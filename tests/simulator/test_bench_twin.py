@@ -9,8 +9,7 @@ from bench import simulate, twin, twin_kube
 from bench.engine import JobRecord, RunResult
 from bench.fabric import ClusterSpec, SimCluster
 from bench.traces import Job
-from bench.twin_model import (Charge, Clock, FidelityRow, Placed, domain_of, fidelity, max_pace, node_names,
-                              run_result)
+from bench.twin_model import Charge, Clock, FidelityRow, Placed, domain_of, fidelity, max_pace, node_names, run_result
 from bench.twin_report import Stream, fidelity_section
 
 
