@@ -50,7 +50,8 @@ def configurations(draw) -> Config:
               "gate_waits": draw(st.booleans()),
               "pin_only_where_locality_pays": draw(st.booleans()), "fill_nics": draw(st.booleans()),
               "protect_waiting_seconds": draw(st.sampled_from([0.0, 1800.0])),
-              "communication_share": draw(st.sampled_from([0.0, 0.1, 1.0]))}
+              "communication_share": draw(st.sampled_from([0.0, 0.1, 1.0])),
+              "tight_wait_weight": draw(st.sampled_from([0.0, 2.0]))}  # the wait for a tighter domain, off or on
     if shape == "auto":  # the default: the index picks the preset from the nodes' labels
         return Config(**policy)
     if shape == "preset":
