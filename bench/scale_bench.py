@@ -31,7 +31,6 @@ replica with the chart's RBAC), in a state folder of the bench's own. Then:
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import pathlib
@@ -42,19 +41,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 
 import orjson
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.admission_bench import machine
 from bench.control_plane import apiserver_metrics
+from hack.cluster_nodes import admin_https, post_all
 from tests.e2e.conftest import ROOT, Cluster, start_cluster, stop_cluster
 
-LOADERS = 16  # connections creating objects at once: the apiserver takes them in parallel
 POLL_SECONDS = 0.5
 PODS_PER_NODE, GPU_PODS_PER_NODE = 10, 4
 JOB_PODS = 4
@@ -62,35 +58,14 @@ METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v
 
 
 class Api:
-    """Plain HTTPS to the apiserver with the admin's token: objects serialized once and POSTed over
-    LOADERS connections (the client's own serializing would be most of the time)."""
+    """Plain HTTPS to the apiserver with the admin's token, as hack/local-cluster creates its nodes:
+    objects serialized once and POSTed over its connections at once."""
 
     def __init__(self, kubeconfig: str) -> None:
-        config = yaml.safe_load(pathlib.Path(kubeconfig).read_text())
-        cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
-        self.server = urllib.parse.urlsplit(cluster["server"])
-        self.context = ssl.create_default_context(cafile=cluster["certificate-authority"])
-        self.headers = {"Authorization": f"Bearer {user['token']}", "Content-Type": "application/json"}
-
-    def connection(self) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection(self.server.hostname or "", self.server.port, context=self.context)
+        self.connection, self.headers = admin_https(kubeconfig)
 
     def post_all(self, path: str, objects: list[dict]) -> None:
-        bodies = [orjson.dumps(obj) for obj in objects]
-
-        def post(share: list[bytes]) -> None:
-            connection = self.connection()
-            try:
-                for body in share:
-                    connection.request("POST", path, body, self.headers)
-                    answer = connection.getresponse()
-                    text = answer.read()
-                    if answer.status != 201:
-                        raise RuntimeError(f"POST {path}: HTTP {answer.status} {text[:200]!r}")
-            finally:
-                connection.close()
-        with ThreadPoolExecutor(LOADERS) as pool:
-            list(pool.map(post, [bodies[start::LOADERS] for start in range(LOADERS)]))
+        post_all(self.connection, self.headers, path, [orjson.dumps(obj) for obj in objects])
 
     def get(self, path: str) -> dict:
         connection = self.connection()

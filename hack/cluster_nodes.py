@@ -11,7 +11,7 @@ import string
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
+from typing import Callable, Iterator
 
 import yaml
 from kubernetes import client as k8s_client
@@ -94,25 +94,36 @@ def api_client(admin: str) -> k8s_client.ApiClient:
 
 def create_nodes(admin: str, nodes: list[dict]) -> None:
     """Nodes with their status (the apiserver keeps a Node's status on create: no kubelet writes it
-    here, or KWOK writes it afterwards): serialized once, then POSTed over LOADERS connections at
-    once (the API client's own serializing would take most of the time)."""
+    here, or KWOK writes it afterwards)."""
+    connect, headers = admin_https(admin)
+    post_all(connect, headers, "/api/v1/nodes", [json.dumps(node).encode() for node in nodes])
+
+
+def admin_https(admin: str) -> tuple[Callable[[], http.client.HTTPSConnection], dict[str, str]]:
+    """What plain HTTPS to the apiserver needs, read from the admin's kubeconfig: a maker of
+    connections and the headers with the admin's token."""
     with open(admin, encoding="utf-8") as handle:
         config = yaml.safe_load(handle)
     cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
     server = urllib.parse.urlsplit(cluster["server"])
     context = ssl.create_default_context(cafile=cluster["certificate-authority"])
     headers = {"Authorization": f"Bearer {user['token']}", "Content-Type": "application/json"}
-    bodies = [json.dumps(node).encode() for node in nodes]
+    return (lambda: http.client.HTTPSConnection(server.hostname or "", server.port, context=context)), headers
 
+
+def post_all(connect: Callable[[], http.client.HTTPSConnection], headers: dict[str, str], path: str,
+             bodies: list[bytes]) -> None:
+    """Objects serialized once, POSTed to `path` over LOADERS connections at once (the API client's
+    own serializing would take most of the time); anything but 201 fails."""
     def post(share: list[bytes]) -> None:
-        connection = http.client.HTTPSConnection(server.hostname or "", server.port, context=context)
+        connection = connect()
         try:
             for body in share:
-                connection.request("POST", "/api/v1/nodes", body, headers)
+                connection.request("POST", path, body, headers)
                 answer = connection.getresponse()
                 text = answer.read()
                 if answer.status != 201:
-                    raise Failed(f"creating a node: HTTP {answer.status} {text[:200]!r}")
+                    raise Failed(f"POST {path}: HTTP {answer.status} {text[:200]!r}")
         finally:
             connection.close()
     with ThreadPoolExecutor(LOADERS) as pool:
